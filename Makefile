@@ -1,0 +1,45 @@
+# nsmd — see README.md. Targets a newcomer can guess.
+GO      ?= go
+BIN     := bin/nsmd
+PKGS    := ./...
+export GOFLAGS := -buildvcs=false
+
+.PHONY: all build run test unit e2e bench fuzz lint clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/nsmd
+
+# A local 3-node cluster in one process on 127.0.0.1-3, VIP 127.0.0.100.
+run: build
+	$(BIN) dev
+
+# Every tier this machine can run: unit + in-process cluster tests, then the
+# e2e tier (it skips, saying why, when not root or without network namespaces).
+test: lint
+	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /e2e)
+	$(MAKE) e2e
+
+e2e: build
+	NSMD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v ./e2e/
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./oncrpc ./fsm ./nsm ./cluster
+
+# Short fuzzing of every decoder (FUZZTIME each, default 10s).
+FUZZTIME ?= 10s
+fuzz:
+	@set -e; for pkg in ./oncrpc ./fsm ./nsm ./nlm; do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+clean:
+	rm -rf bin

@@ -1,0 +1,154 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/fsm"
+)
+
+// maxBatch caps how many writes share one raft log entry.
+const maxBatch = 512
+
+// applyTimeout bounds how long a batch may wait to enter raft's queue.
+const applyTimeout = 5 * time.Second
+
+// write is one command waiting for its commit.
+type write struct {
+	cmd  fsm.Command
+	res  fsm.Result
+	err  error
+	done chan struct{}
+}
+
+// batch is one raft log entry in flight.
+type batch struct {
+	f     raft.ApplyFuture
+	ws    []*write
+	start time.Time
+}
+
+// apply commits one command and returns its result. Concurrent calls are
+// grouped into one log entry by commitLoop (group commit): a lone write
+// goes out at once, and writes that arrive while an entry is being
+// committed form the next one. Every caller still waits for its own commit.
+func (n *Node) apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	if n.raft.State() != raft.Leader {
+		return fsm.Result{}, ErrNotLeader
+	}
+	w := &write{cmd: cmd, done: make(chan struct{})}
+	select {
+	case n.writes <- w:
+	case <-ctx.Done():
+		return fsm.Result{}, fmt.Errorf("cluster: queue write: %w", ctx.Err())
+	case <-n.ctx.Done():
+		return fsm.Result{}, ErrClosed
+	}
+	select {
+	case <-w.done:
+		return w.res, w.err
+	case <-ctx.Done():
+		// The entry may still commit; SM_MON and friends are idempotent,
+		// so the caller's retry is safe.
+		return fsm.Result{}, fmt.Errorf("cluster: wait for commit: %w", ctx.Err())
+	case <-n.ctx.Done():
+		return fsm.Result{}, ErrClosed
+	}
+}
+
+func (w *write) finish(res fsm.Result, err error) {
+	w.res, w.err = res, err
+	close(w.done)
+}
+
+// commitLoop takes whatever writes are queued, encodes them as one entry
+// and hands it to raft. It never waits for company: batching comes from
+// writes piling up while the previous entry commits.
+func (n *Node) commitLoop() {
+	ws := make([]*write, 0, maxBatch)
+	cmds := make([]fsm.Command, 0, maxBatch)
+	for {
+		ws, cmds = ws[:0], cmds[:0]
+		select {
+		case w := <-n.writes:
+			ws = append(ws, w)
+		case <-n.ctx.Done():
+			return
+		}
+	drain:
+		for len(ws) < maxBatch {
+			select {
+			case w := <-n.writes:
+				ws = append(ws, w)
+			default:
+				break drain
+			}
+		}
+		for _, w := range ws {
+			cmds = append(cmds, w.cmd)
+		}
+		data, err := fsm.Encode(cmds...)
+		if err != nil {
+			for _, w := range ws {
+				w.finish(fsm.Result{}, fmt.Errorf("cluster: encode command: %w", err))
+			}
+			continue
+		}
+		b := &batch{ws: append([]*write(nil), ws...), start: time.Now()}
+		b.f = n.raft.Apply(data, applyTimeout)
+		n.metrics.batchSize.Observe(float64(len(ws)))
+		select {
+		case n.inflight <- b:
+		case <-n.ctx.Done():
+			return
+		}
+	}
+}
+
+// waitLoop completes batches in log order.
+func (n *Node) waitLoop() {
+	for {
+		select {
+		case b := <-n.inflight:
+			n.complete(b)
+		case <-n.ctx.Done():
+			return
+		}
+	}
+}
+
+func (n *Node) complete(b *batch) {
+	err := b.f.Error()
+	n.metrics.applyLatency.Observe(time.Since(b.start).Seconds())
+	if err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+			err = fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+		for _, w := range b.ws {
+			w.finish(fsm.Result{}, fmt.Errorf("cluster: commit: %w", err))
+		}
+		return
+	}
+	switch resp := b.f.Response().(type) {
+	case []fsm.Result:
+		if len(resp) != len(b.ws) {
+			err = fmt.Errorf("cluster: %d results for %d commands", len(resp), len(b.ws))
+			break
+		}
+		for i, w := range b.ws {
+			w.finish(resp[i], nil)
+		}
+		return
+	case error:
+		err = fmt.Errorf("cluster: apply: %w", resp)
+	default:
+		err = fmt.Errorf("cluster: unexpected apply response %T", resp)
+	}
+	for _, w := range b.ws {
+		w.finish(fsm.Result{}, err)
+	}
+}

@@ -1,0 +1,158 @@
+package cluster
+
+import (
+	"context"
+	"time"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nsm"
+)
+
+// leaderLoop is the one owner of leader-only side effects. It is driven by
+// raft's NotifyCh (buffered, so raft never blocks on us); a burst of
+// changes collapses to the latest.
+func (n *Node) leaderLoop() {
+	var cur *term
+	stop := func() {
+		if cur == nil {
+			return
+		}
+		n.stopLeading()
+		cur.cancel()
+		<-cur.done
+		cur = nil
+	}
+	defer stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case leader := <-n.leaderCh:
+		latest:
+			for {
+				select {
+				case leader = <-n.leaderCh:
+				default:
+					break latest
+				}
+			}
+			n.metrics.leaderChanges.Inc()
+			if !leader {
+				n.log.Info("lost leadership")
+				stop()
+				continue
+			}
+			if cur != nil {
+				continue // still leading: the last change we saw was a gain
+			}
+			n.log.Info("gained leadership")
+			cur = n.startTerm()
+		}
+	}
+}
+
+// term is one leadership term's goroutine.
+type term struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (n *Node) startTerm() *term {
+	ctx, cancel := context.WithCancel(n.ctx)
+	t := &term{cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(t.done); n.lead(ctx) }()
+	return t
+}
+
+// lead runs one term of leadership: Barrier (apply everything the old
+// leader committed), commit a Takeover (sm_state up to the next odd
+// number, grace opened), run OnLeader, then notify every monitored host.
+// An SM_SIMU_CRASH while leading restarts the fan-out with its new state.
+func (n *Node) lead(ctx context.Context) {
+	start := time.Now()
+	if err := n.raft.Barrier(10 * time.Second).Error(); err != nil {
+		n.log.Warn("barrier after election failed; not taking over", "err", err)
+		return
+	}
+	select {
+	case <-n.crashCh: // stale: from before this term
+	default:
+	}
+	t := n.takeover("leader_elected")
+	res, err := n.apply(ctx, t)
+	if err != nil {
+		n.log.Warn("takeover not committed", "err", err)
+		return
+	}
+	n.mu.Lock()
+	n.leading = true
+	n.mu.Unlock()
+	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
+	n.metrics.takeovers.Inc()
+	if n.cfg.OnLeader != nil {
+		n.cfg.OnLeader(ctx, t, res.State)
+	}
+	n.metrics.takeoverSeconds.Observe(time.Since(start).Seconds())
+
+	state := res.State
+	for {
+		nctx, ncancel := context.WithCancel(ctx)
+		finished := make(chan struct{})
+		go func(state int32) {
+			defer close(finished)
+			n.notify(nctx, state)
+		}(state)
+		select {
+		case <-ctx.Done():
+			ncancel()
+			<-finished
+			return
+		case state = <-n.crashCh:
+			ncancel()
+			<-finished
+			n.log.Info("SM_SIMU_CRASH: notifying again", "sm_state", state)
+		}
+	}
+}
+
+// notify sends SM_NOTIFY with state to every distinct monitored host.
+func (n *Node) notify(ctx context.Context, state int32) {
+	cfg := n.cfg.Notifier
+	if cfg.Logger == nil {
+		cfg.Logger = n.log
+	}
+	nt, err := nsm.NewNotifier(cfg)
+	if err != nil {
+		n.log.Error("cannot start notifier", "err", err)
+		return
+	}
+	n.mu.Lock()
+	n.notifier = nt
+	n.mu.Unlock()
+	targets := n.fsm.Targets()
+	n.log.Info("notifying monitored hosts", "hosts", len(targets), "sm_state", state)
+	sum := nt.Run(ctx, state, targets)
+	n.log.Info("notify finished", "summary", sum)
+}
+
+// stopLeading drops leader-only side effects at once (OnFollower: the VIP
+// first), before the notifier is waited for.
+func (n *Node) stopLeading() {
+	n.mu.Lock()
+	was := n.leading
+	n.leading = false
+	n.mu.Unlock()
+	if was && n.cfg.OnFollower != nil {
+		n.cfg.OnFollower()
+	}
+}
+
+// Leading reports whether this node has completed a takeover and still leads.
+func (n *Node) Leading() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.leading
+}
+
+// LastTakeover is the last committed takeover.
+func (n *Node) LastTakeover() fsm.Takeover { return n.fsm.LastTakeover() }

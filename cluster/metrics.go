@@ -1,0 +1,75 @@
+package cluster
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	batchSize       prometheus.Histogram
+	applyLatency    prometheus.Histogram
+	takeovers       prometheus.Counter
+	takeoverSeconds prometheus.Histogram
+	leaderChanges   prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
+	m := &metrics{
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "nsmd_commit_batch_size", Help: "Commands per raft log entry (group commit).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		applyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "nsmd_apply_duration_seconds", Help: "Time from raft.Apply to commit and FSM apply of one entry.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
+		}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_takeovers_total", Help: "Takeovers committed by this node (sm_state raised, grace opened).",
+		}),
+		takeoverSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "nsmd_takeover_duration_seconds", Help: "From leadership gained to the notifier started.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_leader_changes_total", Help: "Leadership changes observed by this node.",
+		}),
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	cs := []prometheus.Collector{
+		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.leaderChanges,
+		gauge("nsmd_is_leader", "1 when this node is the raft leader.", func() float64 {
+			if n.raft != nil && n.raft.State() == raft.Leader {
+				return 1
+			}
+			return 0
+		}),
+		gauge("nsmd_raft_term", "Current raft term.", func() float64 {
+			if n.raft == nil {
+				return 0
+			}
+			var t uint64
+			fmt.Sscan(n.raft.Stats()["term"], &t)
+			return float64(t)
+		}),
+		gauge("nsmd_sm_state", "Current sm_state.", func() float64 { return float64(n.fsm.State()) }),
+		gauge("nsmd_registrations", "Monitored-host registrations.", func() float64 { return float64(n.fsm.Len()) }),
+		gauge("nsmd_applied_index", "Last raft index applied to the FSM.", func() float64 { return float64(n.fsm.AppliedIndex()) }),
+		gauge("nsmd_grace_remaining_seconds", "Seconds left in the NLM grace window.", func() float64 {
+			if d := time.Until(n.fsm.GraceUntil()); d > 0 {
+				return d.Seconds()
+			}
+			return 0
+		}),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("cluster: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

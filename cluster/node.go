@@ -1,0 +1,363 @@
+// Package cluster runs nsmd's replicated state: hashicorp/raft with
+// raft-boltdb/v2 for the log and stable store and a file snapshot store in
+// the data directory, the group-commit writer that turns NSM writes into
+// raft log entries, and the leader loop that owns every leader-only side
+// effect (takeover, hooks, SM_NOTIFY fan-out).
+//
+// A Node implements nsm.Registry: writes return only after they are
+// committed; reads come from the local FSM.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nsm"
+)
+
+// Errors.
+var (
+	// ErrNotLeader means a write reached a node that is not the leader and
+	// could not be forwarded.
+	ErrNotLeader = errors.New("cluster: not the leader")
+	// ErrClosed means the node is shutting down.
+	ErrClosed = errors.New("cluster: node closed")
+)
+
+// Config configures a Node. Zero durations take the defaults noted.
+type Config struct {
+	NodeID    string
+	DataDir   string
+	RaftBind  string // host:port the raft transport listens on and advertises
+	Bootstrap bool   // with no existing state, bootstrap a one-node cluster
+	// Voters, when set and there is no existing state, bootstraps a new
+	// cluster with exactly these voters (node id → raft address); every
+	// member must be given the same map.
+	Voters map[string]string
+
+	GracePeriod        time.Duration // NLM grace opened at each takeover (default 90 s)
+	HeartbeatTimeout   time.Duration // default 500 ms
+	ElectionTimeout    time.Duration // default 500 ms
+	LeaderLeaseTimeout time.Duration // default 250 ms
+	SnapshotThreshold  uint64        // default 200,000
+	TrailingLogs       uint64        // default 100,000
+	// NoSync skips fsync in the log store: only for benchmarks that say so.
+	NoSync bool
+
+	// Notifier is the template for the SM_NOTIFY fan-out after each takeover.
+	Notifier nsm.NotifierConfig
+	// Deliverer configures lock-manager callbacks for this node's registrations.
+	Deliverer nsm.DelivererConfig
+
+	// OnLeader runs in the leader loop after the takeover committed and
+	// before the notifier starts (the VIP and hooks go here). OnFollower runs
+	// when leadership is lost or on shutdown. Both must return promptly.
+	OnLeader   func(ctx context.Context, t fsm.Takeover, state int32)
+	OnFollower func()
+
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	Now        func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.GracePeriod == 0 {
+		c.GracePeriod = 90 * time.Second
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = 500 * time.Millisecond
+	}
+	if c.ElectionTimeout == 0 {
+		c.ElectionTimeout = 500 * time.Millisecond
+	}
+	if c.LeaderLeaseTimeout == 0 {
+		c.LeaderLeaseTimeout = 250 * time.Millisecond
+	}
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 200_000
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = 100_000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports a config that cannot work.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeID == "" {
+		errs = append(errs, errors.New("cluster: NodeID is empty"))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("cluster: DataDir is empty"))
+	}
+	if _, err := netip.ParseAddrPort(c.RaftBind); err != nil {
+		errs = append(errs, fmt.Errorf("cluster: RaftBind %q: %w", c.RaftBind, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Node is one member of an nsmd cluster.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	fsm     *fsm.FSM
+	raft    *raft.Raft
+	store   *raftboltdb.BoltStore
+	trans   *raft.NetworkTransport
+	metrics *metrics
+	deliver *nsm.Deliverer
+
+	// bootIndex is the last log index present when the node started: the
+	// FSM replays entries up to it, and their side effects (callbacks)
+	// already happened before the restart.
+	bootIndex uint64
+
+	writes   chan *write
+	inflight chan *batch
+	leaderCh chan bool
+	crashCh  chan int32
+
+	mu       sync.Mutex
+	leading  bool
+	notifier *nsm.Notifier
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed sync.Once
+}
+
+// New opens (or creates) the node's state in DataDir and starts raft.
+// Call Start to run the leader loop, Close to stop.
+func New(cfg Config) (*Node, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg:      cfg,
+		log:      cfg.Logger.With("node", cfg.NodeID),
+		writes:   make(chan *write, 4096),
+		inflight: make(chan *batch, 64),
+		leaderCh: make(chan bool, 64),
+		crashCh:  make(chan int32, 1),
+	}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	m, err := newMetrics(cfg.Registerer, n)
+	if err != nil {
+		return nil, err
+	}
+	n.metrics = m
+	dcfg := cfg.Deliverer
+	if dcfg.Logger == nil {
+		dcfg.Logger = n.log
+	}
+	n.deliver = nsm.NewDeliverer(dcfg)
+	n.fsm = fsm.New(fsm.Options{Observer: n.observe})
+
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("cluster: create data dir: %w", err)
+	}
+	store, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db"), NoSync: cfg.NoSync})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: open raft store: %w", err)
+	}
+	n.store = store
+	hl := newHclog(cfg.Logger.With("node", cfg.NodeID), "raft", slog.LevelInfo)
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hl.Named("snapshots"))
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("cluster: open snapshot store: %w", err)
+	}
+	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftBind)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("cluster: raft address: %w", err)
+	}
+	trans, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, addr, 4, 5*time.Second, hl.Named("transport"))
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("cluster: raft transport on %s: %w", cfg.RaftBind, err)
+	}
+	n.trans = trans
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.MaxAppendEntries = 256
+	rc.NotifyCh = n.leaderCh
+	rc.Logger = hl
+	rc.NoLegacyTelemetry = true
+	if err := raft.ValidateConfig(rc); err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("cluster: raft config: %w", err)
+	}
+
+	logs, err := raft.NewLogCache(1024, store)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("cluster: log cache: %w", err)
+	}
+	if n.bootIndex, err = store.LastIndex(); err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("cluster: read last index: %w", err)
+	}
+	existing, err := raft.HasExistingState(logs, store, snaps)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("cluster: inspect state: %w", err)
+	}
+	r, err := raft.NewRaft(rc, n.fsm, logs, store, snaps, trans)
+	if err != nil {
+		n.closeStores()
+		return nil, fmt.Errorf("cluster: start raft: %w", err)
+	}
+	n.raft = r
+	if !existing && (cfg.Bootstrap || len(cfg.Voters) > 0) {
+		servers := []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr(), Suffrage: raft.Voter}}
+		if len(cfg.Voters) > 0 {
+			servers = servers[:0]
+			for _, id := range slices.Sorted(maps.Keys(cfg.Voters)) {
+				servers = append(servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(cfg.Voters[id]), Suffrage: raft.Voter})
+			}
+		}
+		f := r.BootstrapCluster(raft.Configuration{Servers: servers})
+		if err := f.Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			r.Shutdown()
+			n.closeStores()
+			return nil, fmt.Errorf("cluster: bootstrap: %w", err)
+		}
+	}
+	n.log.Info("raft started", "addr", trans.LocalAddr(), "existing_state", existing, "boot_index", n.bootIndex)
+	return n, nil
+}
+
+// Start runs the node's goroutines: the group-commit writer, the leader
+// loop and the callback deliverer. They stop on Close.
+func (n *Node) Start() {
+	n.wg.Add(4)
+	go func() { defer n.wg.Done(); n.commitLoop() }()
+	go func() { defer n.wg.Done(); n.waitLoop() }()
+	go func() { defer n.wg.Done(); n.leaderLoop() }()
+	go func() {
+		defer n.wg.Done()
+		if err := n.deliver.Run(n.ctx); err != nil && !errors.Is(err, context.Canceled) {
+			n.log.Error("deliverer stopped", "err", err)
+		}
+	}()
+}
+
+// Close stops the node. When it leads a cluster with other voters it first
+// hands leadership over, so the failover is planned rather than detected.
+func (n *Node) Close() error {
+	var err error
+	n.closed.Do(func() {
+		if n.raft.State() == raft.Leader && n.otherVoters() > 0 {
+			if e := n.raft.LeadershipTransfer().Error(); e != nil {
+				n.log.Warn("leadership transfer on shutdown failed", "err", e)
+			}
+		}
+		n.cancel()
+		if e := n.raft.Shutdown().Error(); e != nil {
+			err = fmt.Errorf("cluster: raft shutdown: %w", e)
+		}
+		n.wg.Wait()
+		n.stopLeading()
+		n.closeStores()
+	})
+	return err
+}
+
+func (n *Node) closeStores() {
+	if n.trans != nil {
+		n.trans.Close()
+	}
+	if n.store != nil {
+		n.store.Close()
+	}
+}
+
+func (n *Node) otherVoters() int {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	c := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter && s.ID != raft.ServerID(n.cfg.NodeID) {
+			c++
+		}
+	}
+	return c
+}
+
+// observe runs inside FSM.Apply on every node: it hands the lock-manager
+// callbacks of this node's registrations to the deliverer. Entries that
+// were already in the log at start-up are replays: their callbacks went
+// out before the restart, and a second one could drop reclaimed locks.
+func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
+	ev, ok := cmd.(fsm.PeerRebooted)
+	if !ok || !res.Accepted || index <= n.bootIndex {
+		return
+	}
+	for _, reg := range res.Matched {
+		if reg.Node != n.cfg.NodeID {
+			continue
+		}
+		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State}) {
+			n.log.Warn("callback queue full; callback dropped", "mon_name", reg.ID.MonName)
+		}
+	}
+}
+
+// FSM exposes the local state machine for reads.
+func (n *Node) FSM() *fsm.FSM { return n.fsm }
+
+// Raft exposes the raft instance (status, tests).
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// ID is the node id.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// IsLeader reports whether this node leads.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// NotifyProgress reports the current (or last) notifier's progress.
+func (n *Node) NotifyProgress() (pending, done, failed int) {
+	n.mu.Lock()
+	nt := n.notifier
+	n.mu.Unlock()
+	if nt == nil {
+		return 0, 0, 0
+	}
+	return nt.Progress()
+}

@@ -1,0 +1,196 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/fsm"
+)
+
+// freeAddr returns a free loopback TCP address.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// takeovers collects OnLeader calls so tests wait on the event itself.
+type takeovers struct {
+	ch chan int32
+}
+
+func newTakeovers() *takeovers { return &takeovers{ch: make(chan int32, 16)} }
+
+func (tk *takeovers) onLeader(_ context.Context, _ fsm.Takeover, state int32) { tk.ch <- state }
+
+func (tk *takeovers) wait(t testing.TB) int32 {
+	t.Helper()
+	select {
+	case s := <-tk.ch:
+		return s
+	case <-time.After(10 * time.Second):
+		t.Fatal("no takeover within 10s")
+		return 0
+	}
+}
+
+func startNode(t testing.TB, dir, addr string, tk *takeovers) *Node {
+	t.Helper()
+	n, err := New(Config{
+		NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true,
+		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
+		LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Start()
+	return n
+}
+
+func reg(i int) fsm.Registration {
+	return fsm.Registration{
+		ID:       fsm.MonID{MonName: fmt.Sprintf("10.77.%d.%d", i/250, i%250+1), My: fsm.MyID{MyName: "srv", Prog: 100021, Vers: 3, Proc: 16}},
+		Priv:     [16]byte{byte(i), byte(i >> 8)},
+		Node:     "n1",
+		Callback: netip.MustParseAddr("127.0.0.1"),
+		Added:    time.Unix(1700000000, 0).UTC(),
+	}
+}
+
+// TestRestartRaisesStateByTwoAndKeepsRegistrations: a node restarted on
+// its data directory is a rebooted server (DESIGN.md invariant 2): the
+// takeover after the restart raises sm_state by exactly 2, odd, and every
+// acknowledged registration is still there (invariant 1).
+func TestRestartRaisesStateByTwoAndKeepsRegistrations(t *testing.T) {
+	dir, addr := t.TempDir(), freeAddr(t)
+	tk := newTakeovers()
+	n := startNode(t, dir, addr, tk)
+	s1 := tk.wait(t)
+	if s1 != 1 {
+		t.Fatalf("first takeover of a new cluster: sm_state %d, want 1", s1)
+	}
+	ctx := context.Background()
+	for i := range 20 {
+		st, err := n.Monitor(ctx, reg(i))
+		if err != nil || st != s1 {
+			t.Fatalf("Monitor %d: state %d err %v", i, st, err)
+		}
+	}
+	if _, err := n.Unmonitor(ctx, reg(3).ID); err != nil {
+		t.Fatal(err)
+	}
+	digest := n.FSM().Digest()
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	n2 := startNode(t, dir, addr, tk)
+	defer n2.Close()
+	s2 := tk.wait(t)
+	if s2 != s1+2 {
+		t.Errorf("sm_state after restart %d, want %d", s2, s1+2)
+	}
+	if got := n2.FSM().Len(); got != 19 {
+		t.Errorf("registrations after restart: %d, want 19", got)
+	}
+	if _, ok := n2.FSM().Get(reg(3).ID); ok {
+		t.Error("unmonitored registration came back after restart")
+	}
+	if n2.FSM().Digest() == digest {
+		t.Error("state digest unchanged although a takeover was applied")
+	}
+}
+
+// TestConcurrentWritesAreGroupedAndEachWaitsForItsCommit: 64 writers at
+// once; every write returns only after its own commit (it is readable from
+// the FSM when Monitor returns) and log entries carry more than one command.
+func TestConcurrentWritesAreGroupedAndEachWaitsForItsCommit(t *testing.T) {
+	tk := newTakeovers()
+	n := startNode(t, t.TempDir(), freeAddr(t), tk)
+	defer n.Close()
+	tk.wait(t)
+	before := n.raft.LastIndex()
+	const writers, each = 64, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				r := reg(w*each + i)
+				if _, err := n.Monitor(context.Background(), r); err != nil {
+					errs <- err
+					return
+				}
+				if _, ok := n.FSM().Get(r.ID); !ok {
+					errs <- fmt.Errorf("registration %s not applied when Monitor returned", r.ID.MonName)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := n.FSM().Len(); got != writers*each {
+		t.Fatalf("registrations %d, want %d", got, writers*each)
+	}
+	entries := n.raft.LastIndex() - before
+	if entries >= writers*each {
+		t.Errorf("%d writes took %d log entries: no group commit", writers*each, entries)
+	}
+	t.Logf("%d writes in %d log entries", writers*each, entries)
+}
+
+// TestWriteOnClosedNodeFails: writes after Close fail fast, never hang.
+func TestWriteOnClosedNodeFails(t *testing.T) {
+	tk := newTakeovers()
+	n := startNode(t, t.TempDir(), freeAddr(t), tk)
+	tk.wait(t)
+	n.Close()
+	if _, err := n.Monitor(context.Background(), reg(1)); err == nil {
+		t.Fatal("Monitor on a closed node succeeded")
+	}
+}
+
+func BenchmarkMonitor(b *testing.B) {
+	for _, conc := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("writers=%d", conc), func(b *testing.B) {
+			tk := newTakeovers()
+			n := startNode(b, b.TempDir(), freeAddr(b), tk)
+			defer n.Close()
+			tk.wait(b)
+			var mu sync.Mutex
+			next := 0
+			b.SetParallelism(max(1, conc/runtime.GOMAXPROCS(0))) // goroutines = conc
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					mu.Lock()
+					i := next
+					next++
+					mu.Unlock()
+					if _, err := n.Monitor(context.Background(), reg(i)); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+		})
+	}
+}

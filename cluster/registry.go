@@ -1,0 +1,67 @@
+package cluster
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nsm"
+)
+
+var _ nsm.Registry = (*Node)(nil)
+
+// Monitor commits a registration (SM_MON) and returns sm_state.
+func (n *Node) Monitor(ctx context.Context, reg fsm.Registration) (int32, error) {
+	res, err := n.apply(ctx, fsm.Register{Reg: reg})
+	return res.State, err
+}
+
+// Unmonitor commits an SM_UNMON.
+func (n *Node) Unmonitor(ctx context.Context, id fsm.MonID) (int32, error) {
+	res, err := n.apply(ctx, fsm.Unregister{ID: id})
+	return res.State, err
+}
+
+// UnmonitorAll commits an SM_UNMON_ALL.
+func (n *Node) UnmonitorAll(ctx context.Context, my fsm.MyID) (int32, error) {
+	res, err := n.apply(ctx, fsm.UnregisterAll{My: my})
+	return res.State, err
+}
+
+// SimuCrash acts as a failover: a takeover that raises sm_state and
+// opens grace, then SM_NOTIFY to every monitored host with the new state.
+func (n *Node) SimuCrash(ctx context.Context) error {
+	res, err := n.apply(ctx, n.takeover("simu_crash"))
+	if err != nil {
+		return err
+	}
+	select { // the leader loop restarts the fan-out with the new state
+	case n.crashCh <- res.State:
+	default:
+		select {
+		case <-n.crashCh:
+		default:
+		}
+		n.crashCh <- res.State
+	}
+	return nil
+}
+
+// PeerRebooted commits an accepted SM_NOTIFY from a monitored host.
+func (n *Node) PeerRebooted(ctx context.Context, ev fsm.PeerRebooted) error {
+	_, err := n.apply(ctx, ev)
+	return err
+}
+
+// State is the local sm_state.
+func (n *Node) State() int32 { return n.fsm.State() }
+
+// WouldAccept pre-checks an SM_NOTIFY against local state.
+func (n *Node) WouldAccept(monName string, from netip.Addr, state int32) bool {
+	return n.fsm.WouldAccept(monName, from, state)
+}
+
+func (n *Node) takeover(reason string) fsm.Takeover {
+	now := n.cfg.Now().UTC()
+	return fsm.Takeover{Node: n.cfg.NodeID, GraceUntil: now.Add(n.cfg.GracePeriod), Reason: reason, At: now}
+}

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nsmd/nsmd/fsm"
+)
+
+// Status is the body of GET /v1/status (DESIGN.md, outside contract).
+type Status struct {
+	NodeID        string         `json:"node_id"`
+	Role          string         `json:"role"`
+	LeaderID      string         `json:"leader_id"`
+	Term          uint64         `json:"term"`
+	SMState       int32          `json:"sm_state"`
+	Registrations int            `json:"registrations"`
+	VIP           string         `json:"vip"`
+	VIPHeld       bool           `json:"vip_held"`
+	NSMAddr       string         `json:"nsm_addr"`
+	GraceUntil    *time.Time     `json:"grace_until"`
+	AppliedIndex  uint64         `json:"applied_index"`
+	Notify        NotifyProgress `json:"notify"`
+}
+
+// NotifyProgress is the SM_NOTIFY fan-out progress of the current leader term.
+type NotifyProgress struct {
+	Pending int `json:"pending"`
+	Done    int `json:"done"`
+	Failed  int `json:"failed"`
+}
+
+// Member is one row of GET /v1/members.
+type Member struct {
+	ID       string `json:"id"`
+	Address  string `json:"address"`
+	Suffrage string `json:"suffrage"`
+	Leader   bool   `json:"leader"`
+}
+
+// RegistrationJSON is one row of GET /v1/registrations.
+type RegistrationJSON struct {
+	MonName  string    `json:"mon_name"`
+	MyName   string    `json:"my_name"`
+	MyProg   uint32    `json:"my_prog"`
+	MyVers   uint32    `json:"my_vers"`
+	MyProc   uint32    `json:"my_proc"`
+	Priv     string    `json:"priv"`
+	Node     string    `json:"node"`
+	Callback string    `json:"callback"`
+	Addrs    []string  `json:"addrs,omitempty"`
+	Added    time.Time `json:"added"`
+}
+
+// RegistrationPage is the body of GET /v1/registrations.
+type RegistrationPage struct {
+	Registrations []RegistrationJSON `json:"registrations"`
+	// Next, when set, is the `after` value for the next page.
+	Next string `json:"next,omitempty"`
+}
+
+func (a *agent) status() Status {
+	r := a.node.Raft()
+	f := a.node.FSM()
+	term, _ := strconv.ParseUint(r.Stats()["term"], 10, 64)
+	_, leaderID := r.LeaderWithID()
+	s := Status{
+		NodeID:        a.cfg.NodeID,
+		Role:          roleName(r.State()),
+		LeaderID:      string(leaderID),
+		Term:          term,
+		SMState:       f.State(),
+		Registrations: f.Len(),
+		VIP:           a.cfg.VIP,
+		VIPHeld:       a.VIPHeld(),
+		NSMAddr:       a.NSMAddr().String(),
+		AppliedIndex:  f.AppliedIndex(),
+	}
+	if g := f.GraceUntil(); !g.IsZero() {
+		g = g.UTC()
+		s.GraceUntil = &g
+	}
+	s.Notify.Pending, s.Notify.Done, s.Notify.Failed = a.node.NotifyProgress()
+	return s
+}
+
+func roleName(s raft.RaftState) string {
+	switch s {
+	case raft.Leader:
+		return "leader"
+	case raft.Candidate:
+		return "candidate"
+	case raft.Follower:
+		return "follower"
+	}
+	return "shutdown"
+}
+
+func (a *agent) startAdmin() error {
+	ln, err := net.Listen("tcp", a.cfg.AdminAddr)
+	if err != nil {
+		return fmt.Errorf("admin API on %s: %w", a.cfg.AdminAddr, err)
+	}
+	a.adminLn = ln
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, a.status()) })
+	mux.HandleFunc("GET /v1/members", a.handleMembers)
+	mux.HandleFunc("GET /v1/registrations", a.handleRegistrations)
+	mux.HandleFunc("POST /v1/leadership/transfer", a.handleTransfer)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", a.handleReady)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("admin API stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func httpError(w http.ResponseWriter, code int, format string, a ...any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf(format, a...)})
+}
+
+func (a *agent) handleMembers(w http.ResponseWriter, r *http.Request) {
+	f := a.node.Raft().GetConfiguration()
+	if err := f.Error(); err != nil {
+		httpError(w, http.StatusServiceUnavailable, "raft configuration: %v", err)
+		return
+	}
+	_, leader := a.node.Raft().LeaderWithID()
+	var out []Member
+	for _, s := range f.Configuration().Servers {
+		out = append(out, Member{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == leader})
+	}
+	writeJSON(w, out)
+}
+
+// handleRegistrations pages through registrations in key order:
+// ?limit=N (default 100, max 10000) &mon_name=NAME &after=<next token>.
+func (a *agent) handleRegistrations(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 100
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 10000 {
+			httpError(w, http.StatusBadRequest, "limit must be 1..10000")
+			return
+		}
+		limit = n
+	}
+	var after fsm.MonID
+	if s := q.Get("after"); s != "" {
+		if err := json.Unmarshal([]byte(s), &after); err != nil {
+			httpError(w, http.StatusBadRequest, "bad after token: %v", err)
+			return
+		}
+	}
+	regs := a.node.FSM().Registrations(after, limit+1, q.Get("mon_name"))
+	page := RegistrationPage{Registrations: []RegistrationJSON{}}
+	if len(regs) > limit {
+		regs = regs[:limit]
+		tok, _ := json.Marshal(regs[limit-1].ID)
+		page.Next = string(tok)
+	}
+	for _, g := range regs {
+		rj := RegistrationJSON{
+			MonName: g.ID.MonName, MyName: g.ID.My.MyName, MyProg: g.ID.My.Prog, MyVers: g.ID.My.Vers, MyProc: g.ID.My.Proc,
+			Priv: hex.EncodeToString(g.Priv[:]), Node: g.Node, Callback: g.Callback.String(), Added: g.Added.UTC(),
+		}
+		for _, ad := range g.Addrs {
+			rj.Addrs = append(rj.Addrs, ad.String())
+		}
+		page.Registrations = append(page.Registrations, rj)
+	}
+	writeJSON(w, page)
+}
+
+func (a *agent) handleTransfer(w http.ResponseWriter, r *http.Request) {
+	rf := a.node.Raft()
+	if rf.State() != raft.Leader {
+		_, leader := rf.LeaderWithID()
+		httpError(w, http.StatusConflict, "this node is not the leader (leader: %q)", leader)
+		return
+	}
+	if err := rf.LeadershipTransfer().Error(); err != nil {
+		httpError(w, http.StatusInternalServerError, "leadership transfer: %v", err)
+		return
+	}
+	_, leader := rf.LeaderWithID()
+	writeJSON(w, map[string]string{"result": "transferred", "leader_id": string(leader)})
+}
+
+// handleReady is 200 once a leader is known and this node has applied
+// everything committed at the time of the check.
+func (a *agent) handleReady(w http.ResponseWriter, r *http.Request) {
+	rf := a.node.Raft()
+	if _, id := rf.LeaderWithID(); id == "" {
+		httpError(w, http.StatusServiceUnavailable, "no leader known")
+		return
+	}
+	commit := rf.CommitIndex()
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	for a.node.FSM().AppliedIndex() < commit {
+		select {
+		case <-ctx.Done():
+			httpError(w, http.StatusServiceUnavailable, "applied %d < commit %d", a.node.FSM().AppliedIndex(), commit)
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	fmt.Fprintln(w, "ready")
+}

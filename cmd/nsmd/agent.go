@@ -1,0 +1,312 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// agentOptions are the parts of an agent that are not operator settings.
+type agentOptions struct {
+	Logger *slog.Logger
+	// Voters, when set, bootstraps a fresh cluster with exactly these
+	// members (id → raft address); nsmd dev uses it.
+	Voters map[string]string
+}
+
+// agent is one running node: raft, the NSM server, rpcbind registration,
+// the admin API and (in loopback VIP mode) the VIP listener.
+type agent struct {
+	cfg     config.Config
+	log     *slog.Logger
+	node    *cluster.Node
+	server  *oncrpc.Server
+	progs   oncrpc.Programs
+	reg     *prometheus.Registry
+	nsmm    *nsm.Metrics
+	nsmPort int
+	nsmTCP  net.Listener
+	admin   *http.Server
+	adminLn net.Listener
+	pmap    *oncrpc.PmapClient
+	pmapSrv *oncrpc.Server
+
+	vipMu  sync.Mutex
+	vipSrv *oncrpc.Server // non-nil while this node holds the loopback VIP
+
+	wg sync.WaitGroup
+}
+
+func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
+	log := opts.Logger.With("node", cfg.NodeID)
+	a = &agent{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.nsmm = nsm.NewMetrics(a.reg)
+
+	tcpLn, udpConn, err := listenBoth(cfg.NSMAddr)
+	if err != nil {
+		return a, fmt.Errorf("listen for NSM on %s: %w", cfg.NSMAddr, err)
+	}
+	a.nsmTCP = tcpLn
+	a.nsmPort = tcpLn.Addr().(*net.TCPAddr).Port
+
+	vip := cfg.VIPAddr()
+	notifier := nsm.NotifierConfig{
+		Name:     cfg.EffectiveNotifyName(),
+		Source:   vip,
+		Window:   cfg.NotifyWindow,
+		PmapPort: cfg.PmapPort,
+		Metrics:  a.nsmm,
+	}
+	ccfg := cluster.Config{
+		NodeID:             cfg.NodeID,
+		DataDir:            cfg.DataDir,
+		RaftBind:           net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
+		Bootstrap:          cfg.BootstrapExpect <= 1 && len(opts.Voters) == 0,
+		Voters:             opts.Voters,
+		GracePeriod:        cfg.GracePeriod,
+		HeartbeatTimeout:   cfg.HeartbeatTimeout,
+		ElectionTimeout:    cfg.ElectionTimeout,
+		LeaderLeaseTimeout: cfg.LeaderLeaseTimeout,
+		SnapshotThreshold:  cfg.SnapshotThreshold,
+		TrailingLogs:       cfg.TrailingLogs,
+		Notifier:           notifier,
+		Deliverer:          nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
+		OnLeader:           a.onLeader,
+		OnFollower:         a.onFollower,
+		Logger:             opts.Logger,
+		Registerer:         a.reg,
+	}
+	if cfg.BootstrapExpect > 1 && len(opts.Voters) == 0 {
+		return a, errors.New("bootstrap_expect > 1 needs gossip membership, which this build does not have yet; start one node with bootstrap_expect 1")
+	}
+	a.node, err = cluster.New(ccfg)
+	if err != nil {
+		return a, err
+	}
+	svc, err := nsm.NewService(a.node, nsm.Config{
+		NodeID:  cfg.NodeID,
+		Trusted: cfg.TrustedPrefixes(),
+		Logger:  log,
+		Metrics: a.nsmm,
+	})
+	if err != nil {
+		return a, err
+	}
+	a.progs = oncrpc.Programs{nsm.Program: svc}
+	a.server = oncrpc.NewServer(a.progs, a.serverConfig())
+	a.serve(a.server, tcpLn, udpConn)
+
+	if err := a.startRpcbind(); err != nil {
+		return a, err
+	}
+	if cfg.AdminAddr != "" {
+		if err := a.startAdmin(); err != nil {
+			return a, err
+		}
+	}
+	a.node.Start()
+	log.Info("nsmd node started", "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode)
+	return a, nil
+}
+
+func (a *agent) serverConfig() oncrpc.ServerConfig {
+	return oncrpc.ServerConfig{Logger: a.log, Observe: a.nsmm.ObserveRPC}
+}
+
+// serve runs srv on both sockets; the goroutines end when srv shuts down.
+func (a *agent) serve(srv *oncrpc.Server, ln net.Listener, pc net.PacketConn) {
+	a.wg.Add(2)
+	go func() {
+		defer a.wg.Done()
+		if err := srv.ServeTCP(ln); err != nil && !errors.Is(err, oncrpc.ErrClosed) {
+			a.log.Error("NSM TCP server stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer a.wg.Done()
+		if err := srv.ServeUDP(pc); err != nil && !errors.Is(err, oncrpc.ErrClosed) {
+			a.log.Error("NSM UDP server stopped", "err", err)
+		}
+	}()
+}
+
+// listenBoth opens TCP and UDP on the same address and port; with port 0
+// it finds a port free for both.
+func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	var lastErr error
+	for range 32 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
+		if err != nil {
+			return nil, nil, err
+		}
+		p := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, p))
+		if err == nil {
+			return ln, pc, nil
+		}
+		ln.Close()
+		lastErr = err
+		if port != "0" {
+			break
+		}
+	}
+	return nil, nil, lastErr
+}
+
+// onLeader runs after this node's takeover committed: in loopback VIP
+// mode it starts answering NSM on the VIP.
+func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
+	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil)
+	if a.cfg.VIPMode != config.VIPLoopback {
+		return
+	}
+	addr := net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort))
+	ln, pc, err := listenBoth(addr)
+	if err != nil {
+		a.log.Error("cannot listen on the VIP", "addr", addr, "err", err)
+		return
+	}
+	srv := oncrpc.NewServer(a.progs, a.serverConfig())
+	a.serve(srv, ln, pc)
+	a.vipMu.Lock()
+	a.vipSrv = srv
+	a.vipMu.Unlock()
+	a.log.Info("VIP taken (loopback mode)", "addr", addr)
+}
+
+// onFollower drops the VIP at once.
+func (a *agent) onFollower() {
+	a.vipMu.Lock()
+	srv := a.vipSrv
+	a.vipSrv = nil
+	a.vipMu.Unlock()
+	if srv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	srv.Shutdown(ctx)
+	a.log.Info("VIP released (loopback mode)")
+}
+
+// VIPHeld reports whether this node currently answers on the VIP.
+func (a *agent) VIPHeld() bool {
+	a.vipMu.Lock()
+	defer a.vipMu.Unlock()
+	return a.vipSrv != nil
+}
+
+// startRpcbind registers 100024 v1 with the local rpcbind, or serves PMAP
+// v2 ourselves.
+func (a *agent) startRpcbind() error {
+	port := uint32(a.nsmPort)
+	maps := []oncrpc.Mapping{
+		{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoUDP, Port: port},
+		{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoTCP, Port: port},
+	}
+	switch a.cfg.Rpcbind {
+	case config.RpcbindRegister:
+		a.pmap = oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 3 * time.Second})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		// A stale entry from a crashed run would make SET fail. UNSET drops
+		// every protocol of prog/vers at once, so it goes before any SET.
+		a.pmap.Unset(ctx, maps[0])
+		for _, m := range maps {
+			ok, err := a.pmap.Set(ctx, m)
+			if err != nil {
+				return fmt.Errorf("register with rpcbind (is rpcbind running? use --rpcbind embedded or off): %w", err)
+			}
+			if !ok {
+				return fmt.Errorf("rpcbind refused to register %d/%d prot %d (is another statd registered?)", m.Prog, m.Vers, m.Prot)
+			}
+		}
+		a.log.Info("registered with rpcbind", "prog", nsm.Program.Prog, "port", port)
+	case config.RpcbindEmbedded:
+		pm := oncrpc.NewPortmapper()
+		pm.Register(oncrpc.Mapping{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers, Prot: oncrpc.IPProtoUDP, Port: oncrpc.PmapPort})
+		pm.Register(oncrpc.Mapping{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers, Prot: oncrpc.IPProtoTCP, Port: oncrpc.PmapPort})
+		for _, m := range maps {
+			pm.Register(m)
+		}
+		ln, pc, err := listenBoth(":" + strconv.Itoa(oncrpc.PmapPort))
+		if err != nil {
+			return fmt.Errorf("embedded portmapper on port %d: %w", oncrpc.PmapPort, err)
+		}
+		a.pmapSrv = oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pm}, oncrpc.ServerConfig{Logger: a.log})
+		a.serve(a.pmapSrv, ln, pc)
+	}
+	return nil
+}
+
+// Close shuts the node down: leadership handed over first (inside
+// node.Close), then the servers, then the rpcbind registration.
+func (a *agent) Close() error {
+	var errs []error
+	if a.node != nil {
+		errs = append(errs, a.node.Close())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	a.onFollower()
+	if a.server != nil {
+		a.server.Shutdown(ctx)
+	} else if a.nsmTCP != nil {
+		a.nsmTCP.Close()
+	}
+	if a.pmapSrv != nil {
+		a.pmapSrv.Shutdown(ctx)
+	}
+	if a.admin != nil {
+		a.admin.Shutdown(ctx)
+	}
+	if a.pmap != nil { // UNSET removes every protocol of prog/vers
+		a.pmap.Unset(ctx, oncrpc.Mapping{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers})
+	}
+	a.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// NSMAddr is where this node answers NSM.
+func (a *agent) NSMAddr() netip.AddrPort {
+	host, _, _ := net.SplitHostPort(a.cfg.NSMAddr)
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.IsUnspecified() {
+		ip = netip.MustParseAddr(a.cfg.Bind)
+	}
+	return netip.AddrPortFrom(ip, uint16(a.nsmPort))
+}
+
+// AdminURL is the admin API's base URL, or "" when disabled.
+func (a *agent) AdminURL() string {
+	if a.adminLn == nil {
+		return ""
+	}
+	return "http://" + a.adminLn.Addr().String()
+}

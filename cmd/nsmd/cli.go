@@ -1,0 +1,190 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// adminFlags adds --admin and --json and returns an HTTP helper.
+type adminClient struct {
+	addr string
+	json bool
+}
+
+func (c *adminClient) flags(cmd *cobra.Command) {
+	def := os.Getenv("NSMD_ADMIN")
+	if def == "" {
+		def = "127.0.0.1:8024"
+	}
+	cmd.Flags().StringVar(&c.addr, "admin", def, "admin API address of a node (host:port) [env NSMD_ADMIN]")
+	cmd.Flags().BoolVar(&c.json, "json", false, "print JSON instead of a table")
+}
+
+func (c *adminClient) do(method, path string, out any) ([]byte, error) {
+	base := c.addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	req, err := http.NewRequest(method, base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	hc := &http.Client{Timeout: 15 * time.Second}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("admin API %s: %w", c.addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read admin API answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct{ Error string }
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			return body, fmt.Errorf("%s %s: %s", method, path, e.Error)
+		}
+		return body, fmt.Errorf("%s %s: %s", method, path, resp.Status)
+	}
+	if out != nil {
+		if err := json.Unmarshal(body, out); err != nil {
+			return body, fmt.Errorf("decode %s: %w", path, err)
+		}
+	}
+	return body, nil
+}
+
+func statusCmd() *cobra.Command {
+	var c adminClient
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show a node's view: role, leader, term, sm_state, VIP, grace, notify progress",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var s Status
+			body, err := c.do("GET", "/v1/status", &s)
+			if err != nil {
+				return err
+			}
+			if c.json {
+				_, err = cmd.OutOrStdout().Write(body)
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			grace := "closed"
+			if s.GraceUntil != nil {
+				if d := time.Until(*s.GraceUntil); d > 0 {
+					grace = fmt.Sprintf("open, %s left (until %s)", d.Round(time.Second), s.GraceUntil.Format(time.RFC3339))
+				}
+			}
+			vip := s.VIP
+			if vip == "" {
+				vip = "-"
+			} else if s.VIPHeld {
+				vip += " (held here)"
+			}
+			fmt.Fprintf(tw, "node\t%s\nrole\t%s\nleader\t%s\nterm\t%d\nsm_state\t%d\nregistrations\t%d\nnsm_addr\t%s\nvip\t%s\ngrace\t%s\napplied_index\t%d\nnotify\tpending %d, done %d, failed %d\n",
+				s.NodeID, s.Role, s.LeaderID, s.Term, s.SMState, s.Registrations, s.NSMAddr, vip, grace, s.AppliedIndex,
+				s.Notify.Pending, s.Notify.Done, s.Notify.Failed)
+			return tw.Flush()
+		},
+	}
+	c.flags(cmd)
+	return cmd
+}
+
+func membersCmd() *cobra.Command {
+	var c adminClient
+	cmd := &cobra.Command{
+		Use:   "members",
+		Short: "List the cluster's raft members",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var ms []Member
+			body, err := c.do("GET", "/v1/members", &ms)
+			if err != nil {
+				return err
+			}
+			if c.json {
+				_, err = cmd.OutOrStdout().Write(body)
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tADDRESS\tSUFFRAGE\tLEADER")
+			for _, m := range ms {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\n", m.ID, m.Address, m.Suffrage, m.Leader)
+			}
+			return tw.Flush()
+		},
+	}
+	c.flags(cmd)
+	return cmd
+}
+
+func registrationsCmd() *cobra.Command {
+	var c adminClient
+	var monName string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "registrations",
+		Short: "List monitored-host registrations",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := url.Values{}
+			q.Set("limit", fmt.Sprint(limit))
+			if monName != "" {
+				q.Set("mon_name", monName)
+			}
+			var page RegistrationPage
+			body, err := c.do("GET", "/v1/registrations?"+q.Encode(), &page)
+			if err != nil {
+				return err
+			}
+			if c.json {
+				_, err = cmd.OutOrStdout().Write(body)
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "MON_NAME\tMY_NAME\tPROG/VERS/PROC\tNODE\tCALLBACK\tADDED")
+			for _, r := range page.Registrations {
+				fmt.Fprintf(tw, "%s\t%s\t%d/%d/%d\t%s\t%s\t%s\n", r.MonName, r.MyName, r.MyProg, r.MyVers, r.MyProc, r.Node, r.Callback, r.Added.Format(time.RFC3339))
+			}
+			if page.Next != "" {
+				fmt.Fprintf(tw, "(more than %d; use --limit or --json)\n", limit)
+			}
+			return tw.Flush()
+		},
+	}
+	c.flags(cmd)
+	cmd.Flags().StringVar(&monName, "mon-name", "", "only registrations of this monitored host")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many rows")
+	return cmd
+}
+
+func transferCmd() *cobra.Command {
+	var c adminClient
+	cmd := &cobra.Command{
+		Use:   "transfer-leadership",
+		Short: "Ask the leader (at --admin) to hand leadership to another voter",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var res map[string]string
+			if _, err := c.do("POST", "/v1/leadership/transfer", &res); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "leadership transferred; new leader: %s\n", res["leader_id"])
+			return nil
+		},
+	}
+	c.flags(cmd)
+	return cmd
+}

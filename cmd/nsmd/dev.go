@@ -1,0 +1,139 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nsmd/nsmd/config"
+)
+
+// devCluster is N agents in one process on 127.0.0.1..N with a loopback VIP.
+type devCluster struct {
+	agents []*agent
+}
+
+type devOptions struct {
+	Nodes     int
+	DataDir   string
+	VIP       string
+	NSMPort   int
+	RaftPort  int
+	AdminPort int
+	LogLevel  string
+	// Tune lets a test adjust each node's config before it starts.
+	Tune func(*config.Config)
+}
+
+func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
+	if o.Nodes < 1 || o.Nodes > 9 {
+		return nil, fmt.Errorf("--nodes must be 1..9, not %d", o.Nodes)
+	}
+	voters := map[string]string{}
+	cfgs := make([]config.Config, o.Nodes)
+	for i := range o.Nodes {
+		ip := fmt.Sprintf("127.0.0.%d", i+1)
+		c := config.Default()
+		c.NodeID = fmt.Sprintf("node%d", i+1)
+		c.DataDir = filepath.Join(o.DataDir, c.NodeID)
+		c.Bind = ip
+		c.RaftPort = o.RaftPort
+		c.NSMAddr = net.JoinHostPort(ip, strconv.Itoa(o.NSMPort))
+		c.AdminAddr = ""
+		if o.AdminPort > 0 {
+			c.AdminAddr = net.JoinHostPort(ip, strconv.Itoa(o.AdminPort))
+		}
+		c.VIPMode = config.VIPLoopback
+		c.VIP = o.VIP + "/32"
+		c.Rpcbind = config.RpcbindOff
+		c.LogLevel = o.LogLevel
+		if o.Tune != nil {
+			o.Tune(&c)
+		}
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("node %s: %w", c.NodeID, err)
+		}
+		cfgs[i] = c
+		voters[c.NodeID] = net.JoinHostPort(ip, strconv.Itoa(c.RaftPort))
+	}
+	d := &devCluster{}
+	for _, c := range cfgs {
+		nodeOpts := opts
+		if o.Nodes > 1 {
+			nodeOpts.Voters = voters
+		}
+		a, err := startAgent(c, nodeOpts)
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("start %s: %w", c.NodeID, err)
+		}
+		d.agents = append(d.agents, a)
+	}
+	return d, nil
+}
+
+func (d *devCluster) Close() error {
+	var errs []error
+	for _, a := range d.agents {
+		errs = append(errs, a.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func devCmd() *cobra.Command {
+	var o devOptions
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a local cluster in one process on 127.0.0.1..N with a loopback VIP",
+		Long: `dev starts N nodes (default 3) in this process, node i on 127.0.0.i,
+sharing the VIP 127.0.0.100 in loopback mode: only the current leader
+answers NSM there. Data lives in a temporary directory unless --data-dir
+is given (then a restart keeps registrations and raises sm_state).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.DataDir == "" {
+				dir, err := os.MkdirTemp("", "nsmd-dev-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				o.DataDir = dir
+			}
+			log := newLogger(os.Stderr, o.LogLevel, "text")
+			d, err := startDev(o, agentOptions{Logger: log})
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "\nnsmd dev cluster: %d nodes, data in %s\n", len(d.agents), o.DataDir)
+			fmt.Fprintf(out, "  VIP (NSM, UDP+TCP):  %s port %d   (only the leader answers there)\n", o.VIP, o.NSMPort)
+			for _, a := range d.agents {
+				fmt.Fprintf(out, "  %s  NSM %s  admin %s\n", a.cfg.NodeID, a.NSMAddr(), a.AdminURL())
+			}
+			adm := d.agents[0].adminLn.Addr().String()
+			fmt.Fprintf(out, "\nTry:\n")
+			fmt.Fprintf(out, "  bin/nsmd status --admin %s\n", adm)
+			fmt.Fprintf(out, "  bin/nsmd members --admin %s\n", adm)
+			fmt.Fprintf(out, "  rpcinfo -n %d -u %s 100024 1       # NULL call on the VIP\n", o.NSMPort, o.VIP)
+			fmt.Fprintf(out, "  bin/nsmd transfer-leadership --admin <leader's admin>   # planned failover\n")
+			fmt.Fprintf(out, "Ctrl-C stops the cluster.\n\n")
+			<-cmd.Context().Done()
+			log.Info("stopping dev cluster")
+			return d.Close()
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Nodes, "nodes", 3, "number of nodes")
+	f.StringVar(&o.DataDir, "data-dir", "", "keep node data here (default: a temporary directory removed on exit)")
+	f.StringVar(&o.VIP, "vip", "127.0.0.100", "loopback VIP")
+	f.IntVar(&o.NSMPort, "nsm-port", 6620, "NSM port on every node and on the VIP")
+	f.IntVar(&o.RaftPort, "raft-port", 7300, "raft port on every node")
+	f.IntVar(&o.AdminPort, "admin-port", 8024, "admin API port on every node")
+	f.StringVar(&o.LogLevel, "log-level", "info", "debug | info | warn | error")
+	return cmd
+}

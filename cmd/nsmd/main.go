@@ -1,0 +1,124 @@
+// Command nsmd is a clustered Network Status Monitor (NSM, ONC RPC program
+// 100024): a drop-in replacement for rpc.statd and sm-notify whose
+// registrations and sm_state are replicated by raft across nodes.
+//
+//	nsmd agent --config /etc/nsmd.yaml      run one node
+//	nsmd dev                                 a 3-node cluster in one process on loopback
+//	nsmd status --admin 127.0.0.1:8024       a node's view of the cluster
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/nsmd/nsmd/config"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := rootCmd().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nsmd:", err)
+		os.Exit(1)
+	}
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "nsmd",
+		Short:         "Clustered Network Status Monitor (rpc.statd replacement)",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(agentCmd(), devCmd(), statusCmd(), membersCmd(), registrationsCmd(), transferCmd())
+	return root
+}
+
+// configFlags registers one flag per config key and returns a loader that
+// applies defaults < --config file < NSMD_* env < flags given.
+func configFlags(fs *pflag.FlagSet) func() (config.Config, error) {
+	def := config.Default()
+	path := fs.String("config", "", "YAML config file (keys are the flag names with _ for -)")
+	for _, f := range config.Fields() {
+		v, _ := def.Get(f.Key)
+		fs.String(f.Flag(), v, f.Help+" [env "+f.Env()+"]")
+	}
+	return func() (config.Config, error) {
+		c := config.Default()
+		if *path != "" {
+			if err := c.LoadFile(*path); err != nil {
+				return c, err
+			}
+		}
+		if err := c.ApplyEnv(os.LookupEnv); err != nil {
+			return c, err
+		}
+		var errs []error
+		fs.Visit(func(f *pflag.Flag) {
+			if f.Name == "config" {
+				return
+			}
+			if err := c.Set(f.Name, f.Value.String()); err != nil {
+				errs = append(errs, fmt.Errorf("--%s: %w", f.Name, err))
+			}
+		})
+		if err := errors.Join(errs...); err != nil {
+			return c, err
+		}
+		return c, c.Validate()
+	}
+}
+
+func newLogger(w io.Writer, level, format string) *slog.Logger {
+	var lv slog.Level
+	switch strings.ToLower(level) {
+	case "debug":
+		lv = slog.LevelDebug
+	case "warn":
+		lv = slog.LevelWarn
+	case "error":
+		lv = slog.LevelError
+	default:
+		lv = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func agentCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run one nsmd node",
+		Args:  cobra.NoArgs,
+	}
+	load := configFlags(cmd.Flags())
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		cfg, err := load()
+		if err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		log := newLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+		a, err := startAgent(cfg, agentOptions{Logger: log})
+		if err != nil {
+			return err
+		}
+		<-cmd.Context().Done()
+		log.Info("shutting down")
+		return a.Close()
+	}
+	return cmd
+}

@@ -1,0 +1,394 @@
+// Package config holds nsmd's one Config struct and the rules that fill it:
+// defaults, then a YAML file, then NSMD_* environment variables, then
+// command-line flags, each overriding the one before. Every setting has one
+// snake_case key that names it in all three places: the YAML key
+// `notify_name`, the variable NSMD_NOTIFY_NAME and the flag --notify-name.
+//
+// Validate reports every problem at once, each naming the key to fix.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// VIP modes.
+const (
+	VIPNetlink  = "netlink"  // the leader adds the VIP to an interface
+	VIPLoopback = "loopback" // the leader listens on a loopback VIP (dev, tests)
+	VIPNone     = "none"     // no floating address
+)
+
+// rpcbind modes.
+const (
+	RpcbindRegister = "register" // register 100024 with the local rpcbind
+	RpcbindEmbedded = "embedded" // serve PMAP v2 ourselves on port 111
+	RpcbindOff      = "off"
+)
+
+// Config is every setting of one nsmd node.
+type Config struct {
+	NodeID          string
+	DataDir         string
+	Bind            string
+	RaftPort        int
+	GossipPort      int
+	NSMAddr         string
+	AdminAddr       string
+	Join            []string
+	BootstrapExpect int
+	VIP             string
+	VIPInterface    string
+	VIPMode         string
+	NotifyName      string
+	TrustedCallers  []string
+	GracePeriod     time.Duration
+	NotifyWindow    time.Duration
+	Rpcbind         string
+	GossipKeyFile   string
+	LogLevel        string
+	LogFormat       string
+	OnLeader        string
+	OnFollower      string
+	PmapPort        int
+
+	// Raft timing (LAN defaults).
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	SnapshotThreshold  uint64
+	TrailingLogs       uint64
+}
+
+// Default returns the settings used when nothing overrides them.
+func Default() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeID:             host,
+		DataDir:            "/var/lib/nsmd",
+		Bind:               "127.0.0.1",
+		RaftPort:           7300,
+		GossipPort:         7946,
+		NSMAddr:            "0.0.0.0:0",
+		AdminAddr:          "127.0.0.1:8024",
+		BootstrapExpect:    1,
+		VIPMode:            VIPNone,
+		GracePeriod:        90 * time.Second,
+		NotifyWindow:       15 * time.Minute,
+		Rpcbind:            RpcbindRegister,
+		PmapPort:           111,
+		LogLevel:           "info",
+		LogFormat:          "text",
+		HeartbeatTimeout:   500 * time.Millisecond,
+		ElectionTimeout:    500 * time.Millisecond,
+		LeaderLeaseTimeout: 250 * time.Millisecond,
+		SnapshotThreshold:  200_000,
+		TrailingLogs:       100_000,
+	}
+}
+
+// Field describes one setting.
+type Field struct {
+	Key  string // snake_case
+	Help string
+	Kind string // string, int, uint, duration, list
+}
+
+// Flag is the command-line flag name of a key.
+func (f Field) Flag() string { return strings.ReplaceAll(f.Key, "_", "-") }
+
+// Env is the environment variable of a key.
+func (f Field) Env() string { return "NSMD_" + strings.ToUpper(f.Key) }
+
+// Fields lists every setting in declaration order.
+func Fields() []Field {
+	var c Config
+	out := make([]Field, 0, 32)
+	for _, b := range c.bindings() {
+		out = append(out, b.Field)
+	}
+	return out
+}
+
+// ErrUnknownKey is returned by Set for a key no setting has.
+var ErrUnknownKey = errors.New("unknown setting")
+
+// Set parses value into the setting named key (snake_case, or the flag
+// spelling with dashes).
+func (c *Config) Set(key, value string) error {
+	key = strings.ReplaceAll(key, "-", "_")
+	for _, b := range c.bindings() {
+		if b.Key == key {
+			if err := b.set(strings.TrimSpace(value)); err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%q: %w", key, ErrUnknownKey)
+}
+
+// Get formats the current value of key (as Set would accept it).
+func (c *Config) Get(key string) (string, error) {
+	key = strings.ReplaceAll(key, "-", "_")
+	for _, b := range c.bindings() {
+		if b.Key == key {
+			return b.get(), nil
+		}
+	}
+	return "", fmt.Errorf("%q: %w", key, ErrUnknownKey)
+}
+
+type binding struct {
+	Field
+	set func(string) error
+	get func() string
+}
+
+// bindings ties each key to its field. It is the one table behind Set,
+// Get, Fields, the environment and the flags.
+func (c *Config) bindings() []binding {
+	return []binding{
+		str("node_id", "unique node name (default: hostname)", &c.NodeID),
+		str("data_dir", "directory for the raft log, stable store and snapshots", &c.DataDir),
+		str("bind", "IP address for raft, gossip and cluster traffic", &c.Bind),
+		integer("raft_port", "raft TCP port", &c.RaftPort),
+		integer("gossip_port", "memberlist gossip port (TCP and UDP)", &c.GossipPort),
+		str("nsm_addr", "host:port for NSM over UDP and TCP (port 0 picks one)", &c.NSMAddr),
+		str("admin_addr", "host:port of the admin HTTP API (empty disables)", &c.AdminAddr),
+		list("join", "gossip seed addresses (host:port), comma separated", &c.Join),
+		integer("bootstrap_expect", "form a new cluster once this many nodes see each other", &c.BootstrapExpect),
+		str("vip", "floating address held by the leader, in CIDR form", &c.VIP),
+		str("vip_interface", "interface for the VIP in netlink mode", &c.VIPInterface),
+		str("vip_mode", "netlink | loopback | none", &c.VIPMode),
+		str("notify_name", "name sent in SM_NOTIFY (default: the VIP, else the hostname)", &c.NotifyName),
+		list("trusted_callers", "CIDRs allowed to SM_MON besides loopback, comma separated", &c.TrustedCallers),
+		duration("grace_period", "NLM grace period opened at every takeover", &c.GracePeriod),
+		duration("notify_window", "how long to keep retrying SM_NOTIFY to a host", &c.NotifyWindow),
+		str("rpcbind", "register | embedded | off", &c.Rpcbind),
+		str("gossip_key_file", "file with a base64 16/24/32-byte gossip encryption key", &c.GossipKeyFile),
+		str("log_level", "debug | info | warn | error", &c.LogLevel),
+		str("log_format", "text | json", &c.LogFormat),
+		str("on_leader", "script run after this node becomes leader", &c.OnLeader),
+		str("on_follower", "script run after this node stops being leader", &c.OnFollower),
+		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
+		duration("heartbeat_timeout", "raft heartbeat timeout", &c.HeartbeatTimeout),
+		duration("election_timeout", "raft election timeout", &c.ElectionTimeout),
+		duration("leader_lease_timeout", "raft leader lease (shorter than the heartbeat timeout)", &c.LeaderLeaseTimeout),
+		unsigned("snapshot_threshold", "log entries between snapshots", &c.SnapshotThreshold),
+		unsigned("trailing_logs", "log entries kept after a snapshot", &c.TrailingLogs),
+	}
+}
+
+func str(key, help string, p *string) binding {
+	return binding{Field{key, help, "string"},
+		func(s string) error { *p = s; return nil },
+		func() string { return *p }}
+}
+
+func integer(key, help string, p *int) binding {
+	return binding{Field{key, help, "int"},
+		func(s string) error {
+			v, err := strconv.Atoi(s)
+			if err != nil {
+				return fmt.Errorf("not an integer: %q", s)
+			}
+			*p = v
+			return nil
+		},
+		func() string { return strconv.Itoa(*p) }}
+}
+
+func unsigned(key, help string, p *uint64) binding {
+	return binding{Field{key, help, "uint"},
+		func(s string) error {
+			v, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				return fmt.Errorf("not a non-negative integer: %q", s)
+			}
+			*p = v
+			return nil
+		},
+		func() string { return strconv.FormatUint(*p, 10) }}
+}
+
+func duration(key, help string, p *time.Duration) binding {
+	return binding{Field{key, help, "duration"},
+		func(s string) error {
+			v, err := time.ParseDuration(s)
+			if err != nil {
+				return fmt.Errorf("not a duration (like 90s or 15m): %q", s)
+			}
+			*p = v
+			return nil
+		},
+		func() string { return p.String() }}
+}
+
+func list(key, help string, p *[]string) binding {
+	return binding{Field{key, help, "list"},
+		func(s string) error {
+			*p = nil
+			for _, part := range strings.Split(s, ",") {
+				if part = strings.TrimSpace(part); part != "" {
+					*p = append(*p, part)
+				}
+			}
+			return nil
+		},
+		func() string { return strings.Join(*p, ",") }}
+}
+
+// Validate checks every setting and returns all problems joined.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
+	}
+	if c.NodeID == "" {
+		bad("node_id", "must not be empty")
+	} else if strings.ContainsAny(c.NodeID, " \t\n/") || len(c.NodeID) > 128 {
+		bad("node_id", "%q must be at most 128 characters without spaces or '/'", c.NodeID)
+	}
+	if c.DataDir == "" {
+		bad("data_dir", "must not be empty")
+	}
+	if _, err := netip.ParseAddr(c.Bind); err != nil {
+		bad("bind", "%q is not an IP address", c.Bind)
+	}
+	port := func(key string, p int, zeroOK bool) {
+		if p < 0 || p > 65535 || (p == 0 && !zeroOK) {
+			bad(key, "%d is not a port", p)
+		}
+	}
+	port("raft_port", c.RaftPort, false)
+	port("gossip_port", c.GossipPort, false)
+	port("pmap_port", c.PmapPort, false)
+	hostPort := func(key, v string, emptyOK bool) {
+		if v == "" {
+			if !emptyOK {
+				bad(key, "must not be empty")
+			}
+			return
+		}
+		if _, p, err := net.SplitHostPort(v); err != nil {
+			bad(key, "%q is not host:port", v)
+		} else if n, err := strconv.Atoi(p); err != nil || n < 0 || n > 65535 {
+			bad(key, "%q has a bad port", v)
+		}
+	}
+	hostPort("nsm_addr", c.NSMAddr, false)
+	hostPort("admin_addr", c.AdminAddr, true)
+	for _, j := range c.Join {
+		hostPort("join", j, false)
+	}
+	if c.BootstrapExpect < 0 {
+		bad("bootstrap_expect", "must not be negative")
+	}
+	switch c.VIPMode {
+	case VIPNone:
+	case VIPLoopback, VIPNetlink:
+		p, err := netip.ParsePrefix(c.VIP)
+		if err != nil {
+			bad("vip", "%q is not an address in CIDR form (like 10.0.0.10/24), needed by vip_mode %s", c.VIP, c.VIPMode)
+		} else if c.VIPMode == VIPLoopback && !p.Addr().IsLoopback() {
+			bad("vip", "%s is not a loopback address, needed by vip_mode loopback", p.Addr())
+		}
+		if c.VIPMode == VIPNetlink && c.VIPInterface == "" {
+			bad("vip_interface", "must name an interface for vip_mode netlink")
+		}
+	default:
+		bad("vip_mode", "%q is not one of netlink, loopback, none", c.VIPMode)
+	}
+	for _, t := range c.TrustedCallers {
+		if _, err := netip.ParsePrefix(t); err != nil {
+			bad("trusted_callers", "%q is not a CIDR", t)
+		}
+	}
+	if c.GracePeriod < 0 {
+		bad("grace_period", "must not be negative")
+	}
+	if c.NotifyWindow <= 0 {
+		bad("notify_window", "must be positive")
+	}
+	switch c.Rpcbind {
+	case RpcbindRegister, RpcbindEmbedded, RpcbindOff:
+	default:
+		bad("rpcbind", "%q is not one of register, embedded, off", c.Rpcbind)
+	}
+	if c.GossipKeyFile != "" {
+		if _, err := os.Stat(c.GossipKeyFile); err != nil {
+			bad("gossip_key_file", "%v", err)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		bad("log_format", "%q is not one of text, json", c.LogFormat)
+	}
+	for key, p := range map[string]string{"on_leader": c.OnLeader, "on_follower": c.OnFollower} {
+		if p != "" && !filepath.IsAbs(p) {
+			bad(key, "%q must be an absolute path", p)
+		}
+	}
+	if c.HeartbeatTimeout < 5*time.Millisecond {
+		bad("heartbeat_timeout", "%v is too short (at least 5ms)", c.HeartbeatTimeout)
+	}
+	if c.ElectionTimeout < c.HeartbeatTimeout {
+		bad("election_timeout", "%v must be at least heartbeat_timeout (%v)", c.ElectionTimeout, c.HeartbeatTimeout)
+	}
+	if c.LeaderLeaseTimeout <= 0 || c.LeaderLeaseTimeout > c.HeartbeatTimeout {
+		bad("leader_lease_timeout", "%v must be positive and not longer than heartbeat_timeout (%v)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if c.SnapshotThreshold == 0 {
+		bad("snapshot_threshold", "must be positive")
+	}
+	return errors.Join(errs...)
+}
+
+// VIPAddr is the VIP's address, or the zero Addr when there is none.
+func (c *Config) VIPAddr() netip.Addr {
+	if c.VIPMode == VIPNone {
+		return netip.Addr{}
+	}
+	p, err := netip.ParsePrefix(c.VIP)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return p.Addr()
+}
+
+// EffectiveNotifyName is the name sent in SM_NOTIFY.
+func (c *Config) EffectiveNotifyName() string {
+	if c.NotifyName != "" {
+		return c.NotifyName
+	}
+	if a := c.VIPAddr(); a.IsValid() {
+		return a.String()
+	}
+	host, _ := os.Hostname()
+	return host
+}
+
+// TrustedPrefixes parses TrustedCallers (call after Validate).
+func (c *Config) TrustedPrefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, t := range c.TrustedCallers {
+		if p, err := netip.ParsePrefix(t); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}

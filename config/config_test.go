@@ -1,0 +1,102 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	c := Default()
+	c.NodeID = "n1"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("default config invalid: %v", err)
+	}
+}
+
+func TestFileThenEnvOverride(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nsmd.yaml")
+	yaml := "node_id: from-file\ngrace_period: 30s\njoin: [10.77.0.1:7946, 10.77.0.2:7946]\nnotify_name: file.example\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := Default()
+	if err := c.LoadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"NSMD_NOTIFY_NAME": "env.example", "NSMD_TRUSTED_CALLERS": "10.77.0.0/16, 10.78.0.0/16"}
+	if err := c.ApplyEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil {
+		t.Fatal(err)
+	}
+	if c.NodeID != "from-file" || c.GracePeriod != 30*time.Second {
+		t.Errorf("file values not applied: %+v", c)
+	}
+	if len(c.Join) != 2 || c.Join[1] != "10.77.0.2:7946" {
+		t.Errorf("join list = %q", c.Join)
+	}
+	if c.NotifyName != "env.example" {
+		t.Errorf("env did not override file: notify_name = %q", c.NotifyName)
+	}
+	if len(c.TrustedPrefixes()) != 2 {
+		t.Errorf("trusted = %v", c.TrustedPrefixes())
+	}
+}
+
+func TestUnknownKeyInFileIsAnError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(path, []byte("notfy_name: x\n"), 0o600)
+	c := Default()
+	if err := c.LoadFile(path); err == nil || !strings.Contains(err.Error(), "notfy_name") {
+		t.Fatalf("want error naming the unknown key, got %v", err)
+	}
+}
+
+func TestValidateNamesEveryBadKey(t *testing.T) {
+	c := Default()
+	c.NodeID = ""
+	c.VIPMode = "loopback"
+	c.VIP = "10.0.0.1/24"
+	c.Rpcbind = "maybe"
+	c.LeaderLeaseTimeout = time.Second
+	c.TrustedCallers = []string{"nonsense"}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("want errors")
+	}
+	for _, key := range []string{"node_id", "vip:", "rpcbind", "leader_lease_timeout", "trusted_callers"} {
+		if !strings.Contains(err.Error(), key) {
+			t.Errorf("error does not name %s:\n%v", key, err)
+		}
+	}
+}
+
+func TestSetRejectsBadValues(t *testing.T) {
+	c := Default()
+	for key, val := range map[string]string{"raft_port": "x", "grace_period": "90", "snapshot_threshold": "-1"} {
+		if err := c.Set(key, val); err == nil {
+			t.Errorf("Set(%s, %q) accepted", key, val)
+		}
+	}
+	if err := c.Set("grace-period", "45s"); err != nil || c.GracePeriod != 45*time.Second {
+		t.Errorf("flag spelling not accepted: %v %v", err, c.GracePeriod)
+	}
+}
+
+func TestFieldNames(t *testing.T) {
+	for _, f := range Fields() {
+		c := Default()
+		v, err := c.Get(f.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Set(f.Flag(), v); err != nil {
+			t.Errorf("%s: round trip of default %q: %v", f.Key, v, err)
+		}
+		if !strings.HasPrefix(f.Env(), "NSMD_") {
+			t.Errorf("env %s", f.Env())
+		}
+	}
+}

@@ -1,0 +1,257 @@
+// Package e2e tests the built nsmd binary from outside, as an operator and
+// the real NFS peers see it: real processes, real sockets, and real Debian
+// programs (rpcinfo, rpcbind, rpc.statd, sm-notify) where a test says so.
+// Traffic stays on loopback or inside network namespaces the tests create.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+var nsmdBin string
+
+func TestMain(m *testing.M) {
+	nsmdBin = os.Getenv("NSMD_BIN")
+	if nsmdBin == "" {
+		dir, err := os.MkdirTemp("", "nsmd-e2e-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		nsmdBin = filepath.Join(dir, "nsmd")
+		cmd := exec.Command("go", "build", "-o", nsmdBin, "../cmd/nsmd")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build nsmd:", err)
+			os.Exit(1)
+		}
+		code := m.Run()
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+// freePort returns a TCP+UDP port that is free on ip right now.
+func freePort(t *testing.T, ip string) int {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(port)))
+		ln.Close()
+		if err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+// waitFor polls cond (an observation of another process) until it holds or
+// the timeout passes; msg describes what was last seen.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		ok, seen := cond()
+		if ok {
+			return
+		}
+		last = seen
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s; last seen: %s", timeout, what, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// proc is one nsmd process started by a test.
+type proc struct {
+	t    *testing.T
+	args []string
+	cmd  *exec.Cmd
+	log  *lockedBuffer
+	done chan struct{}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startNsmd runs `nsmd args...`; the process is killed at test end and its
+// log printed if the test failed.
+func startNsmd(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, args: args, log: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(nsmdBin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start nsmd: %v", err)
+	}
+	go func() { p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.kill(syscall.SIGKILL)
+		if t.Failed() {
+			t.Logf("nsmd %s log:\n%s", strings.Join(args, " "), p.log.String())
+		}
+	})
+	return p
+}
+
+func (p *proc) kill(sig syscall.Signal) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.t.Errorf("nsmd pid %d did not exit after %v", p.cmd.Process.Pid, sig)
+	}
+}
+
+// status fetches GET /v1/status from an admin address.
+type status struct {
+	NodeID        string     `json:"node_id"`
+	Role          string     `json:"role"`
+	LeaderID      string     `json:"leader_id"`
+	SMState       int32      `json:"sm_state"`
+	Registrations int        `json:"registrations"`
+	GraceUntil    *time.Time `json:"grace_until"`
+	Notify        struct{ Pending, Done, Failed int }
+}
+
+func getJSON(admin, path string, out any) error {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + admin + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("%s: %s: %s", path, resp.Status, b)
+	}
+	return json.Unmarshal(b, out)
+}
+
+// waitLeader waits until the node at admin has taken over as leader with an
+// odd sm_state other than notState.
+func waitLeader(t *testing.T, admin string, notState int32) status {
+	t.Helper()
+	var s status
+	waitFor(t, 15*time.Second, "node at "+admin+" to lead", func() (bool, string) {
+		s = status{}
+		if err := getJSON(admin, "/v1/status", &s); err != nil {
+			return false, err.Error()
+		}
+		return s.Role == "leader" && s.SMState%2 == 1 && s.SMState != notState, fmt.Sprintf("%+v", s)
+	})
+	return s
+}
+
+// notifyRecord is one SM_NOTIFY a fake client statd received.
+type notifyRecord struct {
+	From netip.AddrPort
+	Arg  nsm.StatChge
+}
+
+// fakeHost stands in for an NFS client host: a portmapper and a statd that
+// records every SM_NOTIFY. It is a fake because the real rpc.statd needs a
+// private /run and port 111 (the interop tests in netns use the real one).
+type fakeHost struct {
+	Addr     netip.Addr
+	PmapPort int
+	Notified chan notifyRecord
+}
+
+func startFakeHost(t *testing.T, ip string, pmapPort int) *fakeHost {
+	t.Helper()
+	h := &fakeHost{Addr: netip.MustParseAddr(ip), PmapPort: pmapPort, Notified: make(chan notifyRecord, 64)}
+	statd := oncrpc.HandlerFunc(func(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+		switch c.Proc {
+		case nsm.ProcNull:
+			return nil
+		case nsm.ProcNotify:
+			var a nsm.StatChge
+			if err := a.UnmarshalXDR(c.Args); err != nil {
+				return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
+			}
+			h.Notified <- notifyRecord{From: c.Remote, Arg: a}
+			return nil
+		}
+		return oncrpc.ErrProcUnavail
+	})
+	statdConn, err := net.ListenPacket("udp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := oncrpc.NewServer(oncrpc.Programs{nsm.Program: statd}, oncrpc.ServerConfig{})
+	go srv.ServeUDP(statdConn)
+
+	pm := oncrpc.NewPortmapper()
+	pm.Register(oncrpc.Mapping{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoUDP, Port: uint32(statdConn.LocalAddr().(*net.UDPAddr).Port)})
+	pmConn, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(pmapPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pmSrv := oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pm}, oncrpc.ServerConfig{})
+	go pmSrv.ServeUDP(pmConn)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		pmSrv.Shutdown(ctx)
+	})
+	return h
+}
+
+// dialNSM opens an NSM client to addr ("tcp" or "udp") from 127.0.0.1.
+func dialNSM(t *testing.T, network, addr string) *oncrpc.Client {
+	t.Helper()
+	c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: network, Addr: addr, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("dial NSM %s %s: %v", network, addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}

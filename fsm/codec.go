@@ -1,0 +1,399 @@
+package fsm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Log entry format, version 1 (all integers unsigned LEB128 "uvarint"
+// unless noted; every varint must be minimally encoded):
+//
+//	entry    = version:u8(=1) count:uvarint(1…MaxBatch) command{count}
+//	command  = kind:u8 body
+//	Register      (1) = registration
+//	Unregister    (2) = str(mon_name) myid
+//	UnregisterAll (3) = myid
+//	Takeover      (4) = str(node) min_state:varint time(grace_until) str(reason) time(at)
+//	PeerRebooted  (5) = str(mon_name) addr(from) state:varint time(at)
+//
+//	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
+//	               naddrs:uvarint(≤16) addr{naddrs} time(added)
+//	myid     = str(my_name) prog:uvarint vers:uvarint proc:uvarint
+//	str(x)   = len:uvarint bytes        (len ≤ 1024; reason ≤ 256)
+//	addr     = len:u8 (0, 4 or 16) bytes
+//	time     = Unix nanoseconds, int64 big-endian, 0 = zero time
+//	varint   = zigzag signed varint, within int32
+//
+// Addresses in Addrs must be valid; zones are not encoded.
+const (
+	entryVersion = 1
+
+	kindRegister      = 1
+	kindUnregister    = 2
+	kindUnregisterAll = 3
+	kindTakeover      = 4
+	kindPeerRebooted  = 5
+
+	minCommandLen = 5 // kind + the shortest body (UnregisterAll with "")
+)
+
+// Encode encodes a batch of commands as one log entry (versioned binary).
+// It refuses (ErrBadCommand) an empty batch, more than MaxBatch commands,
+// nil or foreign Command values, strings or address lists beyond their
+// limits, invalid addresses in Addrs and times outside the int64
+// nanosecond range, so that whatever it returns Decode accepts.
+func Encode(cmds ...Command) ([]byte, error) {
+	if len(cmds) == 0 || len(cmds) > MaxBatch {
+		return nil, fmt.Errorf("%w: batch of %d commands (want 1…%d)", ErrBadCommand, len(cmds), MaxBatch)
+	}
+	e := encoder{b: make([]byte, 0, 16+64*len(cmds))}
+	e.b = append(e.b, entryVersion)
+	e.b = binary.AppendUvarint(e.b, uint64(len(cmds)))
+	for i, c := range cmds {
+		if err := e.command(c); err != nil {
+			return nil, fmt.Errorf("%w: command %d: %w", ErrBadCommand, i, err)
+		}
+	}
+	return e.b, nil
+}
+
+// Decode is Encode's inverse; malformed input → ErrBadCommand, never a
+// panic. An entry of another format version → an error wrapping both
+// ErrBadCommand and ErrVersion. Decoded times are in UTC.
+func Decode(b []byte) ([]Command, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
+	}
+	if b[0] != entryVersion {
+		return nil, fmt.Errorf("%w: %w: entry version %d", ErrBadCommand, ErrVersion, b[0])
+	}
+	d := decoder{b: b[1:]}
+	n := d.uvarint()
+	if d.err == nil && (n == 0 || n > MaxBatch || n > uint64(len(d.b)/minCommandLen)) {
+		d.fail("batch count %d (want 1…%d, fitting %d bytes)", n, MaxBatch, len(d.b))
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadCommand, d.err)
+	}
+	cmds := make([]Command, 0, n)
+	for i := uint64(0); i < n; i++ {
+		c := d.command()
+		if d.err != nil {
+			return nil, fmt.Errorf("%w: command %d: %w", ErrBadCommand, i, d.err)
+		}
+		cmds = append(cmds, c)
+	}
+	if len(d.b) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", ErrBadCommand, len(d.b))
+	}
+	return cmds, nil
+}
+
+// encoder appends the wire form to b.
+type encoder struct{ b []byte }
+
+func (e *encoder) command(c Command) error {
+	switch c := c.(type) {
+	case Register:
+		e.b = append(e.b, kindRegister)
+		return e.registration(&c.Reg)
+	case Unregister:
+		e.b = append(e.b, kindUnregister)
+		if err := e.str(c.ID.MonName, MaxNameLen, "mon_name"); err != nil {
+			return err
+		}
+		return e.myID(c.ID.My)
+	case UnregisterAll:
+		e.b = append(e.b, kindUnregisterAll)
+		return e.myID(c.My)
+	case Takeover:
+		e.b = append(e.b, kindTakeover)
+		return e.takeover(&c)
+	case PeerRebooted:
+		e.b = append(e.b, kindPeerRebooted)
+		if err := e.str(c.MonName, MaxNameLen, "mon_name"); err != nil {
+			return err
+		}
+		e.addr(ipOf(c.From))
+		e.b = binary.AppendVarint(e.b, int64(c.State))
+		return e.time(c.At, "at")
+	case nil:
+		return fmt.Errorf("nil command")
+	default:
+		return fmt.Errorf("unknown command type %T", c)
+	}
+}
+
+func (e *encoder) takeover(t *Takeover) error {
+	if err := e.str(t.Node, MaxNameLen, "node"); err != nil {
+		return err
+	}
+	e.b = binary.AppendVarint(e.b, int64(t.MinState))
+	if err := e.time(t.GraceUntil, "grace_until"); err != nil {
+		return err
+	}
+	if err := e.str(t.Reason, MaxReasonLen, "reason"); err != nil {
+		return err
+	}
+	return e.time(t.At, "at")
+}
+
+func (e *encoder) registration(g *Registration) error {
+	if err := e.str(g.ID.MonName, MaxNameLen, "mon_name"); err != nil {
+		return err
+	}
+	if err := e.myID(g.ID.My); err != nil {
+		return err
+	}
+	e.b = append(e.b, g.Priv[:]...)
+	if err := e.str(g.Node, MaxNameLen, "node"); err != nil {
+		return err
+	}
+	e.addr(ipOf(g.Callback))
+	if len(g.Addrs) > MaxAddrs {
+		return fmt.Errorf("%d addresses (max %d)", len(g.Addrs), MaxAddrs)
+	}
+	e.b = binary.AppendUvarint(e.b, uint64(len(g.Addrs)))
+	for _, a := range g.Addrs {
+		if !a.IsValid() {
+			return fmt.Errorf("invalid address in Addrs")
+		}
+		e.addr(ipOf(a))
+	}
+	return e.time(g.Added, "added")
+}
+
+// rec writes a stored registration in the registration wire form.
+func (e *encoder) rec(r *rec) {
+	e.b = binary.AppendUvarint(e.b, uint64(len(r.monName)))
+	e.b = append(e.b, r.monName...)
+	e.b = binary.AppendUvarint(e.b, uint64(len(r.myName)))
+	e.b = append(e.b, r.myName...)
+	e.b = binary.AppendUvarint(e.b, uint64(r.prog))
+	e.b = binary.AppendUvarint(e.b, uint64(r.vers))
+	e.b = binary.AppendUvarint(e.b, uint64(r.proc))
+	e.b = append(e.b, r.priv[:]...)
+	e.b = binary.AppendUvarint(e.b, uint64(len(r.node)))
+	e.b = append(e.b, r.node...)
+	e.addr(ip{a: r.cb, n: r.cbLen})
+	n := 0
+	eachAddr(r.addrs, func(ip) bool { n++; return true })
+	e.b = binary.AppendUvarint(e.b, uint64(n))
+	e.b = append(e.b, r.addrs...)
+	e.b = binary.BigEndian.AppendUint64(e.b, uint64(r.added))
+}
+
+func (e *encoder) myID(m MyID) error {
+	if err := e.str(m.MyName, MaxNameLen, "my_name"); err != nil {
+		return err
+	}
+	e.b = binary.AppendUvarint(e.b, uint64(m.Prog))
+	e.b = binary.AppendUvarint(e.b, uint64(m.Vers))
+	e.b = binary.AppendUvarint(e.b, uint64(m.Proc))
+	return nil
+}
+
+func (e *encoder) str(s string, max int, what string) error {
+	if len(s) > max {
+		return fmt.Errorf("%s is %d bytes (max %d)", what, len(s), max)
+	}
+	e.b = binary.AppendUvarint(e.b, uint64(len(s)))
+	e.b = append(e.b, s...)
+	return nil
+}
+
+func (e *encoder) addr(p ip) {
+	e.b = append(e.b, p.n)
+	e.b = append(e.b, p.a[:p.n]...)
+}
+
+func (e *encoder) time(t time.Time, what string) error {
+	if !timeOK(t) {
+		return fmt.Errorf("%s %v is outside the encodable range", what, t)
+	}
+	e.b = binary.BigEndian.AppendUint64(e.b, uint64(nanosOf(t)))
+	return nil
+}
+
+// decoder reads the wire form from b with a sticky error: after the first
+// failure every read returns zero values.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf(format, args...)
+	}
+	d.b = nil
+}
+
+func (d *decoder) u8() byte {
+	if len(d.b) < 1 {
+		d.fail("truncated")
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *decoder) fixed(n int) []byte {
+	if len(d.b) < n {
+		d.fail("truncated")
+		return nil
+	}
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("truncated or overlong varint")
+		return 0
+	}
+	if n > 1 && d.b[n-1] == 0 {
+		d.fail("non-minimal varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) u32() uint32 {
+	v := d.uvarint()
+	if v > math.MaxUint32 {
+		d.fail("value %d exceeds 32 bits", v)
+		return 0
+	}
+	return uint32(v)
+}
+
+func (d *decoder) i32() int32 {
+	u := d.uvarint() // zigzag: same bytes as binary.Varint
+	v := int64(u>>1) ^ -int64(u&1)
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		d.fail("value %d exceeds int32", v)
+		return 0
+	}
+	return int32(v)
+}
+
+// strBytes returns the bytes of a string of at most max bytes, aliasing
+// the input.
+func (d *decoder) strBytes(max int, what string) []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(max) {
+		d.fail("%s is %d bytes (max %d)", what, n, max)
+		return nil
+	}
+	return d.fixed(int(n))
+}
+
+func (d *decoder) str(max int, what string) string { return string(d.strBytes(max, what)) }
+
+func (d *decoder) addr() ip {
+	var p ip
+	p.n = d.u8()
+	switch p.n {
+	case 0:
+	case 4, 16:
+		copy(p.a[:], d.fixed(int(p.n)))
+	default:
+		d.fail("address length %d", p.n)
+		return ip{}
+	}
+	return p
+}
+
+func (d *decoder) time() time.Time {
+	b := d.fixed(8)
+	if b == nil {
+		return time.Time{}
+	}
+	return timeOf(int64(binary.BigEndian.Uint64(b)))
+}
+
+func (d *decoder) myID() MyID {
+	return MyID{MyName: d.str(MaxNameLen, "my_name"), Prog: d.u32(), Vers: d.u32(), Proc: d.u32()}
+}
+
+func (d *decoder) command() Command {
+	switch k := d.u8(); k {
+	case kindRegister:
+		r := d.rec(nil)
+		return Register{Reg: r.registration()}
+	case kindUnregister:
+		return Unregister{ID: MonID{MonName: d.str(MaxNameLen, "mon_name"), My: d.myID()}}
+	case kindUnregisterAll:
+		return UnregisterAll{My: d.myID()}
+	case kindTakeover:
+		return d.takeover()
+	case kindPeerRebooted:
+		return PeerRebooted{MonName: d.str(MaxNameLen, "mon_name"), From: d.addr().addr(), State: d.i32(), At: d.time()}
+	default:
+		if d.err == nil {
+			d.fail("unknown command kind %d", k)
+		}
+		return nil
+	}
+}
+
+func (d *decoder) takeover() Takeover {
+	return Takeover{
+		Node:       d.str(MaxNameLen, "node"),
+		MinState:   d.i32(),
+		GraceUntil: d.time(),
+		Reason:     d.str(MaxReasonLen, "reason"),
+		At:         d.time(),
+	}
+}
+
+// rec decodes a registration into its stored form. in, if not nil,
+// supplies shared strings.
+func (d *decoder) rec(in *strTable) rec {
+	var r rec
+	mon := d.strBytes(MaxNameLen, "mon_name")
+	my := d.strBytes(MaxNameLen, "my_name")
+	r.prog, r.vers, r.proc = d.u32(), d.u32(), d.u32()
+	copy(r.priv[:], d.fixed(16))
+	node := d.strBytes(MaxNameLen, "node")
+	cb := d.addr()
+	r.cb, r.cbLen = cb.a, cb.n
+	n := d.uvarint()
+	if n > MaxAddrs {
+		d.fail("%d addresses (max %d)", n, MaxAddrs)
+	}
+	start := d.b
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		if p := d.addr(); p.n == 0 && d.err == nil {
+			d.fail("invalid address in Addrs")
+		}
+	}
+	packed := start[:len(start)-len(d.b)]
+	if b := d.fixed(8); b != nil {
+		r.added = int64(binary.BigEndian.Uint64(b))
+	}
+	if d.err != nil {
+		return rec{}
+	}
+	if n > 0 {
+		r.addrs = string(packed)
+	}
+	if in != nil {
+		r.monName = in.mon(mon)
+		r.myName = in.intern(my)
+		r.node = in.intern(node)
+	} else {
+		r.monName, r.myName, r.node = string(mon), string(my), string(node)
+	}
+	return r
+}

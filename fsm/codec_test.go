@@ -1,0 +1,192 @@
+package fsm
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func sampleCommands() []Command {
+	full := mkReg("client.example.com", lockd, "node-1", "10.1.2.3", "2001:db8::7", "::ffff:10.9.9.9")
+	full.Priv = [16]byte{0xde, 0xad, 0xbe, 0xef, 15: 0xff}
+	bare := Registration{ID: MonID{MonName: "h"}}
+	return []Command{
+		Register{Reg: full},
+		Register{Reg: bare},
+		Unregister{ID: full.ID},
+		UnregisterAll{My: MyID{MyName: strings.Repeat("m", MaxNameLen), Prog: 1<<32 - 1}},
+		Takeover{Node: "n", MinState: -3, GraceUntil: time.Date(2262, 1, 1, 0, 0, 0, 1, time.UTC), Reason: strings.Repeat("r", MaxReasonLen), At: time.Unix(1, 0)},
+		Takeover{},
+		PeerRebooted{MonName: "client.example.com", From: netip.MustParseAddr("10.1.2.3"), State: 1 << 30, At: time.Date(1700, 1, 1, 0, 0, 0, 0, time.FixedZone("x", 3600))},
+		PeerRebooted{State: -1},
+	}
+}
+
+// equalCommands compares commands, times with time.Time.Equal.
+func equalCommands(t *testing.T, got, want []Command) {
+	t.Helper()
+	norm := func(c Command) Command {
+		switch c := c.(type) {
+		case Register:
+			c.Reg.Added = c.Reg.Added.UTC()
+			if len(c.Reg.Addrs) == 0 {
+				c.Reg.Addrs = nil
+			}
+			return c
+		case Takeover:
+			c.GraceUntil, c.At = c.GraceUntil.UTC(), c.At.UTC()
+			return c
+		case PeerRebooted:
+			c.At = c.At.UTC()
+			return c
+		}
+		return c
+	}
+	if len(got) != len(want) {
+		t.Fatalf("decoded %d commands, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if g, w := norm(got[i]), norm(want[i]); !reflect.DeepEqual(g, w) {
+			t.Fatalf("command %d:\n got %#v\nwant %#v", i, g, w)
+		}
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	cmds := sampleCommands()
+	b, err := Encode(cmds...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalCommands(t, got, cmds)
+	b2, err := Encode(got...)
+	if err != nil || !bytes.Equal(b, b2) {
+		t.Fatalf("re-encoding differs (%v)", err)
+	}
+	for _, c := range cmds {
+		one, err := Encode(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(one)
+		if err != nil {
+			t.Fatalf("%T: %v", c, err)
+		}
+		equalCommands(t, got, []Command{c})
+	}
+	// Zero time ↔ 0, and decoded times are UTC.
+	b, _ = Encode(Takeover{})
+	got, _ = Decode(b)
+	if tk := got[0].(Takeover); !tk.At.IsZero() || !tk.GraceUntil.IsZero() {
+		t.Fatalf("zero times decoded as %v %v", tk.At, tk.GraceUntil)
+	}
+	local := time.Date(2026, 3, 4, 5, 6, 7, 8, time.FixedZone("CET", 3600))
+	b, _ = Encode(PeerRebooted{At: local})
+	got, _ = Decode(b)
+	if at := got[0].(PeerRebooted).At; !at.Equal(local) || at.Location() != time.UTC {
+		t.Fatalf("time %v (%v)", at, at.Location())
+	}
+}
+
+func TestEncodeRefusesWhatDecodeWouldReject(t *testing.T) {
+	many := make([]netip.Addr, MaxAddrs+1)
+	for i := range many {
+		many[i] = netip.AddrFrom4([4]byte{10, 0, 0, byte(i)})
+	}
+	long := strings.Repeat("x", MaxNameLen+1)
+	tests := map[string][]Command{
+		"empty batch":       nil,
+		"nil command":       {nil},
+		"long mon_name":     {Register{Reg: Registration{ID: MonID{MonName: long}}}},
+		"long my_name":      {UnregisterAll{My: MyID{MyName: long}}},
+		"long node":         {Takeover{Node: long}},
+		"long reason":       {Takeover{Reason: strings.Repeat("r", MaxReasonLen+1)}},
+		"too many addrs":    {Register{Reg: Registration{Addrs: many}}},
+		"invalid addr":      {Register{Reg: Registration{Addrs: []netip.Addr{{}}}}},
+		"time out of range": {PeerRebooted{At: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)}},
+	}
+	for name, cmds := range tests {
+		t.Run(name, func(t *testing.T) {
+			if _, err := Encode(cmds...); !errors.Is(err, ErrBadCommand) {
+				t.Fatalf("Encode error %v, want ErrBadCommand", err)
+			}
+		})
+	}
+	if _, err := Encode(make([]Command, MaxBatch+1)...); !errors.Is(err, ErrBadCommand) {
+		t.Fatal("oversized batch accepted")
+	}
+}
+
+func TestDecodeRejectsMalformed(t *testing.T) {
+	good, _ := Encode(sampleCommands()...)
+	reg, _ := Encode(Register{Reg: mkReg("h", lockd, "n", "10.0.0.1")})
+	tests := map[string][]byte{
+		"empty":                  {},
+		"version only":           {1},
+		"unknown version":        {2, 1, 3, 0, 0, 0, 0},
+		"zero count":             {1, 0},
+		"count beyond data":      {1, 2, 3, 0, 0, 0, 0},
+		"count beyond MaxBatch":  {1, 0x81, 0x80, 0x04, 3, 0, 0, 0, 0},
+		"non-minimal varint":     {1, 0x81, 0x00, 3, 0, 0, 0, 0},
+		"overlong varint":        {1, 1, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
+		"unknown kind":           {1, 1, 6, 0, 0, 0, 0},
+		"prog beyond 32 bits":    {1, 1, 3, 0, 0x80, 0x80, 0x80, 0x80, 0x10, 0, 0},
+		"string beyond data":     {1, 1, 3, 5, 'a', 0, 0, 0},
+		"mon_name beyond 1024":   append([]byte{1, 1, 2, 0x81, 0x08}, make([]byte, 1025+4)...),
+		"bad address length":     {1, 1, 5, 0, 5, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+		"state beyond int32":     {1, 1, 5, 0, 0, 0x80, 0x80, 0x80, 0x80, 0x10, 0, 0, 0, 0, 0, 0, 0, 0},
+		"trailing bytes":         append(append([]byte{}, good...), 0),
+		"truncated":              good[:len(good)-3],
+		"addr count beyond 16":   bytes.Replace(reg, []byte{1, 4, 10, 0, 0, 1}, []byte{17, 4, 10, 0, 0, 1}, 1),
+		"invalid address in set": bytes.Replace(reg, []byte{1, 4, 10, 0, 0, 1}, []byte{1, 0, 10, 0, 0, 1}, 1),
+	}
+	for name, b := range tests {
+		t.Run(name, func(t *testing.T) {
+			cmds, err := Decode(b)
+			if !errors.Is(err, ErrBadCommand) || cmds != nil {
+				t.Fatalf("Decode = %v, %v; want ErrBadCommand", cmds, err)
+			}
+		})
+	}
+	if _, err := Decode([]byte{2, 1}); !errors.Is(err, ErrVersion) {
+		t.Fatalf("unknown version: %v, want ErrVersion too", err)
+	}
+}
+
+// FuzzDecode: Decode never panics, and whatever it accepts re-encodes to
+// the same bytes (the format is canonical) and applies without panicking.
+func FuzzDecode(f *testing.F) {
+	for _, c := range sampleCommands() {
+		b, _ := Encode(c)
+		f.Add(b)
+	}
+	b, _ := Encode(sampleCommands()...)
+	f.Add(b)
+	f.Add([]byte{1, 1, 3, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cmds, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadCommand) {
+				t.Fatalf("error %v does not wrap ErrBadCommand", err)
+			}
+			return
+		}
+		again, err := Encode(cmds...)
+		if err != nil {
+			t.Fatalf("decoded commands do not re-encode: %v", err)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding differs:\n in %x\nout %x", b, again)
+		}
+		f := New(Options{})
+		applyOK(t, f, 1, cmds...)
+	})
+}

@@ -1,0 +1,40 @@
+// Package fsm is nsmd's replicated state machine: the monitored-host
+// registrations (accepted SM_MON calls), the server's sm_state, the last
+// state seen from each monitored peer and the NLM grace window. *FSM
+// implements raft.FSM.
+//
+// # Commands
+//
+// A state change is a Command: Register, Unregister, UnregisterAll,
+// Takeover or PeerRebooted. One raft log entry carries a batch of commands
+// (group commit), encoded by Encode in a compact, versioned binary format;
+// Apply decodes the whole batch, applies it atomically and returns one
+// Result per command. A malformed entry is rejected as a whole with an
+// error wrapping ErrBadCommand and changes no replicated state.
+//
+// Apply is deterministic: it never reads the clock or does I/O and no map
+// iteration order leaks into its results. The leader stamps times and
+// names into commands before raft.Apply; the FSM itself computes the next
+// sm_state at a Takeover (smallest odd number above the current one and at
+// least Takeover.MinState), so sm_state is odd after the first takeover,
+// strictly increasing and never reused.
+//
+// # Usage
+//
+//	f := fsm.New(fsm.Options{Observer: func(i uint64, c fsm.Command, r fsm.Result) { ... }})
+//	r, _ := raft.NewRaft(conf, f, logs, stable, snaps, trans)
+//	b, _ := fsm.Encode(fsm.Register{Reg: reg}, fsm.Unregister{ID: id})
+//	fut := r.Apply(b, timeout)
+//	if err := fut.Error(); err == nil {
+//		switch res := fut.Response().(type) {
+//		case []fsm.Result: // one per command
+//		case error: // errors.Is(res, fsm.ErrBadCommand)
+//		}
+//	}
+//
+// Reads (State, Get, Registrations, Targets, WouldAccept, Digest …) are
+// safe to call concurrently with Apply. Snapshot is O(1): it takes a
+// copy-on-write clone of the state; Persist streams it without holding any
+// lock. See DESIGN.md in this directory for the reasoning and the
+// snapshot format.
+package fsm

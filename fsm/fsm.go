@@ -1,0 +1,473 @@
+package fsm
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/btree"
+	"github.com/hashicorp/raft"
+)
+
+// Options configures an FSM.
+type Options struct {
+	// Observer, if set, is called synchronously from Apply after each
+	// command with the log index, the command and its result. It must not
+	// block (hand work to a queue). It runs after the whole entry has been
+	// applied, in command order, without the FSM's lock held, so it may
+	// call the FSM's read methods.
+	Observer func(index uint64, cmd Command, res Result)
+}
+
+const (
+	btreeDegree = 32   // ≤ 63 items per node
+	maxInterned = 4096 // distinct MyName/Node strings shared between registrations
+)
+
+// FSM is safe for concurrent reads while raft applies.
+//
+// Writers (Apply, Restore, Snapshot's clone) take mu exclusively; readers
+// take it shared. Apply, Snapshot and Restore are called by raft from one
+// goroutine and never concurrently with each other.
+type FSM struct {
+	observer func(index uint64, cmd Command, res Result)
+
+	mu      sync.RWMutex
+	st      state
+	applied uint64
+	names   *strTable // shared MyName/Node strings; Apply/Restore only
+}
+
+// state is the replicated state, plus the derived address index.
+type state struct {
+	regs   *btree.BTreeG[rec]     // by MonID
+	seen   *btree.BTreeG[seenRec] // by MonName; only monitored hosts
+	byAddr *btree.BTreeG[addrRef] // (address, MonName) → refs; derived, not snapshotted
+	hosts  int                    // distinct MonNames in regs
+	sm     int32
+	grace  time.Time
+	last   Takeover
+}
+
+func newState() state {
+	return state{
+		regs:   btree.NewG(btreeDegree, lessRec),
+		seen:   btree.NewG(btreeDegree, lessSeen),
+		byAddr: btree.NewG(btreeDegree, lessAddrRef),
+	}
+}
+
+// New returns an empty FSM: no registrations, sm_state 0 (the first
+// Takeover makes it 1).
+func New(opts Options) *FSM {
+	return &FSM{observer: opts.Observer, st: newState(), names: newStrTable()}
+}
+
+// strTable shares strings that repeat across registrations: MyName and
+// Node (few distinct values) and, while restoring, consecutive MonNames.
+type strTable struct {
+	names   map[string]string
+	lastMon string
+}
+
+func newStrTable() *strTable { return &strTable{names: make(map[string]string)} }
+
+func (t *strTable) intern(b []byte) string {
+	if s, ok := t.names[string(b)]; ok {
+		return s
+	}
+	return t.add(string(b))
+}
+
+func (t *strTable) internString(s string) string {
+	if u, ok := t.names[s]; ok {
+		return u
+	}
+	return t.add(s)
+}
+
+// add remembers s unless maxInterned strings are held already.
+func (t *strTable) add(s string) string {
+	if len(t.names) < maxInterned {
+		t.names[s] = s
+	}
+	return s
+}
+
+// mon returns b as a string, shared with the previous call's when equal.
+func (t *strTable) mon(b []byte) string {
+	if string(b) != t.lastMon {
+		t.lastMon = string(b)
+	}
+	return t.lastMon
+}
+
+// Apply implements raft.FSM: returns []Result, or an error wrapping ErrBadCommand.
+//
+// Entries other than raft.LogCommand return nil. The whole entry is
+// decoded before anything changes, so a malformed entry changes no
+// replicated state (only AppliedIndex advances past it).
+func (f *FSM) Apply(l *raft.Log) interface{} {
+	if l.Type != raft.LogCommand {
+		f.mu.Lock()
+		f.applied = l.Index
+		f.mu.Unlock()
+		return nil
+	}
+	cmds, err := Decode(l.Data)
+	if err != nil {
+		f.mu.Lock()
+		f.applied = l.Index
+		f.mu.Unlock()
+		return fmt.Errorf("fsm: apply index %d: %w", l.Index, err)
+	}
+	res := make([]Result, len(cmds))
+	f.mu.Lock()
+	for i, c := range cmds {
+		res[i] = f.apply(c)
+	}
+	f.applied = l.Index
+	f.mu.Unlock()
+	if f.observer != nil {
+		for i, c := range cmds {
+			f.observer(l.Index, c, res[i])
+		}
+	}
+	return res
+}
+
+// apply applies one decoded command; mu is held exclusively.
+func (f *FSM) apply(c Command) Result {
+	s := &f.st
+	switch c := c.(type) {
+	case Register:
+		f.register(&c.Reg)
+		return Result{State: s.sm}
+	case Unregister:
+		n := 0
+		if old, ok := s.regs.Delete(keyOf(c.ID)); ok {
+			s.dropped(old)
+			n = 1
+		}
+		return Result{State: s.sm, Removed: n}
+	case UnregisterAll:
+		var gone []rec
+		s.regs.Ascend(func(r rec) bool {
+			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc {
+				gone = append(gone, r)
+			}
+			return true
+		})
+		for _, r := range gone {
+			if old, ok := s.regs.Delete(r); ok {
+				s.dropped(old)
+			}
+		}
+		return Result{State: s.sm, Removed: len(gone)}
+	case Takeover:
+		s.sm = nextState(s.sm, c.MinState)
+		s.grace = c.GraceUntil
+		s.last = c
+		return Result{State: s.sm}
+	case PeerRebooted:
+		matched := s.match(c.MonName, ipOf(c.From))
+		accepted := false
+		for i, r := range matched {
+			if i > 0 && matched[i-1].monName == r.monName {
+				continue
+			}
+			if old, ok := s.seen.Get(seenRec{name: r.monName}); !ok || old.state != c.State {
+				accepted = true
+				s.seen.ReplaceOrInsert(seenRec{name: r.monName, state: c.State})
+			}
+		}
+		res := Result{State: s.sm, Accepted: accepted}
+		if accepted {
+			res.Matched = make([]Registration, len(matched))
+			for i := range matched {
+				res.Matched[i] = matched[i].registration()
+			}
+		}
+		return res
+	}
+	return Result{State: s.sm} // unreachable: Decode yields only the types above
+}
+
+// nextState is the smallest odd number greater than cur and ≥ min. At the
+// top of the int32 range it stays at math.MaxInt32 (odd), which a cluster
+// reaches only after a billion takeovers.
+func nextState(cur, minState int32) int32 {
+	n := int64(cur) + 1
+	if int64(minState) > n {
+		n = int64(minState)
+	}
+	if n&1 == 0 {
+		n++
+	}
+	if n > math.MaxInt32 {
+		return math.MaxInt32
+	}
+	return int32(n)
+}
+
+// register adds or replaces a registration; mu is held exclusively.
+func (f *FSM) register(g *Registration) {
+	s := &f.st
+	r := recOf(g)
+	r.myName = f.names.internString(r.myName)
+	r.node = f.names.internString(r.node)
+	first, known := s.firstOf(r.monName)
+	if known {
+		r.monName = first.monName // share the host's name string
+	}
+	old, replaced := s.regs.ReplaceOrInsert(r)
+	if replaced {
+		s.unref(&old)
+	} else if !known {
+		s.hosts++
+	}
+	s.ref(&r)
+}
+
+// firstOf returns the first registration of host name.
+func (s *state) firstOf(name string) (rec, bool) {
+	var out rec
+	found := false
+	s.regs.AscendGreaterOrEqual(rec{monName: name}, func(r rec) bool {
+		found = r.monName == name
+		out = r
+		return false
+	})
+	return out, found
+}
+
+// dropped updates the indexes after r left regs: its addresses, and the
+// host's last-seen state once the host is no longer monitored.
+func (s *state) dropped(r rec) {
+	s.unref(&r)
+	if _, ok := s.firstOf(r.monName); !ok {
+		s.hosts--
+		s.seen.Delete(seenRec{name: r.monName})
+	}
+}
+
+func (s *state) ref(r *rec) {
+	eachAddr(r.addrs, func(p ip) bool {
+		k := addrRef{a: p, name: r.monName, refs: 1}
+		if old, ok := s.byAddr.ReplaceOrInsert(k); ok { // rare: count it
+			k.refs += old.refs
+			s.byAddr.ReplaceOrInsert(k)
+		}
+		return true
+	})
+}
+
+func (s *state) unref(r *rec) {
+	eachAddr(r.addrs, func(p ip) bool {
+		k, ok := s.byAddr.Get(addrRef{a: p, name: r.monName})
+		if !ok {
+			return true // cannot happen: every ref was counted
+		}
+		if k.refs--; k.refs <= 0 {
+			s.byAddr.Delete(k)
+		} else {
+			s.byAddr.ReplaceOrInsert(k)
+		}
+		return true
+	})
+}
+
+// match returns, in MonID order, the registrations whose MonName is name
+// or whose Addrs contain from (rpc.statd matches SM_NOTIFY by name or by
+// the sender's address).
+func (s *state) match(name string, from ip) []rec {
+	hosts := []string{name}
+	if from.n != 0 {
+		s.byAddr.AscendGreaterOrEqual(addrRef{a: from}, func(k addrRef) bool {
+			if k.a != from {
+				return false
+			}
+			hosts = append(hosts, k.name)
+			return true
+		})
+		slices.Sort(hosts)
+		hosts = slices.Compact(hosts)
+	}
+	var out []rec
+	for _, h := range hosts {
+		s.regs.AscendGreaterOrEqual(rec{monName: h}, func(r rec) bool {
+			if r.monName != h {
+				return false
+			}
+			if h == name || (from.n != 0 && hasAddr(r.addrs, from)) {
+				out = append(out, r)
+			}
+			return true
+		})
+	}
+	return out
+}
+
+// wouldAccept mirrors the PeerRebooted rule without changing anything.
+func (s *state) wouldAccept(name string, from ip, st int32) bool {
+	matched := s.match(name, from)
+	for _, r := range matched {
+		if old, ok := s.seen.Get(seenRec{name: r.monName}); !ok || old.state != st {
+			return true
+		}
+	}
+	return false
+}
+
+// clone returns an immutable copy-on-write view of the replicated state;
+// mu is held exclusively (BTreeG.Clone mutates the source tree).
+func (s *state) clone() state {
+	c := *s
+	c.regs = s.regs.Clone()
+	c.seen = s.seen.Clone()
+	c.byAddr = nil
+	return c
+}
+
+// view takes a consistent O(1) copy-on-write view for long reads.
+func (f *FSM) view() (state, uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st.clone(), f.applied
+}
+
+// State returns the current sm_state.
+func (f *FSM) State() int32 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.sm
+}
+
+// GraceUntil returns the end of the grace window set by the last Takeover.
+func (f *FSM) GraceUntil() time.Time {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.grace
+}
+
+// LastTakeover returns the last applied Takeover (zero before the first).
+func (f *FSM) LastTakeover() Takeover {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.last
+}
+
+// Len returns the number of registrations.
+func (f *FSM) Len() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.regs.Len()
+}
+
+// Hosts returns the number of distinct monitored hosts (MonNames).
+func (f *FSM) Hosts() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.hosts
+}
+
+// AppliedIndex returns the index of the last log entry applied, or of the
+// snapshot last restored.
+func (f *FSM) AppliedIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.applied
+}
+
+// Get returns the registration with this MonID.
+func (f *FSM) Get(id MonID) (Registration, bool) {
+	f.mu.RLock()
+	r, ok := f.st.regs.Get(keyOf(id))
+	f.mu.RUnlock()
+	if !ok {
+		return Registration{}, false
+	}
+	return r.registration(), true
+}
+
+// Registrations returns up to limit registrations in MonID order strictly
+// after `after` (zero MonID = from the start), only those whose MonName
+// equals monName when monName != "". limit ≤ 0 means no limit.
+func (f *FSM) Registrations(after MonID, limit int, monName string) []Registration {
+	start := keyOf(after)
+	skip := after != (MonID{})
+	if monName != "" {
+		if monName < after.MonName {
+			return nil
+		}
+		if monName > after.MonName {
+			start, skip = rec{monName: monName}, false
+		}
+	}
+	var out []Registration
+	walk := func(t *btree.BTreeG[rec]) {
+		t.AscendGreaterOrEqual(start, func(r rec) bool {
+			if skip && !lessRec(start, r) {
+				return true
+			}
+			if monName != "" && r.monName != monName {
+				return false
+			}
+			out = append(out, r.registration())
+			return limit <= 0 || len(out) < limit
+		})
+	}
+	if limit > 0 && limit <= 4096 {
+		f.mu.RLock()
+		walk(f.st.regs)
+		f.mu.RUnlock()
+	} else {
+		v, _ := f.view() // long walk: don't hold up Apply
+		walk(v.regs)
+	}
+	return out
+}
+
+// Targets returns every distinct monitored host (by MonName), sorted, each
+// with the union of its registrations' Addrs (deduplicated, sorted).
+func (f *FSM) Targets() []Target {
+	v, _ := f.view()
+	out := make([]Target, 0, v.hosts)
+	var ps []ip
+	flush := func(name string) {
+		out = append(out, Target{MonName: name, Addrs: sortedAddrs(ps)})
+		ps = ps[:0]
+	}
+	cur, have := "", false
+	v.regs.Ascend(func(r rec) bool {
+		if have && r.monName != cur {
+			flush(cur)
+		}
+		cur, have = r.monName, true
+		eachAddr(r.addrs, func(p ip) bool { ps = append(ps, p); return true })
+		return true
+	})
+	if have {
+		flush(cur)
+	}
+	return out
+}
+
+// WouldAccept reports whether a PeerRebooted with these fields would be
+// accepted now (a cheap local pre-check before committing).
+func (f *FSM) WouldAccept(monName string, from netip.Addr, state int32) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.wouldAccept(monName, ipOf(from), state)
+}
+
+// LastSeen is the last state recorded from a monitored host.
+func (f *FSM) LastSeen(monName string) (int32, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	r, ok := f.st.seen.Get(seenRec{name: monName})
+	return r.state, ok
+}

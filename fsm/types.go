@@ -1,0 +1,128 @@
+package fsm
+
+import (
+	"cmp"
+	"errors"
+	"net/netip"
+	"time"
+)
+
+// MyID is the lock manager that asked for monitoring (mon_id.my_id).
+type MyID struct {
+	MyName string
+	Prog   uint32
+	Vers   uint32
+	Proc   uint32
+}
+
+// MonID keys a registration exactly as rpc.statd keys it: mon_name + my_id.
+type MonID struct {
+	MonName string
+	My      MyID
+}
+
+// Compare orders MonIDs by MonName, MyName, Prog, Vers, Proc: the order of
+// Registrations and of the snapshot. It returns -1, 0 or +1.
+func (a MonID) Compare(b MonID) int {
+	if c := cmp.Compare(a.MonName, b.MonName); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.My.MyName, b.My.MyName); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.My.Prog, b.My.Prog); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.My.Vers, b.My.Vers); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.My.Proc, b.My.Proc)
+}
+
+// Registration is one accepted SM_MON.
+type Registration struct {
+	ID       MonID
+	Priv     [16]byte     // the lock manager's cookie; a repeat SM_MON replaces it
+	Node     string       // node that took the SM_MON; it delivers the callback
+	Callback netip.Addr   // lock manager address: 127.0.0.1, or a trusted remote caller's IP
+	Addrs    []netip.Addr // mon_name's addresses, resolved when the SM_MON was taken (≤ 16)
+	Added    time.Time    // stamped by the node that took the SM_MON
+}
+
+// Command is one state change. The concrete types below are the only ones.
+type Command interface{ isCommand() }
+
+// Register adds or replaces (same MonID) a registration.
+type Register struct{ Reg Registration }
+
+// Unregister removes the registration with this MonID (SM_UNMON).
+type Unregister struct{ ID MonID }
+
+// UnregisterAll removes every registration of this lock manager (SM_UNMON_ALL).
+type UnregisterAll struct{ My MyID }
+
+// Takeover marks a new server incarnation (leader change, restart,
+// SM_SIMU_CRASH, import): sm_state becomes the smallest odd number that is
+// greater than the current one and ≥ MinState; the grace window is set.
+type Takeover struct {
+	Node       string
+	MinState   int32
+	GraceUntil time.Time
+	Reason     string
+	At         time.Time
+}
+
+// PeerRebooted is an accepted SM_NOTIFY from a monitored host. It matches
+// every registration whose MonName equals MonName or one of whose Addrs
+// equals From; it is accepted only if State differs from the last state
+// seen from that host; then the last-seen state is recorded.
+type PeerRebooted struct {
+	MonName string
+	From    netip.Addr // sender address (may be invalid/zero)
+	State   int32
+	At      time.Time
+}
+
+func (Register) isCommand()      {}
+func (Unregister) isCommand()    {}
+func (UnregisterAll) isCommand() {}
+func (Takeover) isCommand()      {}
+func (PeerRebooted) isCommand()  {}
+
+// Result is what Apply did with one command.
+type Result struct {
+	State    int32          // sm_state after the command
+	Removed  int            // Unregister/UnregisterAll: registrations removed
+	Accepted bool           // PeerRebooted: state was new and some registration matched
+	Matched  []Registration // PeerRebooted: registrations to call back (when Accepted)
+}
+
+// Target is one distinct monitored host to notify after a takeover.
+type Target struct {
+	MonName string
+	Addrs   []netip.Addr
+}
+
+// Limits of the command and snapshot encodings. Encode refuses, and Decode
+// and Restore reject, anything beyond them.
+const (
+	MaxNameLen   = 1024  // MonName, MyName, Node (SM_MAXSTRLEN)
+	MaxReasonLen = 256   // Takeover.Reason
+	MaxAddrs     = 16    // Registration.Addrs
+	MaxBatch     = 65536 // commands in one log entry
+)
+
+var (
+	// ErrBadCommand means a log entry or a command could not be decoded or
+	// encoded: unknown kind, a length beyond its limit, truncated input,
+	// trailing bytes, an unrepresentable time. Apply returns it (wrapped)
+	// for a malformed entry and changes no state.
+	ErrBadCommand = errors.New("fsm: malformed command")
+	// ErrVersion means a log entry or snapshot was written by a format
+	// version this build does not know.
+	ErrVersion = errors.New("fsm: unsupported command or snapshot version")
+	// ErrCorruptSnapshot means Restore rejected a snapshot stream: bad magic,
+	// truncation, a checksum or count mismatch, unsorted or inconsistent
+	// content. The FSM is left unchanged.
+	ErrCorruptSnapshot = errors.New("fsm: corrupt snapshot")
+)

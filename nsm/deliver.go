@@ -1,0 +1,283 @@
+package nsm
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nlm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// ErrRunning is returned by a second concurrent call to Run.
+var ErrRunning = errors.New("nsm: already running")
+
+// Callback is one lock-manager callback to deliver: registration Reg's
+// monitored host MonName now has state State.
+type Callback struct {
+	Reg     fsm.Registration
+	MonName string // the monitored host's name as the lock manager registered it
+	State   int32
+}
+
+// DelivererConfig configures a Deliverer. Zero values take the defaults.
+type DelivererConfig struct {
+	// PmapPort is the lock manager host's portmapper port. Default 111.
+	PmapPort int
+	// Attempts is how many times a callback is tried before it is given up.
+	// Default 5 (rpc.statd: 5 tries about 5 s apart).
+	Attempts int
+	// Interval separates the starts of two tries. Default 5 s.
+	Interval time.Duration
+	// Timeout bounds each RPC of a try (GETPORT, then the callback).
+	// Default 2 s.
+	Timeout time.Duration
+	// Workers is how many callbacks are in flight at once. Default 8.
+	Workers int
+	// QueueSize bounds callbacks waiting for a worker. Default 4096.
+	QueueSize int
+	// Unprivileged sends from an ordinary source port. Linux lockd drops a
+	// callback that does not come from a port below 1024, so this is only
+	// for tests and development without root.
+	Unprivileged bool
+	// Done, if set, is called from a worker after each callback was
+	// delivered (err nil) or given up (err the last failure), with the
+	// number of tries made. It must not block.
+	Done    func(cb Callback, tries int, err error)
+	Logger  *slog.Logger
+	Metrics *Metrics
+}
+
+func (c *DelivererConfig) setDefaults() {
+	if c.PmapPort == 0 {
+		c.PmapPort = oncrpc.PmapPort
+	}
+	if c.Attempts <= 0 {
+		c.Attempts = 5
+	}
+	if c.Interval <= 0 {
+		c.Interval = 5 * time.Second
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 2 * time.Second
+	}
+	if c.Workers <= 0 {
+		c.Workers = 8
+	}
+	if c.QueueSize <= 0 {
+		c.QueueSize = 4096
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Deliverer calls lock managers back (the NSM callback: my_prog, my_vers,
+// my_proc with nlm.Status{mon_name, state, priv}) as rpc.statd does: over
+// UDP to the registration's callback address, port found through the
+// portmapper there, from a privileged source port, retried Attempts times
+// Interval apart. Callbacks are queued with Enqueue and delivered by Run.
+type Deliverer struct {
+	cfg     DelivererConfig
+	log     *slog.Logger
+	m       *Metrics
+	queue   chan delivery
+	wake    chan struct{}
+	running atomic.Bool
+
+	mu      sync.Mutex
+	retries retryHeap
+}
+
+type delivery struct {
+	cb      Callback
+	attempt int       // tries made so far
+	due     time.Time // retries: when the next try may start
+}
+
+// NewDeliverer creates a Deliverer; call Run to start delivering.
+func NewDeliverer(cfg DelivererConfig) *Deliverer {
+	cfg.setDefaults()
+	return &Deliverer{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		m:     cfg.Metrics,
+		queue: make(chan delivery, cfg.QueueSize),
+		wake:  make(chan struct{}, 1),
+	}
+}
+
+// Enqueue queues a callback without blocking. It returns false (and counts
+// a dropped callback) when the queue is full.
+func (d *Deliverer) Enqueue(cb Callback) bool {
+	select {
+	case d.queue <- delivery{cb: cb}:
+		return true
+	default:
+		d.m.callback("dropped")
+		return false
+	}
+}
+
+// Run delivers queued callbacks until ctx ends; it owns the worker
+// goroutines and the retry schedule, waits for the workers to stop, and
+// returns ctx's error. Retries not yet due when ctx ends are abandoned.
+func (d *Deliverer) Run(ctx context.Context) error {
+	if !d.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer d.running.Store(false)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for range d.cfg.Workers {
+		wg.Go(func() { d.work(ctx) })
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		due, next := d.popDue(time.Now())
+		for _, j := range due {
+			select {
+			case d.queue <- j:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if !next.IsZero() {
+			timer.Reset(time.Until(next))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-d.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+func (d *Deliverer) popDue(now time.Time) (due []delivery, next time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for d.retries.Len() > 0 && !d.retries[0].due.After(now) {
+		due = append(due, heap.Pop(&d.retries).(delivery))
+	}
+	if d.retries.Len() > 0 {
+		next = d.retries[0].due
+	}
+	return due, next
+}
+
+func (d *Deliverer) retryLater(j delivery) {
+	d.mu.Lock()
+	heap.Push(&d.retries, j)
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Deliverer) work(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-d.queue:
+			d.try(ctx, j)
+		}
+	}
+}
+
+func (d *Deliverer) try(ctx context.Context, j delivery) {
+	start := time.Now()
+	err := d.deliver(ctx, j.cb)
+	j.attempt++
+	attrs := []any{"mon_name", j.cb.MonName, "state", j.cb.State, "callback", j.cb.Reg.Callback,
+		"my_name", j.cb.Reg.ID.My.MyName, "prog", j.cb.Reg.ID.My.Prog, "vers", j.cb.Reg.ID.My.Vers,
+		"proc", j.cb.Reg.ID.My.Proc, "attempt", j.attempt}
+	switch {
+	case err == nil:
+		d.m.callback("delivered")
+		d.log.Info("lock manager notified", attrs...)
+		d.done(j, nil)
+	case ctx.Err() != nil:
+		// Shutting down: the callback is abandoned with the rest.
+	case j.attempt >= d.cfg.Attempts:
+		d.m.callback("failed")
+		d.log.Error("lock manager callback failed; giving up", append(attrs, "err", err)...)
+		d.done(j, err)
+	default:
+		d.m.callback("retried")
+		d.log.Warn("lock manager callback failed; will retry", append(attrs, "err", err, "in", d.cfg.Interval)...)
+		j.due = start.Add(d.cfg.Interval)
+		d.retryLater(j)
+	}
+}
+
+func (d *Deliverer) done(j delivery, err error) {
+	if d.cfg.Done != nil {
+		d.cfg.Done(j.cb, j.attempt, err)
+	}
+}
+
+// deliver makes one try: GETPORT at the callback host, then the call.
+func (d *Deliverer) deliver(ctx context.Context, cb Callback) error {
+	host := cb.Reg.Callback.Unmap()
+	if !host.IsValid() || host.IsUnspecified() {
+		host = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	my := cb.Reg.ID.My
+	pctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	defer cancel()
+	pmAddr := netip.AddrPortFrom(host, uint16(d.cfg.PmapPort)).String()
+	pm := oncrpc.NewPmapClient(pmAddr, oncrpc.ClientConfig{Net: "udp", Addr: pmAddr, Timeout: d.cfg.Timeout})
+	port, err := pm.GetPort(pctx, my.Prog, my.Vers, oncrpc.IPProtoUDP)
+	if err != nil {
+		return fmt.Errorf("nsm: portmapper GETPORT %d/%d at %s: %w", my.Prog, my.Vers, host, err)
+	}
+	addr := netip.AddrPortFrom(host, port).String()
+	cctx, ccancel := context.WithTimeout(ctx, d.cfg.Timeout)
+	defer ccancel()
+	ccfg := oncrpc.ClientConfig{Net: "udp", Addr: addr, Timeout: d.cfg.Timeout, Privileged: !d.cfg.Unprivileged}
+	cl, err := oncrpc.Dial(cctx, ccfg)
+	if err != nil && ccfg.Privileged && (errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM)) {
+		// Not root: send anyway (a lock manager other than Linux lockd may
+		// accept it), and say why Linux lockd will not.
+		d.log.Warn("cannot bind a privileged source port; Linux lockd drops unprivileged callbacks", "err", err)
+		ccfg.Privileged = false
+		cl, err = oncrpc.Dial(cctx, ccfg)
+	}
+	if err != nil {
+		return fmt.Errorf("nsm: dial lock manager at %s: %w", addr, err)
+	}
+	defer cl.Close()
+	st := nlm.Status{MonName: cb.MonName, State: cb.State, Priv: cb.Reg.Priv}
+	if err := cl.Call(cctx, my.Prog, my.Vers, my.Proc, &st, nil); err != nil {
+		return fmt.Errorf("nsm: callback %d/%d/%d at %s: %w", my.Prog, my.Vers, my.Proc,
+			addr+" (from port "+strconv.Itoa(int(cl.LocalAddr().Port()))+")", err)
+	}
+	return nil
+}
+
+// retryHeap orders pending retries by due time.
+type retryHeap []delivery
+
+func (h retryHeap) Len() int           { return len(h) }
+func (h retryHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h retryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *retryHeap) Push(x any)        { *h = append(*h, x.(delivery)) }
+func (h *retryHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,54 @@
+package nsm
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// mon is SM_MON (XNFS NSM procedure 2): mon → sm_stat_res. It asks this
+// server to monitor mon_name and to call my_id back with priv when that
+// host reboots. As rpc.statd: only trusted callers; my_prog must be NLM and
+// my_proc its callback (16 or 24); mon_name and my_name must be valid and
+// mon_name must resolve. A repeat of the same mon_name + my_id replaces the
+// earlier registration (the new cookie wins: the registry keys on MonID).
+//
+// The reply stat_succ + state is sent only after Registry.Monitor returned,
+// i.e. after the registration is committed. Every refusal or error is
+// stat_fail with state −1 and changes nothing.
+func (s *Service) mon(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+	var args Mon
+	if err := decodeArgs(c, "SM_MON", &args); err != nil {
+		return err
+	}
+	state, err := s.monitor(ctx, c, &args)
+	out := SMStatRes{Res: StatSucc, State: state}
+	if err != nil {
+		s.refuse("SM_MON", c, err, "mon_name", args.ID.MonName, "my_name", args.ID.My.MyName)
+		out = SMStatRes{Res: StatFail, State: -1}
+	}
+	out.MarshalXDR(res)
+	return nil
+}
+
+func (s *Service) monitor(ctx context.Context, c *oncrpc.Call, args *Mon) (int32, error) {
+	if !s.trusted(c.Remote) {
+		return 0, ErrUntrusted
+	}
+	if err := s.checkMyID(args.ID.My); err != nil {
+		return 0, err
+	}
+	if !ValidName(args.ID.MonName) {
+		return 0, fmt.Errorf("mon_name %q: %w", args.ID.MonName, ErrBadName)
+	}
+	addrs, err := s.resolve(ctx, args.ID.MonName)
+	if err != nil {
+		return 0, err
+	}
+	state, err := s.reg.Monitor(ctx, s.registration(c, args, addrs))
+	if err != nil {
+		return 0, fmt.Errorf("nsm: monitor %q: %w", args.ID.MonName, err)
+	}
+	return state, nil
+}

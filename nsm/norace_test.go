@@ -1,0 +1,5 @@
+//go:build !race
+
+package nsm
+
+const raceEnabled = false

@@ -1,0 +1,296 @@
+package nsm
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+type notifyRec struct {
+	arg  StatChge
+	from netip.AddrPort
+	at   time.Time
+}
+
+// fakeHost plays a monitored host: a portmapper on addr:pmapPort and a
+// statd on addr:<ephemeral>, both served by one oncrpc server.
+type fakeHost struct {
+	addr netip.Addr
+	mu   sync.Mutex
+	recs []notifyRec
+	pmap []netip.AddrPort
+	drop int // SM_NOTIFYs to leave unanswered first
+}
+
+func (h *fakeHost) snapshot() ([]notifyRec, []netip.AddrPort) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]notifyRec(nil), h.recs...), append([]netip.AddrPort(nil), h.pmap...)
+}
+
+func startFakeHost(t testing.TB, addr netip.Addr, pmapPort int, drop int) (*fakeHost, error) {
+	h := &fakeHost{addr: addr, drop: drop}
+	pmapPC, err := net.ListenPacket("udp", netip.AddrPortFrom(addr, uint16(pmapPort)).String())
+	if err != nil {
+		return nil, err
+	}
+	statdPC, err := net.ListenPacket("udp", netip.AddrPortFrom(addr, 0).String())
+	if err != nil {
+		pmapPC.Close()
+		return nil, err
+	}
+	pm := oncrpc.NewPortmapper()
+	pm.Register(oncrpc.Mapping{Prog: Program.Prog, Vers: Program.Vers, Prot: oncrpc.IPProtoUDP,
+		Port: uint32(statdPC.LocalAddr().(*net.UDPAddr).Port)})
+	pmh := oncrpc.HandlerFunc(func(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+		h.mu.Lock()
+		h.pmap = append(h.pmap, c.Remote)
+		h.mu.Unlock()
+		return pm.ServeRPC(ctx, c, res)
+	})
+	statd := oncrpc.HandlerFunc(func(_ context.Context, c *oncrpc.Call, _ *oncrpc.Writer) error {
+		if c.Proc != ProcNotify {
+			return oncrpc.ErrProcUnavail
+		}
+		var sc StatChge
+		if err := decodeArgs(c, "SM_NOTIFY", &sc); err != nil {
+			return err
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.recs = append(h.recs, notifyRec{arg: sc, from: c.Remote, at: time.Now()})
+		if h.drop > 0 {
+			h.drop--
+			return oncrpc.ErrNoReply
+		}
+		return nil
+	})
+	srv := oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pmh, Program: statd}, oncrpc.ServerConfig{})
+	serveOn(t, srv, nil, pmapPC, statdPC)
+	return h, nil
+}
+
+// sharedPmapPort finds a port free on 127.0.0.10 to use as every fake
+// host's portmapper port.
+func sharedPmapPort(t testing.TB) int {
+	pc, err := net.ListenPacket("udp", "127.0.0.10:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pc.LocalAddr().(*net.UDPAddr).Port
+	pc.Close()
+	return p
+}
+
+func addr4(n int) netip.Addr { return netip.AddrFrom4([4]byte{127, 0, byte(n >> 8), byte(n)}) }
+
+// DESIGN.md invariant 4: every live host gets SM_NOTIFY with the new
+// state, from the VIP, within seconds; dead hosts are retried until the
+// window ends without delaying live ones.
+func TestNotifierNotifiesLiveHostsFromSourceAndGivesUpDeadOnes(t *testing.T) {
+	const live, dead = 150, 50
+	source := netip.MustParseAddr("127.0.0.250")
+	var port int
+	var hosts []*fakeHost
+	for attempt := 0; ; attempt++ {
+		port = sharedPmapPort(t)
+		hosts = hosts[:0]
+		var err error
+		for i := range live {
+			drop := 0
+			if i%10 == 0 {
+				drop = 1 // lose the first SM_NOTIFY: retransmission
+			}
+			if i == 5 {
+				drop = 3 // unanswered past PmapRequery: re-asks the portmapper
+			}
+			var h *fakeHost
+			if h, err = startFakeHost(t, addr4(10+i), port, drop); err != nil {
+				break
+			}
+			hosts = append(hosts, h)
+		}
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatal(err)
+		}
+	}
+	var targets []fsm.Target
+	for i := range live + dead {
+		targets = append(targets, fsm.Target{MonName: fmt.Sprintf("host%d", i), Addrs: []netip.Addr{addr4(10 + i)}})
+	}
+	targets[1] = fsm.Target{MonName: addr4(11).String()}      // no address: the name is an IP literal
+	targets[2] = fsm.Target{MonName: "host-two.example.test"} // no address: resolved
+	resolve := func(_ context.Context, name string) ([]netip.Addr, error) {
+		if name == "host-two.example.test" {
+			return []netip.Addr{addr4(12)}, nil
+		}
+		return nil, fmt.Errorf("unknown %q", name)
+	}
+	const window = 1500 * time.Millisecond
+	m := NewMetrics(prometheus.NewRegistry())
+	n, err := NewNotifier(NotifierConfig{
+		Name: "nfs.example.test", Source: source, Window: window, InitialRTO: 100 * time.Millisecond,
+		MaxRTO: 200 * time.Millisecond, PmapRequery: 2, PmapPort: port, Resolve: resolve, Metrics: m,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	sum := n.Run(context.Background(), 7, targets)
+	if sum.Done != live || sum.Failed != dead || sum.Pending != 0 || sum.Canceled || sum.Err != nil {
+		t.Errorf("summary %+v", sum)
+	}
+	if sum.Elapsed < window || sum.Elapsed > window+time.Second {
+		t.Errorf("elapsed %v, want about the %v window", sum.Elapsed, window)
+	}
+	if p, d, f := n.Progress(); p != 0 || d != live || f != dead {
+		t.Errorf("progress %d %d %d", p, d, f)
+	}
+	if d, f := counterOrGauge(m.notifyTargets.WithLabelValues("done")), counterOrGauge(m.notifyTargets.WithLabelValues("failed")); d != live || f != dead {
+		t.Errorf("nsmd_notify_targets done %v failed %v", d, f)
+	}
+	var lastFirst time.Duration
+	for i, h := range hosts {
+		recs, pmaps := h.snapshot()
+		if len(recs) == 0 {
+			t.Errorf("host %v got no SM_NOTIFY", h.addr)
+			continue
+		}
+		lastFirst = max(lastFirst, recs[0].at.Sub(start))
+		for _, r := range recs {
+			if r.arg != (StatChge{MonName: "nfs.example.test", State: 7}) || r.from.Addr() != source {
+				t.Errorf("host %v got %+v from %v", h.addr, r.arg, r.from)
+			}
+		}
+		for _, p := range pmaps {
+			if p.Addr() != source {
+				t.Errorf("host %v: GETPORT from %v", h.addr, p)
+			}
+		}
+		if i%10 == 0 && len(recs) < 2 {
+			t.Errorf("host %v: %d SM_NOTIFY, want a retransmission", h.addr, len(recs))
+		}
+		if i == 5 && len(pmaps) < 2 {
+			t.Errorf("host %v: %d GETPORT, want a re-query", h.addr, len(pmaps))
+		}
+	}
+	if lastFirst > window/2 {
+		t.Errorf("last live host first reached after %v: dead hosts delayed live ones", lastFirst)
+	}
+	t.Logf("live hosts all reached within %v; run %v", lastFirst, sum.Elapsed)
+}
+
+func TestNotifierStopsPromptlyOnCancel(t *testing.T) {
+	port := sharedPmapPort(t)
+	// A black hole: reads GETPORTs and never answers.
+	hole, err := net.ListenPacket("udp", netip.AddrPortFrom(addr4(220), uint16(port)).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close()
+	n, err := NewNotifier(NotifierConfig{Name: "nfs", PmapPort: port, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan Summary, 1)
+	go func() {
+		got <- n.Run(ctx, 3, []fsm.Target{{MonName: "a", Addrs: []netip.Addr{addr4(220)}}, {MonName: "b", Addrs: []netip.Addr{addr4(221)}}})
+	}()
+	buf := make([]byte, 512)
+	if _, _, err := hole.ReadFrom(buf); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case sum := <-got:
+		if !sum.Canceled || sum.Pending != 2 {
+			t.Errorf("summary %+v", sum)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+func TestNotifierReportsUnusableSource(t *testing.T) {
+	n, err := NewNotifier(NotifierConfig{Name: "nfs", Source: netip.MustParseAddr("192.0.2.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := n.Run(context.Background(), 3, []fsm.Target{{MonName: "a", Addrs: []netip.Addr{lo}}})
+	if sum.Err == nil || sum.Failed != 1 {
+		t.Errorf("summary %+v", sum)
+	}
+	if _, err := NewNotifier(NotifierConfig{}); err == nil {
+		t.Error("empty Name accepted")
+	}
+}
+
+// notifyMany notifies n targets that all live on one fake host at
+// 127.0.0.1 (the demux keys on XID, not on address).
+func notifyMany(tb testing.TB, n int) (Summary, int64) {
+	var calls atomic.Int64
+	pm := oncrpc.NewPortmapper()
+	statd := oncrpc.HandlerFunc(func(_ context.Context, c *oncrpc.Call, _ *oncrpc.Writer) error {
+		calls.Add(1)
+		return nil
+	})
+	pc, err := net.ListenPacket("udp", loStr+":0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if u, ok := pc.(*net.UDPConn); ok {
+		_ = u.SetReadBuffer(4 << 20)
+	}
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	pm.Register(oncrpc.Mapping{Prog: Program.Prog, Vers: Program.Vers, Prot: oncrpc.IPProtoUDP, Port: uint32(port)})
+	serveOn(tb, oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pm, Program: statd},
+		oncrpc.ServerConfig{}), nil, pc)
+	targets := make([]fsm.Target, n)
+	for i := range targets {
+		targets[i] = fsm.Target{MonName: fmt.Sprintf("h%05d", i), Addrs: []netip.Addr{lo}}
+	}
+	nt, err := NewNotifier(NotifierConfig{Name: "nfs.example.test", Source: lo, PmapPort: port, Window: 30 * time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sum := nt.Run(context.Background(), 9, targets)
+	return sum, calls.Load()
+}
+
+func TestNotifierScalesTo10kHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	sum, calls := notifyMany(t, 10_000)
+	if sum.Done != 10_000 || calls < 10_000 {
+		t.Fatalf("summary %+v, %d SM_NOTIFY received", sum, calls)
+	}
+	t.Logf("10,000 hosts notified in %v (%d SM_NOTIFY received)", sum.Elapsed, calls)
+	if !raceEnabled && sum.Elapsed > 5*time.Second {
+		t.Errorf("10,000 hosts took %v", sum.Elapsed)
+	}
+}
+
+func BenchmarkNotify10k(b *testing.B) {
+	for b.Loop() {
+		sum, _ := notifyMany(b, 10_000)
+		if sum.Done != 10_000 {
+			b.Fatalf("summary %+v", sum)
+		}
+		b.ReportMetric(float64(sum.Elapsed.Milliseconds()), "ms/10k-hosts")
+	}
+}

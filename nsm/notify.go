@@ -1,0 +1,44 @@
+package nsm
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// notify is SM_NOTIFY (XNFS NSM procedure 6): stat_chge → void. A peer
+// says it rebooted. Like rpc.statd, anyone may send it (it is not
+// authenticated), and it is accepted only if mon_name or the sender's
+// address matches a monitored host and the state differs from the last one
+// seen from that host; then the registry commits it and the owners of the
+// matching registrations call their lock managers back.
+//
+// The reply is void, also when the notification is ignored. One deliberate
+// difference from rpc.statd: when an acceptable notification cannot be
+// committed (no leader during an election, shutdown), no reply is sent, so
+// that the peer's sm-notify retransmits it instead of it being lost.
+func (s *Service) notify(ctx context.Context, c *oncrpc.Call, _ *oncrpc.Writer) error {
+	var args StatChge
+	if err := decodeArgs(c, "SM_NOTIFY", &args); err != nil {
+		return err
+	}
+	from := callerAddr(c.Remote)
+	if !s.reg.WouldAccept(args.MonName, from, args.State) {
+		s.m.notifyReceivedInc("ignored")
+		s.log.Debug("SM_NOTIFY ignored: unmonitored host or repeated state",
+			"mon_name", args.MonName, "from", from, "state", args.State)
+		return nil
+	}
+	err := s.reg.PeerRebooted(ctx, fsm.PeerRebooted{MonName: args.MonName, From: from, State: args.State, At: s.cfg.Now()})
+	if err != nil {
+		s.m.notifyReceivedInc("error")
+		s.log.Error("SM_NOTIFY not committed; withholding the reply so the peer retransmits",
+			"mon_name", args.MonName, "from", from, "state", args.State, "err", err)
+		return fmt.Errorf("nsm: SM_NOTIFY from %s not committed: %w: %w", from, oncrpc.ErrNoReply, err)
+	}
+	s.m.notifyReceivedInc("accepted")
+	s.log.Info("SM_NOTIFY accepted: monitored host rebooted", "mon_name", args.MonName, "from", from, "state", args.State)
+	return nil
+}

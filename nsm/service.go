@@ -1,0 +1,260 @@
+package nsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nlm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// MaxAddrs caps the addresses stored for a monitored host.
+const MaxAddrs = 16
+
+// Config configures a Service. Zero values take the documented defaults.
+type Config struct {
+	// NodeID names this node in registrations: the node that took an
+	// SM_MON delivers its callbacks. Required.
+	NodeID string
+	// Trusted are caller prefixes allowed to use SM_MON, SM_UNMON,
+	// SM_UNMON_ALL and SM_SIMU_CRASH besides LoopbackTrusted (remote lock
+	// managers, e.g. NFS-Ganesha on another host).
+	Trusted []netip.Prefix
+	// LoopbackTrusted are the "local host" prefixes, trusted like
+	// rpc.statd trusts 127.0.0.1. Default 127.0.0.0/8 and ::1. Tests narrow
+	// it (e.g. to 127.0.0.1/32) to play an untrusted caller on 127.0.0.9.
+	LoopbackTrusted []netip.Prefix
+	// AllowAnyCallback accepts any my_prog/my_proc in SM_MON. By default,
+	// as rpc.statd, my_prog must be 100021 (NLM) and my_proc 16 or 24.
+	AllowAnyCallback bool
+	// Resolve resolves a mon_name to its addresses; SM_MON fails unless it
+	// returns at least one. Default DefaultResolve.
+	Resolve func(ctx context.Context, name string) ([]netip.Addr, error)
+	// ResolveTimeout bounds one Resolve call. Default 5 s.
+	ResolveTimeout time.Duration
+	// Logger receives refusals and errors. Default: discard.
+	Logger *slog.Logger
+	// Metrics is optional.
+	Metrics *Metrics
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.LoopbackTrusted == nil {
+		c.LoopbackTrusted = defaultLoopback()
+	}
+	if c.Resolve == nil {
+		c.Resolve = DefaultResolve
+	}
+	if c.ResolveTimeout == 0 {
+		c.ResolveTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeID == "" {
+		errs = append(errs, errors.New("nsm: NodeID is empty"))
+	}
+	for _, p := range append(append([]netip.Prefix(nil), c.Trusted...), c.LoopbackTrusted...) {
+		if !p.IsValid() {
+			errs = append(errs, fmt.Errorf("nsm: invalid trusted prefix %v", p))
+		}
+	}
+	if c.ResolveTimeout < 0 {
+		errs = append(errs, errors.New("nsm: ResolveTimeout is negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// DefaultResolve resolves name as an IP literal, else through DNS (the
+// system resolver). IPv4-mapped results are unmapped; at most MaxAddrs
+// distinct addresses are returned.
+func DefaultResolve(ctx context.Context, name string) ([]netip.Addr, error) {
+	if a, err := netip.ParseAddr(name); err == nil {
+		return []netip.Addr{a.Unmap()}, nil
+	}
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+	if err != nil {
+		return nil, fmt.Errorf("nsm: resolve %q: %w", name, err)
+	}
+	return normAddrs(addrs), nil
+}
+
+// normAddrs unmaps, drops invalid and duplicate addresses and caps at MaxAddrs.
+func normAddrs(in []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, min(len(in), MaxAddrs))
+	for _, a := range in {
+		a = a.Unmap()
+		if !a.IsValid() || len(out) == MaxAddrs {
+			continue
+		}
+		dup := false
+		for _, b := range out {
+			if a == b {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Service serves NSM version 1 (Program) as an oncrpc.Handler. It checks
+// callers and arguments, then reads and writes state only through its
+// Registry. It is safe for concurrent use.
+type Service struct {
+	reg Registry
+	cfg Config
+	log *slog.Logger
+	m   *Metrics
+}
+
+var _ oncrpc.Handler = (*Service)(nil)
+
+// NewService creates a Service over reg.
+func NewService(reg Registry, cfg Config) (*Service, error) {
+	if reg == nil {
+		return nil, errors.New("nsm: nil Registry")
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics}, nil
+}
+
+// ServeRPC implements oncrpc.Handler: it dispatches on the procedure
+// number (XNFS NSM: procedures 0–6). Unknown procedures get PROC_UNAVAIL,
+// undecodable arguments GARBAGE_ARGS.
+func (s *Service) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+	switch c.Proc {
+	case ProcNull:
+		return s.null(ctx, c, res)
+	case ProcStat:
+		return s.stat(ctx, c, res)
+	case ProcMon:
+		return s.mon(ctx, c, res)
+	case ProcUnmon:
+		return s.unmon(ctx, c, res)
+	case ProcUnmonAll:
+		return s.unmonAll(ctx, c, res)
+	case ProcSimuCrash:
+		return s.simuCrash(ctx, c, res)
+	case ProcNotify:
+		return s.notify(ctx, c, res)
+	}
+	return fmt.Errorf("nsm: procedure %d: %w", c.Proc, oncrpc.ErrProcUnavail)
+}
+
+// decodeArgs decodes a procedure's arguments into v (nil for void) and
+// insists they use the whole body: anything undecodable, too long or
+// trailing is GARBAGE_ARGS (RFC 5531 accept_stat).
+func decodeArgs(c *oncrpc.Call, proc string, v oncrpc.Unmarshaler) error {
+	if c.Args == nil {
+		if v == nil {
+			return nil
+		}
+		return fmt.Errorf("nsm: %s: no arguments: %w", proc, oncrpc.ErrGarbageArgs)
+	}
+	if v != nil {
+		if err := v.UnmarshalXDR(c.Args); err != nil {
+			return fmt.Errorf("nsm: %s arguments: %w: %w", proc, oncrpc.ErrGarbageArgs, err)
+		}
+	}
+	if err := c.Args.Done(); err != nil {
+		return fmt.Errorf("nsm: %s arguments: %w: %w", proc, oncrpc.ErrGarbageArgs, err)
+	}
+	return nil
+}
+
+// refuse logs and counts a refused request.
+func (s *Service) refuse(proc string, c *oncrpc.Call, err error, attrs ...any) {
+	reason := refuseReason(err)
+	s.m.monRefusedInc(reason)
+	s.log.Warn("NSM request refused", append([]any{"proc", proc, "caller", c.Remote.String(), "net", c.Net,
+		"reason", reason, "err", err}, attrs...)...)
+}
+
+func refuseReason(err error) string {
+	switch {
+	case errors.Is(err, ErrUntrusted):
+		return "untrusted"
+	case errors.Is(err, ErrNotPrivileged):
+		return "not_privileged"
+	case errors.Is(err, ErrBadCallback):
+		return "bad_callback"
+	case errors.Is(err, ErrBadName):
+		return "bad_name"
+	case errors.Is(err, ErrUnresolved):
+		return "unresolved"
+	}
+	return "registry"
+}
+
+// checkMyID applies rpc.statd's checks to a my_id: a valid my_name and,
+// unless AllowAnyCallback, the lock manager's program and callback procedure.
+func (s *Service) checkMyID(my MyID) error {
+	if !ValidName(my.MyName) {
+		return fmt.Errorf("my_name %q: %w", my.MyName, ErrBadName)
+	}
+	if s.cfg.AllowAnyCallback {
+		return nil
+	}
+	if my.Prog != nlm.Program || (my.Proc != nlm.ProcSMNotify && my.Proc != nlm.ProcSMNotifyAlt) {
+		return fmt.Errorf("my_prog %d my_proc %d (want %d and %d or %d): %w",
+			my.Prog, my.Proc, nlm.Program, nlm.ProcSMNotify, nlm.ProcSMNotifyAlt, ErrBadCallback)
+	}
+	return nil
+}
+
+// Registration builds the registration an accepted SM_MON commits.
+func (s *Service) registration(c *oncrpc.Call, args *Mon, addrs []netip.Addr) fsm.Registration {
+	cb := callerAddr(c.Remote)
+	if isLoopback(c.Remote) {
+		// The callback goes to the lock manager over IPv4 loopback, where
+		// Linux lockd listens and checks the source, whatever address the
+		// SM_MON came from.
+		cb = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	return fsm.Registration{
+		ID:       args.ID.FSM(),
+		Priv:     args.Priv,
+		Node:     s.cfg.NodeID,
+		Callback: cb,
+		Addrs:    addrs,
+		Added:    s.cfg.Now(),
+	}
+}
+
+// resolve resolves a mon_name with the configured resolver and timeout.
+func (s *Service) resolve(ctx context.Context, name string) ([]netip.Addr, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ResolveTimeout)
+	defer cancel()
+	addrs, err := s.cfg.Resolve(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("mon_name %q: %w: %w", name, ErrUnresolved, err)
+	}
+	addrs = normAddrs(addrs)
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("mon_name %q: no addresses: %w", name, ErrUnresolved)
+	}
+	return addrs, nil
+}

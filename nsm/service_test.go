@@ -1,0 +1,421 @@
+package nsm
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+var (
+	lockd   = MyID{MyName: "nfs-server", Prog: 100021, Vers: 3, Proc: 16}
+	ganesha = MyID{MyName: "ganesha", Prog: 100021, Vers: 4, Proc: 24}
+	cookie  = [16]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	long    = strings.Repeat("a", MaxStrLen+1)
+)
+
+func mon(name string, my MyID) *Mon { return &Mon{ID: MonID{MonName: name, My: my}, Priv: cookie} }
+
+// narrow makes 127.0.0.1 the only loopback caller trusted, so a test can
+// call from 127.0.0.9 as an untrusted host; 127.0.0.8 is a configured
+// trusted (remote) caller.
+func narrow(c *Config) {
+	c.LoopbackTrusted = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	c.Trusted = []netip.Prefix{netip.MustParsePrefix("127.0.0.8/32")}
+}
+
+// XNFS NSM SM_MON and rpc.statd's checks (PEERS.md "What rpc.statd checks").
+func TestMonChecksCallerCallbackAndNames(t *testing.T) {
+	garbage := oncrpc.ErrGarbageArgs
+	okMon := mon("client.example.test", lockd)
+	var trailing rawArgs
+	{
+		w := oncrpc.NewWriter(nil)
+		okMon.MarshalXDR(w)
+		w.Uint32(0)
+		trailing = w.Bytes()
+	}
+	cases := []struct {
+		name     string
+		cfg      func(*Config)
+		from     string
+		args     oncrpc.Marshaler
+		fail     error
+		wantErr  error
+		wantSucc bool
+		writes   int
+	}{
+		{name: "lockd from loopback", args: okMon, wantSucc: true, writes: 1},
+		{name: "ganesha v4 proc 24", args: mon("10.0.0.5", ganesha), wantSucc: true, writes: 1},
+		{name: "untrusted loopback address", cfg: narrow, from: "127.0.0.9", args: okMon},
+		{name: "configured trusted caller", cfg: narrow, from: "127.0.0.8", args: okMon, wantSucc: true, writes: 1},
+		{name: "my_prog not NLM", args: mon("10.0.0.5", MyID{MyName: "x", Prog: 100003, Vers: 3, Proc: 16})},
+		{name: "my_proc not callback", args: mon("10.0.0.5", MyID{MyName: "x", Prog: 100021, Vers: 3, Proc: 17})},
+		{name: "any callback allowed", cfg: func(c *Config) { c.AllowAnyCallback = true },
+			args: mon("10.0.0.5", MyID{MyName: "x", Prog: 200000, Vers: 1, Proc: 1}), wantSucc: true, writes: 1},
+		{name: "mon_name with slash", args: mon("a/b", lockd)},
+		{name: "mon_name leading dot", args: mon(".hidden", lockd)},
+		{name: "empty mon_name", args: mon("", lockd)},
+		{name: "empty my_name", args: mon("10.0.0.5", MyID{Prog: 100021, Vers: 3, Proc: 16})},
+		{name: "my_name with slash", args: mon("10.0.0.5", MyID{MyName: "../x", Prog: 100021, Vers: 3, Proc: 16})},
+		{name: "unresolvable mon_name", args: mon("nowhere.invalid", lockd)},
+		{name: "1024-byte mon_name decodes", args: mon(long[:MaxStrLen], lockd)},
+		{name: "registry error", args: okMon, fail: errRegistryDown, writes: 1},
+		{name: "1025-byte mon_name", args: mon(long, lockd), wantErr: garbage},
+		{name: "1025-byte my_name", args: mon("10.0.0.5", MyID{MyName: long, Prog: 100021}), wantErr: garbage},
+		{name: "truncated", args: rawArgs{0, 0, 0, 8, 'a', 'b', 'c', 'd'}, wantErr: garbage},
+		{name: "trailing bytes", args: trailing, wantErr: garbage},
+		{name: "nonzero string padding", args: rawArgs{0, 0, 0, 1, 'a', 1, 0, 0}, wantErr: garbage},
+	}
+	for _, tc := range cases {
+		for _, network := range networks {
+			t.Run(tc.name+"/"+network, func(t *testing.T) {
+				var cfg Config
+				if tc.cfg != nil {
+					tc.cfg(&cfg)
+				}
+				s := newNSMServer(t, cfg)
+				s.reg.setFail(tc.fail)
+				from := lo
+				if tc.from != "" {
+					from = netip.MustParseAddr(tc.from)
+				}
+				var res SMStatRes
+				err := call(t, s.dial(t, network, from, false), ProcMon, tc.args, &res)
+				if tc.wantErr != nil {
+					if !errors.Is(err, tc.wantErr) {
+						t.Fatalf("err = %v, want %v", err, tc.wantErr)
+					}
+				} else if err != nil {
+					t.Fatal(err)
+				}
+				want := SMStatRes{Res: StatFail, State: -1}
+				if tc.wantSucc {
+					want = SMStatRes{Res: StatSucc, State: 3}
+				}
+				if tc.wantErr == nil && res != want {
+					t.Errorf("result = %+v, want %+v", res, want)
+				}
+				writes, regs, _ := s.reg.snapshot()
+				if writes != tc.writes {
+					t.Errorf("registry writes = %d, want %d", writes, tc.writes)
+				}
+				if tc.wantSucc && len(regs) != 1 {
+					t.Errorf("registrations = %d, want 1", len(regs))
+				}
+			})
+		}
+	}
+}
+
+func TestMonStoresRegistrationWithLoopbackCallback(t *testing.T) {
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	s := newNSMServer(t, Config{NodeID: "node-a", Now: func() time.Time { return now }})
+	c := s.dial(t, "tcp", netip.MustParseAddr("127.0.0.5"), false)
+	var res SMStatRes
+	if err := call(t, c, ProcMon, mon("client.example.test", lockd), &res); err != nil {
+		t.Fatal(err)
+	}
+	// A repeat with a new cookie replaces the first (rpc.statd).
+	m2 := mon("client.example.test", lockd)
+	m2.Priv[0] = 0xff
+	if err := call(t, c, ProcMon, m2, &res); err != nil {
+		t.Fatal(err)
+	}
+	_, regs, _ := s.reg.snapshot()
+	got, ok := regs[fsm.MonID{MonName: "client.example.test", My: lockd.FSM()}]
+	if !ok || len(regs) != 1 {
+		t.Fatalf("registrations = %+v", regs)
+	}
+	want := fsm.Registration{
+		ID:       fsm.MonID{MonName: "client.example.test", My: lockd.FSM()},
+		Priv:     m2.Priv,
+		Node:     "node-a",
+		Callback: lo,
+		Addrs:    []netip.Addr{netip.MustParseAddr("127.0.0.7"), netip.MustParseAddr("::1")},
+		Added:    now,
+	}
+	if got.ID != want.ID || got.Priv != want.Priv || got.Node != want.Node || got.Callback != want.Callback ||
+		!slices.Equal(got.Addrs, want.Addrs) || !got.Added.Equal(want.Added) {
+		t.Errorf("registration = %+v\nwant %+v", got, want)
+	}
+}
+
+// A trusted remote lock manager is called back at its own address.
+func TestRegistrationCallbackIsRemoteCallerAddress(t *testing.T) {
+	svc, err := NewService(newMapRegistry(1), Config{NodeID: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ remote, want string }{
+		{"192.0.2.7:700", "192.0.2.7"},
+		{"[::ffff:192.0.2.7]:700", "192.0.2.7"},
+		{"[::1]:700", "127.0.0.1"},
+		{"127.0.0.9:40000", "127.0.0.1"},
+	} {
+		c := &oncrpc.Call{Remote: netip.MustParseAddrPort(tc.remote)}
+		reg := svc.registration(c, mon("h", lockd), nil)
+		if reg.Callback != netip.MustParseAddr(tc.want) {
+			t.Errorf("caller %s: callback %v, want %s", tc.remote, reg.Callback, tc.want)
+		}
+	}
+}
+
+// XNFS NSM SM_STAT: our own state; no registration.
+func TestStatReturnsOwnStateAndNeverRegisters(t *testing.T) {
+	cases := []struct {
+		name    string
+		arg     string
+		want    Res
+		wantErr error
+	}{
+		{"monitored or not", "10.1.1.1", StatSucc, nil},
+		{"empty name", "", StatFail, nil},
+		{"slash", "a/b", StatFail, nil},
+		{"leading dot", ".x", StatFail, nil},
+		{"1025 bytes", long, 0, oncrpc.ErrGarbageArgs},
+	}
+	for _, tc := range cases {
+		for _, network := range networks {
+			t.Run(tc.name+"/"+network, func(t *testing.T) {
+				s := newNSMServer(t, Config{})
+				var res SMStatRes
+				err := call(t, s.dial(t, network, netip.MustParseAddr("127.0.0.9"), false), ProcStat, &SMName{tc.arg}, &res)
+				if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				if tc.wantErr == nil && res != (SMStatRes{Res: tc.want, State: 3}) {
+					t.Errorf("res = %+v", res)
+				}
+				if w, regs, _ := s.reg.snapshot(); w != 0 || len(regs) != 0 {
+					t.Errorf("writes %d registrations %d", w, len(regs))
+				}
+			})
+		}
+	}
+}
+
+// XNFS NSM SM_UNMON and SM_UNMON_ALL: trusted callers only; refusals answer
+// the current state, registry errors −1.
+func TestUnmonAndUnmonAll(t *testing.T) {
+	cases := []struct {
+		name      string
+		proc      uint32
+		args      oncrpc.Marshaler
+		from      string
+		fail      error
+		wantState int32
+		writes    int
+		left      int // registrations left of 3
+		wantErr   error
+	}{
+		{name: "unmon one", proc: ProcUnmon, args: &MonID{"10.0.0.1", lockd}, wantState: 3, writes: 1, left: 2},
+		{name: "unmon other my_id", proc: ProcUnmon, args: &MonID{"10.0.0.2", ganesha}, wantState: 3, writes: 1, left: 3},
+		{name: "unmon untrusted", proc: ProcUnmon, args: &MonID{"10.0.0.1", lockd}, from: "127.0.0.9", wantState: 3, left: 3},
+		{name: "unmon bad name", proc: ProcUnmon, args: &MonID{"/etc", lockd}, wantState: 3, left: 3},
+		{name: "unmon registry error", proc: ProcUnmon, args: &MonID{"10.0.0.1", lockd}, fail: errRegistryDown, wantState: -1, writes: 1, left: 3},
+		{name: "unmon 1025", proc: ProcUnmon, args: &MonID{long, lockd}, wantErr: oncrpc.ErrGarbageArgs, left: 3},
+		{name: "unmon_all", proc: ProcUnmonAll, args: &lockd, wantState: 3, writes: 1, left: 1},
+		{name: "unmon_all untrusted", proc: ProcUnmonAll, args: &lockd, from: "127.0.0.9", wantState: 3, left: 3},
+		{name: "unmon_all trusted remote", proc: ProcUnmonAll, args: &ganesha, from: "127.0.0.8", wantState: 3, writes: 1, left: 2},
+		{name: "unmon_all registry error", proc: ProcUnmonAll, args: &lockd, fail: errRegistryDown, wantState: -1, writes: 1, left: 3},
+		{name: "unmon_all truncated", proc: ProcUnmonAll, args: rawArgs{0, 0, 0, 2, 'a', 'b', 0, 0}, wantErr: oncrpc.ErrGarbageArgs, left: 3},
+	}
+	for _, tc := range cases {
+		for _, network := range networks {
+			t.Run(tc.name+"/"+network, func(t *testing.T) {
+				s := newNSMServer(t, Config{LoopbackTrusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+					Trusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.8/32")}})
+				c := s.dial(t, network, lo, false)
+				for _, m := range []*Mon{mon("10.0.0.1", lockd), mon("10.0.0.2", lockd), mon("10.0.0.1", ganesha)} {
+					var res SMStatRes
+					if err := call(t, c, ProcMon, m, &res); err != nil || res.Res != StatSucc {
+						t.Fatalf("SM_MON: %v %+v", err, res)
+					}
+				}
+				s.reg.setFail(tc.fail)
+				from := lo
+				if tc.from != "" {
+					from = netip.MustParseAddr(tc.from)
+					c = s.dial(t, network, from, false)
+				}
+				var res SMStat
+				err := call(t, c, tc.proc, tc.args, &res)
+				if tc.wantErr != nil {
+					if !errors.Is(err, tc.wantErr) {
+						t.Fatalf("err = %v, want %v", err, tc.wantErr)
+					}
+				} else if err != nil {
+					t.Fatal(err)
+				} else if res.State != tc.wantState {
+					t.Errorf("state = %d, want %d", res.State, tc.wantState)
+				}
+				writes, regs, _ := s.reg.snapshot()
+				if writes-3 != tc.writes || len(regs) != tc.left {
+					t.Errorf("writes %d (want %d), registrations %d (want %d)", writes-3, tc.writes, len(regs), tc.left)
+				}
+			})
+		}
+	}
+}
+
+// XNFS NSM SM_SIMU_CRASH: trusted caller and a privileged source port.
+func TestSimuCrashNeedsTrustedPrivilegedCaller(t *testing.T) {
+	cases := []struct {
+		name       string
+		from       string
+		privileged bool
+		crashes    int
+	}{
+		{"privileged loopback", "127.0.0.1", true, 1},
+		{"unprivileged port", "127.0.0.1", false, 0},
+		{"untrusted privileged", "127.0.0.9", true, 0},
+	}
+	for _, tc := range cases {
+		for _, network := range networks {
+			t.Run(tc.name+"/"+network, func(t *testing.T) {
+				s := newNSMServer(t, Config{LoopbackTrusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+				c := s.dial(t, network, netip.MustParseAddr(tc.from), tc.privileged)
+				if err := call(t, c, ProcSimuCrash, nil, nil); err != nil {
+					t.Fatal(err)
+				}
+				s.reg.mu.Lock()
+				crashes, writes := s.reg.crashes, s.reg.writes
+				s.reg.mu.Unlock()
+				if crashes != tc.crashes || writes != tc.crashes {
+					t.Errorf("crashes %d writes %d, want %d", crashes, writes, tc.crashes)
+				}
+			})
+		}
+	}
+}
+
+// XNFS NSM SM_NOTIFY and rpc.statd's acceptance rule: mon_name or sender
+// address matches a monitored host and the state is new.
+func TestNotifyAcceptedByNameOrAddressOnlyWhenStateIsNew(t *testing.T) {
+	for _, network := range networks {
+		t.Run(network, func(t *testing.T) {
+			now := time.Unix(1700000000, 0)
+			s := newNSMServer(t, Config{Now: func() time.Time { return now }})
+			c := s.dial(t, network, lo, false)
+			var res SMStatRes
+			// client.example.test resolves to 127.0.0.7 and ::1.
+			if err := call(t, c, ProcMon, mon("client.example.test", lockd), &res); err != nil || res.Res != StatSucc {
+				t.Fatalf("SM_MON: %v %+v", err, res)
+			}
+			steps := []struct {
+				from    string
+				name    string
+				state   int32
+				accept  bool
+				comment string
+			}{
+				{"127.0.0.1", "client.example.test", 5, true, "by name"},
+				{"127.0.0.1", "client.example.test", 5, false, "repeated state"},
+				{"127.0.0.7", "renamed-client", 7, true, "by sender address"},
+				{"127.0.0.7", "renamed-client", 7, false, "repeated state by address"},
+				{"127.0.0.9", "stranger", 9, false, "unmonitored"},
+				{"127.0.0.1", long[:MaxStrLen], 9, false, "long name unmonitored"},
+			}
+			for _, st := range steps {
+				cl := s.dial(t, network, netip.MustParseAddr(st.from), false)
+				_, _, before := s.reg.snapshot()
+				if err := call(t, cl, ProcNotify, &StatChge{MonName: st.name, State: st.state}, nil); err != nil {
+					t.Fatalf("%s: %v", st.comment, err)
+				}
+				_, _, after := s.reg.snapshot()
+				if got := len(after) - len(before); (got == 1) != st.accept || got > 1 {
+					t.Fatalf("%s: %d events, accept=%v", st.comment, got, st.accept)
+				}
+				if st.accept {
+					want := fsm.PeerRebooted{MonName: st.name, From: netip.MustParseAddr(st.from), State: st.state, At: now}
+					if ev := after[len(after)-1]; ev != want {
+						t.Errorf("%s: event %+v, want %+v", st.comment, ev, want)
+					}
+				}
+			}
+			if err := call(t, c, ProcNotify, &StatChge{MonName: long, State: 1}, nil); !errors.Is(err, oncrpc.ErrGarbageArgs) {
+				t.Errorf("1025-byte stat_chge: %v", err)
+			}
+		})
+	}
+}
+
+// An acceptable SM_NOTIFY that cannot be committed gets no reply, so the
+// peer retransmits it.
+func TestNotifyNotCommittedGetsNoReply(t *testing.T) {
+	s := newNSMServer(t, Config{})
+	c := s.dial(t, "tcp", lo, false)
+	var res SMStatRes
+	if err := call(t, c, ProcMon, mon("10.9.9.9", lockd), &res); err != nil {
+		t.Fatal(err)
+	}
+	s.reg.setFail(errRegistryDown)
+	u, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "udp", Addr: s.udp, Timeout: 300 * time.Millisecond, Retransmit: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	err = u.Call(context.Background(), Program.Prog, Program.Vers, ProcNotify, &StatChge{MonName: "10.9.9.9", State: 9}, nil)
+	if err == nil {
+		t.Fatal("got a reply")
+	}
+}
+
+func TestNullUnknownProcAndWrongVersion(t *testing.T) {
+	for _, network := range networks {
+		t.Run(network, func(t *testing.T) {
+			s := newNSMServer(t, Config{})
+			c := s.dial(t, network, netip.MustParseAddr("127.0.0.9"), false)
+			if err := call(t, c, ProcNull, nil, nil); err != nil {
+				t.Errorf("NULL: %v", err)
+			}
+			if err := call(t, c, ProcNull, rawArgs{0, 0, 0, 0}, nil); !errors.Is(err, oncrpc.ErrGarbageArgs) {
+				t.Errorf("NULL with args: %v", err)
+			}
+			if err := call(t, c, 7, nil, nil); !errors.Is(err, oncrpc.ErrProcUnavail) {
+				t.Errorf("proc 7: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := c.Call(ctx, Program.Prog, 2, ProcNull, oncrpc.Void{}, nil)
+			var me *oncrpc.MismatchError
+			if !errors.Is(err, oncrpc.ErrProgMismatch) || !errors.As(err, &me) || me.Low != 1 || me.High != 1 {
+				t.Errorf("version 2: %v", err)
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if _, err := NewService(newMapRegistry(1), Config{}); err == nil {
+		t.Error("empty NodeID accepted")
+	}
+	if _, err := NewService(newMapRegistry(1), Config{NodeID: "n", Trusted: []netip.Prefix{{}}}); err == nil {
+		t.Error("invalid prefix accepted")
+	}
+	if _, err := NewService(nil, Config{NodeID: "n"}); err == nil {
+		t.Error("nil registry accepted")
+	}
+}
+
+func TestDefaultResolve(t *testing.T) {
+	got, err := DefaultResolve(context.Background(), "::ffff:10.1.2.3")
+	if err != nil || len(got) != 1 || got[0] != netip.MustParseAddr("10.1.2.3") {
+		t.Errorf("literal: %v %v", got, err)
+	}
+	in := make([]netip.Addr, 0, 40)
+	for i := range 20 {
+		a := netip.AddrFrom4([4]byte{10, 0, 0, byte(i)})
+		in = append(in, a, a)
+	}
+	if out := normAddrs(in); len(out) != MaxAddrs || out[1] != netip.MustParseAddr("10.0.0.1") {
+		t.Errorf("normAddrs: %v", out)
+	}
+}

@@ -1,0 +1,613 @@
+package oncrpc
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ServerConfig tunes a Server. Zero values take the documented defaults.
+type ServerConfig struct {
+	Logger        *slog.Logger  // default: discard
+	MaxRecordSize int           // TCP record (all fragments) cap; default 64 KiB
+	MaxConns      int           // concurrent TCP connections; default 1024
+	IdleTimeout   time.Duration // TCP read deadline between records; default 2 min
+	MaxInFlight   int           // concurrent calls per TCP connection / UDP socket; default 64
+	WriteTimeout  time.Duration // TCP write deadline for one reply; default 30 s
+	// Observe, when set, is called once per call after the reply is sent
+	// (program, version, procedure, the accept status error or nil, duration).
+	// For a handler that returned ErrNoReply it is called with that error;
+	// for a rejected call (RPC_MISMATCH, AUTH_ERROR) with a *MismatchError or
+	// *AuthError. Messages that are not decodable calls are not observed.
+	Observe func(c *Call, err error, d time.Duration)
+}
+
+func (c ServerConfig) withDefaults() ServerConfig {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MaxRecordSize <= 0 {
+		c.MaxRecordSize = DefaultMaxRecordSize
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 1024
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 64
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 30 * time.Second
+	}
+	return c
+}
+
+// Server serves Programs over any number of TCP listeners and UDP sockets.
+type Server struct {
+	progs  Programs
+	vers   map[uint32][2]uint32 // program → lowest, highest registered version
+	cfg    ServerConfig
+	log    *slog.Logger
+	ctx    context.Context // handed to handlers; cancelled by Shutdown
+	cancel context.CancelFunc
+
+	shutting atomic.Bool
+	done     chan struct{} // closed when Shutdown starts
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	pconns    map[net.PacketConn]struct{}
+	conns     map[*serverConn]struct{}
+	calls     sync.WaitGroup // in-flight calls; Add only under mu while !shutting
+	workers   sync.WaitGroup // connection goroutines; Add only under mu while !shutting
+	finished  chan struct{}  // closed when Shutdown returns
+
+	bufs sync.Pool // *[]byte, receive and reply buffers
+}
+
+// NewServer returns a Server for the programs p. The map is copied.
+func NewServer(p Programs, cfg ServerConfig) *Server {
+	cfg = cfg.withDefaults()
+	s := &Server{
+		progs:     make(Programs, len(p)),
+		vers:      make(map[uint32][2]uint32),
+		cfg:       cfg,
+		log:       cfg.Logger,
+		done:      make(chan struct{}),
+		finished:  make(chan struct{}),
+		listeners: make(map[net.Listener]struct{}),
+		pconns:    make(map[net.PacketConn]struct{}),
+		conns:     make(map[*serverConn]struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.bufs.New = func() any { b := make([]byte, 0, 1024); return &b }
+	for pv, h := range p {
+		s.progs[pv] = h
+		r, ok := s.vers[pv.Prog]
+		if !ok {
+			r = [2]uint32{pv.Vers, pv.Vers}
+		}
+		r[0], r[1] = min(r[0], pv.Vers), max(r[1], pv.Vers)
+		s.vers[pv.Prog] = r
+	}
+	return s
+}
+
+const maxPooledBuf = 128 << 10
+
+func (s *Server) getBuf() *[]byte { return s.bufs.Get().(*[]byte) }
+
+func (s *Server) putBuf(b *[]byte) {
+	if cap(*b) > maxPooledBuf {
+		return
+	}
+	*b = (*b)[:0]
+	s.bufs.Put(b)
+}
+
+// callStart accounts for one more in-flight call, unless shutting down.
+func (s *Server) callStart() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutting.Load() {
+		return false
+	}
+	s.calls.Add(1)
+	return true
+}
+
+// replyReserve is the room kept in front of a reply for a record marker.
+const replyReserve = 4
+
+// exchange is the state of one call being served.
+type exchange struct {
+	call  Call
+	args  Reader
+	start time.Time
+}
+
+// serve decodes the call in rec, runs its handler and encodes the reply into
+// *out after replyReserve bytes. It returns the reply (without the reserved
+// bytes; nil for no reply), the status for Observe, and whether the message
+// was a decodable call at all (false: drop it, close a TCP connection).
+func (s *Server) serve(x *exchange, rec []byte, out *[]byte) (reply []byte, status error, ok bool) {
+	c := &x.call
+	r := &x.args
+	r.Reset(rec)
+	var h callHeader
+	if err := decodeCall(r, &h); err != nil {
+		var de *callDecodeError
+		errors.As(err, &de)
+		c.XID, c.Prog, c.Vers, c.Proc = h.XID, h.Prog, h.Vers, h.Proc
+		w := Writer{buf: (*out)[:replyReserve]}
+		switch de.stage {
+		case stageRPCVers:
+			putRPCMismatch(&w, h.XID)
+			status = &MismatchError{Err: ErrRPCMismatch, Low: RPCVersion, High: RPCVersion}
+		case stageCred:
+			putAuthError(&w, h.XID, AuthBadCred)
+			status = &AuthError{Stat: AuthBadCred}
+		case stageVerf:
+			putAuthError(&w, h.XID, AuthBadVerf)
+			status = &AuthError{Stat: AuthBadVerf}
+		default:
+			s.log.Debug("oncrpc: dropping undecodable message", "net", c.Net, "remote", c.Remote.String(), "err", err)
+			return nil, nil, false
+		}
+		s.log.Debug("oncrpc: call rejected", "net", c.Net, "remote", c.Remote.String(), "err", err)
+		*out = w.buf
+		return w.buf[replyReserve:], status, true
+	}
+	c.XID, c.Prog, c.Vers, c.Proc = h.XID, h.Prog, h.Vers, h.Proc
+	c.Cred, c.Verf = h.Cred, h.Verf
+	c.Args = r
+	switch h.Cred.Flavor {
+	case AuthNone:
+	case AuthSys:
+		p, err := parseAuthSys(h.Cred.Body)
+		if err != nil {
+			s.log.Debug("oncrpc: bad AUTH_SYS credential", "net", c.Net, "remote", c.Remote.String(), "err", err)
+			w := Writer{buf: (*out)[:replyReserve]}
+			putAuthError(&w, h.XID, AuthBadCred)
+			*out = w.buf
+			return w.buf[replyReserve:], &AuthError{Stat: AuthBadCred}, true
+		}
+		c.Sys = p
+	default:
+		w := Writer{buf: (*out)[:replyReserve]}
+		putAuthError(&w, h.XID, AuthBadCred)
+		*out = w.buf
+		return w.buf[replyReserve:], &AuthError{Stat: AuthBadCred}, true
+	}
+
+	handler, found := s.progs[ProgVers{h.Prog, h.Vers}]
+	var err error
+	var low, high uint32
+	res := Writer{buf: (*out)[:replyReserve+successHeaderLen], base: replyReserve + successHeaderLen}
+	switch {
+	case found:
+		err = s.invoke(handler, c, &res)
+	default:
+		if r, known := s.vers[h.Prog]; known {
+			low, high = r[0], r[1]
+			err = &MismatchError{Err: ErrProgMismatch, Low: low, High: high}
+		} else {
+			err = ErrProgUnavail
+		}
+	}
+	*out = res.buf
+	if errors.Is(err, ErrNoReply) {
+		return nil, err, true
+	}
+	w := Writer{buf: res.buf[:replyReserve]}
+	switch {
+	case err == nil:
+		putAccepted(&w, h.XID, acceptSuccess)
+		return res.buf[replyReserve:], nil, true
+	case errors.Is(err, ErrProgMismatch):
+		putAcceptedError(&w, h.XID, acceptProgMismatch, low, high)
+	case errors.Is(err, ErrProgUnavail):
+		putAcceptedError(&w, h.XID, acceptProgUnavail, 0, 0)
+	default:
+		st := acceptStat(err)
+		if st == acceptSystemErr && !errors.Is(err, ErrSystemErr) {
+			s.log.Error("oncrpc: handler failed", "prog", h.Prog, "vers", h.Vers, "proc", h.Proc,
+				"net", c.Net, "remote", c.Remote.String(), "err", err)
+		}
+		putAcceptedError(&w, h.XID, st, 0, 0)
+	}
+	*out = w.buf
+	return w.buf[replyReserve:], err, true
+}
+
+// invoke runs a handler, turning a panic into SYSTEM_ERR.
+func (s *Server) invoke(h Handler, c *Call, res *Writer) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("oncrpc: handler panic", "prog", c.Prog, "vers", c.Vers, "proc", c.Proc,
+				"net", c.Net, "remote", c.Remote.String(), "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			res.Reset()
+			err = fmt.Errorf("handler panic: %v: %w", v, ErrSystemErr)
+		}
+	}()
+	return h.ServeRPC(s.ctx, c, res)
+}
+
+func (s *Server) observe(x *exchange, status error) {
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(&x.call, status, time.Since(x.start))
+	}
+}
+
+func (x *exchange) begin(s *Server, network string, remote, local netip.AddrPort) {
+	x.call = Call{Net: network, Remote: remote, Local: local}
+	if s.cfg.Observe != nil {
+		x.start = time.Now()
+	}
+}
+
+// ---- TCP -------------------------------------------------------------------
+
+// ServeTCP accepts connections until l is closed or the server shuts down.
+// After Shutdown it returns ErrClosed.
+func (s *Server) ServeTCP(l net.Listener) error {
+	s.mu.Lock()
+	if s.shutting.Load() {
+		s.mu.Unlock()
+		l.Close()
+		return ErrClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	backoff := time.Duration(0)
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if s.shutting.Load() {
+				return ErrClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("oncrpc: accept on %v: %w", l.Addr(), err)
+			}
+			// Out of file descriptors and the like: back off and retry.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("oncrpc: accept failed", "addr", l.Addr().String(), "err", err, "retry_in", backoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-s.done:
+				t.Stop()
+				return ErrClosed
+			}
+			continue
+		}
+		backoff = 0
+		s.mu.Lock()
+		if s.shutting.Load() {
+			s.mu.Unlock()
+			conn.Close()
+			return ErrClosed
+		}
+		if len(s.conns) >= s.cfg.MaxConns {
+			s.mu.Unlock()
+			s.log.Warn("oncrpc: too many connections, closing new one", "remote", conn.RemoteAddr().String(), "max", s.cfg.MaxConns)
+			conn.Close()
+			continue
+		}
+		sc := &serverConn{
+			s:      s,
+			c:      conn,
+			remote: addrPortOf(conn.RemoteAddr()),
+			local:  addrPortOf(conn.LocalAddr()),
+			sem:    make(chan struct{}, s.cfg.MaxInFlight),
+		}
+		s.conns[sc] = struct{}{}
+		s.workers.Add(1)
+		s.mu.Unlock()
+		go sc.serve()
+	}
+}
+
+// serverConn is one accepted TCP connection.
+type serverConn struct {
+	s             *Server
+	c             net.Conn
+	remote, local netip.AddrPort
+	sem           chan struct{} // in-flight calls on this connection
+	wg            sync.WaitGroup
+	wmu           sync.Mutex // serialises reply writes
+}
+
+func (sc *serverConn) serve() {
+	s := sc.s
+	defer s.workers.Done()
+	br := bufio.NewReaderSize(sc.c, 4096)
+	for {
+		sc.c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		if s.shutting.Load() {
+			break
+		}
+		bufp := s.getBuf()
+		rec, err := ReadRecord(br, *bufp, s.cfg.MaxRecordSize)
+		*bufp = rec
+		if err != nil {
+			s.putBuf(bufp)
+			switch {
+			case errors.Is(err, ErrRecordTooBig):
+				s.log.Warn("oncrpc: closing connection", "remote", sc.remote.String(), "err", err)
+			case errors.Is(err, io.EOF), s.shutting.Load():
+			default:
+				s.log.Debug("oncrpc: closing connection", "remote", sc.remote.String(), "err", err)
+			}
+			break
+		}
+		sc.sem <- struct{}{}
+		if !s.callStart() {
+			<-sc.sem
+			s.putBuf(bufp)
+			break
+		}
+		sc.wg.Add(1)
+		go sc.handle(bufp)
+	}
+	sc.wg.Wait()
+	sc.c.Close()
+	s.mu.Lock()
+	delete(s.conns, sc)
+	s.mu.Unlock()
+}
+
+func (sc *serverConn) handle(rec *[]byte) {
+	s := sc.s
+	defer func() {
+		<-sc.sem
+		s.calls.Done()
+		sc.wg.Done()
+	}()
+	var x exchange
+	x.begin(s, "tcp", sc.remote, sc.local)
+	out := s.getBuf()
+	reply, status, ok := s.serve(&x, *rec, out)
+	if !ok {
+		sc.c.Close() // not an RPC call: the stream cannot be trusted
+	} else if reply != nil {
+		b := (*out)[:replyReserve+len(reply)]
+		putMarker(b, len(reply))
+		sc.wmu.Lock()
+		sc.c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		_, err := sc.c.Write(b)
+		sc.wmu.Unlock()
+		if err != nil {
+			s.log.Debug("oncrpc: writing reply", "remote", sc.remote.String(), "err", err)
+			sc.c.Close()
+		}
+	}
+	if ok {
+		s.observe(&x, status)
+	}
+	s.putBuf(out)
+	s.putBuf(rec)
+}
+
+// ---- UDP -------------------------------------------------------------------
+
+// maxDatagram is the largest UDP payload.
+const maxDatagram = 65535
+
+// ServeUDP serves datagrams until pc is closed or the server shuts down.
+// Replies leave from the address the call was sent to (IP_PKTINFO /
+// IPV6_PKTINFO), so a socket bound to 0.0.0.0 answers a VIP from the VIP.
+// This needs pc to be a *net.UDPConn on Linux; other PacketConns are served
+// with plain ReadFrom/WriteTo. After Shutdown it returns ErrClosed.
+func (s *Server) ServeUDP(pc net.PacketConn) error {
+	s.mu.Lock()
+	if s.shutting.Load() {
+		s.mu.Unlock()
+		pc.Close()
+		return ErrClosed
+	}
+	s.pconns[pc] = struct{}{}
+	s.mu.Unlock()
+
+	u := &udpSocket{s: s, pc: pc, local: addrPortOf(pc.LocalAddr())}
+	if uc, ok := pc.(*net.UDPConn); ok {
+		u.uc = uc
+		pi, err := enablePktinfo(uc)
+		if err != nil {
+			s.log.Warn("oncrpc: no destination-address info on UDP socket; replies use the routing table's source address",
+				"addr", pc.LocalAddr().String(), "err", err)
+		}
+		u.pi = pi
+	}
+	sem := make(chan struct{}, s.cfg.MaxInFlight)
+	buf := make([]byte, maxDatagram)
+	oob := make([]byte, 256)
+	for {
+		var (
+			n      int
+			from   netip.AddrPort
+			dst    netip.Addr
+			ifx    int
+			err    error
+			oobn   int
+			rawSrc net.Addr
+		)
+		if u.uc != nil {
+			n, oobn, _, from, err = u.uc.ReadMsgUDPAddrPort(buf, oob)
+			if err == nil && u.pi != nil {
+				dst, ifx = parsePktinfo(oob[:oobn])
+			}
+		} else {
+			n, rawSrc, err = pc.ReadFrom(buf)
+			if err == nil {
+				from = addrPortOf(rawSrc)
+			}
+		}
+		if err != nil {
+			if s.shutting.Load() {
+				return ErrClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("oncrpc: reading UDP on %v: %w", pc.LocalAddr(), err)
+			}
+			s.log.Debug("oncrpc: UDP read", "addr", pc.LocalAddr().String(), "err", err)
+			continue
+		}
+		sem <- struct{}{}
+		if !s.callStart() {
+			<-sem
+			return ErrClosed
+		}
+		bufp := s.getBuf()
+		*bufp = append((*bufp)[:0], buf[:n]...)
+		local := u.local
+		if dst.IsValid() {
+			local = netip.AddrPortFrom(dst.Unmap(), u.local.Port())
+		}
+		go func() {
+			defer func() {
+				<-sem
+				s.calls.Done()
+			}()
+			u.handle(bufp, from, dst, ifx, local, rawSrc)
+		}()
+	}
+}
+
+// udpSocket is one socket served by ServeUDP.
+type udpSocket struct {
+	s     *Server
+	pc    net.PacketConn
+	uc    *net.UDPConn // nil for other PacketConns
+	pi    *pktinfo     // nil without destination-address support
+	local netip.AddrPort
+}
+
+func (u *udpSocket) handle(rec *[]byte, from netip.AddrPort, dst netip.Addr, ifx int, local netip.AddrPort, rawSrc net.Addr) {
+	s := u.s
+	var x exchange
+	remote := netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	x.begin(s, "udp", remote, local)
+	out := s.getBuf()
+	reply, status, ok := s.serve(&x, *rec, out)
+	if ok && reply != nil {
+		var err error
+		switch {
+		case u.uc != nil:
+			var cm []byte
+			if u.pi != nil && dst.IsValid() {
+				var cmb [64]byte
+				cm = u.pi.marshal(cmb[:0], dst, ifx)
+			}
+			_, _, err = u.uc.WriteMsgUDPAddrPort(reply, cm, from)
+			if err != nil && cm != nil {
+				// The destination may not be usable as a source (a
+				// broadcast address, say): let the kernel choose.
+				_, _, err = u.uc.WriteMsgUDPAddrPort(reply, nil, from)
+			}
+		default:
+			_, err = u.pc.WriteTo(reply, rawSrc)
+		}
+		if err != nil {
+			s.log.Debug("oncrpc: writing UDP reply", "remote", remote.String(), "err", err)
+		}
+	}
+	if ok {
+		s.observe(&x, status)
+	}
+	s.putBuf(out)
+	s.putBuf(rec)
+}
+
+// ---- Shutdown --------------------------------------------------------------
+
+// Shutdown stops accepting, closes idle connections, waits for in-flight
+// calls until ctx ends, then cancels the context handed to handlers and
+// closes every listener, socket and connection. Serve* return ErrClosed.
+// It returns ctx.Err() if the wait was cut short. Later calls wait for the
+// first to finish and return nil.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.shutting.Load() {
+		s.mu.Unlock()
+		select {
+		case <-s.finished:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.shutting.Store(true)
+	close(s.done)
+	past := time.Unix(1, 0)
+	for l := range s.listeners {
+		l.Close()
+	}
+	for pc := range s.pconns {
+		pc.SetReadDeadline(past) // wake the reader; replies still go out
+	}
+	for sc := range s.conns {
+		sc.c.SetReadDeadline(past)
+	}
+	s.mu.Unlock()
+
+	drained := make(chan struct{})
+	go func() { // owned by Shutdown; ends when the last handler returns
+		s.calls.Wait()
+		close(drained)
+	}()
+	var err error
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.cancel()
+	s.mu.Lock()
+	for sc := range s.conns {
+		sc.c.Close()
+	}
+	for pc := range s.pconns {
+		pc.Close()
+	}
+	s.mu.Unlock()
+	if err == nil {
+		s.workers.Wait()
+	}
+	close(s.finished)
+	return err
+}
+
+// addrPortOf converts a net.Addr to an AddrPort with IPv4-mapped addresses
+// unmapped.
+func addrPortOf(a net.Addr) netip.AddrPort {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap = a.AddrPort()
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	default:
+		if a == nil {
+			return ap
+		}
+		ap, _ = netip.ParseAddrPort(a.String())
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
