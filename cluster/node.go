@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -58,6 +59,17 @@ type Config struct {
 	TrailingLogs       uint64        // default 100,000
 	// NoSync skips fsync in the log store: only for benchmarks that say so.
 	NoSync bool
+
+	// NSMAddr is this node's NSM address (host:port) as other nodes reach
+	// it; it is advertised in gossip and followers forward writes to the
+	// leader's.
+	NSMAddr string
+	// Gossip configures memberlist discovery; Port 0 disables it (a single
+	// node, or a static Voters map).
+	Gossip GossipConfig
+	// Transport, when set, replaces the raft TCP transport on RaftBind
+	// (tests use raft's in-memory transport so they can cut links).
+	Transport raft.Transport
 
 	// Notifier is the template for the SM_NOTIFY fan-out after each takeover.
 	Notifier nsm.NotifierConfig
@@ -127,7 +139,8 @@ type Node struct {
 	fsm     *fsm.FSM
 	raft    *raft.Raft
 	store   *raftboltdb.BoltStore
-	trans   *raft.NetworkTransport
+	trans   raft.Transport
+	member  *membership // nil without gossip
 	metrics *metrics
 	deliver *nsm.Deliverer
 
@@ -193,15 +206,18 @@ func New(cfg Config) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: open snapshot store: %w", err)
 	}
-	addr, err := net.ResolveTCPAddr("tcp", cfg.RaftBind)
-	if err != nil {
-		store.Close()
-		return nil, fmt.Errorf("cluster: raft address: %w", err)
-	}
-	trans, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, addr, 4, 5*time.Second, hl.Named("transport"))
-	if err != nil {
-		store.Close()
-		return nil, fmt.Errorf("cluster: raft transport on %s: %w", cfg.RaftBind, err)
+	trans := cfg.Transport
+	if trans == nil {
+		addr, err := net.ResolveTCPAddr("tcp", cfg.RaftBind)
+		if err != nil {
+			store.Close()
+			return nil, fmt.Errorf("cluster: raft address: %w", err)
+		}
+		trans, err = raft.NewTCPTransportWithLogger(cfg.RaftBind, addr, 4, 5*time.Second, hl.Named("transport"))
+		if err != nil {
+			store.Close()
+			return nil, fmt.Errorf("cluster: raft transport on %s: %w", cfg.RaftBind, err)
+		}
 	}
 	n.trans = trans
 
@@ -257,6 +273,13 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("cluster: bootstrap: %w", err)
 		}
 	}
+	if cfg.Gossip.Port != 0 {
+		if n.member, err = newMembership(n); err != nil {
+			r.Shutdown()
+			n.closeStores()
+			return nil, fmt.Errorf("cluster: gossip: %w", err)
+		}
+	}
 	n.log.Info("raft started", "addr", trans.LocalAddr(), "existing_state", existing, "boot_index", n.bootIndex)
 	return n, nil
 }
@@ -264,6 +287,9 @@ func New(cfg Config) (*Node, error) {
 // Start runs the node's goroutines: the group-commit writer, the leader
 // loop and the callback deliverer. They stop on Close.
 func (n *Node) Start() {
+	if n.member != nil {
+		n.member.start(n.ctx)
+	}
 	n.wg.Add(4)
 	go func() { defer n.wg.Done(); n.commitLoop() }()
 	go func() { defer n.wg.Done(); n.waitLoop() }()
@@ -286,9 +312,17 @@ func (n *Node) Close() error {
 				n.log.Warn("leadership transfer on shutdown failed", "err", e)
 			}
 		}
+		if n.member != nil {
+			if e := n.member.leave(2 * time.Second); e != nil {
+				n.log.Warn("gossip leave failed", "err", e)
+			}
+		}
 		n.cancel()
 		if e := n.raft.Shutdown().Error(); e != nil {
 			err = fmt.Errorf("cluster: raft shutdown: %w", e)
+		}
+		if n.member != nil {
+			n.member.shutdown()
 		}
 		n.wg.Wait()
 		n.stopLeading()
@@ -298,8 +332,8 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) closeStores() {
-	if n.trans != nil {
-		n.trans.Close()
+	if c, ok := n.trans.(io.Closer); ok && n.trans != nil {
+		c.Close()
 	}
 	if n.store != nil {
 		n.store.Close()
@@ -360,4 +394,22 @@ func (n *Node) NotifyProgress() (pending, done, failed int) {
 		return 0, 0, 0
 	}
 	return nt.Progress()
+}
+
+// Members lists the cluster's nodes as gossip and raft see them.
+func (n *Node) Members() []MemberStatus {
+	if n.member != nil {
+		return n.member.members()
+	}
+	var out []MemberStatus
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return nil
+	}
+	_, leader := n.raft.LeaderWithID()
+	for _, s := range f.Configuration().Servers {
+		out = append(out, MemberStatus{ID: string(s.ID), RaftAddr: string(s.Address), State: "unknown",
+			Suffrage: s.Suffrage.String(), Leader: s.ID == leader})
+	}
+	return out
 }

@@ -209,7 +209,14 @@ func (a *agent) handleTransfer(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusInternalServerError, "leadership transfer: %v", err)
 		return
 	}
-	_, leader := rf.LeaderWithID()
+	// The transfer returns once the target started its election; wait
+	// (bounded) until this node has heard of the new leader.
+	var leader raft.ServerID
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, leader = rf.LeaderWithID(); leader != "" && string(leader) != a.cfg.NodeID {
+			break
+		}
+	}
 	writeJSON(w, map[string]string{"result": "transferred", "leader_id": string(leader)})
 }
 

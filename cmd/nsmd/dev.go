@@ -119,7 +119,7 @@ is given (then a restart keeps registrations and raises sm_state).`,
 			fmt.Fprintf(out, "\nTry:\n")
 			fmt.Fprintf(out, "  bin/nsmd status --admin %s\n", adm)
 			fmt.Fprintf(out, "  bin/nsmd members --admin %s\n", adm)
-			fmt.Fprintf(out, "  rpcinfo -n %d -u %s 100024 1       # NULL call on the VIP\n", o.NSMPort, o.VIP)
+			fmt.Fprintf(out, "  bin/nsmd ping --addr %s:%d          # NULL + SM_STAT on the VIP\n", o.VIP, o.NSMPort)
 			fmt.Fprintf(out, "  bin/nsmd transfer-leadership --admin <leader's admin>   # planned failover\n")
 			fmt.Fprintf(out, "Ctrl-C stops the cluster.\n\n")
 			<-cmd.Context().Done()
