@@ -32,11 +32,66 @@ type batch struct {
 	start time.Time
 }
 
-// apply commits one command and returns its result. Concurrent calls are
+// apply commits one command wherever this node stands: on the leader
+// through the local group commit, on a follower by forwarding it to the
+// leader. While no leader is known (an election), the write is held up to
+// HoldTimeout, then fails with ErrNoLeader. Retries after a leader change
+// are safe: every command is idempotent or, for SM_SIMU_CRASH, harmless.
+func (n *Node) apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	deadline := time.Now().Add(n.cfg.HoldTimeout)
+	backoff := 10 * time.Millisecond
+	var lastErr error
+	for {
+		changed := n.leaderChanged()
+		if n.Leading() { // leader whose takeover has committed
+			res, err := n.applyLocal(ctx, cmd)
+			if !errors.Is(err, ErrNotLeader) {
+				return res, err
+			}
+			lastErr = err
+		} else if id, addr := n.leaderNSMAddr(); addr != "" && id != n.cfg.NodeID {
+			fctx, cancel := context.WithDeadline(ctx, deadline)
+			st, err := n.forward(fctx, addr, cmd)
+			cancel()
+			if err == nil {
+				return fsm.Result{State: st}, nil
+			}
+			if !errors.Is(err, errRetry) {
+				return fsm.Result{}, err
+			}
+			lastErr = fmt.Errorf("leader %s: %w", id, err)
+		} else if id == n.cfg.NodeID {
+			lastErr = fmt.Errorf("%w: this node was elected and is still taking over", ErrNoLeader)
+		} else if id != "" {
+			lastErr = fmt.Errorf("%w: no NSM address known for leader %s", ErrNoLeader, id)
+		} else {
+			lastErr = ErrNoLeader
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return fsm.Result{}, fmt.Errorf("cluster: write held %v without success: %w", n.cfg.HoldTimeout, lastErr)
+		}
+		t := time.NewTimer(min(wait, backoff))
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fsm.Result{}, fmt.Errorf("cluster: %w (last: %v)", ctx.Err(), lastErr)
+		case <-n.ctx.Done():
+			t.Stop()
+			return fsm.Result{}, ErrClosed
+		}
+		t.Stop()
+		backoff = min(2*backoff, 250*time.Millisecond)
+	}
+}
+
+// applyLocal commits one command on the leader. Concurrent calls are
 // grouped into one log entry by commitLoop (group commit): a lone write
 // goes out at once, and writes that arrive while an entry is being
 // committed form the next one. Every caller still waits for its own commit.
-func (n *Node) apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
 	if n.raft.State() != raft.Leader {
 		return fsm.Result{}, ErrNotLeader
 	}
@@ -50,10 +105,13 @@ func (n *Node) apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
 	}
 	select {
 	case <-w.done:
+		if t, ok := cmd.(fsm.Takeover); ok && w.err == nil && t.Reason == reasonSimuCrash {
+			n.signalCrash(w.res.State)
+		}
 		return w.res, w.err
 	case <-ctx.Done():
-		// The entry may still commit; SM_MON and friends are idempotent,
-		// so the caller's retry is safe.
+		// The entry may still commit; NSM writes are idempotent, so the
+		// caller's retry is safe.
 		return fsm.Result{}, fmt.Errorf("cluster: wait for commit: %w", ctx.Err())
 	case <-n.ctx.Done():
 		return fsm.Result{}, ErrClosed

@@ -79,7 +79,7 @@ func (n *Node) lead(ctx context.Context) {
 	default:
 	}
 	t := n.takeover("leader_elected")
-	res, err := n.apply(ctx, t)
+	res, err := n.applyLocal(ctx, t) // never forwarded: a deposed leader's takeover is void
 	if err != nil {
 		n.log.Warn("takeover not committed", "err", err)
 		return
@@ -87,6 +87,7 @@ func (n *Node) lead(ctx context.Context) {
 	n.mu.Lock()
 	n.leading = true
 	n.mu.Unlock()
+	n.wakeWriters()
 	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
 	n.metrics.takeovers.Inc()
 	if n.cfg.OnLeader != nil {

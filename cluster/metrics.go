@@ -14,6 +14,7 @@ type metrics struct {
 	takeovers       prometheus.Counter
 	takeoverSeconds prometheus.Histogram
 	leaderChanges   prometheus.Counter
+	forwarded       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -36,12 +37,15 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_leader_changes_total", Help: "Leadership changes observed by this node.",
 		}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_forwarded_writes_total", Help: "Writes forwarded to the leader (ok, denied) or served for followers (served).",
+		}, []string{"result"}),
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	cs := []prometheus.Collector{
-		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.leaderChanges,
+		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.leaderChanges, m.forwarded,
 		gauge("nsmd_is_leader", "1 when this node is the raft leader.", func() float64 {
 			if n.raft != nil && n.raft.State() == raft.Leader {
 				return 1

@@ -67,6 +67,15 @@ type Config struct {
 	// Gossip configures memberlist discovery; Port 0 disables it (a single
 	// node, or a static Voters map).
 	Gossip GossipConfig
+	// ClusterKey authenticates forwarded writes (HMAC-SHA256); without it
+	// the leader accepts forwards only from raft members' IP addresses.
+	ClusterKey []byte
+	// PeerNSMAddrs maps node id → NSM address where there is no gossip
+	// (static Voters); gossip metadata wins when both know a node.
+	PeerNSMAddrs map[string]string
+	// HoldTimeout bounds how long a write waits for a leader during an
+	// election before it fails (default 5 s).
+	HoldTimeout time.Duration
 	// Transport, when set, replaces the raft TCP transport on RaftBind
 	// (tests use raft's in-memory transport so they can cut links).
 	Transport raft.Transport
@@ -105,6 +114,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.TrailingLogs == 0 {
 		c.TrailingLogs = 100_000
+	}
+	if c.HoldTimeout == 0 {
+		c.HoldTimeout = 5 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -154,6 +166,10 @@ type Node struct {
 	leaderCh chan bool
 	crashCh  chan int32
 
+	fwd  forwarder
+	lcMu sync.Mutex
+	lcCh chan struct{} // closed and replaced at each leader change
+
 	mu       sync.Mutex
 	leading  bool
 	notifier *nsm.Notifier
@@ -178,6 +194,7 @@ func New(cfg Config) (*Node, error) {
 		inflight: make(chan *batch, 64),
 		leaderCh: make(chan bool, 64),
 		crashCh:  make(chan int32, 1),
+		lcCh:     make(chan struct{}),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.Registerer, n)
@@ -290,7 +307,8 @@ func (n *Node) Start() {
 	if n.member != nil {
 		n.member.start(n.ctx)
 	}
-	n.wg.Add(4)
+	n.wg.Add(5)
+	go func() { defer n.wg.Done(); n.observeLeader() }()
 	go func() { defer n.wg.Done(); n.commitLoop() }()
 	go func() { defer n.wg.Done(); n.waitLoop() }()
 	go func() { defer n.wg.Done(); n.leaderLoop() }()
@@ -304,15 +322,21 @@ func (n *Node) Start() {
 
 // Close stops the node. When it leads a cluster with other voters it first
 // hands leadership over, so the failover is planned rather than detected.
-func (n *Node) Close() error {
+func (n *Node) Close() error { return n.stop(true) }
+
+// Kill stops the node as a crash would: no leadership transfer, no gossip
+// leave. Tests use it to play SIGKILL inside one process.
+func (n *Node) Kill() error { return n.stop(false) }
+
+func (n *Node) stop(graceful bool) error {
 	var err error
 	n.closed.Do(func() {
-		if n.raft.State() == raft.Leader && n.otherVoters() > 0 {
+		if graceful && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
 			if e := n.raft.LeadershipTransfer().Error(); e != nil {
 				n.log.Warn("leadership transfer on shutdown failed", "err", e)
 			}
 		}
-		if n.member != nil {
+		if graceful && n.member != nil {
 			if e := n.member.leave(2 * time.Second); e != nil {
 				n.log.Warn("gossip leave failed", "err", e)
 			}
@@ -326,6 +350,7 @@ func (n *Node) Close() error {
 		}
 		n.wg.Wait()
 		n.stopLeading()
+		n.fwd.close()
 		n.closeStores()
 	})
 	return err

@@ -28,23 +28,31 @@ func (n *Node) UnmonitorAll(ctx context.Context, my fsm.MyID) (int32, error) {
 	return res.State, err
 }
 
+// reasonSimuCrash marks the Takeover of an SM_SIMU_CRASH; the leader that
+// commits it restarts the SM_NOTIFY fan-out with the new state.
+const reasonSimuCrash = "simu_crash"
+
 // SimuCrash acts as a failover: a takeover that raises sm_state and
 // opens grace, then SM_NOTIFY to every monitored host with the new state.
+// On a follower it is forwarded to the leader, which notifies.
 func (n *Node) SimuCrash(ctx context.Context) error {
-	res, err := n.apply(ctx, n.takeover("simu_crash"))
-	if err != nil {
-		return err
-	}
-	select { // the leader loop restarts the fan-out with the new state
-	case n.crashCh <- res.State:
-	default:
+	_, err := n.apply(ctx, n.takeover(reasonSimuCrash))
+	return err
+}
+
+// signalCrash hands the leader loop the newest SM_SIMU_CRASH state.
+func (n *Node) signalCrash(state int32) {
+	for {
 		select {
+		case n.crashCh <- state:
+			return
+		default:
+		}
+		select { // replace an older, unconsumed state
 		case <-n.crashCh:
 		default:
 		}
-		n.crashCh <- res.State
 	}
-	return nil
 }
 
 // PeerRebooted commits an accepted SM_NOTIFY from a monitored host.

@@ -9,20 +9,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/nsm/nsmtest"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -50,25 +47,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// freePort returns a TCP+UDP port that is free on ip right now.
-func freePort(t *testing.T, ip string) int {
-	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(port)))
-		ln.Close()
-		if err == nil {
-			pc.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
+func freePort(t *testing.T, ip string) int { return nsmtest.FreePort(t, ip) }
 
 // waitFor polls cond (an observation of another process) until it holds or
 // the timeout passes; msg describes what was last seen.
@@ -187,62 +166,6 @@ func waitLeader(t *testing.T, admin string, notState int32) status {
 		return s.Role == "leader" && s.SMState%2 == 1 && s.SMState != notState, fmt.Sprintf("%+v", s)
 	})
 	return s
-}
-
-// notifyRecord is one SM_NOTIFY a fake client statd received.
-type notifyRecord struct {
-	From netip.AddrPort
-	Arg  nsm.StatChge
-}
-
-// fakeHost stands in for an NFS client host: a portmapper and a statd that
-// records every SM_NOTIFY. It is a fake because the real rpc.statd needs a
-// private /run and port 111 (the interop tests in netns use the real one).
-type fakeHost struct {
-	Addr     netip.Addr
-	PmapPort int
-	Notified chan notifyRecord
-}
-
-func startFakeHost(t *testing.T, ip string, pmapPort int) *fakeHost {
-	t.Helper()
-	h := &fakeHost{Addr: netip.MustParseAddr(ip), PmapPort: pmapPort, Notified: make(chan notifyRecord, 64)}
-	statd := oncrpc.HandlerFunc(func(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
-		switch c.Proc {
-		case nsm.ProcNull:
-			return nil
-		case nsm.ProcNotify:
-			var a nsm.StatChge
-			if err := a.UnmarshalXDR(c.Args); err != nil {
-				return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
-			}
-			h.Notified <- notifyRecord{From: c.Remote, Arg: a}
-			return nil
-		}
-		return oncrpc.ErrProcUnavail
-	})
-	statdConn, err := net.ListenPacket("udp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := oncrpc.NewServer(oncrpc.Programs{nsm.Program: statd}, oncrpc.ServerConfig{})
-	go srv.ServeUDP(statdConn)
-
-	pm := oncrpc.NewPortmapper()
-	pm.Register(oncrpc.Mapping{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoUDP, Port: uint32(statdConn.LocalAddr().(*net.UDPAddr).Port)})
-	pmConn, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(pmapPort)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pmSrv := oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pm}, oncrpc.ServerConfig{})
-	go pmSrv.ServeUDP(pmConn)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		pmSrv.Shutdown(ctx)
-	})
-	return h
 }
 
 // dialNSM opens an NSM client to addr ("tcp" or "udp") from 127.0.0.1.

@@ -12,14 +12,15 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/nsm/nsmtest"
 )
 
 // agentArgs are the flags of a one-node agent on loopback.
-func agentArgs(dataDir, nsmAddr, admin string, raftPort, pmapPort int) []string {
+func agentArgs(t *testing.T, dataDir, nsmAddr, admin string, raftPort, pmapPort int) []string {
 	return []string{"agent",
 		"--node-id", "n1", "--data-dir", dataDir, "--bind", "127.0.0.1",
 		"--raft-port", strconv.Itoa(raftPort), "--nsm-addr", nsmAddr, "--admin-addr", admin,
-		"--rpcbind", "off", "--pmap-port", strconv.Itoa(pmapPort),
+		"--rpcbind", "off", "--pmap-port", strconv.Itoa(pmapPort), "--gossip-port", strconv.Itoa(nsmtest.FreePort(t, "127.0.0.1")),
 		"--notify-name", "nfs.test", "--notify-window", "1m", "--log-level", "debug"}
 }
 
@@ -32,10 +33,10 @@ func agentArgs(dataDir, nsmAddr, admin string, raftPort, pmapPort int) []string 
 func TestKilledNodeRestartsAsRebootedServer(t *testing.T) {
 	dir := t.TempDir()
 	pmapPort := freePort(t, "127.0.0.50")
-	client := startFakeHost(t, "127.0.0.50", pmapPort)
+	client := nsmtest.StartHost(t, "127.0.0.50", pmapPort)
 	nsmAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
 	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
-	args := agentArgs(dir, nsmAddr, admin, freePort(t, "127.0.0.1"), pmapPort)
+	args := agentArgs(t, dir, nsmAddr, admin, freePort(t, "127.0.0.1"), pmapPort)
 
 	first := startNsmd(t, args...)
 	s1 := waitLeader(t, admin, 0)

@@ -37,7 +37,7 @@ func startLoopbackNode(t *testing.T, rpcbindMode string) (*proc, int, string) {
 	t.Helper()
 	port := freePort(t, "127.0.0.1")
 	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
-	args := agentArgs(t.TempDir(), net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), admin, freePort(t, "127.0.0.1"), 111)
+	args := agentArgs(t, t.TempDir(), net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), admin, freePort(t, "127.0.0.1"), 111)
 	for i, a := range args {
 		if a == "--rpcbind" {
 			args[i+1] = rpcbindMode

@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,8 +29,10 @@ import (
 type agentOptions struct {
 	Logger *slog.Logger
 	// Voters, when set, bootstraps a fresh cluster with exactly these
-	// members (id → raft address); nsmd dev uses it.
-	Voters map[string]string
+	// members (id → raft address), and PeerNSMAddrs says where each
+	// answers NSM (for forwarding): a static cluster without gossip.
+	Voters       map[string]string
+	PeerNSMAddrs map[string]string
 }
 
 // agent is one running node: raft, the NSM server, rpcbind registration,
@@ -80,10 +85,12 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		Metrics:  a.nsmm,
 	}
 	ccfg := cluster.Config{
-		NodeID:             cfg.NodeID,
-		DataDir:            cfg.DataDir,
-		RaftBind:           net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
-		Bootstrap:          cfg.BootstrapExpect <= 1 && len(opts.Voters) == 0,
+		NodeID:   cfg.NodeID,
+		DataDir:  cfg.DataDir,
+		RaftBind: net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
+		// A lone node (expect 1, nothing to join) forms its own cluster; one
+		// given --join waits for the leader to add it.
+		Bootstrap:          cfg.BootstrapExpect <= 1 && len(cfg.Join) == 0 && len(opts.Voters) == 0,
 		Voters:             opts.Voters,
 		GracePeriod:        cfg.GracePeriod,
 		HeartbeatTimeout:   cfg.HeartbeatTimeout,
@@ -98,8 +105,18 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		Logger:             opts.Logger,
 		Registerer:         a.reg,
 	}
-	if cfg.BootstrapExpect > 1 && len(opts.Voters) == 0 {
-		return a, errors.New("bootstrap_expect > 1 needs gossip membership, which this build does not have yet; start one node with bootstrap_expect 1")
+	key, err := readGossipKey(cfg.GossipKeyFile)
+	if err != nil {
+		return a, err
+	}
+	ccfg.ClusterKey = key
+	ccfg.NSMAddr = a.NSMAddr().String()
+	ccfg.Gossip = cluster.GossipConfig{
+		Bind: cfg.Bind, Port: cfg.GossipPort, Join: cfg.Join,
+		BootstrapExpect: cfg.BootstrapExpect, Key: key,
+	}
+	if len(opts.Voters) > 0 {
+		ccfg.PeerNSMAddrs = opts.PeerNSMAddrs
 	}
 	a.node, err = cluster.New(ccfg)
 	if err != nil {
@@ -114,7 +131,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	if err != nil {
 		return a, err
 	}
-	a.progs = oncrpc.Programs{nsm.Program: svc}
+	a.progs = oncrpc.Programs{nsm.Program: svc, cluster.ForwardProgram: a.node}
 	a.server = oncrpc.NewServer(a.progs, a.serverConfig())
 	a.serve(a.server, tcpLn, udpConn)
 
@@ -309,4 +326,24 @@ func (a *agent) AdminURL() string {
 		return ""
 	}
 	return "http://" + a.adminLn.Addr().String()
+}
+
+// readGossipKey reads a base64 16/24/32-byte key; "" means no key.
+func readGossipKey(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("gossip key: %w", err)
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("gossip key %s: not base64: %w", path, err)
+	}
+	switch len(key) {
+	case 16, 24, 32:
+		return key, nil
+	}
+	return nil, fmt.Errorf("gossip key %s: %d bytes, want 16, 24 or 32", path, len(key))
 }

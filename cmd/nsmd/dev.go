@@ -19,13 +19,14 @@ type devCluster struct {
 }
 
 type devOptions struct {
-	Nodes     int
-	DataDir   string
-	VIP       string
-	NSMPort   int
-	RaftPort  int
-	AdminPort int
-	LogLevel  string
+	Nodes      int
+	DataDir    string
+	VIP        string
+	NSMPort    int
+	RaftPort   int
+	AdminPort  int
+	GossipPort int
+	LogLevel   string
 	// Tune lets a test adjust each node's config before it starts.
 	Tune func(*config.Config)
 }
@@ -34,7 +35,7 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 	if o.Nodes < 1 || o.Nodes > 9 {
 		return nil, fmt.Errorf("--nodes must be 1..9, not %d", o.Nodes)
 	}
-	voters := map[string]string{}
+	voters, nsmAddrs := map[string]string{}, map[string]string{}
 	cfgs := make([]config.Config, o.Nodes)
 	for i := range o.Nodes {
 		ip := fmt.Sprintf("127.0.0.%d", i+1)
@@ -48,6 +49,10 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 		if o.AdminPort > 0 {
 			c.AdminAddr = net.JoinHostPort(ip, strconv.Itoa(o.AdminPort))
 		}
+		c.GossipPort = o.GossipPort
+		if i > 0 {
+			c.Join = []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(o.GossipPort))}
+		}
 		c.VIPMode = config.VIPLoopback
 		c.VIP = o.VIP + "/32"
 		c.Rpcbind = config.RpcbindOff
@@ -60,12 +65,13 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 		}
 		cfgs[i] = c
 		voters[c.NodeID] = net.JoinHostPort(ip, strconv.Itoa(c.RaftPort))
+		nsmAddrs[c.NodeID] = c.NSMAddr
 	}
 	d := &devCluster{}
 	for _, c := range cfgs {
 		nodeOpts := opts
 		if o.Nodes > 1 {
-			nodeOpts.Voters = voters
+			nodeOpts.Voters, nodeOpts.PeerNSMAddrs = voters, nsmAddrs
 		}
 		a, err := startAgent(c, nodeOpts)
 		if err != nil {
@@ -134,6 +140,7 @@ is given (then a restart keeps registrations and raises sm_state).`,
 	f.IntVar(&o.NSMPort, "nsm-port", 6620, "NSM port on every node and on the VIP")
 	f.IntVar(&o.RaftPort, "raft-port", 7300, "raft port on every node")
 	f.IntVar(&o.AdminPort, "admin-port", 8024, "admin API port on every node")
+	f.IntVar(&o.GossipPort, "gossip-port", 7946, "gossip port on every node")
 	f.StringVar(&o.LogLevel, "log-level", "info", "debug | info | warn | error")
 	return cmd
 }

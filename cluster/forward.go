@@ -1,0 +1,305 @@
+package cluster
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// ForwardProgram is nsmd's private ONC RPC program (in the user-defined
+// range 0x20000000–0x3fffffff) over which followers hand writes to the
+// leader. It is served on every node's NSM port, next to NSM itself.
+var ForwardProgram = oncrpc.ProgVers{Prog: 0x204e534d, Vers: 1}
+
+// Forward procedures.
+const (
+	fwdProcNull  uint32 = 0
+	fwdProcApply uint32 = 1
+)
+
+// Forward result statuses.
+const (
+	fwdOK        uint32 = 0
+	fwdNotLeader uint32 = 1
+	fwdFailed    uint32 = 2
+	fwdDenied    uint32 = 3
+)
+
+const (
+	fwdMaxCmd   = 1 << 16
+	fwdMaxSkew  = 2 * time.Minute // accepted clock difference for keyed requests
+	fwdMACLabel = "nsmd-forward-v1"
+)
+
+// Forwarding errors.
+var (
+	// ErrNoLeader means no leader was known within the hold time.
+	ErrNoLeader = errors.New("cluster: no leader")
+	// ErrForwardDenied means the leader refused a forwarded write
+	// (authentication failed).
+	ErrForwardDenied = errors.New("cluster: forwarded write denied")
+)
+
+// fwdArgs is APPLY's argument: one fsm-encoded command, the sender's
+// clock and an HMAC over both with the cluster key (empty without a key).
+type fwdArgs struct {
+	SentNS int64
+	Cmd    []byte
+	MAC    []byte
+}
+
+func (a *fwdArgs) MarshalXDR(w *oncrpc.Writer) {
+	w.Int64(a.SentNS)
+	w.Opaque(a.Cmd)
+	w.Opaque(a.MAC)
+}
+
+func (a *fwdArgs) UnmarshalXDR(r *oncrpc.Reader) error {
+	a.SentNS = r.Int64()
+	a.Cmd = r.Opaque(fwdMaxCmd)
+	a.MAC = r.Opaque(sha256.Size)
+	return r.Done()
+}
+
+// fwdRes is APPLY's result.
+type fwdRes struct {
+	Status uint32
+	State  int32
+	Err    string
+}
+
+func (r *fwdRes) MarshalXDR(w *oncrpc.Writer) {
+	w.Uint32(r.Status)
+	w.Int32(r.State)
+	w.String(r.Err)
+}
+
+func (r *fwdRes) UnmarshalXDR(rd *oncrpc.Reader) error {
+	r.Status = rd.Uint32()
+	r.State = rd.Int32()
+	r.Err = rd.String(256)
+	return rd.Err()
+}
+
+func fwdMAC(key []byte, sent int64, cmd []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(fwdMACLabel))
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(sent))
+	m.Write(b[:])
+	m.Write(cmd)
+	return m.Sum(nil)
+}
+
+// ServeRPC serves ForwardProgram: the leader applies a follower's write.
+func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+	switch c.Proc {
+	case fwdProcNull:
+		return nil
+	case fwdProcApply:
+	default:
+		return oncrpc.ErrProcUnavail
+	}
+	var args fwdArgs
+	if err := args.UnmarshalXDR(c.Args); err != nil {
+		return fmt.Errorf("%w: forward: %v", oncrpc.ErrGarbageArgs, err)
+	}
+	out := n.serveForward(ctx, c.Remote.Addr().Unmap(), &args)
+	out.MarshalXDR(res)
+	return nil
+}
+
+func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fwdRes {
+	if err := n.authForward(from, a); err != nil {
+		n.metrics.forwarded.WithLabelValues("denied").Inc()
+		n.log.Warn("forwarded write denied", "from", from, "err", err)
+		return fwdRes{Status: fwdDenied, Err: err.Error()}
+	}
+	cmds, err := fsm.Decode(a.Cmd)
+	if err != nil || len(cmds) != 1 {
+		return fwdRes{Status: fwdFailed, Err: fmt.Sprintf("want one command: %v", err)}
+	}
+	if !n.Leading() { // not leader, or elected but its takeover not committed yet
+		return fwdRes{Status: fwdNotLeader}
+	}
+	r, err := n.applyLocal(ctx, cmds[0])
+	switch {
+	case errors.Is(err, ErrNotLeader):
+		return fwdRes{Status: fwdNotLeader}
+	case err != nil:
+		return fwdRes{Status: fwdFailed, Err: err.Error()}
+	}
+	n.metrics.forwarded.WithLabelValues("served").Inc()
+	return fwdRes{Status: fwdOK, State: r.State}
+}
+
+// authForward: with a cluster key the request must carry a valid HMAC and
+// a recent timestamp; without one it must come from a raft member's IP.
+func (n *Node) authForward(from netip.Addr, a *fwdArgs) error {
+	if len(n.cfg.ClusterKey) > 0 {
+		if !hmac.Equal(a.MAC, fwdMAC(n.cfg.ClusterKey, a.SentNS, a.Cmd)) {
+			return errors.New("bad MAC (cluster key mismatch?)")
+		}
+		if d := n.cfg.Now().Sub(time.Unix(0, a.SentNS)); d > fwdMaxSkew || d < -fwdMaxSkew {
+			return fmt.Errorf("timestamp off by %v", d)
+		}
+		return nil
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return err
+	}
+	for _, s := range f.Configuration().Servers {
+		host, _, err := net.SplitHostPort(string(s.Address))
+		if err != nil {
+			continue
+		}
+		if ip, err := netip.ParseAddr(host); err == nil && ip.Unmap() == from {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s is not a raft member's address", from)
+}
+
+// forwarder keeps one pipelining TCP client to the current leader.
+type forwarder struct {
+	mu     sync.Mutex
+	addr   string
+	client *oncrpc.Client
+}
+
+func (f *forwarder) get(ctx context.Context, addr string, local netip.Addr) (*oncrpc.Client, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.client != nil && f.addr == addr {
+		return f.client, nil
+	}
+	if f.client != nil {
+		f.client.Close()
+		f.client = nil
+	}
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 5 * time.Second, LocalAddr: local})
+	if err != nil {
+		return nil, err
+	}
+	f.addr, f.client = addr, c
+	return c, nil
+}
+
+// drop forgets a client that failed, so the next call dials again.
+func (f *forwarder) drop(c *oncrpc.Client) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.client == c {
+		f.client.Close()
+		f.client = nil
+	}
+}
+
+func (f *forwarder) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.client != nil {
+		f.client.Close()
+		f.client = nil
+	}
+}
+
+// errRetry marks a forwarding failure worth retrying (leader changing).
+var errRetry = errors.New("retry")
+
+// forward sends cmd to the leader at addr and returns its sm_state.
+func (n *Node) forward(ctx context.Context, addr string, cmd fsm.Command) (int32, error) {
+	data, err := fsm.Encode(cmd)
+	if err != nil {
+		return 0, fmt.Errorf("cluster: encode forwarded command: %w", err)
+	}
+	args := fwdArgs{SentNS: n.cfg.Now().UnixNano(), Cmd: data}
+	if len(n.cfg.ClusterKey) > 0 {
+		args.MAC = fwdMAC(n.cfg.ClusterKey, args.SentNS, data)
+	}
+	local, _ := netip.ParseAddrPort(n.cfg.RaftBind)
+	c, err := n.fwd.get(ctx, addr, local.Addr())
+	if err != nil {
+		return 0, fmt.Errorf("%w: dial leader %s: %w", errRetry, addr, err)
+	}
+	var res fwdRes
+	if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcApply, &args, &res); err != nil {
+		n.fwd.drop(c)
+		return 0, fmt.Errorf("%w: forward to %s: %w", errRetry, addr, err)
+	}
+	switch res.Status {
+	case fwdOK:
+		n.metrics.forwarded.WithLabelValues("ok").Inc()
+		return res.State, nil
+	case fwdNotLeader:
+		return 0, fmt.Errorf("%w: %s is no longer the leader", errRetry, addr)
+	case fwdDenied:
+		n.metrics.forwarded.WithLabelValues("denied").Inc()
+		return 0, fmt.Errorf("%w: %s", ErrForwardDenied, res.Err)
+	default:
+		return 0, fmt.Errorf("%w: leader %s: %s", errRetry, addr, res.Err)
+	}
+}
+
+// leaderNSMAddr finds the current leader and its NSM address.
+func (n *Node) leaderNSMAddr() (id, addr string) {
+	_, lid := n.raft.LeaderWithID()
+	if lid == "" {
+		return "", ""
+	}
+	id = string(lid)
+	if n.member != nil {
+		if a, ok := n.member.nsmAddr(id); ok {
+			return id, a
+		}
+	}
+	return id, n.cfg.PeerNSMAddrs[id]
+}
+
+// leaderChanged returns a channel closed at the next leader change.
+func (n *Node) leaderChanged() <-chan struct{} {
+	n.lcMu.Lock()
+	defer n.lcMu.Unlock()
+	return n.lcCh
+}
+
+// observeLeader turns raft leader observations into leaderChanged wake-ups.
+func (n *Node) observeLeader() {
+	ch := make(chan raft.Observation, 16)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.raft.RegisterObserver(obs)
+	defer n.raft.DeregisterObserver(obs)
+	for {
+		select {
+		case <-ch:
+			n.wakeWriters()
+		case <-n.ctx.Done():
+			return
+		}
+	}
+}
+
+// wakeWriters wakes writes held for a leader: leadership moved, or this
+// node's takeover committed.
+func (n *Node) wakeWriters() {
+	n.lcMu.Lock()
+	close(n.lcCh)
+	n.lcCh = make(chan struct{})
+	n.lcMu.Unlock()
+}

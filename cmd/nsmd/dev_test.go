@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// kill stops an agent as SIGKILL would: no leadership transfer, no gossip
+// leave; its sockets (and so its loopback VIP) close.
+func (a *agent) kill() {
+	a.node.Kill()
+	a.onFollower()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	a.server.Shutdown(ctx)
+	if a.admin != nil {
+		a.admin.Shutdown(ctx)
+	}
+	a.wg.Wait()
+}
+
+// portFreeOn finds a port free for TCP and UDP on every ip.
+func portFreeOn(t testing.TB, ips ...string) int {
+	t.Helper()
+	for range 100 {
+		ln, err := net.Listen("tcp", ips[0]+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		ok := true
+		for _, ip := range ips {
+			for _, netw := range []string{"tcp", "udp"} {
+				addr := net.JoinHostPort(ip, strconv.Itoa(p))
+				var err error
+				if netw == "tcp" {
+					var l net.Listener
+					if l, err = net.Listen(netw, addr); err == nil {
+						l.Close()
+					}
+				} else {
+					var pc net.PacketConn
+					if pc, err = net.ListenPacket(netw, addr); err == nil {
+						pc.Close()
+					}
+				}
+				ok = ok && err == nil
+			}
+		}
+		if ok {
+			return p
+		}
+	}
+	t.Fatal("no common free port")
+	return 0
+}
+
+func startTestDev(t testing.TB, vip string) (*devCluster, devOptions) {
+	t.Helper()
+	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", vip}
+	o := devOptions{
+		Nodes: 3, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
+		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
+		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d, err := startDev(o, agentOptions{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d, o
+}
+
+// devLeader waits for the agent that leads and holds the VIP.
+func devLeader(t testing.TB, d *devCluster, skip *agent, timeout time.Duration) *agent {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, a := range d.agents {
+			if a != skip && a.node.Leading() && a.VIPHeld() {
+				return a
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("no leader holding the VIP within %v", timeout)
+	return nil
+}
+
+func smStat(ctx context.Context, network, addr string) (nsm.SMStatRes, error) {
+	var res nsm.SMStatRes
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: network, Addr: addr, Timeout: 200 * time.Millisecond, Retransmit: 50 * time.Millisecond})
+	if err != nil {
+		return res, err
+	}
+	defer c.Close()
+	err = c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, &nsm.SMName{MonName: "x"}, &res)
+	return res, err
+}
+
+// TestDevClusterFailover is `make run` under test: three agents on
+// 127.0.0.1-3 with a loopback VIP. An SM_MON sent to a follower over real
+// TCP is forwarded to the leader (source-address authentication), the VIP
+// answers SM_STAT, and after the leader is killed the VIP answers again
+// with sm_state raised by 2, from the new leader.
+func TestDevClusterFailover(t *testing.T) {
+	d, o := startTestDev(t, "127.0.0.101")
+	lead := devLeader(t, d, nil, 10*time.Second)
+	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
+	before, err := smStat(context.Background(), "udp", vip)
+	if err != nil || before.Res != nsm.StatSucc {
+		t.Fatalf("SM_STAT on the VIP: %+v %v", before, err)
+	}
+	var follower *agent
+	for _, a := range d.agents {
+		if a != lead {
+			follower = a
+			break
+		}
+	}
+	c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: follower.NSMAddr().String(), Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mon := nsm.Mon{ID: nsm.MonID{MonName: "127.0.0.80", My: nsm.MyID{MyName: "lockd-host", Prog: 100021, Vers: 3, Proc: 16}}}
+	var res nsm.SMStatRes
+	if err := c.Call(context.Background(), nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil || res.Res != nsm.StatSucc {
+		t.Fatalf("SM_MON via follower %s: %+v %v", follower.cfg.NodeID, res, err)
+	}
+	if n := lead.node.FSM().Len(); n != 1 {
+		t.Fatalf("leader has %d registrations after a forwarded SM_MON, want 1", n)
+	}
+
+	took := failover(t, d, o, lead, before.State)
+	t.Logf("leader kill → VIP answers SM_STAT with the new state: %v", took)
+}
+
+// failover kills lead and returns how long until the VIP answers SM_STAT
+// with a state above old.
+func failover(t testing.TB, d *devCluster, o devOptions, lead *agent, old int32) time.Duration {
+	t.Helper()
+	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
+	start := time.Now()
+	lead.kill()
+	for time.Since(start) < 10*time.Second {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		r, err := smStat(ctx, "udp", vip)
+		cancel()
+		if err == nil && r.Res == nsm.StatSucc && r.State > old {
+			if r.State != old+2 {
+				t.Errorf("VIP answers state %d after failover, want %d", r.State, old+2)
+			}
+			return time.Since(start)
+		}
+	}
+	t.Fatalf("VIP did not answer with a new state within 10s")
+	return 0
+}
+
+// TestMeasureDevFailover repeats the leader kill to report a distribution
+// (closing-note numbers). It is a measurement, not a check: run it with
+// NSMD_MEASURE=1 go test -run TestMeasureDevFailover -v ./cmd/nsmd
+func TestMeasureDevFailover(t *testing.T) {
+	if os.Getenv("NSMD_MEASURE") == "" {
+		t.Skip("measurement; set NSMD_MEASURE=1 to run")
+	}
+	var times []time.Duration
+	for run := range 12 {
+		d, o := startTestDev(t, fmt.Sprintf("127.0.0.%d", 110+run))
+		lead := devLeader(t, d, nil, 10*time.Second)
+		r, err := smStat(context.Background(), "udp", net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		times = append(times, failover(t, d, o, lead, r.State))
+		d.Close()
+	}
+	slices.Sort(times)
+	t.Logf("failover over %d runs: min %v median %v max %v all %v", len(times), times[0], times[len(times)/2], times[len(times)-1], times)
+}

@@ -1,0 +1,117 @@
+// Package nsmtest has test doubles for the peers of an NSM server. They are
+// fakes because a real client host needs a network namespace of its own
+// (rpc.statd and rpcbind want port 111 and a private /run); the e2e tier
+// uses the real programs.
+package nsmtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// Notification is one SM_NOTIFY a fake host's statd received.
+type Notification struct {
+	From netip.AddrPort
+	Arg  nsm.StatChge
+}
+
+// Host stands in for an NFS client host at one loopback address: a
+// portmapper on PmapPort and a statd (UDP) that records every SM_NOTIFY.
+type Host struct {
+	Addr     netip.Addr
+	PmapPort int
+	Notified chan Notification
+}
+
+// StartHost starts a fake host on ip (a 127.0.0.0/8 address); its servers
+// stop when the test ends.
+func StartHost(t testing.TB, ip string, pmapPort int) *Host {
+	t.Helper()
+	h := &Host{Addr: netip.MustParseAddr(ip), PmapPort: pmapPort, Notified: make(chan Notification, 1024)}
+	statd := oncrpc.HandlerFunc(func(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+		switch c.Proc {
+		case nsm.ProcNull:
+			return nil
+		case nsm.ProcNotify:
+			var a nsm.StatChge
+			if err := a.UnmarshalXDR(c.Args); err != nil {
+				return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
+			}
+			select {
+			case h.Notified <- Notification{From: c.Remote, Arg: a}:
+			default:
+			}
+			return nil
+		}
+		return oncrpc.ErrProcUnavail
+	})
+	statdConn, err := net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("fake statd on %s: %v", ip, err)
+	}
+	srv := oncrpc.NewServer(oncrpc.Programs{nsm.Program: statd}, oncrpc.ServerConfig{})
+	go srv.ServeUDP(statdConn)
+
+	pm := oncrpc.NewPortmapper()
+	pm.Register(oncrpc.Mapping{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoUDP,
+		Port: uint32(statdConn.LocalAddr().(*net.UDPAddr).Port)})
+	pmConn, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(pmapPort)))
+	if err != nil {
+		t.Fatalf("fake portmapper on %s:%d: %v", ip, pmapPort, err)
+	}
+	pmSrv := oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pm}, oncrpc.ServerConfig{})
+	go pmSrv.ServeUDP(pmConn)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		pmSrv.Shutdown(ctx)
+	})
+	return h
+}
+
+// WaitState waits for an SM_NOTIFY carrying state (skipping older ones)
+// and returns it, or fails the test after timeout.
+func (h *Host) WaitState(t testing.TB, state int32, timeout time.Duration) Notification {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case n := <-h.Notified:
+			if n.Arg.State == state {
+				return n
+			}
+		case <-deadline:
+			t.Fatalf("host %s: no SM_NOTIFY with state %d within %v", h.Addr, state, timeout)
+			return Notification{}
+		}
+	}
+}
+
+// FreePort returns a port free for both TCP and UDP on ip right now.
+func FreePort(t testing.TB, ip string) int {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(port)))
+		ln.Close()
+		if err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
