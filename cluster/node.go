@@ -191,7 +191,7 @@ func New(cfg Config) (*Node, error) {
 		cfg:      cfg,
 		log:      cfg.Logger.With("node", cfg.NodeID),
 		writes:   make(chan *write, 4096),
-		inflight: make(chan *batch, 64),
+		inflight: make(chan *batch, 8),
 		leaderCh: make(chan bool, 64),
 		crashCh:  make(chan int32, 1),
 		lcCh:     make(chan struct{}),

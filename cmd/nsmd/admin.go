@@ -40,14 +40,6 @@ type NotifyProgress struct {
 	Failed  int `json:"failed"`
 }
 
-// Member is one row of GET /v1/members.
-type Member struct {
-	ID       string `json:"id"`
-	Address  string `json:"address"`
-	Suffrage string `json:"suffrage"`
-	Leader   bool   `json:"leader"`
-}
-
 // RegistrationJSON is one row of GET /v1/registrations.
 type RegistrationJSON struct {
 	MonName  string    `json:"mon_name"`
@@ -145,17 +137,7 @@ func httpError(w http.ResponseWriter, code int, format string, a ...any) {
 }
 
 func (a *agent) handleMembers(w http.ResponseWriter, r *http.Request) {
-	f := a.node.Raft().GetConfiguration()
-	if err := f.Error(); err != nil {
-		httpError(w, http.StatusServiceUnavailable, "raft configuration: %v", err)
-		return
-	}
-	_, leader := a.node.Raft().LeaderWithID()
-	var out []Member
-	for _, s := range f.Configuration().Servers {
-		out = append(out, Member{ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(), Leader: s.ID == leader})
-	}
-	writeJSON(w, out)
+	writeJSON(w, a.node.Members())
 }
 
 // handleRegistrations pages through registrations in key order:

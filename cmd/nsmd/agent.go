@@ -28,11 +28,9 @@ import (
 // agentOptions are the parts of an agent that are not operator settings.
 type agentOptions struct {
 	Logger *slog.Logger
-	// Voters, when set, bootstraps a fresh cluster with exactly these
-	// members (id → raft address), and PeerNSMAddrs says where each
-	// answers NSM (for forwarding): a static cluster without gossip.
-	Voters       map[string]string
-	PeerNSMAddrs map[string]string
+	// RaftMetrics bridges raft's process-global metrics into this agent's
+	// registry: only for a process that runs one node.
+	RaftMetrics bool
 }
 
 // agent is one running node: raft, the NSM server, rpcbind registration,
@@ -68,6 +66,11 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	}()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.nsmm = nsm.NewMetrics(a.reg)
+	if opts.RaftMetrics {
+		if err := cluster.BridgeRaftMetrics(a.reg); err != nil {
+			return a, err
+		}
+	}
 
 	tcpLn, udpConn, err := listenBoth(cfg.NSMAddr)
 	if err != nil {
@@ -90,8 +93,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		RaftBind: net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
 		// A lone node (expect 1, nothing to join) forms its own cluster; one
 		// given --join waits for the leader to add it.
-		Bootstrap:          cfg.BootstrapExpect <= 1 && len(cfg.Join) == 0 && len(opts.Voters) == 0,
-		Voters:             opts.Voters,
+		Bootstrap:          cfg.BootstrapExpect <= 1 && len(cfg.Join) == 0,
 		GracePeriod:        cfg.GracePeriod,
 		HeartbeatTimeout:   cfg.HeartbeatTimeout,
 		ElectionTimeout:    cfg.ElectionTimeout,
@@ -114,9 +116,6 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	ccfg.Gossip = cluster.GossipConfig{
 		Bind: cfg.Bind, Port: cfg.GossipPort, Join: cfg.Join,
 		BootstrapExpect: cfg.BootstrapExpect, Key: key,
-	}
-	if len(opts.Voters) > 0 {
-		ccfg.PeerNSMAddrs = opts.PeerNSMAddrs
 	}
 	a.node, err = cluster.New(ccfg)
 	if err != nil {

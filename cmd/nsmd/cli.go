@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/nsmd/nsmd/cluster"
 )
 
 // adminFlags adds --admin and --json and returns an HTTP helper.
@@ -109,7 +111,7 @@ func membersCmd() *cobra.Command {
 		Short: "List the cluster's raft members",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ms []Member
+			var ms []cluster.MemberStatus
 			body, err := c.do("GET", "/v1/members", &ms)
 			if err != nil {
 				return err
@@ -119,9 +121,13 @@ func membersCmd() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tADDRESS\tSUFFRAGE\tLEADER")
+			fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tLEADER\tRAFT\tNSM\tGOSSIP")
 			for _, m := range ms {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\n", m.ID, m.Address, m.Suffrage, m.Leader)
+				leader := ""
+				if m.Leader {
+					leader = "*"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.State, dash(m.Suffrage), leader, dash(m.RaftAddr), dash(m.NSMAddr), dash(m.GossipAddr))
 			}
 			return tw.Flush()
 		},
@@ -187,4 +193,11 @@ func transferCmd() *cobra.Command {
 	}
 	c.flags(cmd)
 	return cmd
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

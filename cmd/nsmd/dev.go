@@ -35,7 +35,6 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 	if o.Nodes < 1 || o.Nodes > 9 {
 		return nil, fmt.Errorf("--nodes must be 1..9, not %d", o.Nodes)
 	}
-	voters, nsmAddrs := map[string]string{}, map[string]string{}
 	cfgs := make([]config.Config, o.Nodes)
 	for i := range o.Nodes {
 		ip := fmt.Sprintf("127.0.0.%d", i+1)
@@ -50,6 +49,7 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 			c.AdminAddr = net.JoinHostPort(ip, strconv.Itoa(o.AdminPort))
 		}
 		c.GossipPort = o.GossipPort
+		c.BootstrapExpect = o.Nodes // the cluster forms once all of them see each other
 		if i > 0 {
 			c.Join = []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(o.GossipPort))}
 		}
@@ -64,16 +64,10 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 			return nil, fmt.Errorf("node %s: %w", c.NodeID, err)
 		}
 		cfgs[i] = c
-		voters[c.NodeID] = net.JoinHostPort(ip, strconv.Itoa(c.RaftPort))
-		nsmAddrs[c.NodeID] = c.NSMAddr
 	}
 	d := &devCluster{}
 	for _, c := range cfgs {
-		nodeOpts := opts
-		if o.Nodes > 1 {
-			nodeOpts.Voters, nodeOpts.PeerNSMAddrs = voters, nsmAddrs
-		}
-		a, err := startAgent(c, nodeOpts)
+		a, err := startAgent(c, opts)
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("start %s: %w", c.NodeID, err)

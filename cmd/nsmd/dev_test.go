@@ -191,3 +191,62 @@ func TestMeasureDevFailover(t *testing.T) {
 	slices.Sort(times)
 	t.Logf("failover over %d runs: min %v median %v max %v all %v", len(times), times[0], times[len(times)/2], times[len(times)-1], times)
 }
+
+// TestMeasureDevMonThroughput drives SM_MON with distinct mon_names at the
+// dev cluster's VIP over TCP, one outstanding call per connection, and
+// reports throughput and latency at 1, 8 and 64 connections. A
+// measurement, not a check: NSMD_MEASURE=1 go test -run TestMeasureDevMon -v ./cmd/nsmd
+func TestMeasureDevMonThroughput(t *testing.T) {
+	if os.Getenv("NSMD_MEASURE") == "" {
+		t.Skip("measurement; set NSMD_MEASURE=1 to run")
+	}
+	d, o := startTestDev(t, "127.0.0.102")
+	devLeader(t, d, nil, 10*time.Second)
+	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
+	next := 0
+	for _, conns := range []int{1, 8, 64} {
+		const perConn = 4000
+		calls := max(perConn, 20000/conns*conns) / conns
+		lat := make([][]time.Duration, conns)
+		start := time.Now()
+		errs := make(chan error, conns)
+		for ci := range conns {
+			base := next + ci*calls
+			go func() {
+				c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: vip, Timeout: 10 * time.Second})
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer c.Close()
+				for i := range calls {
+					n := base + i
+					mon := nsm.Mon{ID: nsm.MonID{MonName: fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255), My: nsm.MyID{MyName: "bench", Prog: 100021, Vers: 3, Proc: 16}}}
+					var res nsm.SMStatRes
+					t0 := time.Now()
+					if err := c.Call(context.Background(), nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil || res.Res != nsm.StatSucc {
+						errs <- fmt.Errorf("SM_MON: %v %v", res, err)
+						return
+					}
+					lat[ci] = append(lat[ci], time.Since(t0))
+				}
+				errs <- nil
+			}()
+		}
+		for range conns {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		el := time.Since(start)
+		next += conns * calls
+		var all []time.Duration
+		for _, l := range lat {
+			all = append(all, l...)
+		}
+		slices.Sort(all)
+		q := func(p float64) time.Duration { return all[int(p*float64(len(all)-1))] }
+		t.Logf("conns=%d calls=%d: %.0f SM_MON/s  p50 %v  p90 %v  p99 %v  max %v", conns, len(all),
+			float64(len(all))/el.Seconds(), q(0.5), q(0.9), q(0.99), all[len(all)-1])
+	}
+}

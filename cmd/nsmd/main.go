@@ -112,7 +112,7 @@ func agentCmd() *cobra.Command {
 			return fmt.Errorf("config: %w", err)
 		}
 		log := newLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat)
-		a, err := startAgent(cfg, agentOptions{Logger: log})
+		a, err := startAgent(cfg, agentOptions{Logger: log, RaftMetrics: true})
 		if err != nil {
 			return err
 		}
