@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -244,5 +245,71 @@ func TestForwardWithWrongKeyIsDenied(t *testing.T) {
 	_, err := f.n.Monitor(context.Background(), testReg("10.77.2.2", f.id, 2))
 	if !errors.Is(err, ErrForwardDenied) {
 		t.Fatalf("forward with a wrong key: %v, want ErrForwardDenied", err)
+	}
+}
+
+// TestRebootedPeerIsCalledBackByOwningNodeOnly: an accepted SM_NOTIFY
+// committed through any node makes the node that took each matching
+// SM_MON — and only that node — deliver the lock-manager callback
+// (status{mon_name, state, priv}) to its registration's callback address,
+// exactly once; a repeated state is not delivered again.
+func TestRebootedPeerIsCalledBackByOwningNodeOnly(t *testing.T) {
+	pmap := nsmtest.FreePort(t, "127.0.0.91")
+	lms := map[string]*nsmtest.LockManager{}
+	for i, ip := range []string{"127.0.0.91", "127.0.0.92", "127.0.0.93"} {
+		lms[fmt.Sprintf("n%d", i+1)] = nsmtest.StartLockManager(t, ip, pmap)
+	}
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.Deliverer.PmapPort = pmap })
+	c.waitTakeover(5 * time.Second)
+	ctx := context.Background()
+	regs := map[string]fsm.Registration{}
+	for i, tn := range c.nodes {
+		r := testReg("127.0.0.95", tn.id, byte(10+i))
+		r.ID.My.MyName = "lockd-" + tn.id
+		r.Callback = lms[tn.id].Addr
+		if i == 2 { // n3's lock manager monitors another host
+			r.ID.MonName = "127.0.0.96"
+		}
+		if _, err := tn.n.Monitor(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		regs[tn.id] = r
+	}
+	via := c.nodes[2].n // any node: it forwards to the leader if it follows
+	expect := func(state int32, owners ...string) {
+		t.Helper()
+		for _, id := range owners {
+			select {
+			case cb := <-lms[id].Callbacks:
+				want := regs[id]
+				if cb.Status.MonName != want.ID.MonName || cb.Status.State != state || cb.Status.Priv != want.Priv {
+					t.Errorf("%s's lock manager got %+v, want mon_name %s state %d priv %x", id, cb.Status, want.ID.MonName, state, want.Priv)
+				}
+				if cb.From.Port() >= 1024 {
+					t.Errorf("callback from port %d, want a privileged port", cb.From.Port())
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s's lock manager got no callback with state %d", id, state)
+			}
+		}
+	}
+	if err := via.PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 7}); err != nil {
+		t.Fatal(err)
+	}
+	expect(7, "n1", "n2")
+	if via.WouldAccept("127.0.0.95", netip.Addr{}, 7) {
+		t.Error("a repeated state would be accepted again")
+	}
+	if err := via.PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := via.PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 9}); err != nil {
+		t.Fatal(err)
+	}
+	expect(9, "n1", "n2") // a duplicate 7 would have arrived first
+	for id, lm := range lms {
+		if n := len(lm.Callbacks); n != 0 {
+			t.Errorf("%s's lock manager got %d extra callbacks", id, n)
+		}
 	}
 }

@@ -63,6 +63,12 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		gauge("nsmd_sm_state", "Current sm_state.", func() float64 { return float64(n.fsm.State()) }),
 		gauge("nsmd_registrations", "Monitored-host registrations.", func() float64 { return float64(n.fsm.Len()) }),
 		gauge("nsmd_applied_index", "Last raft index applied to the FSM.", func() float64 { return float64(n.fsm.AppliedIndex()) }),
+		gauge("nsmd_grace_active", "1 while the NLM grace window opened by the last takeover is open.", func() float64 {
+			if time.Now().Before(n.fsm.GraceUntil()) {
+				return 1
+			}
+			return 0
+		}),
 		gauge("nsmd_grace_remaining_seconds", "Seconds left in the NLM grace window.", func() float64 {
 			if d := time.Until(n.fsm.GraceUntil()); d > 0 {
 				return d.Seconds()

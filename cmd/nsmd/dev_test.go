@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,6 +147,7 @@ func TestDevClusterFailover(t *testing.T) {
 		t.Fatalf("leader has %d registrations after a forwarded SM_MON, want 1", n)
 	}
 
+	checkMetrics(t, lead)
 	took := failover(t, d, o, lead, before.State)
 	t.Logf("leader kill → VIP answers SM_STAT with the new state: %v", took)
 }
@@ -248,5 +252,27 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 		q := func(p float64) time.Duration { return all[int(p*float64(len(all)-1))] }
 		t.Logf("conns=%d calls=%d: %.0f SM_MON/s  p50 %v  p90 %v  p99 %v  max %v", conns, len(all),
 			float64(len(all))/el.Seconds(), q(0.5), q(0.9), q(0.99), all[len(all)-1])
+	}
+}
+
+// checkMetrics scrapes the agent's /metrics and checks the families the
+// cluster issue names are there (on its own registry, not the global one).
+func checkMetrics(t *testing.T, a *agent) {
+	t.Helper()
+	resp, err := http.Get(a.AdminURL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, name := range []string{
+		"nsmd_is_leader 1", "nsmd_raft_term", "nsmd_leader_changes_total", "nsmd_takeover_duration_seconds",
+		"nsmd_sm_state", "nsmd_registrations 1", "nsmd_apply_duration_seconds", "nsmd_commit_batch_size",
+		"nsmd_forwarded_writes_total{result=\"served\"} 1", "nsmd_grace_active 1", "nsmd_grace_remaining_seconds",
+		"nsmd_members{state=\"alive\"} 3", "nsmd_rpc_requests_total", "nsmd_rpc_duration_seconds", "nsmd_notify_targets",
+	} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("/metrics lacks %q", name)
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/nlm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -114,4 +115,59 @@ func FreePort(t testing.TB, ip string) int {
 	}
 	t.Fatal("no free port")
 	return 0
+}
+
+// Callback is one lock-manager callback a fake lock manager received.
+type Callback struct {
+	From   netip.AddrPort
+	Status nlm.Status
+}
+
+// LockManager stands in for a host's lock manager (Linux lockd's NSM
+// callback, NLM v3 procedure 16): a portmapper on PmapPort mapping 100021/3
+// UDP, and an NLM server that records every callback.
+type LockManager struct {
+	Addr      netip.Addr
+	Callbacks chan Callback
+}
+
+// StartLockManager starts a fake lock manager on ip (127.0.0.0/8).
+func StartLockManager(t testing.TB, ip string, pmapPort int) *LockManager {
+	t.Helper()
+	lm := &LockManager{Addr: netip.MustParseAddr(ip), Callbacks: make(chan Callback, 1024)}
+	h := oncrpc.HandlerFunc(func(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+		switch c.Proc {
+		case 0:
+			return nil
+		case nlm.ProcSMNotify:
+			var st nlm.Status
+			if err := st.UnmarshalXDR(c.Args); err != nil {
+				return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
+			}
+			lm.Callbacks <- Callback{From: c.Remote, Status: st}
+			return nil
+		}
+		return oncrpc.ErrProcUnavail
+	})
+	conn, err := net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("fake lock manager on %s: %v", ip, err)
+	}
+	srv := oncrpc.NewServer(oncrpc.Programs{{Prog: nlm.Program, Vers: 3}: h}, oncrpc.ServerConfig{})
+	go srv.ServeUDP(conn)
+	pm := oncrpc.NewPortmapper()
+	pm.Register(oncrpc.Mapping{Prog: nlm.Program, Vers: 3, Prot: oncrpc.IPProtoUDP, Port: uint32(conn.LocalAddr().(*net.UDPAddr).Port)})
+	pmConn, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(pmapPort)))
+	if err != nil {
+		t.Fatalf("fake lock manager's portmapper on %s:%d: %v", ip, pmapPort, err)
+	}
+	pmSrv := oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pm}, oncrpc.ServerConfig{})
+	go pmSrv.ServeUDP(pmConn)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		pmSrv.Shutdown(ctx)
+	})
+	return lm
 }
