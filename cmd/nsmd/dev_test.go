@@ -70,10 +70,14 @@ func portFreeOn(t testing.TB, ips ...string) int {
 }
 
 func startTestDev(t testing.TB, vip string) (*devCluster, devOptions) {
+	return startTestDevN(t, vip, 3)
+}
+
+func startTestDevN(t testing.TB, vip string, nodes int) (*devCluster, devOptions) {
 	t.Helper()
 	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", vip}
 	o := devOptions{
-		Nodes: 3, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
+		Nodes: nodes, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
 		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
 		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
 	}
@@ -204,8 +208,13 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 	if os.Getenv("NSMD_MEASURE") == "" {
 		t.Skip("measurement; set NSMD_MEASURE=1 to run")
 	}
-	d, o := startTestDev(t, "127.0.0.102")
+	nodes := 3
+	if v := os.Getenv("NSMD_MEASURE_NODES"); v != "" {
+		nodes, _ = strconv.Atoi(v)
+	}
+	d, o := startTestDevN(t, "127.0.0.102", nodes)
 	devLeader(t, d, nil, 10*time.Second)
+	t.Logf("%d node(s), VIP %s", nodes, o.VIP)
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	next := 0
 	for _, conns := range []int{1, 8, 64} {
@@ -274,5 +283,46 @@ func checkMetrics(t *testing.T, a *agent) {
 		if !strings.Contains(string(body), name) {
 			t.Errorf("/metrics lacks %q", name)
 		}
+	}
+}
+
+// TestMeasureStatThroughput: SM_STAT over UDP at the VIP with 64 callers
+// (8 sockets × 8 outstanding). NSMD_MEASURE=1 go test -run TestMeasureStat -v ./cmd/nsmd
+func TestMeasureStatThroughput(t *testing.T) {
+	if os.Getenv("NSMD_MEASURE") == "" {
+		t.Skip("measurement; set NSMD_MEASURE=1 to run")
+	}
+	d, o := startTestDevN(t, "127.0.0.103", 1)
+	devLeader(t, d, nil, 10*time.Second)
+	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
+	for _, network := range []string{"udp", "tcp"} {
+		const sockets, per, calls = 8, 8, 5000
+		done := make(chan error, sockets*per)
+		start := time.Now()
+		for range sockets {
+			c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: network, Addr: vip, Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			for range per {
+				go func() {
+					for range calls {
+						var res nsm.SMStatRes
+						if err := c.Call(context.Background(), nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, &nsm.SMName{MonName: "client"}, &res); err != nil {
+							done <- err
+							return
+						}
+					}
+					done <- nil
+				}()
+			}
+		}
+		for range sockets * per {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("SM_STAT %s, 64 callers: %.0f/s", network, float64(sockets*per*calls)/time.Since(start).Seconds())
 	}
 }
