@@ -65,6 +65,17 @@ func (c *adminClient) do(method, path string, out any) ([]byte, error) {
 	return body, nil
 }
 
+// show GETs path into out; with --json it prints the answer as it came and
+// reports printed=true, so the caller skips its table.
+func (c *adminClient) show(cmd *cobra.Command, path string, out any) (printed bool, err error) {
+	body, err := c.do("GET", path, out)
+	if err != nil || !c.json {
+		return false, err
+	}
+	_, err = cmd.OutOrStdout().Write(body)
+	return true, err
+}
+
 func statusCmd() *cobra.Command {
 	var c adminClient
 	cmd := &cobra.Command{
@@ -73,12 +84,7 @@ func statusCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var s Status
-			body, err := c.do("GET", "/v1/status", &s)
-			if err != nil {
-				return err
-			}
-			if c.json {
-				_, err = cmd.OutOrStdout().Write(body)
+			if printed, err := c.show(cmd, "/v1/status", &s); printed || err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -112,12 +118,7 @@ func membersCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var ms []cluster.MemberStatus
-			body, err := c.do("GET", "/v1/members", &ms)
-			if err != nil {
-				return err
-			}
-			if c.json {
-				_, err = cmd.OutOrStdout().Write(body)
+			if printed, err := c.show(cmd, "/v1/members", &ms); printed || err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -151,12 +152,7 @@ func registrationsCmd() *cobra.Command {
 				q.Set("mon_name", monName)
 			}
 			var page RegistrationPage
-			body, err := c.do("GET", "/v1/registrations?"+q.Encode(), &page)
-			if err != nil {
-				return err
-			}
-			if c.json {
-				_, err = cmd.OutOrStdout().Write(body)
+			if printed, err := c.show(cmd, "/v1/registrations?"+q.Encode(), &page); printed || err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)

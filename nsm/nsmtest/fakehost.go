@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/nlm"
+	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -54,28 +54,7 @@ func StartHost(t testing.TB, ip string, pmapPort int) *Host {
 		}
 		return oncrpc.ErrProcUnavail
 	})
-	statdConn, err := net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("fake statd on %s: %v", ip, err)
-	}
-	srv := oncrpc.NewServer(oncrpc.Programs{nsm.Program: statd}, oncrpc.ServerConfig{})
-	go srv.ServeUDP(statdConn)
-
-	pm := oncrpc.NewPortmapper()
-	pm.Register(oncrpc.Mapping{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoUDP,
-		Port: uint32(statdConn.LocalAddr().(*net.UDPAddr).Port)})
-	pmConn, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(pmapPort)))
-	if err != nil {
-		t.Fatalf("fake portmapper on %s:%d: %v", ip, pmapPort, err)
-	}
-	pmSrv := oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pm}, oncrpc.ServerConfig{})
-	go pmSrv.ServeUDP(pmConn)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		pmSrv.Shutdown(ctx)
-	})
+	serve(t, ip, pmapPort, nsm.Program, statd)
 	return h
 }
 
@@ -149,17 +128,25 @@ func StartLockManager(t testing.TB, ip string, pmapPort int) *LockManager {
 		}
 		return oncrpc.ErrProcUnavail
 	})
+	serve(t, ip, pmapPort, oncrpc.ProgVers{Prog: nlm.Program, Vers: 3}, h)
+	return lm
+}
+
+// serve runs handler for prog/vers over UDP on ip (any port) and a
+// portmapper on ip:pmapPort that maps it; both stop when the test ends.
+func serve(t testing.TB, ip string, pmapPort int, pv oncrpc.ProgVers, handler oncrpc.Handler) {
+	t.Helper()
 	conn, err := net.ListenPacket("udp", net.JoinHostPort(ip, "0"))
 	if err != nil {
-		t.Fatalf("fake lock manager on %s: %v", ip, err)
+		t.Fatalf("fake %d/%d on %s: %v", pv.Prog, pv.Vers, ip, err)
 	}
-	srv := oncrpc.NewServer(oncrpc.Programs{{Prog: nlm.Program, Vers: 3}: h}, oncrpc.ServerConfig{})
+	srv := oncrpc.NewServer(oncrpc.Programs{pv: handler}, oncrpc.ServerConfig{})
 	go srv.ServeUDP(conn)
 	pm := oncrpc.NewPortmapper()
-	pm.Register(oncrpc.Mapping{Prog: nlm.Program, Vers: 3, Prot: oncrpc.IPProtoUDP, Port: uint32(conn.LocalAddr().(*net.UDPAddr).Port)})
+	pm.Register(oncrpc.Mapping{Prog: pv.Prog, Vers: pv.Vers, Prot: oncrpc.IPProtoUDP, Port: uint32(conn.LocalAddr().(*net.UDPAddr).Port)})
 	pmConn, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(pmapPort)))
 	if err != nil {
-		t.Fatalf("fake lock manager's portmapper on %s:%d: %v", ip, pmapPort, err)
+		t.Fatalf("fake portmapper on %s:%d: %v", ip, pmapPort, err)
 	}
 	pmSrv := oncrpc.NewServer(oncrpc.Programs{{Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers}: pm}, oncrpc.ServerConfig{})
 	go pmSrv.ServeUDP(pmConn)
@@ -169,5 +156,4 @@ func StartLockManager(t testing.TB, ip string, pmapPort int) *LockManager {
 		srv.Shutdown(ctx)
 		pmSrv.Shutdown(ctx)
 	})
-	return lm
 }
