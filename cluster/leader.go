@@ -70,6 +70,7 @@ func (n *Node) startTerm() *term {
 // An SM_SIMU_CRASH while leading restarts the fan-out with its new state.
 func (n *Node) lead(ctx context.Context) {
 	start := time.Now()
+	lastContact := n.raft.LastContact() // the previous leader, as a follower last heard it
 	if err := n.raft.Barrier(10 * time.Second).Error(); err != nil {
 		n.log.Warn("barrier after election failed; not taking over", "err", err)
 		return
@@ -82,6 +83,7 @@ func (n *Node) lead(ctx context.Context) {
 	res, err := n.applyLocal(ctx, t) // never forwarded: a deposed leader's takeover is void
 	if err != nil {
 		n.log.Warn("takeover not committed", "err", err)
+		n.fault("takeover", err)
 		return
 	}
 	n.mu.Lock()
@@ -90,6 +92,9 @@ func (n *Node) lead(ctx context.Context) {
 	n.wakeWriters()
 	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
 	n.metrics.takeovers.Inc()
+	if n.cfg.VIP != nil && !n.acquireVIP(ctx, lastContact) {
+		return
+	}
 	if n.cfg.OnLeader != nil {
 		n.cfg.OnLeader(ctx, t, res.State)
 	}
@@ -136,13 +141,19 @@ func (n *Node) notify(ctx context.Context, state int32) {
 	n.log.Info("notify finished", "summary", sum)
 }
 
-// stopLeading drops leader-only side effects at once (OnFollower: the VIP
-// first), before the notifier is waited for.
+// stopLeading drops leader-only side effects at once — the VIP first, then
+// OnFollower — before the notifier is waited for.
 func (n *Node) stopLeading() {
 	n.mu.Lock()
 	was := n.leading
 	n.leading = false
 	n.mu.Unlock()
+	if n.cfg.VIP != nil {
+		if err := n.cfg.VIP.Release(); err != nil {
+			n.log.Error("cannot release the VIP", "err", err)
+			n.fault("vip_release", err)
+		}
+	}
 	if was && n.cfg.OnFollower != nil {
 		n.cfg.OnFollower()
 	}

@@ -85,6 +85,14 @@ type Config struct {
 	// Deliverer configures lock-manager callbacks for this node's registrations.
 	Deliverer nsm.DelivererConfig
 
+	// VIP, when set, is acquired by each new leader after its Takeover
+	// committed (and after a previous holder's lifetime ran out) and
+	// released first when leadership ends.
+	VIP FloatingAddr
+	// OnFault, when set, is told about faults the node cannot fix itself
+	// (the VIP cannot be taken, a takeover did not commit). Must not block.
+	OnFault func(reason string, err error)
+
 	// OnLeader runs in the leader loop after the takeover committed and
 	// before the notifier starts (the VIP and hooks go here). OnFollower runs
 	// when leadership is lost or on shutdown. Both must return promptly.
@@ -174,6 +182,8 @@ type Node struct {
 	leading  bool
 	notifier *nsm.Notifier
 
+	started time.Time
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -195,6 +205,7 @@ func New(cfg Config) (*Node, error) {
 		leaderCh: make(chan bool, 64),
 		crashCh:  make(chan int32, 1),
 		lcCh:     make(chan struct{}),
+		started:  time.Now(),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.Registerer, n)

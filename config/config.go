@@ -57,6 +57,9 @@ type Config struct {
 	LogFormat       string
 	OnLeader        string
 	OnFollower      string
+	OnFault         string
+	HookTimeout     time.Duration
+	DrillCrash      bool
 	PmapPort        int
 
 	// Raft timing (LAN defaults).
@@ -84,6 +87,7 @@ func Default() Config {
 		NotifyWindow:       15 * time.Minute,
 		Rpcbind:            RpcbindRegister,
 		PmapPort:           111,
+		HookTimeout:        30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
 		HeartbeatTimeout:   500 * time.Millisecond,
@@ -178,6 +182,9 @@ func (c *Config) bindings() []binding {
 		str("log_format", "text | json", &c.LogFormat),
 		str("on_leader", "script run after this node becomes leader", &c.OnLeader),
 		str("on_follower", "script run after this node stops being leader", &c.OnFollower),
+		str("on_fault", "script run when the node hits a fault it cannot fix (VIP, takeover, hook)", &c.OnFault),
+		duration("hook_timeout", "how long a hook script may run before it is killed", &c.HookTimeout),
+		boolean("drill_crash", "allow POST /v1/drill/crash to kill this node (failover drills)", &c.DrillCrash),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
 		duration("heartbeat_timeout", "raft heartbeat timeout", &c.HeartbeatTimeout),
 		duration("election_timeout", "raft election timeout", &c.ElectionTimeout),
@@ -230,6 +237,19 @@ func duration(key, help string, p *time.Duration) binding {
 			return nil
 		},
 		func() string { return p.String() }}
+}
+
+func boolean(key, help string, p *bool) binding {
+	return binding{Field{key, help, "bool"},
+		func(s string) error {
+			v, err := strconv.ParseBool(s)
+			if err != nil {
+				return fmt.Errorf("not true or false: %q", s)
+			}
+			*p = v
+			return nil
+		},
+		func() string { return strconv.FormatBool(*p) }}
 }
 
 func list(key, help string, p *[]string) binding {
@@ -338,7 +358,10 @@ func (c *Config) Validate() error {
 	default:
 		bad("log_format", "%q is not one of text, json", c.LogFormat)
 	}
-	for key, p := range map[string]string{"on_leader": c.OnLeader, "on_follower": c.OnFollower} {
+	if c.HookTimeout <= 0 {
+		bad("hook_timeout", "must be positive")
+	}
+	for key, p := range map[string]string{"on_leader": c.OnLeader, "on_follower": c.OnFollower, "on_fault": c.OnFault} {
 		if p != "" && !filepath.IsAbs(p) {
 			bad(key, "%q must be an absolute path", p)
 		}

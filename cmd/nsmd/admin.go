@@ -109,6 +109,7 @@ func (a *agent) startAdmin() error {
 	mux.HandleFunc("GET /v1/members", a.handleMembers)
 	mux.HandleFunc("GET /v1/registrations", a.handleRegistrations)
 	mux.HandleFunc("POST /v1/leadership/transfer", a.handleTransfer)
+	mux.HandleFunc("POST /v1/drill/crash", a.handleCrash)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", a.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
@@ -222,4 +223,19 @@ func (a *agent) handleReady(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fmt.Fprintln(w, "ready")
+}
+
+// handleCrash kills this node as SIGKILL would, for failover drills; only
+// with drill_crash enabled. The answer goes out first.
+func (a *agent) handleCrash(w http.ResponseWriter, r *http.Request) {
+	if !a.cfg.DrillCrash {
+		httpError(w, http.StatusForbidden, "crash drills are disabled on this node (drill_crash: false)")
+		return
+	}
+	writeJSON(w, map[string]string{"result": "crashing", "node_id": a.cfg.NodeID})
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	a.log.Warn("crash drill: killing this node now")
+	go a.crash()
 }

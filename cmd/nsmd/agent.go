@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,9 @@ type agentOptions struct {
 	// RaftMetrics bridges raft's process-global metrics into this agent's
 	// registry: only for a process that runs one node.
 	RaftMetrics bool
+	// Crash replaces SIGKILL-ing the process for POST /v1/drill/crash
+	// (nsmd dev kills one in-process node instead).
+	Crash func(*agent)
 }
 
 // agent is one running node: raft, the NSM server, rpcbind registration,
@@ -50,15 +54,37 @@ type agent struct {
 	pmap    *oncrpc.PmapClient
 	pmapSrv *oncrpc.Server
 
-	vipMu  sync.Mutex
-	vipSrv *oncrpc.Server // non-nil while this node holds the loopback VIP
+	crashFn func(*agent)
 
 	wg sync.WaitGroup
 }
 
+// kill stops an agent as SIGKILL would: no leadership transfer, no gossip
+// leave; its sockets (and so its loopback VIP) close.
+func (a *agent) kill() {
+	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	a.server.Shutdown(ctx)
+	if a.admin != nil {
+		a.admin.Shutdown(ctx)
+	}
+	a.wg.Wait()
+}
+
+// crash ends this node abruptly: the process gets SIGKILL, or in nsmd dev
+// the in-process node is killed.
+func (a *agent) crash() {
+	if a.crashFn != nil {
+		a.crashFn(a)
+		return
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+}
+
 func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	log := opts.Logger.With("node", cfg.NodeID)
-	a = &agent{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
+	a = &agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), crashFn: opts.Crash}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -102,6 +128,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		TrailingLogs:       cfg.TrailingLogs,
 		Notifier:           notifier,
 		Deliverer:          nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
+		VIP:                a.floatingAddr(),
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
 		Logger:             opts.Logger,
@@ -145,6 +172,15 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	a.node.Start()
 	log.Info("nsmd node started", "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode)
 	return a, nil
+}
+
+// floatingAddr builds the VIP of the configured mode (nil: none).
+func (a *agent) floatingAddr() cluster.FloatingAddr {
+	switch a.cfg.VIPMode {
+	case config.VIPLoopback:
+		return &loopbackVIP{a: a, addr: net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort))}
+	}
+	return nil
 }
 
 func (a *agent) serverConfig() oncrpc.ServerConfig {
@@ -195,48 +231,66 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 	return nil, nil, lastErr
 }
 
-// onLeader runs after this node's takeover committed: in loopback VIP
-// mode it starts answering NSM on the VIP.
 func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
-	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil)
-	if a.cfg.VIPMode != config.VIPLoopback {
-		return
-	}
-	addr := net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort))
-	ln, pc, err := listenBoth(addr)
-	if err != nil {
-		a.log.Error("cannot listen on the VIP", "addr", addr, "err", err)
-		return
-	}
-	srv := oncrpc.NewServer(a.progs, a.serverConfig())
-	a.serve(srv, ln, pc)
-	a.vipMu.Lock()
-	a.vipSrv = srv
-	a.vipMu.Unlock()
-	a.log.Info("VIP taken (loopback mode)", "addr", addr)
+	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 }
 
-// onFollower drops the VIP at once.
 func (a *agent) onFollower() {
-	a.vipMu.Lock()
-	srv := a.vipSrv
-	a.vipSrv = nil
-	a.vipMu.Unlock()
+	a.log.Info("following")
+}
+
+// loopbackVIP is vip_mode loopback: the leader answers NSM on a loopback
+// address with its own server. The address is always configured (all of
+// 127.0.0.0/8 is local), so holding it means listening on it; the sockets
+// die with the process, so it has no lifetime to wait out.
+type loopbackVIP struct {
+	a    *agent
+	addr string
+	mu   sync.Mutex
+	srv  *oncrpc.Server
+}
+
+func (v *loopbackVIP) Acquire(ctx context.Context) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.srv != nil {
+		return nil
+	}
+	ln, pc, err := listenBoth(v.addr)
+	if err != nil {
+		return fmt.Errorf("listen on the VIP %s: %w", v.addr, err)
+	}
+	v.srv = oncrpc.NewServer(v.a.progs, v.a.serverConfig())
+	v.a.serve(v.srv, ln, pc)
+	v.a.log.Info("VIP taken (loopback mode)", "addr", v.addr)
+	return nil
+}
+
+func (v *loopbackVIP) Release() error {
+	v.mu.Lock()
+	srv := v.srv
+	v.srv = nil
+	v.mu.Unlock()
 	if srv == nil {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	srv.Shutdown(ctx)
-	a.log.Info("VIP released (loopback mode)")
+	v.a.log.Info("VIP released (loopback mode)")
+	return nil
 }
 
-// VIPHeld reports whether this node currently answers on the VIP.
-func (a *agent) VIPHeld() bool {
-	a.vipMu.Lock()
-	defer a.vipMu.Unlock()
-	return a.vipSrv != nil
+func (v *loopbackVIP) Held() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.srv != nil
 }
+
+func (v *loopbackVIP) Lifetime() time.Duration { return 0 }
+
+// VIPHeld reports whether this node currently answers on the VIP.
+func (a *agent) VIPHeld() bool { return a.node != nil && a.node.VIPHeld() }
 
 // startRpcbind registers 100024 v1 with the local rpcbind, or serves PMAP
 // v2 ourselves.
@@ -290,7 +344,6 @@ func (a *agent) Close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	a.onFollower()
 	if a.server != nil {
 		a.server.Shutdown(ctx)
 	} else if a.nsmTCP != nil {

@@ -56,6 +56,7 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 		c.VIPMode = config.VIPLoopback
 		c.VIP = o.VIP + "/32"
 		c.Rpcbind = config.RpcbindOff
+		c.DrillCrash = true // nsmd drill --kill works out of the box
 		c.LogLevel = o.LogLevel
 		if o.Tune != nil {
 			o.Tune(&c)
@@ -67,7 +68,9 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 	}
 	d := &devCluster{}
 	for _, c := range cfgs {
-		a, err := startAgent(c, opts)
+		nodeOpts := opts
+		nodeOpts.Crash = func(a *agent) { a.kill() } // one node of this process, not the process
+		a, err := startAgent(c, nodeOpts)
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("start %s: %w", c.NodeID, err)

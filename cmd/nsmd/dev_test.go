@@ -18,20 +18,6 @@ import (
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
-// kill stops an agent as SIGKILL would: no leadership transfer, no gossip
-// leave; its sockets (and so its loopback VIP) close.
-func (a *agent) kill() {
-	a.node.Kill()
-	a.onFollower()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	a.server.Shutdown(ctx)
-	if a.admin != nil {
-		a.admin.Shutdown(ctx)
-	}
-	a.wg.Wait()
-}
-
 // portFreeOn finds a port free for TCP and UDP on every ip.
 func portFreeOn(t testing.TB, ips ...string) int {
 	t.Helper()

@@ -1,0 +1,83 @@
+package cluster
+
+import (
+	"context"
+	"time"
+)
+
+// FloatingAddr is the address the leader holds (the VIP). The leader
+// loop acquires it after its Takeover committed and releases it the moment
+// leadership is lost, before anything else.
+type FloatingAddr interface {
+	// Acquire takes the address and keeps it (renewing, re-adding,
+	// re-announcing) until Release. It returns once the address answers.
+	Acquire(ctx context.Context) error
+	// Release drops the address at once. Safe to call when not held.
+	Release() error
+	// Held reports whether this node holds the address now.
+	Held() bool
+	// Lifetime is how long the address outlives a holder that dies or
+	// stops without releasing it (the kernel's valid_lft); 0 when it dies
+	// with the process (a socket).
+	Lifetime() time.Duration
+}
+
+// vipNotBefore is when this new leader may take the VIP: only once a
+// previous holder's address must have expired by itself. The previous
+// leader renewed it at most until its lease ran out after our last contact
+// with it, and the kernel keeps it for Lifetime after the last renewal; a
+// node that never heard from a leader counts from its own start.
+func (n *Node) vipNotBefore(lastContact time.Time) time.Time {
+	life := n.cfg.VIP.Lifetime()
+	if life == 0 {
+		return time.Time{}
+	}
+	base := lastContact
+	if base.IsZero() || base.Before(n.started) {
+		base = n.started
+	}
+	return base.Add(n.cfg.LeaderLeaseTimeout + life + vipMargin)
+}
+
+// vipMargin covers the kernel's lifetime check granularity.
+const vipMargin = 250 * time.Millisecond
+
+// acquireVIP waits out a previous holder's lifetime, then takes the VIP,
+// retrying until it works or leadership ends.
+func (n *Node) acquireVIP(ctx context.Context, lastContact time.Time) bool {
+	if wait := time.Until(n.vipNotBefore(lastContact)); wait > 0 {
+		n.log.Info("waiting for a previous holder's VIP lifetime to run out", "wait", wait.Round(time.Millisecond))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+	}
+	for {
+		err := n.cfg.VIP.Acquire(ctx)
+		if err == nil {
+			return true
+		}
+		n.log.Error("cannot take the VIP; retrying", "err", err)
+		n.fault("vip_acquire", err)
+		t := time.NewTimer(time.Second)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+	}
+}
+
+// VIPHeld reports whether this node holds the VIP.
+func (n *Node) VIPHeld() bool { return n.cfg.VIP != nil && n.cfg.VIP.Held() }
+
+// fault reports a fault the node cannot fix by itself (OnFault hook).
+func (n *Node) fault(reason string, err error) {
+	if n.cfg.OnFault != nil {
+		n.cfg.OnFault(reason, err)
+	}
+}
