@@ -49,6 +49,7 @@ type agent struct {
 	nsmm    *nsm.Metrics
 	nsmPort int
 	nsmTCP  net.Listener
+	nsmUDP  net.PacketConn // both closed by server.Shutdown once serving
 	admin   *http.Server
 	adminLn net.Listener
 	pmap    *oncrpc.PmapClient
@@ -66,6 +67,9 @@ func (a *agent) kill() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	a.server.Shutdown(ctx)
+	if a.pmapSrv != nil {
+		a.pmapSrv.Shutdown(ctx)
+	}
 	if a.admin != nil {
 		a.admin.Shutdown(ctx)
 	}
@@ -102,7 +106,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	if err != nil {
 		return a, fmt.Errorf("listen for NSM on %s: %w", cfg.NSMAddr, err)
 	}
-	a.nsmTCP = tcpLn
+	a.nsmTCP, a.nsmUDP = tcpLn, udpConn
 	a.nsmPort = tcpLn.Addr().(*net.TCPAddr).Port
 
 	vip := cfg.VIPAddr()
@@ -348,6 +352,7 @@ func (a *agent) Close() error {
 		a.server.Shutdown(ctx)
 	} else if a.nsmTCP != nil {
 		a.nsmTCP.Close()
+		a.nsmUDP.Close()
 	}
 	if a.pmapSrv != nil {
 		a.pmapSrv.Shutdown(ctx)
