@@ -105,7 +105,7 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	}
 	select {
 	case <-w.done:
-		if t, ok := cmd.(fsm.Takeover); ok && w.err == nil && t.Reason == reasonSimuCrash {
+		if t, ok := cmd.(fsm.Takeover); ok && w.err == nil && (t.Reason == reasonSimuCrash || t.Reason == reasonImport) {
 			n.signalCrash(w.res.State)
 		}
 		return w.res, w.err

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 
 	"github.com/nsmd/nsmd/fsm"
@@ -72,4 +73,41 @@ func (n *Node) WouldAccept(monName string, from netip.Addr, state int32) bool {
 func (n *Node) takeover(reason string) fsm.Takeover {
 	now := n.cfg.Now().UTC()
 	return fsm.Takeover{Node: n.cfg.NodeID, GraceUntil: now.Add(n.cfg.GracePeriod), Reason: reason, At: now}
+}
+
+// reasonImport marks the Takeover that follows an import of another
+// server's monitor list (nsmd import-statd).
+const reasonImport = "import"
+
+// Import commits registrations taken over from another NSM server (rpc.statd)
+// and then a Takeover that lifts sm_state above minAbove, the state that
+// server had, so its clients accept our SM_NOTIFY; the leader then notifies
+// every monitored host with the new state. It returns the new sm_state.
+func (n *Node) Import(ctx context.Context, regs []fsm.Registration, minAbove int32) (int32, error) {
+	sem := make(chan struct{}, 64) // let group commit batch them
+	errs := make(chan error, len(regs))
+	for _, r := range regs {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			_, err := n.apply(ctx, fsm.Register{Reg: r})
+			errs <- err
+		}()
+	}
+	for range cap(sem) {
+		sem <- struct{}{}
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return 0, fmt.Errorf("cluster: import registration: %w", err)
+		}
+	}
+	t := n.takeover(reasonImport)
+	t.MinState = minAbove + 1
+	res, err := n.apply(ctx, t)
+	if err != nil {
+		return 0, fmt.Errorf("cluster: import takeover: %w", err)
+	}
+	return res.State, nil
 }

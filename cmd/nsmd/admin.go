@@ -110,6 +110,7 @@ func (a *agent) startAdmin() error {
 	mux.HandleFunc("GET /v1/registrations", a.handleRegistrations)
 	mux.HandleFunc("POST /v1/leadership/transfer", a.handleTransfer)
 	mux.HandleFunc("POST /v1/drill/crash", a.handleCrash)
+	mux.HandleFunc("POST /v1/import", a.handleImport)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", a.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))

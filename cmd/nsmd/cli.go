@@ -32,11 +32,15 @@ func (c *adminClient) flags(cmd *cobra.Command) {
 }
 
 func (c *adminClient) do(method, path string, out any) ([]byte, error) {
+	return c.doBody(method, path, nil, out)
+}
+
+func (c *adminClient) doBody(method, path string, reqBody io.Reader, out any) ([]byte, error) {
 	base := c.addr
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	req, err := http.NewRequest(method, base+path, nil)
+	req, err := http.NewRequest(method, base+path, reqBody)
 	if err != nil {
 		return nil, err
 	}
