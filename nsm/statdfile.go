@@ -142,8 +142,12 @@ func ReadStatdDir(dir string) (StatdDir, error) {
 // notify those hosts from this directory.
 func WriteStatdDir(dir string, d StatdDir) error {
 	sm := filepath.Join(dir, "sm")
-	if err := os.MkdirAll(sm, 0o700); err != nil {
-		return fmt.Errorf("nsm: create %s: %w", sm, err)
+	// sm-notify moves each record to sm.bak/ before notifying and gives up
+	// on a host whose record it cannot move: both must exist.
+	for _, sub := range []string{sm, filepath.Join(dir, "sm.bak")} {
+		if err := os.MkdirAll(sub, 0o700); err != nil {
+			return fmt.Errorf("nsm: create %s: %w", sub, err)
+		}
 	}
 	byHost := map[string][]string{}
 	for _, r := range d.Records {

@@ -1,0 +1,152 @@
+package e2e
+
+import (
+	"context"
+	"encoding/hex"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/nsm/nsmtest"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// TestMigrationFromRealStatdAndBackToRealSmNotify, in a private network and
+// mount namespace: the real rpc.statd (with the real rpcbind) takes an
+// SM_MON and writes its monitor record; `nsmd import-statd` reads that
+// directory into a running node (sm_state raised above statd's); `nsmd
+// export-statd` writes the node's registrations back in statd's format;
+// and the real sm-notify, run on the exported directory, notifies the
+// monitored host — so the exported files are a working fallback.
+func TestMigrationFromRealStatdAndBackToRealSmNotify(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	statdBin, rpcbindBin, smNotify := lookTool(t, "rpc.statd"), lookTool(t, "rpcbind"), lookTool(t, "sm-notify")
+	// The monitored client host lives at 10.77.5.5 inside this namespace.
+	if out, err := exec.Command("ip", "addr", "add", "10.77.5.5/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("add client address: %v %s", err, out)
+	}
+
+	// 1. The real rpc.statd takes an SM_MON, as Linux lockd sends it.
+	rb := exec.Command(rpcbindBin, "-f", "-w")
+	if err := rb.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { rb.Process.Kill(); rb.Wait() }()
+	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 300 * time.Millisecond})
+	waitFor(t, 5*time.Second, "rpcbind", func() (bool, string) { _, err := pm.Dump(context.Background()); return err == nil, "" })
+	statdDir := t.TempDir()
+	for _, sub := range []string{"sm", "sm.bak"} { // statd does not create them
+		if err := os.Mkdir(filepath.Join(statdDir, sub), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	statd := exec.Command(statdBin, "-F", "-d", "-L", "-P", statdDir)
+	statdLog := &lockedBuffer{}
+	statd.Stdout, statd.Stderr = statdLog, statdLog
+	if err := statd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		statd.Process.Kill()
+		statd.Wait()
+		if t.Failed() {
+			t.Logf("rpc.statd log:\n%s", statdLog)
+		}
+	}()
+	var statdPort uint16
+	waitFor(t, 5*time.Second, "rpc.statd registered", func() (bool, string) {
+		p, err := pm.GetPort(context.Background(), 100024, 1, oncrpc.IPProtoTCP)
+		statdPort = p
+		return err == nil && p != 0, ""
+	})
+	priv := [16]byte{0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	c := dialNSM(t, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(statdPort))))
+	mon := nsm.Mon{ID: nsm.MonID{MonName: "10.77.5.5", My: nsm.MyID{MyName: "nfs-old", Prog: 100021, Vers: 3, Proc: 16}}, Priv: priv}
+	var res nsm.SMStatRes
+	if err := c.Call(context.Background(), 100024, 1, nsm.ProcMon, &mon, &res); err != nil || res.Res != nsm.StatSucc {
+		t.Fatalf("SM_MON to the real rpc.statd: %+v %v", res, err)
+	}
+	statdState := res.State
+	statd.Process.Signal(syscall.SIGTERM)
+	statd.Wait()
+	rb.Process.Kill()
+	rb.Wait()
+
+	// 2. Import into a running nsmd node.
+	port := freePort(t, "127.0.0.1")
+	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
+	pmapPort := freePort(t, "10.77.5.5")
+	startNsmd(t, agentArgs(t, t.TempDir(), net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), admin, freePort(t, "127.0.0.1"), pmapPort)...)
+	waitLeader(t, admin, 0)
+	out, err := exec.Command(nsmdBin, "import-statd", statdDir, "--admin", admin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("import-statd: %v\n%s", err, out)
+	}
+	t.Logf("import-statd: %s", strings.TrimSpace(string(out)))
+	var page struct {
+		Registrations []struct {
+			MonName  string `json:"mon_name"`
+			MyName   string `json:"my_name"`
+			Priv     string `json:"priv"`
+			Callback string `json:"callback"`
+		}
+	}
+	if err := getJSON(admin, "/v1/registrations", &page); err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Registrations) != 1 {
+		t.Fatalf("registrations after import: %+v", page.Registrations)
+	}
+	got := page.Registrations[0]
+	if got.MonName != "10.77.5.5" || got.MyName != "nfs-old" || got.Priv != hex.EncodeToString(priv[:]) || got.Callback != "127.0.0.1" {
+		t.Errorf("imported %+v, want mon_name 10.77.5.5 my_name nfs-old priv %x callback 127.0.0.1", got, priv)
+	}
+	var s status
+	if err := getJSON(admin, "/v1/status", &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.SMState <= statdState || s.SMState%2 != 1 {
+		t.Errorf("sm_state after import %d; statd's was %d: want odd and above", s.SMState, statdState)
+	}
+
+	// 3. Export, and let the real sm-notify notify the host from it.
+	exportDir := t.TempDir()
+	if out, err := exec.Command(nsmdBin, "export-statd", exportDir, "--admin", admin).CombinedOutput(); err != nil {
+		t.Fatalf("export-statd: %v\n%s", err, out)
+	}
+	host := nsmtest.StartHost(t, "10.77.5.5", 111)
+	drain(host)
+	sn := exec.Command(smNotify, "-d", "-f", "-n", "-P", exportDir, "-v", "127.0.0.1", "-m", "1")
+	snOut, err := sn.CombinedOutput()
+	if err != nil {
+		t.Fatalf("sm-notify: %v\n%s", err, snOut)
+	}
+	n := host.WaitState(t, s.SMState, 5*time.Second)
+	// sm-notify sends the canonical name of -v's argument.
+	if n.Arg.MonName != "localhost" && n.Arg.MonName != "127.0.0.1" {
+		t.Errorf("sm-notify sent mon_name %q, want 127.0.0.1's canonical name", n.Arg.MonName)
+	}
+	if _, err := os.Stat(filepath.Join(exportDir, "sm")); err != nil {
+		t.Error(err)
+	}
+}
+
+// drain empties a fake host's inbox (the node notified it after import).
+func drain(h *nsmtest.Host) {
+	for {
+		select {
+		case <-h.Notified:
+		default:
+			return
+		}
+	}
+}
