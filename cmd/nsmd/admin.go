@@ -31,6 +31,8 @@ type Status struct {
 	GraceUntil    *time.Time     `json:"grace_until"`
 	AppliedIndex  uint64         `json:"applied_index"`
 	Notify        NotifyProgress `json:"notify"`
+	// LastHookFailure is the most recent failed hook script, if any.
+	LastHookFailure *HookFailure `json:"last_hook_failure,omitempty"`
 }
 
 // NotifyProgress is the SM_NOTIFY fan-out progress of the current leader term.
@@ -83,6 +85,7 @@ func (a *agent) status() Status {
 		s.GraceUntil = &g
 	}
 	s.Notify.Pending, s.Notify.Done, s.Notify.Failed = a.node.NotifyProgress()
+	s.LastHookFailure = a.hooks.lastFailure()
 	return s
 }
 

@@ -56,6 +56,7 @@ type agent struct {
 	pmapSrv *oncrpc.Server
 
 	crashFn func(*agent)
+	hooks   *hookRunner
 
 	wg sync.WaitGroup
 }
@@ -96,6 +97,8 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	}()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.nsmm = nsm.NewMetrics(a.reg)
+	a.hooks = newHookRunner(cfg, log, a.reg)
+	a.hooks.start(context.Background())
 	if opts.RaftMetrics {
 		if err := cluster.BridgeRaftMetrics(a.reg); err != nil {
 			return a, err
@@ -133,6 +136,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		Notifier:           notifier,
 		Deliverer:          nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
 		VIP:                a.floatingAddr(),
+		OnFault:            a.onFault,
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
 		Logger:             opts.Logger,
@@ -237,10 +241,17 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 
 func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
+	a.hooks.leader(ctx, t, state)
 }
 
 func (a *agent) onFollower() {
 	a.log.Info("following")
+	a.hooks.follower(a.node.FSM().State(), "leadership_lost")
+}
+
+func (a *agent) onFault(reason string, err error) {
+	a.log.Error("fault", "reason", reason, "err", err)
+	a.hooks.fault(roleName(a.node.Raft().State()), a.node.FSM().State(), reason, err)
 }
 
 // loopbackVIP is vip_mode loopback: the leader answers NSM on a loopback
@@ -346,6 +357,7 @@ func (a *agent) Close() error {
 	if a.node != nil {
 		errs = append(errs, a.node.Close())
 	}
+	a.hooks.stop() // after node.Close: the on_follower hook of a shutdown still runs
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if a.server != nil {

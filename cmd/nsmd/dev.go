@@ -124,6 +124,7 @@ is given (then a restart keeps registrations and raises sm_state).`,
 			fmt.Fprintf(out, "  bin/nsmd members --admin %s\n", adm)
 			fmt.Fprintf(out, "  bin/nsmd ping --addr %s:%d          # NULL + SM_STAT on the VIP\n", o.VIP, o.NSMPort)
 			fmt.Fprintf(out, "  bin/nsmd transfer-leadership --admin <leader's admin>   # planned failover\n")
+			fmt.Fprintf(out, "  bin/nsmd drill --admin %s [--kill] --report drill.html   # measured failover drill\n", adm)
 			fmt.Fprintf(out, "Ctrl-C stops the cluster.\n\n")
 			<-cmd.Context().Done()
 			log.Info("stopping dev cluster")

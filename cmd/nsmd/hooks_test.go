@@ -245,7 +245,7 @@ func TestHookFailureFiresFault(t *testing.T) {
 		t.Errorf("on_fault failed runs = %v, want 1", n)
 	}
 	f := hh.h.lastFailure() // the fault hook failed last
-	if f == nil || f.Hook != "on_fault" || !strings.Contains(f.Err, "exit status 1") {
+	if f == nil || f.Hook != "on_fault" || !strings.Contains(f.Err, "exit status 1") || !strings.Contains(f.Reason, "hook on_leader failed") {
 		t.Errorf("lastFailure = %+v, want the on_fault failure", f)
 	}
 	if logs := hh.log.String(); !strings.Contains(logs, `line="cannot add route"`) || !strings.Contains(logs, `msg="hook failed"`) {

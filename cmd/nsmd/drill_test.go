@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/config"
+)
+
+// checkDrillRun: every milestone reached, at positive and ordered times,
+// a new leader, and the state raised by exactly 2.
+func checkDrillRun(t *testing.T, r drillRun) {
+	t.Helper()
+	if !r.complete() {
+		t.Fatalf("run %d incomplete: %+v", r.Run, r)
+	}
+	var prev time.Duration
+	for _, m := range r.Milestones {
+		if m.After <= 0 || m.After < prev {
+			t.Errorf("run %d: %s at %v (previous %v): want positive and ordered", r.Run, m.Name, m.After, prev)
+		}
+		prev = m.After
+	}
+	if r.NewLeader == "" || r.NewLeader == r.OldLeader {
+		t.Errorf("run %d: leader %q -> %q", r.Run, r.OldLeader, r.NewLeader)
+	}
+	if r.NewState != r.OldState+2 {
+		t.Errorf("run %d: sm_state %d -> %d, want +2", r.Run, r.OldState, r.NewState)
+	}
+	t.Logf("run %d: %s -> %s, %d -> %d: %v %v %v %v", r.Run, r.OldLeader, r.NewLeader, r.OldState, r.NewState,
+		r.Milestones[0].After, r.Milestones[1].After, r.Milestones[2].After, r.Milestones[3].After)
+}
+
+func checkDrillHTML(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	want := []string{"<svg", "</svg>", "fault (", "node1", "node2", "node3"}
+	for _, def := range drillMilestoneDefs() {
+		want = append(want, def.Label, def.Name)
+	}
+	for _, w := range want {
+		if !strings.Contains(s, w) {
+			t.Errorf("report lacks %q", w)
+		}
+	}
+	for _, bad := range []string{"<script", "src=", "<link", "ZgotmplZ"} {
+		if strings.Contains(s, bad) {
+			t.Errorf("report contains %q (must be self-contained and well escaped)", bad)
+		}
+	}
+}
+
+// TestDrillTransfer: two planned transfers on a dev cluster found from one
+// admin address, then the cobra command once with --json and --report.
+func TestDrillTransfer(t *testing.T) {
+	t.Parallel()
+	d, _ := startTestDev(t, "127.0.0.120")
+	devLeader(t, d, nil, 10*time.Second)
+	var progress bytes.Buffer
+	rep, err := runDrill(context.Background(), drillOptions{
+		Admins: []string{d.agents[0].AdminURL()}, Fault: drillTransfer,
+		Runs: 2, Timeout: 10 * time.Second, Progress: &progress,
+	})
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, progress.String())
+	}
+	if len(rep.Nodes) != 3 {
+		t.Fatalf("discovered %+v, want 3 nodes", rep.Nodes)
+	}
+	for _, n := range rep.Nodes {
+		if n.Admin == "" || !n.Voter {
+			t.Errorf("node %+v: admin not found from the dev layout, or not a voter", n)
+		}
+	}
+	if len(rep.Runs) != 2 || rep.Stopped != "" {
+		t.Fatalf("runs %d stopped %q\n%s", len(rep.Runs), rep.Stopped, progress.String())
+	}
+	for _, r := range rep.Runs {
+		checkDrillRun(t, r)
+	}
+	if rep.Runs[1].OldLeader != rep.Runs[0].NewLeader || rep.Runs[1].OldState != rep.Runs[0].NewState {
+		t.Errorf("run 2 started from %s/%d, want run 1's result %s/%d", rep.Runs[1].OldLeader, rep.Runs[1].OldState, rep.Runs[0].NewLeader, rep.Runs[0].NewState)
+	}
+	if len(rep.Stats) != msCount || rep.Stats[0].N != 2 || rep.Stats[0].MinMS > rep.Stats[0].MaxMS {
+		t.Errorf("stats %+v", rep.Stats)
+	}
+	for _, def := range drillMilestoneDefs() {
+		if !strings.Contains(progress.String(), def.Label) {
+			t.Errorf("progress lacks a line for %q:\n%s", def.Label, progress.String())
+		}
+	}
+	html := filepath.Join(t.TempDir(), "drill.html")
+	if err := writeDrillReportFile(html, rep); err != nil {
+		t.Fatal(err)
+	}
+	checkDrillHTML(t, html)
+	var table bytes.Buffer
+	if err := printDrill(&table, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"RUN 1", "RUN 2", "P50", "new leader elected"} {
+		if !strings.Contains(table.String(), s) {
+			t.Errorf("summary lacks %q:\n%s", s, table.String())
+		}
+	}
+
+	// The command: --admin with every node, --json, --report.
+	var admins []string
+	for _, a := range d.agents {
+		admins = append(admins, strings.TrimPrefix(a.AdminURL(), "http://"))
+	}
+	html2 := filepath.Join(t.TempDir(), "cmd.html")
+	cmd := drillCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"--admin", strings.Join(admins, ","), "--json", "--report", html2, "--timeout", "10s"})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("nsmd drill: %v\n%s", err, errOut.String())
+	}
+	var got drillReport
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out.String())
+	}
+	if len(got.Runs) != 1 || !got.Runs[0].complete() || got.Runs[0].Milestones[3].AfterMS <= 0 || got.Fault != drillTransfer {
+		t.Errorf("--json report %+v", got)
+	}
+	checkDrillHTML(t, html2)
+}
+
+// TestDrillKill: a crash of the leader through /v1/drill/crash; asked for
+// two runs, the drill stops after one since the killed dev node never
+// comes back and two of three voters cannot lose another.
+func TestDrillKill(t *testing.T) {
+	t.Parallel()
+	d, o := startTestDev(t, "127.0.0.121")
+	devLeader(t, d, nil, 10*time.Second)
+	var progress bytes.Buffer
+	rep, err := runDrill(context.Background(), drillOptions{
+		Admins: []string{d.agents[0].AdminURL(), d.agents[1].AdminURL(), d.agents[2].AdminURL()},
+		VIP:    fmt.Sprintf("%s:%d", o.VIP, o.NSMPort),
+		Fault:  drillKill, Runs: 2, Timeout: 4 * time.Second, Poll: 10 * time.Millisecond, Progress: &progress, TTY: true,
+	})
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, progress.String())
+	}
+	if len(rep.Runs) != 1 {
+		t.Fatalf("%d runs, want 1\n%s", len(rep.Runs), progress.String())
+	}
+	checkDrillRun(t, rep.Runs[0])
+	if p := progress.String(); !strings.Contains(p, "\r\033[Krun 1/2: ") || !strings.Contains(p, "waiting for leader_elected") ||
+		!strings.Contains(p, "notify_done ") {
+		t.Errorf("TTY progress does not rewrite one line per run:\n%q", p)
+	}
+	if !strings.Contains(rep.Stopped, "did not come back") || !strings.Contains(rep.Stopped, rep.Runs[0].OldLeader) {
+		t.Errorf("stopped %q, want the killed node named", rep.Stopped)
+	}
+	for _, a := range d.agents {
+		if a.cfg.NodeID == rep.Runs[0].OldLeader && a.AdminURL() != "" {
+			hc := &http.Client{Timeout: time.Second}
+			if resp, err := hc.Get(a.AdminURL() + "/healthz"); err == nil {
+				resp.Body.Close()
+				t.Errorf("killed leader %s still answers its admin API", a.cfg.NodeID)
+			}
+		}
+	}
+	html := filepath.Join(t.TempDir(), "kill.html")
+	if err := writeDrillReportFile(html, rep); err != nil {
+		t.Fatal(err)
+	}
+	checkDrillHTML(t, html)
+}
+
+// TestDrillKillRefused: a leader without drill_crash refuses the crash and
+// the drill says so instead of timing a failover that never happens.
+func TestDrillKillRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	t.Parallel()
+	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.122"}
+	o := devOptions{
+		Nodes: 3, DataDir: t.TempDir(), VIP: "127.0.0.122", LogLevel: "warn",
+		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
+		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
+		Tune: func(c *config.Config) { c.DrillCrash = false },
+	}
+	d, err := startDev(o, agentOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	devLeader(t, d, nil, 10*time.Second)
+	_, err = runDrill(context.Background(), drillOptions{
+		Admins: []string{d.agents[0].AdminURL()}, Fault: drillKill, Timeout: 5 * time.Second,
+	})
+	if err == nil || !strings.Contains(err.Error(), "drill_crash") {
+		t.Fatalf("drill against a node without drill_crash: %v", err)
+	}
+}
+
+// TestDrillReportManyRuns: more than 12 runs are drawn as one lane per
+// milestone; unreached milestones and stops are shown.
+func TestDrillReportManyRuns(t *testing.T) {
+	rep := &drillReport{Date: time.Now(), Fault: drillKillCmd, VIP: "127.0.0.100:6620", Asked: 20,
+		Nodes:   []drillNode{{ID: "a<b>", Voter: true}, {ID: "node2"}},
+		Stopped: "stopping after run 13: <no quorum>"}
+	for i := range 13 {
+		r := drillRun{Run: i + 1, OldLeader: "a<b>", NewLeader: "node2", OldState: 3, NewState: 5}
+		for j, def := range drillMilestoneDefs() {
+			after := time.Duration(100*(i+1)+10*j) * time.Millisecond
+			r.Milestones = append(r.Milestones, drillMilestone{Name: def.Name, Label: def.Label, Reached: i != 5 || j < 3, After: after, AfterMS: float64(after.Milliseconds())})
+		}
+		if i == 5 {
+			r.Err = "notify fan-out complete not reached within 1s"
+		}
+		rep.Runs = append(rep.Runs, r)
+	}
+	rep.Stats = drillStats(rep.Runs)
+	if st := rep.Stats[msNotify]; st.N != 12 || st.MinMS != 130 || st.MaxMS != 1330 || st.P50MS != 730 {
+		t.Errorf("notify stats %+v", st)
+	}
+	if rep.failed() != 1 {
+		t.Errorf("failed() = %d, want 1", rep.failed())
+	}
+	var b bytes.Buffer
+	if err := writeDrillReport(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	s := b.String()
+	if strings.Count(s, "<circle") != 13*4-1 || !strings.Contains(s, "p50 ") {
+		t.Errorf("many-runs timeline: %d dots, want 51", strings.Count(s, "<circle"))
+	}
+	if strings.Contains(s, "a<b>") || strings.Contains(s, "<no quorum>") || !strings.Contains(s, "a&lt;b&gt;") {
+		t.Error("names are not escaped")
+	}
+	var table bytes.Buffer
+	if err := printDrill(&table, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "FAILED") || !strings.Contains(table.String(), "stopped early") {
+		t.Errorf("summary:\n%s", table.String())
+	}
+}
+
+func TestNiceStepAndPercentile(t *testing.T) {
+	for _, c := range []struct{ max, step float64 }{{1000, 100}, {730, 100}, {1450, 200}, {95, 10}, {4.2, 0.5}, {0, 1}} {
+		if got := niceStep(c.max); got != c.step {
+			t.Errorf("niceStep(%v) = %v, want %v", c.max, got, c.step)
+		}
+	}
+	v := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	if percentile(v, 0.5) != 5 || percentile(v, 0.9) != 9 || percentile(v[:1], 0.9) != 1 {
+		t.Error("percentile")
+	}
+}
