@@ -352,6 +352,9 @@ func (n *Node) stop(graceful bool) error {
 				n.log.Warn("gossip leave failed", "err", e)
 			}
 		}
+		if a, ok := n.cfg.VIP.(abandoner); ok && !graceful {
+			a.Abandon() // a crash leaves the address to expire by itself
+		}
 		n.cancel()
 		if e := n.raft.Shutdown().Error(); e != nil {
 			err = fmt.Errorf("cluster: raft shutdown: %w", e)

@@ -47,6 +47,7 @@ type Config struct {
 	VIP             string
 	VIPInterface    string
 	VIPMode         string
+	VIPLifetime     time.Duration
 	NotifyName      string
 	TrustedCallers  []string
 	GracePeriod     time.Duration
@@ -83,6 +84,7 @@ func Default() Config {
 		AdminAddr:          "127.0.0.1:8024",
 		BootstrapExpect:    1,
 		VIPMode:            VIPNone,
+		VIPLifetime:        2 * time.Second,
 		GracePeriod:        90 * time.Second,
 		NotifyWindow:       15 * time.Minute,
 		Rpcbind:            RpcbindRegister,
@@ -172,6 +174,7 @@ func (c *Config) bindings() []binding {
 		str("vip", "floating address held by the leader, in CIDR form", &c.VIP),
 		str("vip_interface", "interface for the VIP in netlink mode", &c.VIPInterface),
 		str("vip_mode", "netlink | loopback | none", &c.VIPMode),
+		duration("vip_lifetime", "netlink VIP valid_lft: how long the address outlives a holder that dies (whole seconds)", &c.VIPLifetime),
 		str("notify_name", "name sent in SM_NOTIFY (default: the VIP, else the hostname)", &c.NotifyName),
 		list("trusted_callers", "CIDRs allowed to SM_MON besides loopback, comma separated", &c.TrustedCallers),
 		duration("grace_period", "NLM grace period opened at every takeover", &c.GracePeriod),
@@ -326,6 +329,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		bad("vip_mode", "%q is not one of netlink, loopback, none", c.VIPMode)
+	}
+	if c.VIPLifetime < time.Second || c.VIPLifetime%time.Second != 0 {
+		bad("vip_lifetime", "%v must be whole seconds, at least 1s (the kernel's valid_lft unit)", c.VIPLifetime)
 	}
 	for _, t := range c.TrustedCallers {
 		if _, err := netip.ParsePrefix(t); err != nil {

@@ -55,8 +55,9 @@ type agent struct {
 	pmap    *oncrpc.PmapClient
 	pmapSrv *oncrpc.Server
 
-	crashFn func(*agent)
-	hooks   *hookRunner
+	crashFn    func(*agent)
+	hooks      *hookRunner
+	netlinkVIP *cluster.NetlinkVIP // closed (address dropped) on shutdown
 
 	wg sync.WaitGroup
 }
@@ -135,7 +136,6 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		TrailingLogs:       cfg.TrailingLogs,
 		Notifier:           notifier,
 		Deliverer:          nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
-		VIP:                a.floatingAddr(),
 		OnFault:            a.onFault,
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
@@ -151,6 +151,9 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	ccfg.Gossip = cluster.GossipConfig{
 		Bind: cfg.Bind, Port: cfg.GossipPort, Join: cfg.Join,
 		BootstrapExpect: cfg.BootstrapExpect, Key: key,
+	}
+	if ccfg.VIP, err = a.floatingAddr(); err != nil {
+		return a, err
 	}
 	a.node, err = cluster.New(ccfg)
 	if err != nil {
@@ -183,12 +186,23 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 }
 
 // floatingAddr builds the VIP of the configured mode (nil: none).
-func (a *agent) floatingAddr() cluster.FloatingAddr {
+func (a *agent) floatingAddr() (cluster.FloatingAddr, error) {
 	switch a.cfg.VIPMode {
 	case config.VIPLoopback:
-		return &loopbackVIP{a: a, addr: net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort))}
+		return &loopbackVIP{a: a, addr: net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort))}, nil
+	case config.VIPNetlink:
+		p, _ := netip.ParsePrefix(a.cfg.VIP) // validated
+		v, err := cluster.NewNetlinkVIP(cluster.NetlinkVIPConfig{
+			Prefix: p, Interface: a.cfg.VIPInterface, Lifetime: a.cfg.VIPLifetime,
+			Logger: a.log.With("component", "vip"), Registerer: a.reg,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("netlink VIP: %w", err)
+		}
+		a.netlinkVIP = v
+		return v, nil
 	}
-	return nil
+	return nil, nil
 }
 
 func (a *agent) serverConfig() oncrpc.ServerConfig {
@@ -358,6 +372,9 @@ func (a *agent) Close() error {
 		errs = append(errs, a.node.Close())
 	}
 	a.hooks.stop() // after node.Close: the on_follower hook of a shutdown still runs
+	if a.netlinkVIP != nil {
+		errs = append(errs, a.netlinkVIP.Close())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if a.server != nil {

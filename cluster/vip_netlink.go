@@ -1,0 +1,445 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// NetlinkVIPConfig configures the VIP of vip_mode netlink: an address the
+// leader adds to a real interface with a kernel lifetime, so a holder that
+// is killed or frozen loses it by itself (DESIGN invariant 3).
+type NetlinkVIPConfig struct {
+	// Prefix is the VIP and its prefix length, e.g. 10.0.0.10/24.
+	Prefix netip.Prefix
+	// Interface is the name of the interface that carries the VIP.
+	Interface string
+	// Lifetime is the kernel's valid_lft (= preferred_lft) of the address:
+	// how long it outlives a holder that stops renewing it. Whole seconds,
+	// at least 1 s; default 2 s.
+	Lifetime time.Duration
+	// Refresh is how often the holder renews the lifetime, re-adds a
+	// removed address and re-announces it. Default Lifetime/4; must be
+	// shorter than Lifetime.
+	Refresh time.Duration
+	// Announce is how many gratuitous ARPs (IPv4) or unsolicited neighbour
+	// advertisements (IPv6) go out on acquire, ~100 ms apart. Default 3.
+	Announce int
+	// Logger gets the VIP's events; nil discards them.
+	Logger *slog.Logger
+	// Registerer gets the nsmd_vip_* metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+const (
+	defaultVIPLifetime = 2 * time.Second
+	defaultVIPAnnounce = 3
+	vipAnnounceGap     = 100 * time.Millisecond
+)
+
+// withDefaults fills in zero fields.
+func (c NetlinkVIPConfig) withDefaults() NetlinkVIPConfig {
+	if c.Lifetime == 0 {
+		c.Lifetime = defaultVIPLifetime
+	}
+	if c.Refresh == 0 {
+		c.Refresh = c.Lifetime / 4
+	}
+	if c.Announce == 0 {
+		c.Announce = defaultVIPAnnounce
+	}
+	return c
+}
+
+// Validate reports the first problem of the configuration; zero fields
+// count as their defaults.
+func (c NetlinkVIPConfig) Validate() error {
+	c = c.withDefaults()
+	a := c.Prefix.Addr()
+	switch {
+	case !c.Prefix.IsValid():
+		return errors.New("vip: prefix is not set (want an address in CIDR form, like 10.0.0.10/24)")
+	case a.Is4In6():
+		return fmt.Errorf("vip: %s is an IPv4-mapped IPv6 address; give the IPv4 form", c.Prefix)
+	case a.IsUnspecified() || a.IsMulticast() || a.IsLoopback():
+		return fmt.Errorf("vip: %s cannot be a floating address (unspecified, multicast or loopback)", c.Prefix)
+	case c.Interface == "":
+		return errors.New("vip: interface is not set")
+	case c.Lifetime < time.Second || c.Lifetime%time.Second != 0:
+		return fmt.Errorf("vip: lifetime %v must be whole seconds, at least 1s (the kernel counts valid_lft in seconds)", c.Lifetime)
+	case c.Lifetime/time.Second > 1<<31:
+		return fmt.Errorf("vip: lifetime %v is too long", c.Lifetime)
+	case c.Refresh <= 0 || c.Refresh >= c.Lifetime:
+		return fmt.Errorf("vip: refresh %v must be positive and shorter than the lifetime %v", c.Refresh, c.Lifetime)
+	case c.Announce < 0:
+		return fmt.Errorf("vip: announce %d must not be negative", c.Announce)
+	}
+	return nil
+}
+
+// vipLink is the platform side of a NetlinkVIP: one address on one
+// interface. Methods are safe for concurrent use.
+type vipLink interface {
+	// resolve looks the interface up again (index, hardware address).
+	resolve() error
+	// replace adds the address, or renews its lifetime if present.
+	replace() error
+	// remove deletes every copy of the address on the interface (any
+	// prefix length); it reports whether one was there.
+	remove() (bool, error)
+	// lookup reports the copy of the address on the interface, if any.
+	lookup() (vipAddrInfo, bool, error)
+	// announce sends one round of gratuitous ARP or unsolicited NA and
+	// returns how many packets went out.
+	announce() (int, error)
+	close() error
+}
+
+// vipAddrInfo is what the kernel reports about the address.
+type vipAddrInfo struct {
+	PrefixLen int
+	Flags     uint32 // IFA_F_*
+	Valid     uint32 // valid_lft left, seconds
+	Preferred uint32
+}
+
+var (
+	// errVIPReleased cancels a refresh loop from Release or Close.
+	errVIPReleased = errors.New("vip released")
+	// errVIPAbandoned stops a refresh loop without deleting the address,
+	// as if the process had died (Abandon).
+	errVIPAbandoned = errors.New("vip abandoned")
+)
+
+// NetlinkVIP is the VIP of vip_mode netlink; it implements FloatingAddr.
+type NetlinkVIP struct {
+	cfg  NetlinkVIPConfig
+	log  *slog.Logger
+	link vipLink
+	m    vipMetrics
+
+	mu     sync.Mutex // serialises Acquire, Release and Close
+	run    *vipRun    // the refresh loop of the current hold, or nil
+	closed bool
+
+	annMu  sync.Mutex
+	annErr string // the last announcement failure, "" when the last one worked
+}
+
+// vipRun is one hold: the refresh loop and how to stop it.
+type vipRun struct {
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+	err    error // the loop's final delete, readable once done is closed
+}
+
+type vipMetrics struct {
+	held          prometheus.Gauge
+	acquired      prometheus.Counter
+	readded       prometheus.Counter
+	announcements prometheus.Counter
+}
+
+func newVIPMetrics(reg prometheus.Registerer) (vipMetrics, error) {
+	m := vipMetrics{
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nsmd_vip_held", Help: "1 while this node holds the VIP (acquired and present on the interface).",
+		}),
+		acquired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_vip_acquired_total", Help: "Times this node acquired the VIP.",
+		}),
+		readded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_vip_readded_total", Help: "Times the held VIP was missing from the interface (removed by someone else, or expired after a stall) and was added again.",
+		}),
+		announcements: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_vip_announcements_total", Help: "Gratuitous ARP / unsolicited neighbour advertisement packets sent for the VIP.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.held, m.acquired, m.readded, m.announcements} {
+		if err := reg.Register(c); err != nil {
+			return m, fmt.Errorf("vip: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// NewNetlinkVIP checks the configuration, opens the netlink and packet
+// sockets (CAP_NET_ADMIN and CAP_NET_RAW), resolves the interface and
+// removes a copy of the address that a crashed earlier run left behind.
+func NewNetlinkVIP(cfg NetlinkVIPConfig) (*NetlinkVIP, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("vip", cfg.Prefix.String(), "interface", cfg.Interface)
+	link, err := newVIPLink(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	stale, err := link.remove()
+	if err != nil {
+		link.close()
+		return nil, fmt.Errorf("vip: remove a stale %s from %s: %w", cfg.Prefix, cfg.Interface, err)
+	}
+	if stale {
+		log.Warn("removed a stale copy of the VIP left on the interface by an earlier run")
+	}
+	m, err := newVIPMetrics(cfg.Registerer)
+	if err != nil {
+		link.close()
+		return nil, err
+	}
+	return &NetlinkVIP{cfg: cfg, log: log, link: link, m: m}, nil
+}
+
+// Lifetime is the kernel valid_lft of the address.
+func (v *NetlinkVIP) Lifetime() time.Duration { return v.cfg.Lifetime }
+
+// Acquire adds the address (lifetime Lifetime, no prefix route, no DAD),
+// announces it and starts renewing it every Refresh. It returns once the
+// address is on the interface. The hold ends with Release, Close, or when
+// ctx ends (then the address is dropped as by Release: a caller that lost
+// the right to hold it must never keep renewing it).
+func (v *NetlinkVIP) Acquire(ctx context.Context) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return errors.New("vip: acquire after close")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("vip: acquire: %w", err)
+	}
+	if r := v.run; r != nil {
+		select {
+		case <-r.done: // the previous hold ended with its context
+			v.run = nil
+		default:
+			return nil // held already; the loop keeps it
+		}
+	}
+	if err := v.link.resolve(); err != nil {
+		return fmt.Errorf("vip: acquire %s: %w", v.cfg.Prefix, err)
+	}
+	if err := v.link.replace(); err != nil {
+		return fmt.Errorf("vip: add %s to %s: %w", v.cfg.Prefix, v.cfg.Interface, err)
+	}
+	renewed := time.Now()
+	if err := ctx.Err(); err != nil { // lost the right while adding
+		if _, derr := v.link.remove(); derr != nil {
+			v.log.Error("cannot drop the VIP after the acquire was cancelled", "err", derr)
+		}
+		return fmt.Errorf("vip: acquire: %w", err)
+	}
+	v.m.acquired.Inc()
+	v.m.held.Set(1)
+	v.log.Info("VIP acquired", "lifetime", v.cfg.Lifetime, "refresh", v.cfg.Refresh)
+	v.announce()
+	rctx, cancel := context.WithCancelCause(ctx)
+	r := &vipRun{cancel: cancel, done: make(chan struct{})}
+	v.run = r
+	go v.loop(rctx, r, renewed)
+	return nil
+}
+
+// Release stops renewing and deletes the address at once. Safe to call
+// when not held.
+func (v *NetlinkVIP) Release() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.releaseLocked()
+}
+
+func (v *NetlinkVIP) releaseLocked() error {
+	r := v.run
+	if r == nil {
+		return nil
+	}
+	v.run = nil
+	r.cancel(errVIPReleased)
+	<-r.done
+	if r.err != nil {
+		return fmt.Errorf("vip: delete %s from %s: %w", v.cfg.Prefix, v.cfg.Interface, r.err)
+	}
+	return nil
+}
+
+// Abandon stops renewing without deleting the address, as a crashed
+// process would: the kernel drops it when its lifetime runs out. For
+// simulated crashes (in-process kills, drills); Release after it is a
+// no-op.
+func (v *NetlinkVIP) Abandon() {
+	v.mu.Lock()
+	r := v.run
+	v.run = nil
+	v.mu.Unlock()
+	if r != nil {
+		r.cancel(errVIPAbandoned)
+		<-r.done
+		v.log.Warn("VIP abandoned: no longer renewed, the kernel drops it when its lifetime ends")
+	}
+}
+
+// Held reports whether the address is acquired and present on the
+// interface now.
+func (v *NetlinkVIP) Held() bool {
+	v.mu.Lock()
+	r := v.run
+	v.mu.Unlock()
+	if r == nil {
+		return false
+	}
+	select {
+	case <-r.done:
+		return false
+	default:
+	}
+	_, ok, err := v.link.lookup()
+	return err == nil && ok
+}
+
+// Close releases the address and closes the sockets.
+func (v *NetlinkVIP) Close() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return nil
+	}
+	err := v.releaseLocked()
+	v.closed = true
+	return errors.Join(err, v.link.close())
+}
+
+// announce sends one round of announcements and counts the packets. A
+// failure is logged when it first happens (not every refresh).
+func (v *NetlinkVIP) announce() {
+	n, err := v.link.announce()
+	v.m.announcements.Add(float64(n))
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	v.annMu.Lock()
+	changed := msg != v.annErr
+	v.annErr = msg
+	v.annMu.Unlock()
+	switch {
+	case err != nil && changed:
+		v.log.Warn("cannot announce the VIP", "err", err)
+	case err != nil:
+		v.log.Debug("cannot announce the VIP", "err", err)
+	case changed:
+		v.log.Info("announcing the VIP works again")
+	}
+}
+
+// loop keeps one hold: the rest of the acquire burst, then every Refresh a
+// renewal (re-adding a removed address) and an announcement. When ctx ends
+// it deletes the address.
+func (v *NetlinkVIP) loop(ctx context.Context, r *vipRun, renewed time.Time) {
+	defer close(r.done)
+	defer func() {
+		v.m.held.Set(0)
+		if errors.Is(context.Cause(ctx), errVIPAbandoned) {
+			return
+		}
+		gone, err := v.link.remove()
+		r.err = err
+		switch {
+		case err != nil:
+			v.log.Error("cannot delete the VIP", "err", err)
+		case !errors.Is(context.Cause(ctx), errVIPReleased):
+			v.log.Warn("acquire context ended without a release; VIP dropped", "was_present", gone)
+		default:
+			v.log.Info("VIP released", "was_present", gone)
+		}
+	}()
+	burst := v.cfg.Announce - 1
+	burstT := time.NewTimer(vipAnnounceGap)
+	defer burstT.Stop()
+	if burst <= 0 {
+		burstT.Stop()
+	}
+	tick := time.NewTicker(v.cfg.Refresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-burstT.C:
+			v.announce()
+			if burst--; burst > 0 {
+				burstT.Reset(vipAnnounceGap)
+			}
+		case <-tick.C:
+			if gap := time.Since(renewed); gap > v.cfg.Lifetime {
+				// Frozen (SIGSTOP, a stall) or failing for longer than the
+				// lifetime: the kernel has dropped the address and another
+				// node may have taken it. Give the leader loop one lifetime
+				// to notice a lost leadership and release before re-adding.
+				v.m.held.Set(0)
+				v.log.Warn("VIP renewal stalled past its lifetime; waiting before re-adding",
+					"stalled", gap.Round(time.Millisecond), "wait", v.cfg.Lifetime)
+				t := time.NewTimer(v.cfg.Lifetime)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if ok, readded := v.refresh(); ok {
+				renewed = time.Now()
+				if readded && burst <= 0 && v.cfg.Announce > 1 {
+					// re-added: announce it like a fresh acquire
+					burst = v.cfg.Announce - 1
+					burstT.Reset(vipAnnounceGap)
+				}
+			}
+		}
+	}
+}
+
+// refresh renews the address (re-adding it when missing) and announces it;
+// it reports whether the address is on the interface again, and whether it
+// had gone.
+func (v *NetlinkVIP) refresh() (ok, readded bool) {
+	_, present, err := v.link.lookup()
+	if err != nil {
+		v.log.Warn("cannot look the VIP up", "err", err)
+		present = true // unknown: do not count a re-add
+	}
+	err = v.link.replace()
+	if err != nil && isNoDevice(err) {
+		if rerr := v.link.resolve(); rerr == nil {
+			err = v.link.replace()
+		}
+	}
+	if err != nil {
+		v.m.held.Set(0)
+		v.log.Error("cannot renew the VIP", "err", err)
+		return false, false
+	}
+	v.m.held.Set(1)
+	if !present {
+		v.m.readded.Inc()
+		v.log.Warn("VIP was missing from the interface; added it again")
+	}
+	v.announce()
+	return true, !present
+}

@@ -1,0 +1,388 @@
+//go:build linux
+
+package cluster
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// rtnetlink (RTM_NEWADDR/DELADDR/GETADDR) and AF_PACKET, straight on
+// golang.org/x/sys/unix. Both sockets belong to the network namespace the
+// VIP was made in.
+
+const nlTimeout = 5 * time.Second
+
+type netlinkVIPLink struct {
+	prefix  netip.Prefix
+	iface   string
+	life    uint32 // seconds
+	family  uint8
+	log     *slog.Logger
+	mu      sync.Mutex // guards everything below
+	nl      int        // NETLINK_ROUTE socket
+	pkt     int        // AF_PACKET/SOCK_DGRAM socket that receives nothing
+	seq     uint32
+	ifindex int
+	mac     net.HardwareAddr // nil: no announcements on this interface
+}
+
+func newVIPLink(cfg NetlinkVIPConfig, log *slog.Logger) (vipLink, error) {
+	l := &netlinkVIPLink{prefix: cfg.Prefix, iface: cfg.Interface, life: uint32(cfg.Lifetime / time.Second),
+		family: unix.AF_INET, log: log, nl: -1, pkt: -1}
+	if cfg.Prefix.Addr().Is6() {
+		l.family = unix.AF_INET6
+	}
+	var err error
+	l.nl, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("vip: open netlink socket: %w", err)
+	}
+	if err := l.setupNetlink(); err != nil {
+		l.close()
+		return nil, err
+	}
+	// Protocol 0: the socket only sends; the link header's type comes from
+	// each sendto's address.
+	l.pkt, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		l.close()
+		return nil, fmt.Errorf("vip: open packet socket for announcements (needs CAP_NET_RAW): %w", err)
+	}
+	if err := l.resolve(); err != nil {
+		l.close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *netlinkVIPLink) setupNetlink() error {
+	if err := unix.Bind(l.nl, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("vip: bind netlink socket: %w", err)
+	}
+	tv := unix.NsecToTimeval(nlTimeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(l.nl, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return fmt.Errorf("vip: netlink receive timeout: %w", err)
+	}
+	// Error messages from the kernel ("extended ack"); older kernels lack it.
+	_ = unix.SetsockoptInt(l.nl, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+	return nil
+}
+
+func (l *netlinkVIPLink) resolve() error {
+	ifi, err := net.InterfaceByName(l.iface)
+	if err != nil {
+		return fmt.Errorf("interface %q: %w", l.iface, err)
+	}
+	var mac net.HardwareAddr
+	if len(ifi.HardwareAddr) == 6 && ifi.Flags&(net.FlagLoopback|net.FlagPointToPoint) == 0 {
+		mac = ifi.HardwareAddr
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ifindex != 0 && l.ifindex != ifi.Index {
+		l.log.Warn("VIP interface has a new index", "old", l.ifindex, "new", ifi.Index)
+	}
+	l.ifindex, l.mac = ifi.Index, mac
+	return nil
+}
+
+func (l *netlinkVIPLink) close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var errs []error
+	for _, fd := range []*int{&l.nl, &l.pkt} {
+		if *fd >= 0 {
+			errs = append(errs, unix.Close(*fd))
+			*fd = -1
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ifaddrmsg is struct ifaddrmsg.
+func (l *netlinkVIPLink) ifaddrmsg(prefixLen int, flags uint8) []byte {
+	b := make([]byte, unix.SizeofIfAddrmsg)
+	b[0] = l.family
+	b[1] = uint8(prefixLen)
+	b[2] = flags
+	b[3] = unix.RT_SCOPE_UNIVERSE
+	binary.NativeEndian.PutUint32(b[4:8], uint32(l.ifindex))
+	return b
+}
+
+func appendAttr(b []byte, typ uint16, data []byte) []byte {
+	var h [4]byte
+	binary.NativeEndian.PutUint16(h[0:2], uint16(4+len(data)))
+	binary.NativeEndian.PutUint16(h[2:4], typ)
+	b = append(b, h[:]...)
+	b = append(b, data...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// addrAttrs are the attributes naming the address: IPv4 by its local
+// address (which matches a copy of any prefix length on delete), IPv6 by
+// IFA_ADDRESS.
+func (l *netlinkVIPLink) addrAttrs(b []byte) []byte {
+	a := l.prefix.Addr().AsSlice()
+	if l.family == unix.AF_INET {
+		return appendAttr(b, unix.IFA_LOCAL, a)
+	}
+	return appendAttr(b, unix.IFA_ADDRESS, a)
+}
+
+func (l *netlinkVIPLink) replace() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	flags := uint32(unix.IFA_F_NOPREFIXROUTE)
+	if l.family == unix.AF_INET6 {
+		flags |= unix.IFA_F_NODAD
+	}
+	b := l.ifaddrmsg(l.prefix.Bits(), uint8(flags))
+	b = l.addrAttrs(b)
+	if l.family == unix.AF_INET {
+		b = appendAttr(b, unix.IFA_ADDRESS, l.prefix.Addr().AsSlice())
+	}
+	ci := make([]byte, 16) // struct ifa_cacheinfo: prefered, valid, cstamp, tstamp
+	binary.NativeEndian.PutUint32(ci[0:4], l.life)
+	binary.NativeEndian.PutUint32(ci[4:8], l.life)
+	b = appendAttr(b, unix.IFA_CACHEINFO, ci)
+	fl := make([]byte, 4)
+	binary.NativeEndian.PutUint32(fl, flags)
+	b = appendAttr(b, unix.IFA_FLAGS, fl)
+	return l.exchange(unix.RTM_NEWADDR, unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_REPLACE, b, nil)
+}
+
+func (l *netlinkVIPLink) remove() (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	copies, err := l.lookupLocked()
+	if err != nil {
+		return false, err
+	}
+	for _, c := range copies {
+		b := l.addrAttrs(l.ifaddrmsg(c.PrefixLen, 0))
+		err := l.exchange(unix.RTM_DELADDR, unix.NLM_F_ACK, b, nil)
+		if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENODEV) {
+			return true, err
+		}
+	}
+	return len(copies) > 0, nil
+}
+
+func (l *netlinkVIPLink) lookup() (vipAddrInfo, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	copies, err := l.lookupLocked()
+	if err != nil || len(copies) == 0 {
+		return vipAddrInfo{}, false, err
+	}
+	return copies[0], true, nil
+}
+
+// lookupLocked dumps the family's addresses and keeps the copies of ours
+// on our interface.
+func (l *netlinkVIPLink) lookupLocked() ([]vipAddrInfo, error) {
+	want := l.prefix.Addr()
+	var found []vipAddrInfo
+	req := make([]byte, unix.SizeofIfAddrmsg)
+	req[0] = l.family
+	err := l.exchange(unix.RTM_GETADDR, unix.NLM_F_DUMP, req, func(typ uint16, m []byte) {
+		if typ != unix.RTM_NEWADDR || len(m) < unix.SizeofIfAddrmsg || m[0] != l.family {
+			return
+		}
+		if int(binary.NativeEndian.Uint32(m[4:8])) != l.ifindex {
+			return
+		}
+		info := vipAddrInfo{PrefixLen: int(m[1]), Flags: uint32(m[2])}
+		var local, address netip.Addr
+		eachAttr(m[unix.SizeofIfAddrmsg:], func(at uint16, d []byte) {
+			switch at {
+			case unix.IFA_LOCAL:
+				local, _ = netip.AddrFromSlice(d)
+			case unix.IFA_ADDRESS:
+				address, _ = netip.AddrFromSlice(d)
+			case unix.IFA_FLAGS:
+				if len(d) >= 4 {
+					info.Flags = binary.NativeEndian.Uint32(d)
+				}
+			case unix.IFA_CACHEINFO:
+				if len(d) >= 8 {
+					info.Preferred = binary.NativeEndian.Uint32(d[0:4])
+					info.Valid = binary.NativeEndian.Uint32(d[4:8])
+				}
+			}
+		})
+		a := address
+		if local.IsValid() { // IPv4 (and IPv6 peer addresses): the local side is ours
+			a = local
+		}
+		if a == want {
+			found = append(found, info)
+		}
+	})
+	return found, err
+}
+
+func eachAttr(b []byte, f func(typ uint16, data []byte)) {
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b[0:2]))
+		if n < 4 || n > len(b) {
+			return
+		}
+		f(binary.NativeEndian.Uint16(b[2:4])&^unix.NLA_F_NESTED, b[4:n])
+		n = (n + 3) &^ 3
+		if n >= len(b) {
+			return
+		}
+		b = b[n:]
+	}
+}
+
+// exchange sends one request and reads until its ack, error or dump end,
+// handing every other message of the request to each. Callers hold l.mu.
+func (l *netlinkVIPLink) exchange(typ, flags uint16, body []byte, each func(typ uint16, m []byte)) error {
+	if l.nl < 0 {
+		return errors.New("netlink socket closed")
+	}
+	l.seq++
+	seq := l.seq
+	msg := make([]byte, unix.SizeofNlMsghdr, unix.SizeofNlMsghdr+len(body))
+	binary.NativeEndian.PutUint32(msg[0:4], uint32(unix.SizeofNlMsghdr+len(body)))
+	binary.NativeEndian.PutUint16(msg[4:6], typ)
+	binary.NativeEndian.PutUint16(msg[6:8], flags|unix.NLM_F_REQUEST)
+	binary.NativeEndian.PutUint32(msg[8:12], seq)
+	msg = append(msg, body...)
+	if err := unix.Sendto(l.nl, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("netlink send: %w", err)
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		n, _, err := unix.Recvfrom(l.nl, buf, 0)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if errors.Is(err, unix.EAGAIN) {
+				return fmt.Errorf("netlink: no answer within %v", nlTimeout)
+			}
+			return fmt.Errorf("netlink receive: %w", err)
+		}
+		b := buf[:n]
+		for len(b) >= unix.SizeofNlMsghdr {
+			mlen := int(binary.NativeEndian.Uint32(b[0:4]))
+			if mlen < unix.SizeofNlMsghdr || mlen > len(b) {
+				return errors.New("netlink: malformed message")
+			}
+			mtyp := binary.NativeEndian.Uint16(b[4:6])
+			mflags := binary.NativeEndian.Uint16(b[6:8])
+			mseq := binary.NativeEndian.Uint32(b[8:12])
+			data := b[unix.SizeofNlMsghdr:mlen]
+			if next := (mlen + 3) &^ 3; next < len(b) {
+				b = b[next:]
+			} else {
+				b = nil
+			}
+			if mseq != seq { // a late answer to an earlier, timed-out request
+				continue
+			}
+			switch mtyp {
+			case unix.NLMSG_DONE:
+				return nil
+			case unix.NLMSG_ERROR:
+				return nlError(data, mflags)
+			default:
+				if each != nil {
+					each(mtyp, data)
+				}
+			}
+		}
+	}
+}
+
+// nlError decodes struct nlmsgerr (0: an ack), with the kernel's message
+// when it sent one.
+func nlError(data []byte, flags uint16) error {
+	if len(data) < 4 {
+		return errors.New("netlink: short error message")
+	}
+	code := int32(binary.NativeEndian.Uint32(data[0:4]))
+	if code == 0 {
+		return nil
+	}
+	errno := syscall.Errno(-code)
+	const ackTLVs, capped, attrMsg = 0x200, 0x100, 1 // NLM_F_ACK_TLVS, NLM_F_CAPPED, NLMSGERR_ATTR_MSG
+	if flags&ackTLVs == 0 || len(data) < 4+unix.SizeofNlMsghdr {
+		return errno
+	}
+	off := 4 + unix.SizeofNlMsghdr
+	if flags&capped == 0 {
+		off = 4 + int(binary.NativeEndian.Uint32(data[4:8]))
+	}
+	off = (off + 3) &^ 3
+	if off > len(data) {
+		return errno
+	}
+	var text string
+	eachAttr(data[off:], func(t uint16, d []byte) {
+		if t == attrMsg {
+			for len(d) > 0 && d[len(d)-1] == 0 {
+				d = d[:len(d)-1]
+			}
+			text = string(d)
+		}
+	})
+	if text == "" {
+		return errno
+	}
+	return fmt.Errorf("%w (%s)", errno, text)
+}
+
+func (l *netlinkVIPLink) announce() (int, error) {
+	l.mu.Lock()
+	fd, ifindex, mac := l.pkt, l.ifindex, l.mac
+	// Hold the lock while sending so close cannot reuse the descriptor.
+	defer l.mu.Unlock()
+	if mac == nil || fd < 0 {
+		return 0, nil
+	}
+	addr := l.prefix.Addr()
+	sent := 0
+	send := func(proto uint16, dst net.HardwareAddr, p []byte) error {
+		sa := &unix.SockaddrLinklayer{Protocol: htons(proto), Ifindex: ifindex, Halen: 6}
+		copy(sa.Addr[:], dst)
+		if err := unix.Sendto(fd, p, 0, sa); err != nil {
+			return fmt.Errorf("send announcement on %s: %w", l.iface, err)
+		}
+		sent++
+		return nil
+	}
+	if addr.Is4() {
+		if err := send(unix.ETH_P_ARP, ethBroadcast, arpAnnouncement(arpOpRequest, mac, addr)); err != nil {
+			return sent, err
+		}
+		return sent, send(unix.ETH_P_ARP, ethBroadcast, arpAnnouncement(arpOpReply, mac, addr))
+	}
+	return sent, send(unix.ETH_P_IPV6, ethAllNodesV6, unsolicitedNA(mac, addr))
+}
+
+// htons puts v in network byte order, as sockaddr_ll wants its protocol.
+func htons(v uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], v)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func isNoDevice(err error) bool { return errors.Is(err, unix.ENODEV) }

@@ -1,0 +1,311 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/nsm/nsmtest"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// A client host is this test binary re-run inside a client namespace
+// (TestClientHostProcess). It serves a fake statd + portmapper on port 111
+// of its address, prints one line per SM_NOTIFY received, and performs
+// SM_MON / SM_STAT when the parent asks on stdin. The protocol is JSON
+// lines; the child's lines start with clientLinePrefix so that anything
+// else the test binary prints is ignored.
+
+const (
+	clientHostEnv    = "NSMD_E2E_CLIENT_HOST" // JSON clientHostConfig
+	clientLinePrefix = "E2E-CLIENT "
+)
+
+type clientHostConfig struct {
+	IP   string `json:"ip"`
+	Name string `json:"name"` // my_name in SM_MON
+}
+
+// clientCmd is a request from the parent.
+type clientCmd struct {
+	ID     int    `json:"id"`
+	Op     string `json:"op"`      // "mon" | "stat"
+	Addr   string `json:"addr"`    // server IP (the VIP); its port comes from its portmapper on 111
+	MyName string `json:"my_name"` // mon
+}
+
+// clientLine is an event or an answer from the child.
+type clientLine struct {
+	Ev string `json:"ev"` // "ready" | "notify" | "reply"
+	// notify
+	From    string `json:"from,omitempty"`
+	MonName string `json:"mon_name,omitempty"`
+	State   int32  `json:"state"`
+	AtNano  int64  `json:"at"`
+	// reply
+	ID   int    `json:"id,omitempty"`
+	Res  int32  `json:"res"`
+	Priv string `json:"priv,omitempty"`
+	Err  string `json:"err,omitempty"`
+}
+
+// TestClientHostProcess is not a test of its own: it is the client host
+// process of the multi-host tests, run by them inside a client namespace.
+func TestClientHostProcess(t *testing.T) {
+	raw := os.Getenv(clientHostEnv)
+	if raw == "" {
+		t.Skip("helper process of TestClusterFaultSchedules (runs inside a client namespace)")
+	}
+	var cfg clientHostConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		t.Fatalf("%s: %v", clientHostEnv, err)
+	}
+	var outMu sync.Mutex
+	emit := func(l clientLine) {
+		b, _ := json.Marshal(l)
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Fprintf(os.Stdout, "%s%s\n", clientLinePrefix, b)
+	}
+	h := nsmtest.StartHost(t, cfg.IP, oncrpc.PmapPort)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case n := <-h.Notified:
+				emit(clientLine{Ev: "notify", From: n.From.String(), MonName: n.Arg.MonName, State: n.Arg.State, AtNano: time.Now().UnixNano()})
+			case <-done:
+				return
+			}
+		}
+	}()
+	emit(clientLine{Ev: "ready", AtNano: time.Now().UnixNano()})
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() { // EOF: the parent is done with us
+		var c clientCmd
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			emit(clientLine{Ev: "reply", Err: fmt.Sprintf("bad command %q: %v", sc.Text(), err)})
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := clientDo(cfg, c)
+			l.Ev, l.ID, l.AtNano = "reply", c.ID, time.Now().UnixNano()
+			emit(l)
+		}()
+	}
+}
+
+// clientDo performs one request: the server's NSM port from its
+// portmapper (UDP, port 111), then the call over UDP.
+func clientDo(cfg clientHostConfig, c clientCmd) clientLine {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	rpcCfg := oncrpc.ClientConfig{Net: "udp", Timeout: 2 * time.Second, Retransmit: 200 * time.Millisecond}
+	port, err := oncrpc.NewPmapClient(c.Addr, rpcCfg).GetPort(ctx, nsm.Program.Prog, nsm.Program.Vers, oncrpc.IPProtoUDP)
+	if err != nil || port == 0 {
+		return clientLine{Err: fmt.Sprintf("portmapper GETPORT 100024/1/udp at %s: port %d, %v", c.Addr, port, err)}
+	}
+	rpcCfg.Addr = net.JoinHostPort(c.Addr, strconv.Itoa(int(port)))
+	rpcCfg.Timeout = 5 * time.Second
+	cl, err := oncrpc.Dial(ctx, rpcCfg)
+	if err != nil {
+		return clientLine{Err: err.Error()}
+	}
+	defer cl.Close()
+	var res nsm.SMStatRes
+	switch c.Op {
+	case "mon":
+		var priv [16]byte
+		rand.Read(priv[:])
+		mon := nsm.Mon{ID: nsm.MonID{MonName: cfg.IP, My: nsm.MyID{MyName: c.MyName, Prog: 100021, Vers: 3, Proc: 16}}, Priv: priv}
+		if err := cl.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil {
+			return clientLine{Err: fmt.Sprintf("SM_MON: %v", err)}
+		}
+		return clientLine{Res: int32(res.Res), State: res.State, Priv: hex.EncodeToString(priv[:])}
+	case "stat":
+		if err := cl.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, &nsm.SMName{MonName: cfg.IP}, &res); err != nil {
+			return clientLine{Err: fmt.Sprintf("SM_STAT: %v", err)}
+		}
+		return clientLine{Res: int32(res.Res), State: res.State}
+	}
+	return clientLine{Err: "unknown op " + c.Op}
+}
+
+// ---- parent side -------------------------------------------------------------
+
+// notice is one SM_NOTIFY a client host received.
+type notice struct {
+	from    netip.AddrPort
+	monName string
+	state   int32
+	at      time.Time
+}
+
+// clientHost is the parent's handle on one client host process.
+type clientHost struct {
+	host   *netHost
+	myName string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	wmu    sync.Mutex // one request line at a time
+	done   chan struct{}
+	ready  chan struct{}
+
+	mu      sync.Mutex
+	nextID  int
+	waiting map[int]chan clientLine
+	notices []notice
+	other   strings.Builder // lines that are not ours (test output), for failures
+}
+
+// startClientHost runs the client host process in h's namespace; it is
+// stopped (stdin closed, then SIGKILL by pid) when the test ends.
+func startClientHost(t *testing.T, h *netHost) *clientHost {
+	t.Helper()
+	c := &clientHost{host: h, myName: "client-" + h.name, done: make(chan struct{}), ready: make(chan struct{}), waiting: make(map[int]chan clientLine)}
+	cfg, _ := json.Marshal(clientHostConfig{IP: h.ip.String(), Name: c.myName})
+	c.cmd = exec.Command("ip", "netns", "exec", h.ns, os.Args[0], "-test.run", "^TestClientHostProcess$", "-test.count=1", "-test.v")
+	c.cmd.Env = append(os.Environ(), clientHostEnv+"="+string(cfg), "NSMD_BIN="+nsmdBin)
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	c.cmd.Stderr = clientOther{c}
+	stdout, err := c.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := startPinned(c.cmd); err != nil {
+		t.Fatalf("start client host %s: %v", h.name, err)
+	}
+	go c.read(stdout)
+	t.Cleanup(func() {
+		c.stdin.Close()
+		select {
+		case <-c.done:
+		case <-time.After(3 * time.Second):
+			c.cmd.Process.Signal(syscall.SIGKILL)
+			<-c.done
+		}
+		if t.Failed() {
+			t.Logf("client host %s output:\n%s", h.name, c.otherOutput())
+		}
+	})
+	select {
+	case <-c.ready:
+	case <-c.done:
+		t.Fatalf("client host %s exited before it was ready:\n%s", h.name, c.otherOutput())
+	case <-time.After(15 * time.Second):
+		t.Fatalf("client host %s not ready within 15s:\n%s", h.name, c.otherOutput())
+	}
+	return c
+}
+
+// clientOther collects the child's stderr and its unprefixed stdout.
+type clientOther struct{ c *clientHost }
+
+func (o clientOther) Write(p []byte) (int, error) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	return o.c.other.Write(p)
+}
+
+func (c *clientHost) otherOutput() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.other.String()
+}
+
+func (c *clientHost) read(r io.Reader) {
+	defer func() {
+		c.cmd.Wait()
+		close(c.done)
+	}()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, clientLinePrefix)
+		if !ok {
+			clientOther{c}.Write([]byte(line + "\n"))
+			continue
+		}
+		var l clientLine
+		if err := json.Unmarshal([]byte(rest), &l); err != nil {
+			clientOther{c}.Write([]byte("unparsable: " + line + "\n"))
+			continue
+		}
+		switch l.Ev {
+		case "ready":
+			close(c.ready)
+		case "notify":
+			from, _ := netip.ParseAddrPort(l.From)
+			c.mu.Lock()
+			c.notices = append(c.notices, notice{from: from, monName: l.MonName, state: l.State, at: time.Unix(0, l.AtNano)})
+			c.mu.Unlock()
+		case "reply":
+			c.mu.Lock()
+			ch := c.waiting[l.ID]
+			delete(c.waiting, l.ID)
+			c.mu.Unlock()
+			if ch != nil {
+				ch <- l
+			}
+		}
+	}
+}
+
+// do sends a request and waits for its answer.
+func (c *clientHost) do(cmd clientCmd, timeout time.Duration) (clientLine, error) {
+	ch := make(chan clientLine, 1)
+	c.mu.Lock()
+	c.nextID++
+	cmd.ID = c.nextID
+	c.waiting[cmd.ID] = ch
+	c.mu.Unlock()
+	b, _ := json.Marshal(cmd)
+	c.wmu.Lock()
+	_, err := c.stdin.Write(append(b, '\n'))
+	c.wmu.Unlock()
+	if err != nil {
+		return clientLine{}, fmt.Errorf("client host %s: send %s: %w", c.host.name, cmd.Op, err)
+	}
+	select {
+	case l := <-ch:
+		if l.Err != "" {
+			return l, fmt.Errorf("client host %s: %s", c.host.name, l.Err)
+		}
+		return l, nil
+	case <-c.done:
+		return clientLine{}, fmt.Errorf("client host %s exited", c.host.name)
+	case <-time.After(timeout):
+		return clientLine{}, fmt.Errorf("client host %s: no answer to %s within %v", c.host.name, cmd.Op, timeout)
+	}
+}
+
+// Notices returns every SM_NOTIFY received so far.
+func (c *clientHost) Notices() []notice {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]notice(nil), c.notices...)
+}
