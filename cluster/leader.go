@@ -92,7 +92,7 @@ func (n *Node) lead(ctx context.Context) {
 	n.wakeWriters()
 	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
 	n.metrics.takeovers.Inc()
-	if n.cfg.VIP != nil && !n.acquireVIP(ctx, lastContact) {
+	if n.cfg.VIP != nil && !n.acquireVIP(ctx, lastContact, start) {
 		return
 	}
 	if n.cfg.OnLeader != nil {

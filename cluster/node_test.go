@@ -194,3 +194,37 @@ func BenchmarkMonitor(b *testing.B) {
 		})
 	}
 }
+
+// fixedVIP is a FloatingAddr with a lifetime and nothing behind it.
+type fixedVIP struct{ life time.Duration }
+
+func (fixedVIP) Acquire(context.Context) error { return nil }
+func (fixedVIP) Release() error                { return nil }
+func (fixedVIP) Held() bool                    { return false }
+func (f fixedVIP) Lifetime() time.Duration     { return f.life }
+
+// TestVIPWaitCoversThePreviousHoldersLifetime (invariant 3): the new
+// leader may take the VIP only after lease + lifetime + margin from the
+// later of its last contact with the old leader and its election minus the
+// heartbeat timeout (the asymmetric cut), and never before its own start.
+func TestVIPWaitCoversThePreviousHoldersLifetime(t *testing.T) {
+	t0 := time.Date(2026, 11, 22, 5, 0, 0, 0, time.UTC)
+	n := &Node{started: t0, cfg: Config{VIP: fixedVIP{2 * time.Second}, LeaderLeaseTimeout: 250 * time.Millisecond, HeartbeatTimeout: 500 * time.Millisecond}}
+	wait := 250*time.Millisecond + 2*time.Second + vipMargin
+	for name, tc := range map[string]struct {
+		lastContact, elected time.Time
+		want                 time.Time
+	}{
+		"symmetric: last contact is later": {t0.Add(10 * time.Second), t0.Add(10*time.Second + 600*time.Millisecond), t0.Add(10*time.Second + 100*time.Millisecond + wait)},
+		"asymmetric: cut long before":      {t0.Add(2 * time.Second), t0.Add(30 * time.Second), t0.Add(29*time.Second + 500*time.Millisecond + wait)},
+		"never heard of a leader":          {time.Time{}, t0.Add(100 * time.Millisecond), t0.Add(wait)},
+	} {
+		if got := n.vipNotBefore(tc.lastContact, tc.elected); !got.Equal(tc.want) {
+			t.Errorf("%s: not before %v, want %v", name, got.Sub(t0), tc.want.Sub(t0))
+		}
+	}
+	n.cfg.VIP = fixedVIP{0}
+	if got := n.vipNotBefore(t0, t0); !got.IsZero() {
+		t.Errorf("lifetime 0 (socket VIP): wait until %v, want no wait", got)
+	}
+}

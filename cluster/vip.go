@@ -24,15 +24,22 @@ type FloatingAddr interface {
 
 // vipNotBefore is when this new leader may take the VIP: only once a
 // previous holder's address must have expired by itself. The previous
-// leader renewed it at most until its lease ran out after our last contact
-// with it, and the kernel keeps it for Lifetime after the last renewal; a
-// node that never heard from a leader counts from its own start.
-func (n *Node) vipNotBefore(lastContact time.Time) time.Time {
+// leader renews it until its lease runs out after its last contact with a
+// quorum, and the kernel keeps it for Lifetime after the last renewal.
+// That last quorum contact is no later than the later of (a) our own last
+// contact with it and (b) our election minus the heartbeat timeout: the
+// voter that elected us had not heard from it for that long (with an
+// asymmetric cut, (b) is the later one). A node that never heard from a
+// leader counts from its own start.
+func (n *Node) vipNotBefore(lastContact, elected time.Time) time.Time {
 	life := n.cfg.VIP.Lifetime()
 	if life == 0 {
 		return time.Time{}
 	}
 	base := lastContact
+	if v := elected.Add(-n.cfg.HeartbeatTimeout); v.After(base) {
+		base = v
+	}
 	if base.IsZero() || base.Before(n.started) {
 		base = n.started
 	}
@@ -47,8 +54,8 @@ const vipMargin = time.Second
 
 // acquireVIP waits out a previous holder's lifetime, then takes the VIP,
 // retrying until it works or leadership ends.
-func (n *Node) acquireVIP(ctx context.Context, lastContact time.Time) bool {
-	if wait := time.Until(n.vipNotBefore(lastContact)); wait > 0 {
+func (n *Node) acquireVIP(ctx context.Context, lastContact, elected time.Time) bool {
+	if wait := time.Until(n.vipNotBefore(lastContact, elected)); wait > 0 {
 		n.log.Info("waiting for a previous holder's VIP lifetime to run out", "wait", wait.Round(time.Millisecond))
 		t := time.NewTimer(wait)
 		select {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -37,7 +38,11 @@ func TestClusterFaultSchedules(t *testing.T) {
 	var report []string
 	t.Run("1-sigkill-leader-x5", func(t *testing.T) {
 		var times []time.Duration
-		for run := 1; run <= 5; run++ {
+		runs := 5 // NSMD_E2E_KILL_RUNS=20 for the closing-note distribution
+		if v, err := strconv.Atoi(os.Getenv("NSMD_E2E_KILL_RUNS")); err == nil && v > 0 {
+			runs = v
+		}
+		for run := 1; run <= runs; run++ {
 			leader, st := c.restore(t)
 			m := c.watch.Mark()
 			c.monAll(t, leader, c.nextTag("kill"))
