@@ -185,40 +185,8 @@ func startClientHost(t *testing.T, h *netHost) *clientHost {
 	t.Helper()
 	c := &clientHost{host: h, myName: "client-" + h.name, done: make(chan struct{}), ready: make(chan struct{}), waiting: make(map[int]chan clientLine)}
 	cfg, _ := json.Marshal(clientHostConfig{IP: h.ip.String(), Name: c.myName})
-	c.cmd = exec.Command("ip", "netns", "exec", h.ns, os.Args[0], "-test.run", "^TestClientHostProcess$", "-test.count=1", "-test.v")
-	c.cmd.Env = append(os.Environ(), clientHostEnv+"="+string(cfg), "NSMD_BIN="+nsmdBin)
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	c.cmd.Stderr = clientOther{c}
-	stdout, err := c.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := startPinned(c.cmd); err != nil {
-		t.Fatalf("start client host %s: %v", h.name, err)
-	}
-	go c.read(stdout)
-	t.Cleanup(func() {
-		c.stdin.Close()
-		select {
-		case <-c.done:
-		case <-time.After(3 * time.Second):
-			c.cmd.Process.Signal(syscall.SIGKILL)
-			<-c.done
-		}
-		if t.Failed() {
-			t.Logf("client host %s output:\n%s", h.name, c.otherOutput())
-		}
-	})
-	select {
-	case <-c.ready:
-	case <-c.done:
-		t.Fatalf("client host %s exited before it was ready:\n%s", h.name, c.otherOutput())
-	case <-time.After(15 * time.Second):
-		t.Fatalf("client host %s not ready within 15s:\n%s", h.name, c.otherOutput())
-	}
+	c.cmd, c.stdin = spawnChild(t, h, "client host "+h.name, "TestClientHostProcess", clientHostEnv, cfg,
+		clientOther{c}, c.read, c.otherOutput, c.ready, c.done)
 	return c
 }
 
@@ -308,4 +276,49 @@ func (c *clientHost) Notices() []notice {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]notice(nil), c.notices...)
+}
+
+// spawnChild re-runs this test binary's testName inside h's namespace with
+// env key=cfg, feeds its stdout to read (which must close done at EOF and
+// ready when the child says so), stops it at test end (stdin closed, then
+// SIGKILL after 3 s), and waits until it is ready.
+func spawnChild(t *testing.T, h *netHost, what, testName, key string, cfg []byte, stderr io.Writer,
+	read func(io.Reader), output func() string, ready, done chan struct{}) (*exec.Cmd, io.WriteCloser) {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", h.ns, os.Args[0], "-test.run", "^"+testName+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), key+"="+string(cfg), "NSMD_BIN="+nsmdBin)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := startPinned(cmd); err != nil {
+		t.Fatalf("start %s: %v", what, err)
+	}
+	go read(stdout)
+	t.Cleanup(func() {
+		stdin.Close()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", what, output())
+		}
+	})
+	select {
+	case <-ready:
+	case <-done:
+		t.Fatalf("%s exited before it was ready:\n%s", what, output())
+	case <-time.After(15 * time.Second):
+		t.Fatalf("%s not ready within 15s:\n%s", what, output())
+	}
+	return cmd, stdin
 }
