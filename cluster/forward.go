@@ -27,6 +27,10 @@ var ForwardProgram = oncrpc.ProgVers{Prog: 0x204e534d, Vers: 1}
 const (
 	fwdProcNull  uint32 = 0
 	fwdProcApply uint32 = 1
+	// fwdProcVIPHeld: void → bool, whether this node holds the VIP now
+	// (the kernel's view for a netlink VIP) or still believes it leads
+	// (it could be about to take it).
+	fwdProcVIPHeld uint32 = 2
 )
 
 // Forward result statuses.
@@ -109,6 +113,9 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 	case fwdProcNull:
 		return nil
 	case fwdProcApply:
+	case fwdProcVIPHeld:
+		res.Bool(n.VIPHeld() || n.raft.State() == raft.Leader)
+		return nil
 	default:
 		return oncrpc.ErrProcUnavail
 	}
@@ -287,7 +294,12 @@ func (n *Node) observeLeader() {
 	defer n.raft.DeregisterObserver(obs)
 	for {
 		select {
-		case <-ch:
+		case o := <-ch:
+			if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" && string(lo.LeaderID) != n.cfg.NodeID {
+				n.lcMu.Lock()
+				n.prevLeader = string(lo.LeaderID)
+				n.lcMu.Unlock()
+			}
 			n.wakeWriters()
 		case <-n.ctx.Done():
 			return
@@ -302,4 +314,60 @@ func (n *Node) wakeWriters() {
 	close(n.lcCh)
 	n.lcCh = make(chan struct{})
 	n.lcMu.Unlock()
+}
+
+// boolRes decodes an XDR bool result.
+type boolRes struct{ V bool }
+
+func (b *boolRes) UnmarshalXDR(r *oncrpc.Reader) error {
+	b.V = r.Bool()
+	return r.Err()
+}
+
+// previousHolderReleased asks the last leader this node followed whether
+// it still holds the VIP. Only a clear "no" from it counts: a leader that
+// stepped down in a planned way (transfer, SIGTERM) deleted the address
+// before it stopped leading, so the new one need not wait for its
+// lifetime. A dead, stopped or cut-off one cannot answer, and then the
+// caller waits as usual.
+func (n *Node) previousHolderReleased(ctx context.Context) (string, bool) {
+	n.lcMu.Lock()
+	prev := n.prevLeader
+	n.lcMu.Unlock()
+	if prev == "" || prev == n.cfg.NodeID {
+		return prev, false
+	}
+	addr := ""
+	if n.member != nil {
+		addr, _ = n.member.nsmAddr(prev)
+	}
+	if addr == "" {
+		addr = n.cfg.PeerNSMAddrs[prev]
+	}
+	if addr == "" {
+		return prev, false
+	}
+	// Right after a transfer the old leader may not have stepped down yet:
+	// ask again for up to a second while it still says "held".
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		return prev, false
+	}
+	defer c.Close()
+	for {
+		var held boolRes
+		if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
+			return prev, false
+		}
+		if !held.V {
+			return prev, true
+		}
+		select {
+		case <-ctx.Done():
+			return prev, false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

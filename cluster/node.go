@@ -177,6 +177,8 @@ type Node struct {
 	fwd  forwarder
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change
+	// prevLeader is the last other node seen leading (for the VIP hand-over).
+	prevLeader string
 
 	mu       sync.Mutex
 	leading  bool

@@ -56,7 +56,14 @@ const vipMargin = 1250 * time.Millisecond
 // acquireVIP waits out a previous holder's lifetime, then takes the VIP,
 // retrying until it works or leadership ends.
 func (n *Node) acquireVIP(ctx context.Context, lastContact, elected time.Time) bool {
-	if wait := time.Until(n.vipNotBefore(lastContact, elected)); wait > 0 {
+	wait := time.Until(n.vipNotBefore(lastContact, elected))
+	if wait > 0 {
+		if prev, released := n.previousHolderReleased(ctx); released {
+			n.log.Info("previous leader reports the VIP released; taking it at once", "previous", prev)
+			wait = 0
+		}
+	}
+	if wait > 0 {
 		n.log.Info("waiting for a previous holder's VIP lifetime to run out", "wait", wait.Round(time.Millisecond))
 		t := time.NewTimer(wait)
 		select {
