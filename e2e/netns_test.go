@@ -72,5 +72,12 @@ func inNetns(t *testing.T) bool {
 		t.Skipf("child skipped:\n%s", text)
 	}
 	t.Logf("passed inside netns %s", name)
+	if testing.Verbose() {
+		for _, l := range strings.Split(text, "\n") {
+			if strings.Contains(l, ".go:") && !strings.Contains(l, "level=") {
+				t.Log(strings.TrimSpace(l))
+			}
+		}
+	}
 	return false
 }
