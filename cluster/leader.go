@@ -132,10 +132,10 @@ func (n *Node) notify(ctx context.Context, state int32) {
 		n.log.Error("cannot start notifier", "err", err)
 		return
 	}
-	n.mu.Lock()
-	n.notifier = nt
-	n.mu.Unlock()
 	targets := n.fsm.Targets()
+	n.mu.Lock()
+	n.notifier, n.notifyState, n.notifyTargets = nt, state, len(targets)
+	n.mu.Unlock()
 	n.log.Info("notifying monitored hosts", "hosts", len(targets), "sm_state", state)
 	sum := nt.Run(ctx, state, targets)
 	n.log.Info("notify finished", "summary", sum)

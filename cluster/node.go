@@ -180,9 +180,11 @@ type Node struct {
 	// prevLeader is the last other node seen leading (for the VIP hand-over).
 	prevLeader string
 
-	mu       sync.Mutex
-	leading  bool
-	notifier *nsm.Notifier
+	mu            sync.Mutex
+	leading       bool
+	notifier      *nsm.Notifier
+	notifyState   int32 // sm_state the current (or last) fan-out sends
+	notifyTargets int   // hosts it was started with
 
 	started time.Time
 
@@ -425,6 +427,14 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 
 // IsLeader reports whether this node leads.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// NotifyRun says which sm_state the current (or last) SM_NOTIFY fan-out
+// of this node sends and to how many hosts (0, 0 before the first).
+func (n *Node) NotifyRun() (state int32, targets int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.notifyState, n.notifyTargets
+}
 
 // NotifyProgress reports the current (or last) notifier's progress.
 func (n *Node) NotifyProgress() (pending, done, failed int) {

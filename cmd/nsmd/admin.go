@@ -37,9 +37,11 @@ type Status struct {
 
 // NotifyProgress is the SM_NOTIFY fan-out progress of the current leader term.
 type NotifyProgress struct {
-	Pending int `json:"pending"`
-	Done    int `json:"done"`
-	Failed  int `json:"failed"`
+	Pending int   `json:"pending"`
+	Done    int   `json:"done"`
+	Failed  int   `json:"failed"`
+	Targets int   `json:"targets"` // hosts the fan-out started with
+	State   int32 `json:"state"`   // sm_state it sends
 }
 
 // RegistrationJSON is one row of GET /v1/registrations.
@@ -85,6 +87,7 @@ func (a *agent) status() Status {
 		s.GraceUntil = &g
 	}
 	s.Notify.Pending, s.Notify.Done, s.Notify.Failed = a.node.NotifyProgress()
+	s.Notify.State, s.Notify.Targets = a.node.NotifyRun()
 	s.LastHookFailure = a.hooks.lastFailure()
 	return s
 }

@@ -840,14 +840,11 @@ func (d *drill) run(ctx context.Context, n int, leader drillNode) (drillRun, err
 	return r, nil
 }
 
-// notifyDone: the leader committed the new state and its fan-out has
-// nothing pending. With registrations, at least one host must have been
-// settled (so a notifier that has not started yet is not taken for done).
+// notifyDone: the leader's fan-out for the new state has settled every
+// host it started with.
 func notifyDone(s Status, newState int32) bool {
-	if s.Role != "leader" || s.SMState < newState || s.Notify.Pending != 0 {
-		return false
-	}
-	return s.Registrations == 0 || s.Notify.Done+s.Notify.Failed > 0
+	return s.Role == "leader" && s.Notify.State >= newState && s.Notify.Pending == 0 &&
+		s.Notify.Done+s.Notify.Failed == s.Notify.Targets
 }
 
 func (d *drill) milestoneNote(r *drillRun, i int) string {
