@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,32 +52,11 @@ func TestAccessControlParityWithRealStatd(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	statdBin, rpcbindBin := lookTool(t, "rpc.statd"), lookTool(t, "rpcbind")
 	if out, err := exec.Command("ip", "addr", "add", "10.77.6.1/32", "dev", "lo").CombinedOutput(); err != nil {
 		t.Fatalf("add a non-loopback caller address: %v %s", err, out)
 	}
-	rb := exec.Command(rpcbindBin, "-f", "-w")
-	if err := rb.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { rb.Process.Kill(); rb.Wait() }()
-	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 300 * time.Millisecond})
-	waitFor(t, 5*time.Second, "rpcbind", func() (bool, string) { _, err := pm.Dump(context.Background()); return err == nil, "" })
-	dir := t.TempDir()
-	for _, sub := range []string{"sm", "sm.bak"} {
-		os.Mkdir(filepath.Join(dir, sub), 0o700)
-	}
-	statd := exec.Command(statdBin, "-F", "-L", "-P", dir)
-	if err := statd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { statd.Process.Kill(); statd.Wait() }()
-	var statdPort uint16
-	waitFor(t, 5*time.Second, "rpc.statd registered", func() (bool, string) {
-		p, err := pm.GetPort(context.Background(), 100024, 1, oncrpc.IPProtoTCP)
-		statdPort = p
-		return err == nil && p != 0, ""
-	})
+	rs := startRealStatd(t)
+	statdPort := rs.port
 	nsmdPort := freePort(t, "127.0.0.1")
 	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
 	startNsmd(t, agentArgs(t, t.TempDir(), net.JoinHostPort("0.0.0.0", strconv.Itoa(nsmdPort)), admin, freePort(t, "127.0.0.1"), 111)...)
@@ -128,6 +108,63 @@ func TestAccessControlParityWithRealStatd(t *testing.T) {
 			t.Errorf("%s: rpc.statd %q, nsmd %q, want both %q", tc.name, got["rpc.statd"], got["nsmd"], tc.expect)
 		} else {
 			t.Logf("%-36s both: %s", tc.name, got["nsmd"])
+		}
+	}
+}
+
+// realStatd is the Debian rpc.statd with its own rpcbind, in the calling
+// test's private namespace (see inNetns).
+type realStatd struct {
+	dir   string // its state directory (sm/, sm.bak/, state)
+	port  uint16 // its TCP port, from rpcbind
+	log   *lockedBuffer
+	cmd   *exec.Cmd
+	rpcbd *exec.Cmd
+}
+
+// startRealStatd starts rpcbind and `rpc.statd -F -d -L -P DIR`, waits
+// until statd is registered, and stops both when the test ends (or
+// earlier with stop). It logs statd's output if the test failed.
+func startRealStatd(t *testing.T) *realStatd {
+	t.Helper()
+	statdBin, rpcbindBin := lookTool(t, "rpc.statd"), lookTool(t, "rpcbind")
+	rs := &realStatd{dir: t.TempDir(), log: &lockedBuffer{}}
+	rs.rpcbd = exec.Command(rpcbindBin, "-f", "-w")
+	if err := rs.rpcbd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 300 * time.Millisecond})
+	waitFor(t, 5*time.Second, "rpcbind", func() (bool, string) { _, err := pm.Dump(context.Background()); return err == nil, "" })
+	for _, sub := range []string{"sm", "sm.bak"} { // statd does not create them
+		if err := os.Mkdir(filepath.Join(rs.dir, sub), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs.cmd = exec.Command(statdBin, "-F", "-d", "-L", "-P", rs.dir)
+	rs.cmd.Stdout, rs.cmd.Stderr = rs.log, rs.log
+	if err := rs.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rs.stop()
+		if t.Failed() {
+			t.Logf("rpc.statd log:\n%s", rs.log)
+		}
+	})
+	waitFor(t, 5*time.Second, "rpc.statd registered", func() (bool, string) {
+		p, err := pm.GetPort(context.Background(), 100024, 1, oncrpc.IPProtoTCP)
+		rs.port = p
+		return err == nil && p != 0, ""
+	})
+	return rs
+}
+
+// stop ends statd (SIGTERM: it unregisters and exits) and rpcbind.
+func (rs *realStatd) stop() {
+	for _, c := range []*exec.Cmd{rs.cmd, rs.rpcbd} {
+		if c.Process != nil && c.ProcessState == nil {
+			c.Process.Signal(syscall.SIGTERM)
+			c.Wait()
 		}
 	}
 }

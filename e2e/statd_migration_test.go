@@ -9,13 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
-	"github.com/nsmd/nsmd/oncrpc"
 )
 
 // TestMigrationFromRealStatdAndBackToRealSmNotify, in a private network and
@@ -29,45 +27,15 @@ func TestMigrationFromRealStatdAndBackToRealSmNotify(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	statdBin, rpcbindBin, smNotify := lookTool(t, "rpc.statd"), lookTool(t, "rpcbind"), lookTool(t, "sm-notify")
+	smNotify := lookTool(t, "sm-notify")
 	// The monitored client host lives at 10.77.5.5 inside this namespace.
 	if out, err := exec.Command("ip", "addr", "add", "10.77.5.5/32", "dev", "lo").CombinedOutput(); err != nil {
 		t.Fatalf("add client address: %v %s", err, out)
 	}
 
 	// 1. The real rpc.statd takes an SM_MON, as Linux lockd sends it.
-	rb := exec.Command(rpcbindBin, "-f", "-w")
-	if err := rb.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { rb.Process.Kill(); rb.Wait() }()
-	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 300 * time.Millisecond})
-	waitFor(t, 5*time.Second, "rpcbind", func() (bool, string) { _, err := pm.Dump(context.Background()); return err == nil, "" })
-	statdDir := t.TempDir()
-	for _, sub := range []string{"sm", "sm.bak"} { // statd does not create them
-		if err := os.Mkdir(filepath.Join(statdDir, sub), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	statd := exec.Command(statdBin, "-F", "-d", "-L", "-P", statdDir)
-	statdLog := &lockedBuffer{}
-	statd.Stdout, statd.Stderr = statdLog, statdLog
-	if err := statd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		statd.Process.Kill()
-		statd.Wait()
-		if t.Failed() {
-			t.Logf("rpc.statd log:\n%s", statdLog)
-		}
-	}()
-	var statdPort uint16
-	waitFor(t, 5*time.Second, "rpc.statd registered", func() (bool, string) {
-		p, err := pm.GetPort(context.Background(), 100024, 1, oncrpc.IPProtoTCP)
-		statdPort = p
-		return err == nil && p != 0, ""
-	})
+	rs := startRealStatd(t)
+	statdDir, statdPort := rs.dir, rs.port
 	priv := [16]byte{0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	c := dialNSM(t, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(statdPort))))
 	mon := nsm.Mon{ID: nsm.MonID{MonName: "10.77.5.5", My: nsm.MyID{MyName: "nfs-old", Prog: 100021, Vers: 3, Proc: 16}}, Priv: priv}
@@ -76,10 +44,7 @@ func TestMigrationFromRealStatdAndBackToRealSmNotify(t *testing.T) {
 		t.Fatalf("SM_MON to the real rpc.statd: %+v %v", res, err)
 	}
 	statdState := res.State
-	statd.Process.Signal(syscall.SIGTERM)
-	statd.Wait()
-	rb.Process.Kill()
-	rb.Wait()
+	rs.stop() // frees port 111 for the client host below
 
 	// 2. Import into a running nsmd node.
 	port := freePort(t, "127.0.0.1")
