@@ -176,7 +176,7 @@ type clientHost struct {
 	nextID  int
 	waiting map[int]chan clientLine
 	notices []notice
-	other   strings.Builder // lines that are not ours (test output), for failures
+	log     childLog // lines that are not ours (test output), for failures
 }
 
 // startClientHost runs the client host process in h's namespace; it is
@@ -186,23 +186,8 @@ func startClientHost(t *testing.T, h *netHost) *clientHost {
 	c := &clientHost{host: h, myName: "client-" + h.name, done: make(chan struct{}), ready: make(chan struct{}), waiting: make(map[int]chan clientLine)}
 	cfg, _ := json.Marshal(clientHostConfig{IP: h.ip.String(), Name: c.myName})
 	c.cmd, c.stdin = spawnChild(t, h, "client host "+h.name, "TestClientHostProcess", clientHostEnv, cfg,
-		clientOther{c}, c.read, c.otherOutput, c.ready, c.done)
+		&c.log, c.read, c.log.String, c.ready, c.done)
 	return c
-}
-
-// clientOther collects the child's stderr and its unprefixed stdout.
-type clientOther struct{ c *clientHost }
-
-func (o clientOther) Write(p []byte) (int, error) {
-	o.c.mu.Lock()
-	defer o.c.mu.Unlock()
-	return o.c.other.Write(p)
-}
-
-func (c *clientHost) otherOutput() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.other.String()
 }
 
 func (c *clientHost) read(r io.Reader) {
@@ -210,19 +195,7 @@ func (c *clientHost) read(r io.Reader) {
 		c.cmd.Wait()
 		close(c.done)
 	}()
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, clientLinePrefix)
-		if !ok {
-			clientOther{c}.Write([]byte(line + "\n"))
-			continue
-		}
-		var l clientLine
-		if err := json.Unmarshal([]byte(rest), &l); err != nil {
-			clientOther{c}.Write([]byte("unparsable: " + line + "\n"))
-			continue
-		}
+	scanChild(r, clientLinePrefix, &c.log, func(l clientLine) {
 		switch l.Ev {
 		case "ready":
 			close(c.ready)
@@ -240,6 +213,48 @@ func (c *clientHost) read(r io.Reader) {
 				ch <- l
 			}
 		}
+	})
+}
+
+// childLog keeps a child's stderr and unprefixed stdout (up to 1 MiB),
+// shown when a test fails.
+type childLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *childLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len() < 1<<20 {
+		l.b.Write(p)
+	}
+	return len(p), nil
+}
+
+func (l *childLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// scanChild reads a child's stdout: lines starting with prefix carry one
+// JSON-encoded T each and go to handle; everything else goes to log.
+func scanChild[T any](r io.Reader, prefix string, log io.Writer, handle func(T)) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, prefix)
+		if !ok {
+			fmt.Fprintln(log, line)
+			continue
+		}
+		var v T
+		if err := json.Unmarshal([]byte(rest), &v); err != nil {
+			fmt.Fprintln(log, "unparsable:", line)
+			continue
+		}
+		handle(v)
 	}
 }
 

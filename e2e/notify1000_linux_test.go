@@ -232,22 +232,7 @@ type manyHosts struct {
 	mu      sync.Mutex
 	acks    []manyLine
 	notices []manyNotice
-	other   strings.Builder
-}
-
-func (m *manyHosts) Write(p []byte) (int, error) { // stderr and unprefixed stdout
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.other.Len() < 1<<20 {
-		m.other.Write(p)
-	}
-	return len(p), nil
-}
-
-func (m *manyHosts) otherOutput() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.other.String()
+	log     childLog
 }
 
 func (m *manyHosts) read(r io.Reader) {
@@ -255,19 +240,7 @@ func (m *manyHosts) read(r io.Reader) {
 		m.cmd.Wait()
 		close(m.done)
 	}()
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, manyLinePrefix)
-		if !ok {
-			m.Write([]byte(line + "\n"))
-			continue
-		}
-		var l manyLine
-		if err := json.Unmarshal([]byte(rest), &l); err != nil {
-			m.Write([]byte("unparsable: " + line + "\n"))
-			continue
-		}
+	scanChild(r, manyLinePrefix, &m.log, func(l manyLine) {
 		switch l.Ev {
 		case "ready":
 			close(m.ready)
@@ -283,7 +256,7 @@ func (m *manyHosts) read(r io.Reader) {
 			m.notices = append(m.notices, manyNotice{to: l.To, from: from, monName: l.MonName, state: l.State, at: time.Unix(0, l.At)})
 			m.mu.Unlock()
 		}
-	}
+	})
 }
 
 func (m *manyHosts) Notices() []manyNotice {
@@ -337,7 +310,7 @@ func startManyHosts(t *testing.T, h *netHost, subnet string, count int) *manyHos
 		cfg: manyHostsConfig{Primary: h.ip.String(), Name: "many-" + h.name, Subnet: subnet, Count: count}}
 	raw, _ := json.Marshal(m.cfg)
 	m.cmd, m.stdin = spawnChild(t, h, "hosts process "+h.name, "TestManyHostsProcess", manyHostsEnv, raw,
-		m, m.read, m.otherOutput, m.ready, m.done)
+		&m.log, m.read, m.log.String, m.ready, m.done)
 	return m
 }
 
@@ -434,7 +407,7 @@ func TestNotify1000(t *testing.T) {
 				t.Fatalf("%s: %d of %d SM_MON answered stat_succ: %s", m.host.name, l.OK, manyPerNS, l.Err)
 			}
 		case <-m.done:
-			t.Fatalf("hosts process %s exited:\n%s", m.host.name, m.otherOutput())
+			t.Fatalf("hosts process %s exited:\n%s", m.host.name, m.log.String())
 		case <-time.After(90 * time.Second):
 			t.Fatalf("%s: SM_MONs not all answered within 90s", m.host.name)
 		}
