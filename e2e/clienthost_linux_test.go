@@ -300,8 +300,19 @@ func (c *clientHost) Notices() []notice {
 func spawnChild(t *testing.T, h *netHost, what, testName, key string, cfg []byte, stderr io.Writer,
 	read func(io.Reader), output func() string, ready, done chan struct{}) (*exec.Cmd, io.WriteCloser) {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", h.ns, os.Args[0], "-test.run", "^"+testName+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), key+"="+string(cfg), "NSMD_BIN="+nsmdBin)
+	return spawnChildWrapped(t, h, nil, nil, what, testName, key, cfg, stderr, read, output, ready, done)
+}
+
+// spawnChildWrapped is spawnChild with a wrapper command between `ip netns
+// exec NS` and the test binary (it must exec it: the pid we hold is then
+// the child's own) and extra environment.
+func spawnChildWrapped(t *testing.T, h *netHost, wrap, env []string, what, testName, key string, cfg []byte, stderr io.Writer,
+	read func(io.Reader), output func() string, ready, done chan struct{}) (*exec.Cmd, io.WriteCloser) {
+	t.Helper()
+	args := append([]string{"netns", "exec", h.ns}, wrap...)
+	args = append(args, os.Args[0], "-test.run", "^"+testName+"$", "-test.count=1", "-test.v")
+	cmd := exec.Command("ip", args...)
+	cmd.Env = append(append(os.Environ(), env...), key+"="+string(cfg), "NSMD_BIN="+nsmdBin)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()

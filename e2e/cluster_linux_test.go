@@ -92,6 +92,7 @@ type nsmNode struct {
 
 // e2eCluster is the running multi-host setup.
 type e2eCluster struct {
+	spec    clusterSpec
 	top     *topology
 	nodes   []*nsmNode
 	clients []*clientHost
@@ -113,15 +114,36 @@ type ackedMon struct {
 	state                 int32
 }
 
-// startCluster builds the topology and starts the nodes, the client hosts
-// and the VIP watcher; everything is stopped and removed when t ends.
+// clusterSpec varies the multi-host setup.
+type clusterSpec struct {
+	clients int // client hosts on the bridge
+	// fakeClients runs the fake client statd (TestClientHostProcess) on
+	// every client host; without it the test brings its own.
+	fakeClients bool
+	// realRpcbind runs the Debian rpcbind in every node's namespace (with
+	// its own private /run) and nsmd registers with it (--rpcbind
+	// register) instead of serving the embedded portmapper.
+	realRpcbind bool
+	// beforeNodes runs once the topology exists, before anything starts
+	// in it (packet captures).
+	beforeNodes func(*topology)
+}
+
+// startCluster is the default setup: three fake client hosts, nsmd's
+// embedded portmapper.
 func startCluster(t *testing.T) *e2eCluster {
+	return startClusterWith(t, clusterSpec{clients: clusterClients, fakeClients: true})
+}
+
+// startClusterWith builds the topology and starts the nodes, the client
+// hosts and the VIP watcher; everything is stopped and removed when t ends.
+func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 	t.Helper()
-	c := &e2eCluster{vipMode: "netlink", vip: netip.MustParseAddr(vipString), acked: make(map[string]ackedMon)}
+	c := &e2eCluster{spec: spec, vipMode: "netlink", vip: netip.MustParseAddr(vipString), acked: make(map[string]ackedMon)}
 	if m := os.Getenv("NSMD_E2E_VIP_MODE"); m != "" {
 		c.vipMode = m
 	}
-	c.top = newTopology(t, clusterNodes, clusterClients)
+	c.top = newTopology(t, clusterNodes, spec.clients)
 	logDir := t.TempDir()
 	for _, h := range c.top.nodes {
 		c.nodes = append(c.nodes, &nsmNode{
@@ -147,11 +169,21 @@ func startCluster(t *testing.T) *e2eCluster {
 			}
 		}
 	})
+	if spec.beforeNodes != nil {
+		spec.beforeNodes(c.top)
+	}
+	if spec.realRpcbind {
+		for _, n := range c.nodes {
+			startRealRpcbind(t, n.host)
+		}
+	}
 	for _, n := range c.nodes {
 		n.start(t)
 	}
-	for _, h := range c.top.hosts {
-		c.clients = append(c.clients, startClientHost(t, h))
+	if spec.fakeClients {
+		for _, h := range c.top.hosts {
+			c.clients = append(c.clients, startClientHost(t, h))
+		}
 	}
 	return c
 }
@@ -161,6 +193,10 @@ func (n *nsmNode) agentArgs() []string {
 	var join []string
 	for _, h := range n.c.top.nodes {
 		join = append(join, net.JoinHostPort(h.ip.String(), strconv.Itoa(gossipPort)))
+	}
+	rpcbindMode := "embedded"
+	if n.c.spec.realRpcbind {
+		rpcbindMode = "register"
 	}
 	args := []string{"agent",
 		"--node-id", n.id,
@@ -174,7 +210,7 @@ func (n *nsmNode) agentArgs() []string {
 		"--join", strings.Join(join, ","),
 		"--notify-name", notifyName,
 		"--trusted-callers", topoNet + ".0/24",
-		"--rpcbind", "embedded",
+		"--rpcbind", rpcbindMode,
 		"--drill-crash", "true",
 		"--log-level", "debug",
 	}
@@ -184,9 +220,10 @@ func (n *nsmNode) agentArgs() []string {
 	return append(args, "--vip", fmt.Sprintf("%s/%d", vipString, topoBits), "--vip-interface", "eth0", "--vip-mode", n.c.vipMode)
 }
 
-// start runs the agent in its namespace with a private /run (so rpcbind
-// could run there too). ip, unshare and sh all exec, so the pid we hold is
-// nsmd's own.
+// start runs the agent in its namespace with a private /run and its own
+// UTS namespace whose hostname is the node's (hostname(n.id): what a
+// kernel lockd on that node would send as my_name). ip, unshare and sh
+// all exec, so the pid we hold is nsmd's own.
 func (n *nsmNode) start(t *testing.T) {
 	t.Helper()
 	n.mu.Lock()
@@ -204,8 +241,8 @@ func (n *nsmNode) start(t *testing.T) {
 	}
 	defer f.Close()
 	fmt.Fprintf(f, "==== e2e: start at %s\n", time.Now().Format(time.RFC3339Nano))
-	args := append([]string{"netns", "exec", n.host.ns, "unshare", "--mount", "--propagation", "private",
-		"sh", "-c", `mount -t tmpfs nsmd-run /run && exec "$0" "$@"`, nsmdBin}, n.agentArgs()...)
+	args := append([]string{"netns", "exec", n.host.ns, "unshare", "--mount", "--uts", "--propagation", "private",
+		"sh", "-c", `hostname "` + nodeHostname(n.id) + `" && mount -t tmpfs nsmd-run /run && exec "$0" "$@"`, nsmdBin}, n.agentArgs()...)
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -216,6 +253,9 @@ func (n *nsmNode) start(t *testing.T) {
 	go func() { cmd.Wait(); close(done) }()
 	n.cmd, n.done, n.stopped = cmd, done, false
 }
+
+// nodeHostname is node id's hostname (its UTS namespace).
+func nodeHostname(id string) string { return "nsmd-" + id + ".e2e" }
 
 // running reports whether a process is up (possibly SIGSTOPped).
 func (n *nsmNode) running() bool {
@@ -454,7 +494,7 @@ func (c *e2eCluster) waitNewState(t *testing.T, old int32, timeout time.Duration
 	var got int32
 	var at time.Time
 	var last string
-	err := inNetnsThread(c.clients[0].host.ns, func() error {
+	err := inNetnsThread(c.top.hosts[0].ns, func() error {
 		deadline := time.Now().Add(timeout)
 		for time.Now().Before(deadline) {
 			for _, a := range addrs {

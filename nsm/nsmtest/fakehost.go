@@ -114,7 +114,14 @@ type LockManager struct {
 func StartLockManager(t testing.TB, ip string, pmapPort int) *LockManager {
 	t.Helper()
 	lm := &LockManager{Addr: netip.MustParseAddr(ip), Callbacks: make(chan Callback, 1024)}
-	h := oncrpc.HandlerFunc(func(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+	serve(t, ip, pmapPort, oncrpc.ProgVers{Prog: nlm.Program, Vers: 3}, LockManagerHandler(lm.Callbacks))
+	return lm
+}
+
+// LockManagerHandler serves NLM NULL and the NSM callback (procedure 16),
+// sending every callback to out (it blocks when out is full).
+func LockManagerHandler(out chan<- Callback) oncrpc.Handler {
+	return oncrpc.HandlerFunc(func(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
 		switch c.Proc {
 		case 0:
 			return nil
@@ -123,13 +130,11 @@ func StartLockManager(t testing.TB, ip string, pmapPort int) *LockManager {
 			if err := st.UnmarshalXDR(c.Args); err != nil {
 				return fmt.Errorf("%w: %v", oncrpc.ErrGarbageArgs, err)
 			}
-			lm.Callbacks <- Callback{From: c.Remote, Status: st}
+			out <- Callback{From: c.Remote, Status: st}
 			return nil
 		}
 		return oncrpc.ErrProcUnavail
 	})
-	serve(t, ip, pmapPort, oncrpc.ProgVers{Prog: nlm.Program, Vers: 3}, h)
-	return lm
 }
 
 // serve runs handler for prog/vers over UDP on ip (any port) and a
