@@ -81,10 +81,14 @@ func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillRe
 	}
 	defer os.RemoveAll(dir)
 	log := newLogger(o.LogTo, o.LogLevel, "text")
+	level := o.LogLevel
+	if level == "none" { // raft logs every refused dial to a killed peer
+		log, level = newLogger(io.Discard, "error", "text"), "error"
+	}
 	// start brings up cluster number i in its own data directory.
 	start := func(i int) (*devCluster, drillOptions, error) {
 		d, err := startDev(devOptions{
-			Nodes: o.Nodes, DataDir: fmt.Sprintf("%s/cluster%d", dir, i), VIP: o.VIP, LogLevel: o.LogLevel,
+			Nodes: o.Nodes, DataDir: fmt.Sprintf("%s/cluster%d", dir, i), VIP: o.VIP, LogLevel: level,
 			NSMPort: ports[0], RaftPort: ports[1], AdminPort: ports[2], GossipPort: ports[3],
 		}, agentOptions{Logger: log})
 		if err != nil {
@@ -132,12 +136,13 @@ func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillRe
 			all.Stopped = fmt.Sprintf("run %d: %v", i, err)
 			break
 		}
+		got := rep.Runs
 		if all == nil {
 			all = rep
 			all.Runs = nil
 			all.Asked = runs
 		}
-		for _, r := range rep.Runs {
+		for _, r := range got {
 			r.Run = i
 			all.Runs = append(all.Runs, r)
 		}
@@ -317,7 +322,7 @@ when another kill would leave no quorum.`,
 	f.IntVar(&o.Nodes, "nodes", 3, "own cluster: number of nodes")
 	f.StringVar(&o.VIP, "vip", "127.0.0.100", "own cluster: loopback VIP")
 	f.StringVar(&o.DataDir, "data-dir", "", "own cluster: where to put the temporary node directories (default: the system temp dir)")
-	f.StringVar(&o.LogLevel, "log-level", "error", "own cluster: node log level (debug | info | warn | error)")
+	f.StringVar(&o.LogLevel, "log-level", "none", "own cluster: node log level (none | debug | info | warn | error)")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
 	f.StringVar(&plot, "plot", "", "write the failover timeline to this SVG file")
 	f.StringVar(&report, "report", "", "write the drill's self-contained HTML report to this file")
