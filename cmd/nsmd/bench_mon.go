@@ -569,12 +569,16 @@ func printBenchMon(w io.Writer, rep *benchMonReport) error {
 	if rep.Unmon {
 		procs = "SM_MON + SM_UNMON"
 	}
+	from := "port " + rep.PortFrom
+	if rep.PortFrom == "portmapper" {
+		from = "port from the portmapper"
+	}
 	src := "ordinary source port"
 	if rep.Privileged {
 		src = "privileged source port"
 	}
-	fmt.Fprintf(w, "\nbench mon: %s over %s to %s (port %s), %d connection(s) × depth %d, from %s (%s)\n",
-		procs, rep.Proto, rep.Target, rep.PortFrom, rep.Conns, rep.Depth, dash(rep.Source), src)
+	fmt.Fprintf(w, "\nbench mon: %s over %s to %s (%s), %d connection(s) × depth %d, from %s (%s)\n",
+		procs, rep.Proto, rep.Target, from, rep.Conns, rep.Depth, dash(rep.Source), src)
 	fmt.Fprintf(w, "mon_name %s … %s, my_name %s, my_id %d/%d/%d", rep.MonFirst, dash(rep.MonLast), rep.MyName, benchMyProg, benchMyVers, benchMyProc)
 	if rep.Warmup > 0 {
 		fmt.Fprintf(w, "; warmup %d calls (%d failed)", rep.Warmup, rep.WarmupErrs)
