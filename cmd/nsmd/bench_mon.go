@@ -552,7 +552,7 @@ func (rep *benchMonReport) summarise(workers []*benchWorker, elapsed time.Durati
 	}
 }
 
-// rpcErrors counts failed calls that are neither stat_fail nor timeouts.
+// benchRPCErrors counts failed calls that are neither stat_fail nor timeouts.
 func benchRPCErrors(errs map[string]int) int {
 	n := 0
 	for k, v := range errs {
