@@ -41,7 +41,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(agentCmd(), devCmd(), statusCmd(), membersCmd(), registrationsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd())
+	root.AddCommand(agentCmd(), devCmd(), statusCmd(), membersCmd(), registrationsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
 	return root
 }
 

@@ -1,0 +1,391 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// checkSVG: the file is one well-formed XML document whose root is an
+// SVG element, and it holds at least want <rect>s.
+func checkSVG(t *testing.T, path string, wantRects int) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	root, rects := "", 0
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s is not well-formed XML: %v", path, err)
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			if root == "" {
+				root = se.Name.Space + " " + se.Name.Local
+			}
+			if se.Name.Local == "rect" {
+				rects++
+			}
+		}
+	}
+	if root != "http://www.w3.org/2000/svg svg" {
+		t.Errorf("%s: root element %q, want svg in the SVG namespace", path, root)
+	}
+	if rects < wantRects {
+		t.Errorf("%s: %d <rect>s, want at least %d", path, rects, wantRects)
+	}
+}
+
+// checkBenchClean: every call answered stat_succ, none failed.
+func checkBenchClean(t *testing.T, rep *benchMonReport, calls int) {
+	t.Helper()
+	if rep.Calls != calls || rep.OK != calls || rep.Failed != 0 || rep.Stopped != "" {
+		t.Fatalf("calls %d ok %d failed %d stopped %q, want %d ok; errors %v %v", rep.Calls, rep.OK, rep.Failed, rep.Stopped, calls, rep.Errors, rep.Samples)
+	}
+	for k, n := range rep.Errors {
+		if n != 0 {
+			t.Errorf("%s: %d", k, n)
+		}
+	}
+	if rep.Latency.N != calls || !(rep.Latency.MinMS <= rep.Latency.P50MS && rep.Latency.P50MS <= rep.Latency.P90MS &&
+		rep.Latency.P90MS <= rep.Latency.P99MS && rep.Latency.P99MS <= rep.Latency.MaxMS) || rep.Latency.MinMS <= 0 {
+		t.Errorf("latency %+v", rep.Latency)
+	}
+	n := 0
+	for _, h := range rep.Hist {
+		n += h.Count
+		if h.FromMS >= h.ToMS {
+			t.Errorf("bucket %+v", h)
+		}
+	}
+	if n != calls {
+		t.Errorf("histogram holds %d calls, want %d", n, calls)
+	}
+}
+
+// TestBenchMonAgainstDevCluster drives the dev cluster's VIP over TCP,
+// over UDP with pipelining, and with the SM_UNMON half, and checks that
+// the leader holds exactly the registrations the runs leave; then the
+// command's --json and --plot output.
+func TestBenchMonAgainstDevCluster(t *testing.T) {
+	t.Parallel()
+	d, o := startTestDev(t, "127.0.0.130")
+	lead := devLeader(t, d, nil, 10*time.Second)
+	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
+	ctx := context.Background()
+	opts := func(network string, conns, depth, calls int, base string) benchMonOptions {
+		return benchMonOptions{Addr: vip, Net: network, Conns: conns, Depth: depth, Calls: calls,
+			MonBase: netip.MustParseAddr(base), MyName: "127.0.0.1", Privileged: true, Timeout: 5 * time.Second}
+	}
+	want := 0
+
+	rep, err := runBenchMon(ctx, opts("tcp", 4, 1, 200, "127.1.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkBenchClean(t, rep, 200)
+	if len(rep.Procs) != 1 || rep.Procs[0].Proc != "SM_MON" || rep.MonLast != "127.1.0.200" {
+		t.Errorf("procs %+v, last name %s", rep.Procs, rep.MonLast)
+	}
+	want += 200
+	if n := lead.node.FSM().Len(); n != want {
+		t.Errorf("leader holds %d registrations after 200 SM_MON, want %d", n, want)
+	}
+	if os.Geteuid() == 0 {
+		if ap, err := netip.ParseAddrPort(rep.Source); err != nil || !rep.Privileged || ap.Port() >= 1024 {
+			t.Errorf("as root: source %q privileged %v, want a port below 1024", rep.Source, rep.Privileged)
+		}
+	}
+
+	// UDP, 3 sockets with 2 calls outstanding each, after a warmup.
+	uo := opts("udp", 3, 2, 150, "127.2.0.1")
+	uo.Warmup = 30
+	rep, err = runBenchMon(ctx, uo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkBenchClean(t, rep, 150)
+	if rep.WarmupErrs != 0 || rep.MonLast != "127.2.0.180" {
+		t.Errorf("warmup errors %d, last name %s (want 127.2.0.180: 30 warmup + 150)", rep.WarmupErrs, rep.MonLast)
+	}
+	want += 180
+	if n := lead.node.FSM().Len(); n != want {
+		t.Errorf("leader holds %d registrations after the UDP run, want %d", n, want)
+	}
+
+	// Half SM_UNMON: each caller unmonitors a name it monitored before.
+	mo := opts("tcp", 2, 2, 200, "127.3.0.1")
+	mo.Unmon = true
+	rep, err = runBenchMon(ctx, mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkBenchClean(t, rep, 200)
+	if len(rep.Procs) != 2 {
+		t.Fatalf("procs %+v", rep.Procs)
+	}
+	mons, unmons := rep.Procs[0].OK, rep.Procs[1].OK
+	// Each of the 4 callers alternates, starting with SM_MON.
+	if mons+unmons != 200 || unmons < 98 || unmons > 100 {
+		t.Errorf("%d SM_MON + %d SM_UNMON, want 200 with about half SM_UNMON", mons, unmons)
+	}
+	want += mons - unmons
+	if n := lead.node.FSM().Len(); n != want {
+		t.Errorf("leader holds %d registrations after %d SM_MON and %d SM_UNMON, want %d", n, mons, unmons, want)
+	}
+
+	// The command: --json parses, --plot is well-formed SVG.
+	svg := filepath.Join(t.TempDir(), "lat.svg")
+	cmd := benchMonCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"--addr", vip, "-c", "2", "-n", "50", "--mon-base", "127.4.0.1", "--json", "--plot", svg})
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Fatalf("bench mon: %v\n%s", err, errOut.String())
+	}
+	var got benchMonReport
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out.String())
+	}
+	if got.OK != 50 || got.Calls != 50 || got.PortFrom != "given" || got.Proto != "tcp" || got.Target != vip ||
+		len(got.Hist) == 0 || got.Latency.P99MS <= 0 || got.Errors["stat_fail"] != 0 || len(got.Errors) != benchErrKinds {
+		t.Errorf("--json report: %s", out.String())
+	}
+	want += 50
+	if n := lead.node.FSM().Len(); n != want {
+		t.Errorf("leader holds %d registrations, want %d", n, want)
+	}
+	checkSVG(t, svg, 1+len(got.Hist))
+
+	// The table.
+	cmd = benchMonCmd()
+	out.Reset()
+	cmd.SetOut(&out)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"--addr", vip, "--proto", "udp", "-n", "10", "--mon-base", "127.4.1.1", "--unmon"})
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Fatalf("bench mon: %v", err)
+	}
+	for _, s := range []string{"SM_MON + SM_UNMON over udp to " + vip, "P99", "SM_UNMON", "all", "127.4.1.1 … "} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("table lacks %q:\n%s", s, out.String())
+		}
+	}
+}
+
+// fakeNSM is an NSM server whose answer depends on the mon_name's last
+// octet: 1 mod 4 stat_fail, 2 SYSTEM_ERR, 3 no reply; SM_UNMON is
+// PROC_UNAVAIL.
+func fakeNSM(t *testing.T) string {
+	t.Helper()
+	h := oncrpc.HandlerFunc(func(_ context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+		switch c.Proc {
+		case nsm.ProcNull:
+			return nil
+		case nsm.ProcMon:
+			var m nsm.Mon
+			if err := m.UnmarshalXDR(c.Args); err != nil {
+				return oncrpc.ErrGarbageArgs
+			}
+			ip, err := netip.ParseAddr(m.ID.MonName)
+			if err != nil {
+				return oncrpc.ErrGarbageArgs
+			}
+			r := nsm.SMStatRes{Res: nsm.StatSucc, State: 7}
+			switch ip.As4()[3] % 4 {
+			case 1:
+				r = nsm.SMStatRes{Res: nsm.StatFail, State: -1}
+			case 2:
+				return oncrpc.ErrSystemErr
+			case 3:
+				return oncrpc.ErrNoReply
+			}
+			r.MarshalXDR(res)
+			return nil
+		}
+		return oncrpc.ErrProcUnavail
+	})
+	srv := oncrpc.NewServer(oncrpc.Programs{nsm.Program: h}, oncrpc.ServerConfig{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.ServeTCP(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return ln.Addr().String()
+}
+
+// TestBenchMonCountsErrors: refusals, RPC errors and timeouts are counted
+// by kind, not timed when unanswered, and fail the command.
+func TestBenchMonCountsErrors(t *testing.T) {
+	t.Parallel()
+	addr := fakeNSM(t)
+	o := benchMonOptions{Addr: addr, Net: "tcp", Conns: 2, Depth: 2, Calls: 40, MonBase: netip.MustParseAddr("127.1.0.1"),
+		MyName: "127.0.0.1", Timeout: 300 * time.Millisecond}
+	rep, err := runBenchMon(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Names 127.1.0.1 … 127.1.0.40: ten of each last octet mod 4.
+	if rep.Calls != 40 || rep.OK != 10 || rep.Failed != 30 || rep.Errors["stat_fail"] != 10 ||
+		rep.Errors["system_err"] != 10 || rep.Errors["timeout"] != 10 {
+		t.Fatalf("calls %d ok %d failed %d errors %v", rep.Calls, rep.OK, rep.Failed, rep.Errors)
+	}
+	if rep.Latency.N != 20 { // answered: 10 ok + 10 stat_fail
+		t.Errorf("%d latencies, want 20 (timeouts and RPC errors are not timed)", rep.Latency.N)
+	}
+	if !strings.Contains(rep.Samples["stat_fail"], "stat_fail") || !strings.Contains(rep.Samples["timeout"], "timed out") {
+		t.Errorf("samples %v", rep.Samples)
+	}
+	var table bytes.Buffer
+	if err := printBenchMon(&table, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"30 failed", "stat_fail", "system_err", "timeout"} {
+		if !strings.Contains(table.String(), s) {
+			t.Errorf("table lacks %q:\n%s", s, table.String())
+		}
+	}
+
+	// SM_UNMON refused as PROC_UNAVAIL; the command exits non-zero.
+	cmd := benchMonCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(io.Discard)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	cmd.SetArgs([]string{"--addr", addr, "-n", "8", "--mon-base", "127.1.0.4", "--unmon", "--timeout", "300ms", "--json"})
+	err = cmd.ExecuteContext(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "calls failed") {
+		t.Fatalf("bench mon against a refusing server: %v", err)
+	}
+	var got benchMonReport
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Procs) != 2 || got.Procs[1].Calls == 0 || got.Procs[1].Errors["proc_unavail"] != got.Procs[1].Calls || got.Errors["proc_unavail"] != got.Procs[1].Calls {
+		t.Errorf("SM_UNMON of a monitored name: %+v", got.Procs)
+	}
+}
+
+func TestBenchMonOptionsStayInLoopback(t *testing.T) {
+	for _, c := range []struct {
+		base  string
+		calls int
+		ok    bool
+	}{
+		{"127.1.0.1", 1000, true},
+		{"127.255.255.250", 6, true},
+		{"127.255.255.250", 7, false},
+		{"10.0.0.1", 1, false},
+		{"::1", 1, false},
+	} {
+		o := benchMonOptions{Net: "tcp", Conns: 1, Depth: 1, Calls: c.calls, MonBase: netip.MustParseAddr(c.base)}
+		if err := o.check(); (err == nil) != c.ok {
+			t.Errorf("--mon-base %s -n %d: %v, want ok=%v", c.base, c.calls, err, c.ok)
+		}
+	}
+	if got := benchName(0x7f010203); got != "127.1.2.3" {
+		t.Errorf("benchName = %s", got)
+	}
+}
+
+func TestBenchHistogram(t *testing.T) {
+	h := benchHistogram([]float64{0.1, 0.1, 0.105, 0.5, 1, 1.01, 30})
+	total := 0
+	for i, b := range h {
+		total += b.Count
+		if i > 0 && b.FromMS < h[i-1].ToMS-1e-12 {
+			t.Errorf("buckets overlap: %+v", h)
+		}
+	}
+	if total != 7 || h[0].Count != 2 || h[0].ToMS < 0.1 || h[0].FromMS >= 0.1 {
+		t.Errorf("histogram %+v", h)
+	}
+}
+
+// TestBenchFailoverTransfer: the command against a dev cluster, two
+// planned transfers, --json and --plot.
+func TestBenchFailoverTransfer(t *testing.T) {
+	t.Parallel()
+	d, _ := startTestDev(t, "127.0.0.131")
+	devLeader(t, d, nil, 10*time.Second)
+	svg := filepath.Join(t.TempDir(), "failover.svg")
+	cmd := benchFailoverCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"--admin", strings.TrimPrefix(d.agents[0].AdminURL(), "http://"), "--transfer", "--runs", "2",
+		"--timeout", "10s", "--json", "--plot", svg})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("bench failover: %v\n%s", err, errOut.String())
+	}
+	got := benchFailoverReport{drillReport: &drillReport{}}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("--json: %v\n%s", err, out.String())
+	}
+	if got.Fault != drillTransfer || len(got.Runs) != 2 || got.Failover.N != 2 || got.Failover.Name != "new_sm_state" ||
+		got.Failover.P50MS <= 0 || got.Failover.MaxMS < got.Failover.P50MS || got.Cluster != "given (--admin)" {
+		t.Errorf("report %s", out.String())
+	}
+	for _, r := range got.Runs {
+		if r.NewState != r.OldState+2 {
+			t.Errorf("run %d: sm_state %d -> %d", r.Run, r.OldState, r.NewState)
+		}
+	}
+	checkSVG(t, svg, 1+2*msCount)
+}
+
+// TestBenchFailoverOwnClusterKill: without --admin each kill gets a fresh
+// in-process cluster, so every asked run happens.
+func TestBenchFailoverOwnClusterKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two clusters")
+	}
+	t.Parallel()
+	rep, err := runBenchFailover(context.Background(), benchFailoverOptions{
+		Drill: drillOptions{Fault: drillKill, Runs: 2, Timeout: 10 * time.Second, Poll: 10 * time.Millisecond},
+		Nodes: 3, VIP: "127.0.0.132", DataDir: t.TempDir(), LogLevel: "none", LogTo: io.Discard,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 2 || rep.Stopped != "" || rep.failed() != 0 || rep.Failover.N != 2 {
+		t.Fatalf("runs %+v stopped %q", rep.Runs, rep.Stopped)
+	}
+	for i, r := range rep.Runs {
+		if r.Run != i+1 || r.NewLeader == r.OldLeader || r.NewState != r.OldState+2 {
+			t.Errorf("run %+v", r)
+		}
+	}
+	var table bytes.Buffer
+	if err := printBenchFailover(&table, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "kill → VIP answers SM_STAT with the new state: p50 ") {
+		t.Errorf("table:\n%s", table.String())
+	}
+}
