@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -351,15 +352,27 @@ func (n *Node) previousHolderReleased(ctx context.Context) (string, bool) {
 	// ask again for up to a second while it still says "held".
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	// Refused: the previous leader's host is up but nothing listens on its
+	// NSM port: its nsmd process is gone, and a VIP bound to a process went
+	// with it (the kernel deleted the device). A frozen process still
+	// accepts connections; a dead or cut-off host does not answer at all:
+	// both mean waiting.
+	gone := func(err error) bool {
+		if errors.Is(err, syscall.ECONNREFUSED) && n.vipDiesWithProcess() {
+			n.log.Info("previous leader's NSM port refuses connections: its process, and with it its process-bound VIP, is gone", "previous", prev, "addr", addr)
+			return true
+		}
+		return false
+	}
 	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 300 * time.Millisecond})
 	if err != nil {
-		return prev, false
+		return prev, gone(err)
 	}
 	defer c.Close()
 	for {
 		var held boolRes
 		if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
-			return prev, false
+			return prev, gone(err)
 		}
 		if !held.V {
 			return prev, true

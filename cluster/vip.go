@@ -100,6 +100,14 @@ func (n *Node) fault(reason string, err error) {
 	}
 }
 
+// vipDiesWithProcess reports whether this node's VIP is bound to its
+// process; the cluster's nodes share their VIP configuration, so the
+// previous holder's was too.
+func (n *Node) vipDiesWithProcess() bool {
+	pb, ok := n.cfg.VIP.(interface{ DiesWithProcess() bool })
+	return ok && pb.DiesWithProcess()
+}
+
 // abandoner is a FloatingAddr that can stop renewing without deleting the
 // address, as a crashed holder would (the kernel expires it).
 type abandoner interface{ Abandon() }

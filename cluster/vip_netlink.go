@@ -31,11 +31,26 @@ type NetlinkVIPConfig struct {
 	// Announce is how many gratuitous ARPs (IPv4) or unsolicited neighbour
 	// advertisements (IPv6) go out on acquire, ~100 ms apart. Default 3.
 	Announce int
+	// Bind says where the address lives: VIPBindInterface puts it on
+	// Interface; VIPBindProcess (IPv4 only) puts it on a TUN device that
+	// this process creates and holds open, so the kernel deletes device
+	// and address the moment the process dies, even by SIGKILL (the
+	// lifetime still covers a frozen holder). The kernel answers ARP for
+	// it on Interface (arp_ignore 0). VIPBindAuto (""): process for IPv4
+	// when /dev/net/tun and arp_ignore 0 allow it, else interface.
+	Bind string
 	// Logger gets the VIP's events; nil discards them.
 	Logger *slog.Logger
 	// Registerer gets the nsmd_vip_* metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 }
+
+// VIP bindings (NetlinkVIPConfig.Bind).
+const (
+	VIPBindAuto      = "auto"
+	VIPBindProcess   = "process"
+	VIPBindInterface = "interface"
+)
 
 const (
 	defaultVIPLifetime = 2 * time.Second
@@ -71,6 +86,10 @@ func (c NetlinkVIPConfig) Validate() error {
 		return fmt.Errorf("vip: %s cannot be a floating address (unspecified, multicast or loopback)", c.Prefix)
 	case c.Interface == "":
 		return errors.New("vip: interface is not set")
+	case c.Bind != "" && c.Bind != VIPBindAuto && c.Bind != VIPBindProcess && c.Bind != VIPBindInterface:
+		return fmt.Errorf("vip: bind %q is not one of auto, process, interface", c.Bind)
+	case c.Bind == VIPBindProcess && !a.Is4():
+		return fmt.Errorf("vip: bind process needs an IPv4 VIP (%s): Linux answers neighbour solicitations only for addresses on the receiving interface", c.Prefix)
 	case c.Lifetime < time.Second || c.Lifetime%time.Second != 0:
 		return fmt.Errorf("vip: lifetime %v must be whole seconds, at least 1s (the kernel counts valid_lft in seconds)", c.Lifetime)
 	case c.Lifetime/time.Second > 1<<31:
@@ -98,6 +117,9 @@ type vipLink interface {
 	// announce sends one round of gratuitous ARP or unsolicited NA and
 	// returns how many packets went out.
 	announce() (int, error)
+	// diesWithProcess reports whether the address is on a device this
+	// process holds (bind process).
+	diesWithProcess() bool
 	close() error
 }
 
@@ -107,6 +129,7 @@ type vipAddrInfo struct {
 	Flags     uint32 // IFA_F_*
 	Valid     uint32 // valid_lft left, seconds
 	Preferred uint32
+	ifindex   int // the interface it is on
 }
 
 var (
@@ -207,6 +230,10 @@ func NewNetlinkVIP(cfg NetlinkVIPConfig) (*NetlinkVIP, error) {
 
 // Lifetime is the kernel valid_lft of the address.
 func (v *NetlinkVIP) Lifetime() time.Duration { return v.cfg.Lifetime }
+
+// DiesWithProcess reports whether the address goes with this process (bind
+// process): then a previous holder whose process is gone no longer has it.
+func (v *NetlinkVIP) DiesWithProcess() bool { return v.link.diesWithProcess() }
 
 // Acquire adds the address (lifetime Lifetime, no prefix route, no DAD),
 // announces it and starts renewing it every Refresh. It returns once the

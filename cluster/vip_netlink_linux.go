@@ -9,6 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -32,13 +35,18 @@ type netlinkVIPLink struct {
 	nl      int        // NETLINK_ROUTE socket
 	pkt     int        // AF_PACKET/SOCK_DGRAM socket that receives nothing
 	seq     uint32
-	ifindex int
+	ifindex int              // the configured interface: announcements go out there
 	mac     net.HardwareAddr // nil: no announcements on this interface
+	// addrIndex is where the address is added: ifindex, or with bind
+	// process the TUN device held open by tun.
+	addrIndex int
+	tun       int // the TUN device's descriptor, -1 without one
+	tunName   string
 }
 
 func newVIPLink(cfg NetlinkVIPConfig, log *slog.Logger) (vipLink, error) {
 	l := &netlinkVIPLink{prefix: cfg.Prefix, iface: cfg.Interface, life: uint32(cfg.Lifetime / time.Second),
-		family: unix.AF_INET, log: log, nl: -1, pkt: -1}
+		family: unix.AF_INET, log: log, nl: -1, pkt: -1, tun: -1}
 	if cfg.Prefix.Addr().Is6() {
 		l.family = unix.AF_INET6
 	}
@@ -62,7 +70,93 @@ func newVIPLink(cfg NetlinkVIPConfig, log *slog.Logger) (vipLink, error) {
 		l.close()
 		return nil, err
 	}
+	switch cfg.Bind {
+	case VIPBindInterface:
+	case VIPBindProcess:
+		if err := l.bindToProcess(); err != nil {
+			l.close()
+			return nil, err
+		}
+	default: // auto
+		if !cfg.Prefix.Addr().Is4() {
+			break
+		}
+		if err := l.bindToProcess(); err != nil {
+			log.Warn("VIP bound to the interface: it outlives a killed process by its lifetime", "why", err)
+		}
+	}
+	if l.tun >= 0 {
+		log.Info("VIP bound to this process", "device", l.tunName)
+	}
 	return l, nil
+}
+
+// bindToProcess creates the TUN device that will carry the address: not
+// persistent, so the kernel deletes it (and the address) when the last
+// descriptor closes, i.e. when this process dies, however it dies.
+func (l *netlinkVIPLink) bindToProcess() error {
+	for _, conf := range []string{"all", l.iface} {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + conf + "/arp_ignore")
+		if err != nil {
+			return fmt.Errorf("vip: bind process: read arp_ignore: %w", err)
+		}
+		if v := strings.TrimSpace(string(b)); v != "0" {
+			return fmt.Errorf("vip: bind process needs net.ipv4.conf.%s.arp_ignore = 0 (is %s): the kernel must answer ARP on %s for an address on another device", conf, v, l.iface)
+		}
+	}
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("vip: bind process: open /dev/net/tun: %w", err)
+	}
+	name, err := func() (string, error) {
+		ifr, err := unix.NewIfreq("nsmdvip%d")
+		if err != nil {
+			return "", err
+		}
+		ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+			return "", fmt.Errorf("TUNSETIFF: %w", err)
+		}
+		name := ifr.Name()
+		// No IPv6 on it: nothing would read what the kernel sends there.
+		_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
+		s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return "", err
+		}
+		defer unix.Close(s)
+		up, err := unix.NewIfreq(name)
+		if err != nil {
+			return "", err
+		}
+		if err := unix.IoctlIfreq(s, unix.SIOCGIFFLAGS, up); err != nil {
+			return "", fmt.Errorf("get flags of %s: %w", name, err)
+		}
+		up.SetUint16(up.Uint16() | unix.IFF_UP)
+		if err := unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, up); err != nil {
+			return "", fmt.Errorf("set %s up: %w", name, err)
+		}
+		return name, nil
+	}()
+	if err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("vip: bind process: %w", err)
+	}
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("vip: bind process: %w", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tun, l.tunName, l.addrIndex = fd, name, ifi.Index
+	return nil
+}
+
+func (l *netlinkVIPLink) diesWithProcess() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.tun >= 0
 }
 
 func (l *netlinkVIPLink) setupNetlink() error {
@@ -93,6 +187,9 @@ func (l *netlinkVIPLink) resolve() error {
 		l.log.Warn("VIP interface has a new index", "old", l.ifindex, "new", ifi.Index)
 	}
 	l.ifindex, l.mac = ifi.Index, mac
+	if l.tun < 0 {
+		l.addrIndex = ifi.Index
+	}
 	return nil
 }
 
@@ -100,7 +197,7 @@ func (l *netlinkVIPLink) close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var errs []error
-	for _, fd := range []*int{&l.nl, &l.pkt} {
+	for _, fd := range []*int{&l.nl, &l.pkt, &l.tun} {
 		if *fd >= 0 {
 			errs = append(errs, unix.Close(*fd))
 			*fd = -1
@@ -110,13 +207,13 @@ func (l *netlinkVIPLink) close() error {
 }
 
 // ifaddrmsg is struct ifaddrmsg.
-func (l *netlinkVIPLink) ifaddrmsg(prefixLen int, flags uint8) []byte {
+func (l *netlinkVIPLink) ifaddrmsg(index, prefixLen int, flags uint8) []byte {
 	b := make([]byte, unix.SizeofIfAddrmsg)
 	b[0] = l.family
 	b[1] = uint8(prefixLen)
 	b[2] = flags
 	b[3] = unix.RT_SCOPE_UNIVERSE
-	binary.NativeEndian.PutUint32(b[4:8], uint32(l.ifindex))
+	binary.NativeEndian.PutUint32(b[4:8], uint32(index))
 	return b
 }
 
@@ -150,7 +247,7 @@ func (l *netlinkVIPLink) replace() error {
 	if l.family == unix.AF_INET6 {
 		flags |= unix.IFA_F_NODAD
 	}
-	b := l.ifaddrmsg(l.prefix.Bits(), uint8(flags))
+	b := l.ifaddrmsg(l.addrIndex, l.prefix.Bits(), uint8(flags))
 	b = l.addrAttrs(b)
 	if l.family == unix.AF_INET {
 		b = appendAttr(b, unix.IFA_ADDRESS, l.prefix.Addr().AsSlice())
@@ -168,12 +265,13 @@ func (l *netlinkVIPLink) replace() error {
 func (l *netlinkVIPLink) remove() (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	copies, err := l.lookupLocked()
+	// A stale copy may be on the interface (an earlier run bound to it).
+	copies, err := l.lookupLocked(l.addrIndex, l.ifindex)
 	if err != nil {
 		return false, err
 	}
 	for _, c := range copies {
-		b := l.addrAttrs(l.ifaddrmsg(c.PrefixLen, 0))
+		b := l.addrAttrs(l.ifaddrmsg(c.ifindex, c.PrefixLen, 0))
 		err := l.exchange(unix.RTM_DELADDR, unix.NLM_F_ACK, b, nil)
 		if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENODEV) {
 			return true, err
@@ -185,7 +283,7 @@ func (l *netlinkVIPLink) remove() (bool, error) {
 func (l *netlinkVIPLink) lookup() (vipAddrInfo, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	copies, err := l.lookupLocked()
+	copies, err := l.lookupLocked(l.addrIndex)
 	if err != nil || len(copies) == 0 {
 		return vipAddrInfo{}, false, err
 	}
@@ -193,8 +291,8 @@ func (l *netlinkVIPLink) lookup() (vipAddrInfo, bool, error) {
 }
 
 // lookupLocked dumps the family's addresses and keeps the copies of ours
-// on our interface.
-func (l *netlinkVIPLink) lookupLocked() ([]vipAddrInfo, error) {
+// on the given interfaces.
+func (l *netlinkVIPLink) lookupLocked(indexes ...int) ([]vipAddrInfo, error) {
 	want := l.prefix.Addr()
 	var found []vipAddrInfo
 	req := make([]byte, unix.SizeofIfAddrmsg)
@@ -203,10 +301,11 @@ func (l *netlinkVIPLink) lookupLocked() ([]vipAddrInfo, error) {
 		if typ != unix.RTM_NEWADDR || len(m) < unix.SizeofIfAddrmsg || m[0] != l.family {
 			return
 		}
-		if int(binary.NativeEndian.Uint32(m[4:8])) != l.ifindex {
+		idx := int(binary.NativeEndian.Uint32(m[4:8]))
+		if !slices.Contains(indexes, idx) {
 			return
 		}
-		info := vipAddrInfo{PrefixLen: int(m[1]), Flags: uint32(m[2])}
+		info := vipAddrInfo{PrefixLen: int(m[1]), Flags: uint32(m[2]), ifindex: idx}
 		var local, address netip.Addr
 		eachAttr(m[unix.SizeofIfAddrmsg:], func(at uint16, d []byte) {
 			switch at {

@@ -189,10 +189,17 @@ func vipTestLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
+// newTestVIP is a VIP bound to the interface vipDev (the tests that watch
+// it there); newBoundVIP chooses the binding.
 func newTestVIP(t *testing.T, prefix string, life, refresh time.Duration) *NetlinkVIP {
 	t.Helper()
+	return newBoundVIP(t, prefix, life, refresh, VIPBindInterface)
+}
+
+func newBoundVIP(t *testing.T, prefix string, life, refresh time.Duration, bind string) *NetlinkVIP {
+	t.Helper()
 	v, err := NewNetlinkVIP(NetlinkVIPConfig{
-		Prefix: netip.MustParsePrefix(prefix), Interface: vipDev, Lifetime: life, Refresh: refresh,
+		Prefix: netip.MustParsePrefix(prefix), Interface: vipDev, Lifetime: life, Refresh: refresh, Bind: bind,
 		Logger: vipTestLogger(t), Registerer: prometheus.NewRegistry(),
 	})
 	if err != nil {
@@ -386,7 +393,7 @@ func waitGone(t *testing.T, l vipLink, d time.Duration) time.Time {
 // remove the address): for watching and renewing it from a test.
 func rawLink(t *testing.T, prefix string, life time.Duration) vipLink {
 	t.Helper()
-	l, err := newVIPLink(NetlinkVIPConfig{Prefix: netip.MustParsePrefix(prefix), Interface: vipDev, Lifetime: life}, vipTestLogger(t))
+	l, err := newVIPLink(NetlinkVIPConfig{Prefix: netip.MustParsePrefix(prefix), Interface: vipDev, Lifetime: life, Bind: VIPBindInterface}, vipTestLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,7 +607,11 @@ func TestNetlinkVIPHolderProcess(t *testing.T) {
 	if os.Getenv(vipHolderEnv) == "" {
 		t.Skip("helper process of TestNetlinkVIPExpiresAfterSIGKILL")
 	}
-	v := newTestVIP(t, "10.77.9.100/24", time.Second, 250*time.Millisecond)
+	bind := os.Getenv(vipHolderEnv) // "1" (interface) or a binding
+	if bind == "1" {
+		bind = VIPBindInterface
+	}
+	v := newBoundVIP(t, "10.77.9.100/24", time.Second, 250*time.Millisecond, bind)
 	if err := v.Acquire(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -622,11 +633,16 @@ func (h *holder) kill() {
 }
 
 // startHolder runs TestNetlinkVIPHolderProcess (lifetime 1 s, refresh
-// 250 ms) and returns once it holds the VIP.
+// 250 ms, bound to the interface) and returns once it holds the VIP.
 func startHolder(t *testing.T) *holder {
 	t.Helper()
+	return startBoundHolder(t, VIPBindInterface)
+}
+
+func startBoundHolder(t *testing.T, bind string) *holder {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestNetlinkVIPHolderProcess$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), vipHolderEnv+"=1", quickRaceExit())
+	cmd.Env = append(os.Environ(), vipHolderEnv+"="+bind, quickRaceExit())
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -809,5 +825,96 @@ func TestNetlinkVIPMeasureExpiry(t *testing.T) {
 				ds[0].Round(time.Millisecond), ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
 		}
 		other.remove()
+	}
+}
+
+// addrDevices lists the devices that carry addr in this namespace.
+func addrDevices(t *testing.T, addr netip.Addr) []string {
+	t.Helper()
+	var links []struct {
+		IfName   string   `json:"ifname"`
+		AddrInfo []ipAddr `json:"addr_info"`
+	}
+	if err := json.Unmarshal(runIP(t, "-j", "addr", "show"), &links); err != nil {
+		t.Fatalf("ip -j addr: %v", err)
+	}
+	var devs []string
+	for _, l := range links {
+		for _, a := range l.AddrInfo {
+			if p, err := netip.ParseAddr(a.Local); err == nil && p == addr {
+				devs = append(devs, l.IfName)
+			}
+		}
+	}
+	return devs
+}
+
+// With bind process the VIP lives on a TUN device of the holder's, the
+// kernel answers ARP for it on the interface, Release deletes it, and the
+// device goes when the VIP is closed.
+func TestNetlinkVIPBoundToProcess(t *testing.T) {
+	peer := inVIPNetns(t)
+	if peer == "" {
+		return
+	}
+	vip := netip.MustParseAddr("10.77.9.100")
+	v := newBoundVIP(t, "10.77.9.100/24", 2*time.Second, 0, VIPBindProcess)
+	if !v.DiesWithProcess() {
+		t.Fatal("bind process: DiesWithProcess is false")
+	}
+	if err := v.Acquire(context.Background()); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	devs := addrDevices(t, vip)
+	if len(devs) != 1 || !strings.HasPrefix(devs[0], "nsmdvip") {
+		t.Fatalf("VIP on %v, want one nsmdvip* device", devs)
+	}
+	a, _ := addrOnDev(t, devs[0], vip)
+	if !a.NoPrefixRoute || a.Valid > 2 || a.Valid < 1 {
+		t.Errorf("VIP on %s: %+v, want noprefixroute and valid_lft ≤ 2s", devs[0], a)
+	}
+	if _, err := exec.LookPath("ping"); err == nil {
+		if out, err := exec.Command("ip", "netns", "exec", peer, "ping", "-c", "1", "-W", "2", vip.String()).CombinedOutput(); err != nil {
+			t.Fatalf("ping the process-bound VIP from the peer (ARP answered on %s): %v: %s", vipDev, err, out)
+		}
+	}
+	if err := v.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if d := addrDevices(t, vip); len(d) != 0 {
+		t.Fatalf("VIP still on %v after Release", d)
+	}
+	if err := v.Acquire(context.Background()); err != nil {
+		t.Fatalf("Acquire again: %v", err)
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := addrDevices(t, vip); len(d) != 0 {
+		t.Fatalf("VIP still on %v after Close", d)
+	}
+	if _, err := net.InterfaceByName(devs[0]); err == nil {
+		t.Fatalf("device %s still there after Close", devs[0])
+	}
+}
+
+// A process-bound VIP goes with its holder at SIGKILL: by the time the
+// holder is reaped, no lifetime later.
+func TestNetlinkVIPBoundToProcessGoesAtSIGKILL(t *testing.T) {
+	if inVIPNetns(t) == "" {
+		return
+	}
+	vip := netip.MustParseAddr("10.77.9.100")
+	h := startBoundHolder(t, VIPBindProcess)
+	devs := addrDevices(t, vip)
+	if len(devs) != 1 || !strings.HasPrefix(devs[0], "nsmdvip") {
+		t.Fatalf("holder's VIP on %v, want one nsmdvip* device", devs)
+	}
+	h.kill()
+	if d := addrDevices(t, vip); len(d) != 0 {
+		t.Fatalf("VIP still on %v after the holder was killed and reaped", d)
+	}
+	if _, err := net.InterfaceByName(devs[0]); err == nil {
+		t.Fatalf("device %s outlived its process", devs[0])
 	}
 }

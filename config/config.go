@@ -48,6 +48,7 @@ type Config struct {
 	VIPInterface    string
 	VIPMode         string
 	VIPLifetime     time.Duration
+	VIPBind         string
 	NotifyName      string
 	TrustedCallers  []string
 	GracePeriod     time.Duration
@@ -85,6 +86,7 @@ func Default() Config {
 		BootstrapExpect:    1,
 		VIPMode:            VIPNone,
 		VIPLifetime:        2 * time.Second,
+		VIPBind:            "auto",
 		GracePeriod:        90 * time.Second,
 		NotifyWindow:       15 * time.Minute,
 		Rpcbind:            RpcbindRegister,
@@ -175,6 +177,7 @@ func (c *Config) bindings() []binding {
 		str("vip_interface", "interface for the VIP in netlink mode", &c.VIPInterface),
 		str("vip_mode", "netlink | loopback | none", &c.VIPMode),
 		duration("vip_lifetime", "netlink VIP valid_lft: how long the address outlives a holder that dies (whole seconds)", &c.VIPLifetime),
+		str("vip_bind", "netlink VIP: process (IPv4; on a TUN device that dies with nsmd, so a killed leader's VIP goes at once) | interface (on vip_interface; outlives a killed process by vip_lifetime) | auto (process when possible)", &c.VIPBind),
 		str("notify_name", "name sent in SM_NOTIFY (default: the VIP, else the hostname)", &c.NotifyName),
 		list("trusted_callers", "CIDRs allowed to SM_MON besides loopback, comma separated", &c.TrustedCallers),
 		duration("grace_period", "NLM grace period opened at every takeover", &c.GracePeriod),
@@ -329,6 +332,15 @@ func (c *Config) Validate() error {
 		}
 	default:
 		bad("vip_mode", "%q is not one of netlink, loopback, none", c.VIPMode)
+	}
+	switch c.VIPBind {
+	case "auto", "interface":
+	case "process":
+		if p, err := netip.ParsePrefix(c.VIP); err == nil && !p.Addr().Is4() {
+			bad("vip_bind", "process needs an IPv4 VIP (%s is not)", p.Addr())
+		}
+	default:
+		bad("vip_bind", "%q is not one of auto, process, interface", c.VIPBind)
 	}
 	if c.VIPLifetime < time.Second || c.VIPLifetime%time.Second != 0 {
 		bad("vip_lifetime", "%v must be whole seconds, at least 1s (the kernel's valid_lft unit)", c.VIPLifetime)

@@ -193,7 +193,7 @@ func (a *agent) floatingAddr() (cluster.FloatingAddr, error) {
 	case config.VIPNetlink:
 		p, _ := netip.ParsePrefix(a.cfg.VIP) // validated
 		v, err := cluster.NewNetlinkVIP(cluster.NetlinkVIPConfig{
-			Prefix: p, Interface: a.cfg.VIPInterface, Lifetime: a.cfg.VIPLifetime,
+			Prefix: p, Interface: a.cfg.VIPInterface, Lifetime: a.cfg.VIPLifetime, Bind: a.cfg.VIPBind,
 			Logger: a.log.With("component", "vip"), Registerer: a.reg,
 		})
 		if err != nil {
