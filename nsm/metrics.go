@@ -19,6 +19,7 @@ type Metrics struct {
 	notifyTargets  *prometheus.GaugeVec
 	notifyLatency  prometheus.Histogram
 	notifyReceived *prometheus.CounterVec
+	notifySends    *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg (never the
@@ -55,10 +56,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "nsmd_notify_received_total",
 			Help: "SM_NOTIFY calls received from rebooted peers, by result (accepted, ignored, error).",
 		}, []string{"result"}),
+		notifySends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_notify_sends_total",
+			Help: "Datagrams the SM_NOTIFY fan-out sent, by call (getport, notify) and kind (first to a host, retry).",
+		}, []string{"call", "kind"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.rpcRequests, m.rpcDuration, m.monRefused, m.callbacks,
-			m.notifyTargets, m.notifyLatency, m.notifyReceived)
+			m.notifyTargets, m.notifyLatency, m.notifyReceived, m.notifySends)
 	}
 	return m
 }
@@ -132,6 +137,16 @@ func (m *Metrics) notifyProgress(pending, done, failed int) {
 func (m *Metrics) notifyAcked(d time.Duration) {
 	if m != nil {
 		m.notifyLatency.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) notifySent(call string, retry bool) {
+	if m != nil {
+		kind := "first"
+		if retry {
+			kind = "retry"
+		}
+		m.notifySends.WithLabelValues(call, kind).Inc()
 	}
 }
 

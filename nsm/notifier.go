@@ -207,9 +207,11 @@ type host struct {
 	phase phase
 	xid   uint32 // outstanding call's XID (0: none)
 	sends int    // SM_NOTIFY sends since the last GETPORT
-	rto   time.Duration
-	gen   uint32 // timer generation; older heap entries are stale
-	first bool   // in its first round trip (counts toward Parallel)
+	// pmapSent, notifySent: calls of each kind sent to the host so far.
+	pmapSent, notifySent int
+	rto                  time.Duration
+	gen                  uint32 // timer generation; older heap entries are stale
+	first                bool   // in its first round trip (counts toward Parallel)
 	// resolving: a lookup is in flight (at most one per host, so the
 	// resolver queues never fill).
 	resolving bool
@@ -493,12 +495,16 @@ func (r *run) send(i int) {
 		w.Uint32(m.Prot)
 		w.Uint32(m.Port)
 		dst = netip.AddrPortFrom(h.addr, uint16(r.cfg.PmapPort))
+		r.n.m.notifySent("getport", h.pmapSent > 0)
+		h.pmapSent++
 	case phNotify:
 		putCallHeader(w, h.xid, Program.Prog, Program.Vers, ProcNotify)
 		args := StatChge{MonName: r.cfg.Name, State: r.state}
 		args.MarshalXDR(w)
 		dst = netip.AddrPortFrom(h.addr, h.port)
 		h.sends++
+		r.n.m.notifySent("notify", h.notifySent > 0)
+		h.notifySent++
 	}
 	r.buf = w.Bytes()
 	if _, err := r.conn.WriteToUDPAddrPort(r.buf, dst); err != nil {

@@ -1,0 +1,21 @@
+//go:build !linux
+
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+)
+
+var errBenchNotifyLinux = errors.New("bench notify needs Linux network namespaces")
+
+func benchNotifyNetns(context.Context, benchNotifyOptions, string, []string, io.Writer) (*benchNotifyReport, error) {
+	return nil, errBenchNotifyLinux
+}
+
+func benchNotifyCheckPrivateNetns() error { return errBenchNotifyLinux }
+
+func benchNotifyRaiseNofile(uint64) error { return errBenchNotifyLinux }
+
+func benchNotifyHosts(string) error { return errBenchNotifyLinux }
