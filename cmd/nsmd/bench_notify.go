@@ -57,7 +57,12 @@ type benchNotifyOptions struct {
 	Timeout         time.Duration `json:"timeout"`
 	Conns           int           `json:"conns"`
 	LogLevel        string        `json:"log_level"`
+	sharedPort      bool          // set in the child: the statd shares port 111
 }
+
+// benchNotifySpareFDs is the open-file budget for everything but the fake
+// hosts' sockets (the cluster's listeners, raft and client connections).
+const benchNotifySpareFDs = 2048
 
 func (o *benchNotifyOptions) validate() error {
 	var errs []error
@@ -128,6 +133,7 @@ type benchNotifyReport struct {
 	Fault       string  `json:"fault"`
 	Nodes       int     `json:"nodes"`
 	Netns       string  `json:"netns"`
+	StatdPort   string  `json:"statd_port"` // where each fake statd listens
 	RegisterMS  float64 `json:"register_ms"`
 	RegisterPS  float64 `json:"register_per_s"`
 	OldState    int32   `json:"old_state"`
@@ -243,8 +249,16 @@ func benchNotifyChildMain(ctx context.Context, progress io.Writer) error {
 	if err := benchNotifyCheckPrivateNetns(); err != nil {
 		return err
 	}
-	if err := benchNotifyRaiseNofile(uint64(2*o.Hosts + 16384)); err != nil {
+	limit, err := benchNotifyRaiseNofile(uint64(2*o.Hosts + benchNotifySpareFDs))
+	if err != nil {
 		return err
+	}
+	// Two sockets per live host when the open-file limit allows (a
+	// portmapper on 111 and the statd on its own port), else one: the
+	// statd answers on port 111 too (GETPORT says so).
+	o.sharedPort = limit < uint64(2*o.Hosts+benchNotifySpareFDs)
+	if o.sharedPort && limit < uint64(o.Hosts+benchNotifySpareFDs) {
+		return fmt.Errorf("the open-file limit %d is too low for %d hosts (one socket each, plus %d); lower --hosts", limit, o.Hosts, benchNotifySpareFDs)
 	}
 	out := os.NewFile(3, "report")
 	if out == nil {
@@ -310,7 +324,7 @@ type benchHost struct {
 	first atomic.Int64 // UnixNano of this phase's first counted SM_NOTIFY; 0: none
 }
 
-func startBenchHosts(n int, deadPct float64) (*benchHosts, error) {
+func startBenchHosts(n int, deadPct float64, shared bool) (*benchHosts, error) {
 	h := &benchHosts{hosts: make([]benchHost, n)}
 	h.minState.Store(math.MaxInt32) // nothing counts until a phase starts
 	for i := range h.hosts {
@@ -319,21 +333,25 @@ func startBenchHosts(n int, deadPct float64) (*benchHosts, error) {
 		if hh.dead {
 			continue
 		}
-		statd, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, 0)))
-		if err != nil {
-			h.Close()
-			return nil, fmt.Errorf("fake statd on %s: %w", hh.addr, err)
-		}
-		h.conns = append(h.conns, statd)
 		pmap, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, oncrpc.PmapPort)))
 		if err != nil {
 			h.Close()
 			return nil, fmt.Errorf("fake portmapper on %s:%d: %w", hh.addr, oncrpc.PmapPort, err)
 		}
 		h.conns = append(h.conns, pmap)
+		if shared { // the statd answers on port 111 too
+			h.wg.Go(func() { h.serve(hh, pmap, true, true, oncrpc.PmapPort) })
+			continue
+		}
+		statd, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, 0)))
+		if err != nil {
+			h.Close()
+			return nil, fmt.Errorf("fake statd on %s: %w", hh.addr, err)
+		}
+		h.conns = append(h.conns, statd)
 		statdPort := uint32(statd.LocalAddr().(*net.UDPAddr).Port)
-		h.wg.Go(func() { h.serve(hh, pmap, statdPort) })
-		h.wg.Go(func() { h.serve(hh, statd, 0) })
+		h.wg.Go(func() { h.serve(hh, pmap, true, false, statdPort) })
+		h.wg.Go(func() { h.serve(hh, statd, false, true, 0) })
 	}
 	return h, nil
 }
@@ -372,9 +390,9 @@ const (
 	benchMaxFakeMessage = 2048
 )
 
-// serve answers calls on one socket: the portmapper (statdPort != 0) or
-// the statd.
-func (h *benchHosts) serve(host *benchHost, c *net.UDPConn, statdPort uint32) {
+// serve answers calls on one socket: as the portmapper (mapping the statd
+// to statdPort), as the statd, or both.
+func (h *benchHosts) serve(host *benchHost, c *net.UDPConn, isPmap, isStatd bool, statdPort uint32) {
 	buf := make([]byte, benchMaxFakeMessage)
 	out := make([]byte, 0, 64)
 	for {
@@ -401,9 +419,9 @@ func (h *benchHosts) serve(host *benchHost, c *net.UDPConn, statdPort uint32) {
 		w.Uint32(oncrpc.AuthNone)
 		w.Uint32(0)
 		switch {
-		case statdPort != 0 && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == 0:
+		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == 0:
 			w.Uint32(benchAcceptSuccess)
-		case statdPort != 0 && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == benchPmapGetport:
+		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == benchPmapGetport:
 			h.getportRx.Add(1)
 			mp, mv, prot := r.Uint32(), r.Uint32(), r.Uint32()
 			port := uint32(0)
@@ -412,16 +430,16 @@ func (h *benchHosts) serve(host *benchHost, c *net.UDPConn, statdPort uint32) {
 			}
 			w.Uint32(benchAcceptSuccess)
 			w.Uint32(port)
-		case statdPort == 0 && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNull:
+		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNull:
 			w.Uint32(benchAcceptSuccess)
-		case statdPort == 0 && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNotify:
+		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNotify:
 			var sc nsm.StatChge
 			if sc.UnmarshalXDR(r) != nil {
 				continue
 			}
 			h.record(host, from, sc)
 			w.Uint32(benchAcceptSuccess)
-		case (statdPort != 0 && prog == oncrpc.PmapProg) || (statdPort == 0 && prog == nsm.Program.Prog):
+		case (isPmap && prog == oncrpc.PmapProg) || (isStatd && prog == nsm.Program.Prog):
 			w.Uint32(benchProcUnavail)
 		default:
 			w.Uint32(benchProgUnavail)
@@ -513,12 +531,16 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 	vip := netip.MustParseAddr(benchNotifyVIP)
 
 	tSetup := time.Now()
-	hosts, err := startBenchHosts(o.Hosts, o.DeadPct)
+	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.sharedPort)
 	if err != nil {
 		return nil, err
 	}
 	defer hosts.Close()
-	fmt.Fprintf(progress, "bench notify: %d fake hosts (%d live, %d dead) up in %v\n", o.Hosts, live, rep.Dead, time.Since(tSetup).Round(time.Millisecond))
+	rep.StatdPort = "own port"
+	if o.sharedPort {
+		rep.StatdPort = "111 (shared with the portmapper: open-file limit)"
+	}
+	fmt.Fprintf(progress, "bench notify: %d fake hosts (%d live, %d dead; statd on %s) up in %v\n", o.Hosts, live, rep.Dead, rep.StatdPort, time.Since(tSetup).Round(time.Millisecond))
 
 	dir, err := os.MkdirTemp("", "nsmd-bench-notify-")
 	if err != nil {
@@ -841,6 +863,7 @@ func (t *benchTail) String() string {
 func printBenchNotify(w io.Writer, r *benchNotifyReport) {
 	fmt.Fprintf(w, "nsmd bench notify: %d hosts (%d live, %d dead), fault %s, %d nodes in one process, %d CPUs, netns %s\n",
 		r.Hosts, r.Live, r.Dead, r.Fault, r.Nodes, r.CPUs, r.Netns)
+	fmt.Fprintf(w, "  each fake host: portmapper on its 127.x.y.z:111, statd on %s\n", r.StatdPort)
 	fmt.Fprintf(w, "  registration: %d SM_MON committed in %s (%.0f/s)\n", r.Hosts, fmtMS(r.RegisterMS), r.RegisterPS)
 	fmt.Fprintf(w, "  %s → takeover: %s (sm_state %d → %d, notify name %s)\n", r.Fault, fmtMS(r.FaultToTkMS), r.OldState, r.NewState, r.NotifyName)
 	fmt.Fprintf(w, "\n  %-10s %13s %10s %9s %9s %9s %9s %9s %11s %11s\n", "", "notified", "all done", "first", "p50", "p90", "p99", "max", "NOTIFY rx", "GETPORT rx")

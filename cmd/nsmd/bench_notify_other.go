@@ -16,6 +16,6 @@ func benchNotifyNetns(context.Context, benchNotifyOptions, string, []string, io.
 
 func benchNotifyCheckPrivateNetns() error { return errBenchNotifyLinux }
 
-func benchNotifyRaiseNofile(uint64) error { return errBenchNotifyLinux }
+func benchNotifyRaiseNofile(uint64) (uint64, error) { return 0, errBenchNotifyLinux }
 
 func benchNotifyHosts(string) error { return errBenchNotifyLinux }
