@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,6 +60,7 @@ type benchNotifyOptions struct {
 	Timeout         time.Duration `json:"timeout"`
 	Conns           int           `json:"conns"`
 	LogLevel        string        `json:"log_level"`
+	CPUProfile      string        `json:"cpu_profile,omitempty"` // absolute path: the child's CPU profile from the fault to the last live host
 	sharedPort      bool          // set in the child: the statd shares port 111
 }
 
@@ -192,6 +196,13 @@ Needs root (network namespaces, port 111).`,
 					return fmt.Errorf("--sm-notify: %w (install nfs-common, or give --sm-notify-path)", err)
 				}
 			}
+			if o.CPUProfile != "" {
+				abs, err := filepath.Abs(o.CPUProfile)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				o.CPUProfile = abs
+			}
 			exe, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("cannot find my own executable to re-run in the namespace: %w", err)
@@ -227,8 +238,9 @@ Needs root (network namespaces, port 111).`,
 	f.DurationVar(&o.SMNotifyTimeout, "sm-notify-timeout", 3*time.Minute, "stop waiting for sm-notify after this")
 	f.DurationVar(&o.Timeout, "timeout", time.Minute, "stop waiting for nsmd's fan-out after this (from the takeover)")
 	f.IntVar(&o.Conns, "conns", 16, "TCP connections used to register the hosts (each pipelines 64 calls)")
-	f.StringVar(&o.LogLevel, "log-level", "error", "the in-process cluster's log level")
+	f.StringVar(&o.LogLevel, "log-level", "off", "the in-process cluster's log level: off | error | warn | info | debug")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the fan-out (fault to last live host, whole process: cluster and fake hosts) to this file")
 	f.StringVar(&plot, "plot", "", "write an SVG timeline (notified hosts over time) to this file")
 	f.BoolVar(&child, "netns-child", false, "internal: the process inside the namespace")
 	f.MarkHidden("netns-child")
@@ -548,7 +560,12 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 	}
 	defer os.RemoveAll(dir)
 	dopts := devOptions{Nodes: rep.Nodes, DataDir: dir, VIP: benchNotifyVIP, NSMPort: 6620, RaftPort: 7300, GossipPort: 7946, LogLevel: o.LogLevel}
-	log := newLogger(progress, o.LogLevel, "text")
+	log := slog.New(slog.DiscardHandler)
+	if o.LogLevel == "off" {
+		dopts.LogLevel = "error"
+	} else {
+		log = newLogger(progress, o.LogLevel, "text")
+	}
 	d, err := startDev(dopts, agentOptions{Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("start the cluster: %w", err)
@@ -591,6 +608,14 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 	rep.EarlyNotify = hosts.notifyRx.Load()
 	hosts.phase(rep.OldState, vip, rep.NotifyName)
 
+	if o.CPUProfile != "" {
+		stop, err := benchStartCPUProfile(o.CPUProfile)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+	}
+
 	// The fault.
 	t0 := time.Now()
 	var skip *agent
@@ -628,6 +653,9 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 	}
 	rep.NSMD = hosts.result("nsmd", tk.At, live, !all, o.Timeout)
 	rep.NSMD.ProgressEvery = perSecond
+	if o.CPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	rep.Sends = benchNotifySendsOf(nl)
 	closeCluster() // stops the notifier (still retrying the dead hosts)
 
@@ -645,6 +673,18 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 		}
 	}
 	return rep, nil
+}
+
+func benchStartCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 func benchNotifyCPUs() int {
