@@ -48,11 +48,17 @@ const (
 	benchNotifyMaxHosts = 200_000
 	benchFaultKill      = "kill"
 	benchFaultTransfer  = "transfer"
+	// A dead host is silent (a port 111 that reads and drops everything:
+	// a host that is down) or refused (nothing bound: the kernel answers
+	// ICMP port unreachable, as an up host without rpcbind does).
+	benchDeadSilent  = "silent"
+	benchDeadRefused = "refused"
 )
 
 type benchNotifyOptions struct {
 	Hosts           int           `json:"hosts"`
 	DeadPct         float64       `json:"dead_pct"`
+	DeadMode        string        `json:"dead_mode"`
 	Fault           string        `json:"fault"`
 	SMNotify        bool          `json:"sm_notify"`
 	SMNotifyPath    string        `json:"sm_notify_path"`
@@ -75,6 +81,9 @@ func (o *benchNotifyOptions) validate() error {
 	}
 	if o.DeadPct < 0 || o.DeadPct >= 100 {
 		errs = append(errs, fmt.Errorf("--dead-pct must be in [0, 100), not %v", o.DeadPct))
+	}
+	if o.DeadMode != benchDeadSilent && o.DeadMode != benchDeadRefused {
+		errs = append(errs, fmt.Errorf("--dead-mode must be %s or %s, not %q", benchDeadSilent, benchDeadRefused, o.DeadMode))
 	}
 	if o.Fault != benchFaultKill && o.Fault != benchFaultTransfer {
 		errs = append(errs, fmt.Errorf("--fault must be %s or %s, not %q", benchFaultKill, benchFaultTransfer, o.Fault))
@@ -109,6 +118,7 @@ type benchNotifyPhase struct {
 	GetportRx     int64 `json:"getport_rx"`
 	WrongSource   int64 `json:"wrong_source"`
 	WrongMonName  int64 `json:"wrong_mon_name"`
+	DeadRx        int64 `json:"dead_rx"`             // datagrams the dead hosts got (silent mode)
 	ProgressEvery []int `json:"progress_per_second"` // notified count at each whole second
 	// Curve is the cumulative count of notified hosts over time (at most
 	// ~400 points), for the plot.
@@ -134,6 +144,7 @@ type benchNotifyReport struct {
 	Hosts       int     `json:"hosts"`
 	Live        int     `json:"live"`
 	Dead        int     `json:"dead"`
+	DeadMode    string  `json:"dead_mode"`
 	Fault       string  `json:"fault"`
 	Nodes       int     `json:"nodes"`
 	Netns       string  `json:"netns"`
@@ -173,8 +184,15 @@ makes the leader fail (--fault kill: crash it in-process; transfer: a
 leadership transfer), and reports the time from the new leader's takeover
 until every live host has SM_NOTIFY with the new state: a progress line per
 second on stderr, then per-host p50/p90/p99/max, and retransmissions.
---dead-pct leaves that share of the hosts without any listener (they are
-registered, and retried, but never answer).
+--dead-pct makes that share of the hosts dead: registered and retried, but
+never answering. With --dead-mode silent (the default) a dead host's port
+111 drops every datagram, as a host that is down does; with refused nothing
+listens there and the kernel answers ICMP port unreachable. Note on refused:
+all the fake hosts share one kernel, and on Linux ≥ 6.14 a UDP datagram to
+a port with no matching socket scans every socket bound to that port (the
+fallback lookup by port alone), so each datagram to a dead host costs the
+sender a walk over the thousands of live hosts' port-111 sockets — an
+artifact of the simulation that real dead hosts do not impose.
 
 --sm-notify then runs the real sm-notify on the same host list (an
 rpc.statd state directory written for it) and reports the ratio.
@@ -231,7 +249,8 @@ Needs root (network namespaces, port 111).`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&o.Hosts, "hosts", 1000, "fake client hosts to register and notify")
-	f.Float64Var(&o.DeadPct, "dead-pct", 0, "percentage of the hosts with no listener at all (registered, never answering)")
+	f.Float64Var(&o.DeadPct, "dead-pct", 0, "percentage of the hosts that never answer (registered, spread evenly over the list)")
+	f.StringVar(&o.DeadMode, "dead-mode", benchDeadSilent, "how a dead host does not answer: silent (its port 111 drops everything, like a host that is down) | refused (nothing listens: ICMP port unreachable; see the note in --help)")
 	f.StringVar(&o.Fault, "fault", benchFaultKill, "how the leader goes: kill (in-process crash, like SIGKILL) | transfer (leadership transfer)")
 	f.BoolVar(&o.SMNotify, "sm-notify", false, "also run the real sm-notify on the same host list and print the ratio")
 	f.StringVar(&o.SMNotifyPath, "sm-notify-path", "/usr/sbin/sm-notify", "the sm-notify to run")
@@ -261,16 +280,22 @@ func benchNotifyChildMain(ctx context.Context, progress io.Writer) error {
 	if err := benchNotifyCheckPrivateNetns(); err != nil {
 		return err
 	}
-	limit, err := benchNotifyRaiseNofile(uint64(2*o.Hosts + benchNotifySpareFDs))
+	live := len(benchNotifyLive(o.Hosts, o.DeadPct))
+	deadSockets := 0
+	if o.DeadMode == benchDeadSilent {
+		deadSockets = o.Hosts - live
+	}
+	two, one := uint64(2*live+deadSockets+benchNotifySpareFDs), uint64(live+deadSockets+benchNotifySpareFDs)
+	limit, err := benchNotifyRaiseNofile(two)
 	if err != nil {
 		return err
 	}
 	// Two sockets per live host when the open-file limit allows (a
 	// portmapper on 111 and the statd on its own port), else one: the
 	// statd answers on port 111 too (GETPORT says so).
-	o.sharedPort = limit < uint64(2*o.Hosts+benchNotifySpareFDs)
-	if o.sharedPort && limit < uint64(o.Hosts+benchNotifySpareFDs) {
-		return fmt.Errorf("the open-file limit %d is too low for %d hosts (one socket each, plus %d); lower --hosts", limit, o.Hosts, benchNotifySpareFDs)
+	o.sharedPort = limit < two
+	if limit < one {
+		return fmt.Errorf("the open-file limit %d is too low for %d hosts (%d sockets, plus %d); lower --hosts", limit, o.Hosts, one-benchNotifySpareFDs, benchNotifySpareFDs)
 	}
 	out := os.NewFile(3, "report")
 	if out == nil {
@@ -327,7 +352,7 @@ type benchHosts struct {
 	source   atomic.Pointer[netip.Addr]
 	monName  atomic.Pointer[string]
 
-	notified, notifyRx, getportRx, wrongSource, wrongName atomic.Int64
+	notified, notifyRx, getportRx, wrongSource, wrongName, deadRx atomic.Int64
 }
 
 type benchHost struct {
@@ -336,13 +361,22 @@ type benchHost struct {
 	first atomic.Int64 // UnixNano of this phase's first counted SM_NOTIFY; 0: none
 }
 
-func startBenchHosts(n int, deadPct float64, shared bool) (*benchHosts, error) {
+func startBenchHosts(n int, deadPct float64, deadMode string, shared bool) (*benchHosts, error) {
 	h := &benchHosts{hosts: make([]benchHost, n)}
 	h.minState.Store(math.MaxInt32) // nothing counts until a phase starts
 	for i := range h.hosts {
 		hh := &h.hosts[i]
 		hh.addr, hh.dead = benchNotifyAddr(i), benchNotifyDead(i, deadPct)
 		if hh.dead {
+			if deadMode == benchDeadSilent {
+				pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, oncrpc.PmapPort)))
+				if err != nil {
+					h.Close()
+					return nil, fmt.Errorf("dead host's silent port on %s:%d: %w", hh.addr, oncrpc.PmapPort, err)
+				}
+				h.conns = append(h.conns, pc)
+				h.wg.Go(func() { h.drop(pc) })
+			}
 			continue
 		}
 		pmap, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, oncrpc.PmapPort)))
@@ -375,12 +409,26 @@ func (h *benchHosts) phase(minState int32, source netip.Addr, name string) {
 	for i := range h.hosts {
 		h.hosts[i].first.Store(0)
 	}
-	for _, c := range []*atomic.Int64{&h.notified, &h.notifyRx, &h.getportRx, &h.wrongSource, &h.wrongName} {
+	for _, c := range []*atomic.Int64{&h.notified, &h.notifyRx, &h.getportRx, &h.wrongSource, &h.wrongName, &h.deadRx} {
 		c.Store(0)
 	}
 	h.source.Store(&source)
 	h.monName.Store(&name)
 	h.minState.Store(minState)
+}
+
+// drop reads and discards everything: a dead host's port 111.
+func (h *benchHosts) drop(c *net.UDPConn) {
+	buf := make([]byte, benchMaxFakeMessage)
+	for {
+		if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		h.deadRx.Add(1)
+	}
 }
 
 func (h *benchHosts) Close() {
@@ -507,7 +555,7 @@ func (h *benchHosts) wait(ctx context.Context, label string, live int, start tim
 func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool, capAt time.Duration) benchNotifyPhase {
 	p := benchNotifyPhase{Name: name, Live: live, TimedOut: timedOut,
 		NotifyRx: h.notifyRx.Load(), GetportRx: h.getportRx.Load(),
-		WrongSource: h.wrongSource.Load(), WrongMonName: h.wrongName.Load()}
+		WrongSource: h.wrongSource.Load(), WrongMonName: h.wrongName.Load(), DeadRx: h.deadRx.Load()}
 	var ms []float64
 	for i := range h.hosts {
 		if at := h.hosts[i].first.Load(); at != 0 && !h.hosts[i].dead {
@@ -537,13 +585,13 @@ func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool,
 // ---- the run inside the namespace ----------------------------------------------
 
 func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Writer) (*benchNotifyReport, error) {
-	rep := &benchNotifyReport{Hosts: o.Hosts, Fault: o.Fault, Nodes: 3, CPUs: benchNotifyCPUs(), Started: time.Now().UTC().Format(time.RFC3339)}
+	rep := &benchNotifyReport{Hosts: o.Hosts, DeadMode: o.DeadMode, Fault: o.Fault, Nodes: 3, CPUs: benchNotifyCPUs(), Started: time.Now().UTC().Format(time.RFC3339)}
 	live := len(benchNotifyLive(o.Hosts, o.DeadPct))
 	rep.Live, rep.Dead = live, o.Hosts-live
 	vip := netip.MustParseAddr(benchNotifyVIP)
 
 	tSetup := time.Now()
-	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.sharedPort)
+	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.DeadMode, o.sharedPort)
 	if err != nil {
 		return nil, err
 	}
@@ -574,6 +622,11 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 	closeCluster := func() {
 		if !closed {
 			closed = true
+			// Crash every node first: a graceful close hands leadership
+			// over, and the next leader would start another fan-out.
+			for _, a := range d.agents {
+				a.kill()
+			}
 			d.Close()
 		}
 	}
@@ -901,8 +954,8 @@ func (t *benchTail) String() string {
 // ---- output ------------------------------------------------------------------------
 
 func printBenchNotify(w io.Writer, r *benchNotifyReport) {
-	fmt.Fprintf(w, "nsmd bench notify: %d hosts (%d live, %d dead), fault %s, %d nodes in one process, %d CPUs, netns %s\n",
-		r.Hosts, r.Live, r.Dead, r.Fault, r.Nodes, r.CPUs, r.Netns)
+	fmt.Fprintf(w, "nsmd bench notify: %d hosts (%d live, %d dead: %s), fault %s, %d nodes in one process, %d CPUs, netns %s\n",
+		r.Hosts, r.Live, r.Dead, r.DeadMode, r.Fault, r.Nodes, r.CPUs, r.Netns)
 	fmt.Fprintf(w, "  each fake host: portmapper on its 127.x.y.z:111, statd on %s\n", r.StatdPort)
 	fmt.Fprintf(w, "  registration: %d SM_MON committed in %s (%.0f/s)\n", r.Hosts, fmtMS(r.RegisterMS), r.RegisterPS)
 	fmt.Fprintf(w, "  %s → takeover: %s (sm_state %d → %d, notify name %s)\n", r.Fault, fmtMS(r.FaultToTkMS), r.OldState, r.NewState, r.NotifyName)
@@ -925,6 +978,9 @@ func printBenchNotify(w io.Writer, r *benchNotifyReport) {
 		s.GetportFirst, s.GetportRetry, s.NotifyFirst, s.NotifyRetry)
 	fmt.Fprintf(w, "  live hosts received duplicates: SM_NOTIFY %d, GETPORT %d; wrong source %d, wrong mon_name %d; SM_NOTIFY before the fault %d\n",
 		max(0, r.NSMD.NotifyRx-int64(r.NSMD.Notified)), max(0, r.NSMD.GetportRx-int64(r.NSMD.Notified)), r.NSMD.WrongSource, r.NSMD.WrongMonName, r.EarlyNotify)
+	if r.Dead > 0 && r.DeadMode == benchDeadSilent {
+		fmt.Fprintf(w, "  dead hosts received %d datagrams until the last live host was notified\n", r.NSMD.DeadRx)
+	}
 	if r.SMNotify != nil {
 		if r.SMNotify.Note != "" {
 			fmt.Fprintf(w, "  %s\n", r.SMNotify.Note)

@@ -49,7 +49,7 @@ func TestBenchNotifyHostListIsDistinctLoopbackWithEvenlySpreadDeadHosts(t *testi
 }
 
 func TestBenchNotifyRefusesBadOptions(t *testing.T) {
-	good := benchNotifyOptions{Hosts: 10, Fault: benchFaultKill, Timeout: time.Second, SMNotifyTimeout: time.Second, Conns: 1}
+	good := benchNotifyOptions{Hosts: 10, DeadMode: benchDeadSilent, Fault: benchFaultKill, Timeout: time.Second, SMNotifyTimeout: time.Second, Conns: 1}
 	if err := good.validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +58,7 @@ func TestBenchNotifyRefusesBadOptions(t *testing.T) {
 		"too many hosts": func(o *benchNotifyOptions) { o.Hosts = benchNotifyMaxHosts + 1 },
 		"all dead":       func(o *benchNotifyOptions) { o.DeadPct = 100 },
 		"fault":          func(o *benchNotifyOptions) { o.Fault = "reboot" },
+		"dead mode":      func(o *benchNotifyOptions) { o.DeadMode = "zombie" },
 		"timeout":        func(o *benchNotifyOptions) { o.Timeout = 0 },
 		"conns":          func(o *benchNotifyOptions) { o.Conns = 0 },
 	} {
@@ -125,7 +126,7 @@ func TestBenchNotifyNotifiesEveryLiveHostAfterAKill(t *testing.T) {
 	if why := benchNotifyCanNetns(); why != "" {
 		t.Skip("bench notify: " + why)
 	}
-	o := benchNotifyOptions{Hosts: 50, DeadPct: 10, Fault: benchFaultKill, Timeout: 30 * time.Second,
+	o := benchNotifyOptions{Hosts: 50, DeadPct: 10, DeadMode: benchDeadSilent, Fault: benchFaultKill, Timeout: 30 * time.Second,
 		SMNotifyPath: "/usr/sbin/sm-notify", SMNotifyTimeout: 30 * time.Second, Conns: 2, LogLevel: "error"}
 	if _, err := os.Stat(o.SMNotifyPath); err == nil {
 		o.SMNotify = true
