@@ -20,6 +20,7 @@ type Metrics struct {
 	notifyLatency  prometheus.Histogram
 	notifyReceived *prometheus.CounterVec
 	notifySends    *prometheus.CounterVec
+	notifySendsBy  [2][2]prometheus.Counter // [getport][retry]
 }
 
 // NewMetrics creates the metrics and registers them on reg (never the
@@ -60,6 +61,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "nsmd_notify_sends_total",
 			Help: "Datagrams the SM_NOTIFY fan-out sent, by call (getport, notify) and kind (first to a host, retry).",
 		}, []string{"call", "kind"}),
+	}
+	for i, call := range []string{"notify", "getport"} {
+		for j, kind := range []string{"first", "retry"} {
+			m.notifySendsBy[i][j] = m.notifySends.WithLabelValues(call, kind)
+		}
 	}
 	if reg != nil {
 		reg.MustRegister(m.rpcRequests, m.rpcDuration, m.monRefused, m.callbacks,
@@ -140,14 +146,19 @@ func (m *Metrics) notifyAcked(d time.Duration) {
 	}
 }
 
-func (m *Metrics) notifySent(call string, retry bool) {
+// notifySent counts one fan-out datagram: a GETPORT (getport true) or an
+// SM_NOTIFY, the host's first of that kind or a retry.
+func (m *Metrics) notifySent(getport, retry bool) {
 	if m != nil {
-		kind := "first"
-		if retry {
-			kind = "retry"
-		}
-		m.notifySends.WithLabelValues(call, kind).Inc()
+		m.notifySendsBy[b2i(getport)][b2i(retry)].Inc()
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (m *Metrics) notifyReceivedInc(result string) {

@@ -118,6 +118,7 @@ type Summary struct {
 	Pending  int           // hosts neither done nor failed (run cancelled)
 	Elapsed  time.Duration // from start to return
 	Canceled bool          // ctx ended before every host finished
+	RTT      time.Duration // smoothed round trip of the answers (0: none)
 	Err      error         // the run could not start (e.g. the source address is not local)
 }
 
@@ -125,7 +126,7 @@ type Summary struct {
 func (s Summary) LogValue() slog.Value {
 	attrs := []slog.Attr{slog.Int("state", int(s.State)), slog.Int("targets", s.Targets),
 		slog.Int("done", s.Done), slog.Int("failed", s.Failed), slog.Int("pending", s.Pending),
-		slog.Duration("elapsed", s.Elapsed), slog.Bool("canceled", s.Canceled)}
+		slog.Duration("elapsed", s.Elapsed), slog.Bool("canceled", s.Canceled), slog.Duration("rtt", s.RTT)}
 	if s.Err != nil {
 		attrs = append(attrs, slog.String("err", s.Err.Error()))
 	}
@@ -178,6 +179,7 @@ func (n *Notifier) Run(ctx context.Context, state int32, targets []fsm.Target) S
 
 	r := &run{n: n, cfg: &n.cfg, state: state, start: start, deadline: start.Add(n.cfg.Window)}
 	sum := r.run(ctx, targets)
+	sum.RTT = r.srtt
 	sum.State = state
 	sum.Targets = len(targets)
 	sum.Pending, sum.Done, sum.Failed = n.Progress()
@@ -511,7 +513,7 @@ func (r *run) send(i int) {
 		w.Uint32(m.Prot)
 		w.Uint32(m.Port)
 		dst = netip.AddrPortFrom(h.addr, uint16(r.cfg.PmapPort))
-		r.n.m.notifySent("getport", h.pmapSent > 0)
+		r.n.m.notifySent(true, h.pmapSent > 0)
 		h.pmapSent++
 	case phNotify:
 		putCallHeader(w, h.xid, Program.Prog, Program.Vers, ProcNotify)
@@ -519,7 +521,7 @@ func (r *run) send(i int) {
 		args.MarshalXDR(w)
 		dst = netip.AddrPortFrom(h.addr, h.port)
 		h.sends++
-		r.n.m.notifySent("notify", h.notifySent > 0)
+		r.n.m.notifySent(false, h.notifySent > 0)
 		h.notifySent++
 	}
 	r.buf = w.Bytes()

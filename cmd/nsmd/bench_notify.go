@@ -351,8 +351,15 @@ type benchHosts struct {
 	minState atomic.Int32 // count an SM_NOTIFY whose state is above this
 	source   atomic.Pointer[netip.Addr]
 	monName  atomic.Pointer[string]
+	all      atomic.Pointer[benchAll] // closed when the phase's wanted count is reached
 
 	notified, notifyRx, getportRx, wrongSource, wrongName, deadRx atomic.Int64
+}
+
+// benchAll is a phase's goal: done is closed when want hosts were notified.
+type benchAll struct {
+	want int64
+	done chan struct{}
 }
 
 type benchHost struct {
@@ -403,8 +410,9 @@ func startBenchHosts(n int, deadPct float64, deadMode string, shared bool) (*ben
 }
 
 // phase starts counting SM_NOTIFYs with a state above minState, expected
-// from source with mon_name name; every host's record is cleared.
-func (h *benchHosts) phase(minState int32, source netip.Addr, name string) {
+// from source with mon_name name, until want hosts have one; every host's
+// record is cleared. It returns a channel closed when want is reached.
+func (h *benchHosts) phase(minState int32, source netip.Addr, name string, want int) <-chan struct{} {
 	h.minState.Store(math.MaxInt32)
 	for i := range h.hosts {
 		h.hosts[i].first.Store(0)
@@ -414,7 +422,10 @@ func (h *benchHosts) phase(minState int32, source netip.Addr, name string) {
 	}
 	h.source.Store(&source)
 	h.monName.Store(&name)
+	all := &benchAll{want: int64(want), done: make(chan struct{})}
+	h.all.Store(all)
 	h.minState.Store(minState)
+	return all.done
 }
 
 // drop reads and discards everything: a dead host's port 111.
@@ -519,26 +530,32 @@ func (h *benchHosts) record(host *benchHost, from netip.AddrPort, sc nsm.StatChg
 		h.wrongName.Add(1)
 	}
 	if sc.State > h.minState.Load() && host.first.CompareAndSwap(0, now) {
-		h.notified.Add(1)
+		if all := h.all.Load(); all != nil && h.notified.Add(1) == all.want {
+			close(all.done)
+		}
 	}
 }
 
-// wait reports progress once a second until every live host was notified,
-// done is closed, or the deadline; it returns whether all were notified.
-func (h *benchHosts) wait(ctx context.Context, label string, live int, start time.Time, deadline time.Time, done <-chan struct{}, progress io.Writer, perSecond *[]int) bool {
+// wait reports progress once a second until every live host was notified
+// (all closed), exited is closed, or the deadline; it returns whether all
+// were notified.
+func (h *benchHosts) wait(ctx context.Context, label string, live int, start time.Time, deadline time.Time, all, exited <-chan struct{}, progress io.Writer, perSecond *[]int) bool {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	poll := time.NewTicker(time.Millisecond)
-	defer poll.Stop()
 	for {
-		if int(h.notified.Load()) >= live {
-			return true
-		}
 		select {
 		case <-ctx.Done():
 			return false
-		case <-done:
-			return int(h.notified.Load()) >= live
+		case <-all:
+			fmt.Fprintf(progress, "bench notify: %-9s all %d/%d notified within %v\n", label, h.notified.Load(), live, time.Since(start).Round(time.Millisecond))
+			return true
+		case <-exited:
+			select {
+			case <-all:
+				return true
+			default:
+				return false
+			}
 		case now := <-tick.C:
 			n := int(h.notified.Load())
 			*perSecond = append(*perSecond, n)
@@ -546,7 +563,6 @@ func (h *benchHosts) wait(ctx context.Context, label string, live int, start tim
 			if now.After(deadline) {
 				return false
 			}
-		case <-poll.C:
 		}
 	}
 }
@@ -659,7 +675,7 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 	rep.RegisterPS = float64(o.Hosts) / regTook.Seconds()
 	fmt.Fprintf(progress, "bench notify: %d SM_MON committed on all nodes in %v (%.0f/s)\n", o.Hosts, regTook.Round(time.Millisecond), rep.RegisterPS)
 	rep.EarlyNotify = hosts.notifyRx.Load()
-	hosts.phase(rep.OldState, vip, rep.NotifyName)
+	allNotified := hosts.phase(rep.OldState, vip, rep.NotifyName, live)
 
 	if o.CPUProfile != "" {
 		stop, err := benchStartCPUProfile(o.CPUProfile)
@@ -700,7 +716,7 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 		nl.cfg.NodeID, tk.At.Sub(t0).Round(time.Millisecond), o.Fault, rep.OldState, rep.NewState)
 
 	var perSecond []int
-	all := hosts.wait(ctx, "nsmd", live, tk.At, tk.At.Add(o.Timeout), nil, progress, &perSecond)
+	all := hosts.wait(ctx, "nsmd", live, tk.At, tk.At.Add(o.Timeout), allNotified, nil, progress, &perSecond)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -885,10 +901,11 @@ func benchRunSMNotify(ctx context.Context, o benchNotifyOptions, hosts *benchHos
 	if err := benchNotifyHosts(dir); err != nil {
 		return nil, err
 	}
-	hosts.phase(math.MinInt32, netip.MustParseAddr(benchNotifyVIP), benchNotifyVIP)
+	allNotified := hosts.phase(math.MinInt32, netip.MustParseAddr(benchNotifyVIP), benchNotifyVIP, live)
 	var tail benchTail
 	cmd := exec.Command(o.SMNotifyPath, "-d", "-f", "-P", dir, "-v", benchNotifyVIP)
 	cmd.Stdout, cmd.Stderr = &tail, &tail
+	cmd.SysProcAttr = benchNotifyChildAttr() // dies with us
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start sm-notify: %w", err)
@@ -898,7 +915,7 @@ func benchRunSMNotify(ctx context.Context, o benchNotifyOptions, hosts *benchHos
 	go func() { waitErr = cmd.Wait(); close(exited) }()
 	fmt.Fprintf(progress, "bench notify: sm-notify (pid %d) started on the same %d hosts\n", cmd.Process.Pid, o.Hosts)
 	var perSecond []int
-	all := hosts.wait(ctx, "sm-notify", live, start, start.Add(o.SMNotifyTimeout), exited, progress, &perSecond)
+	all := hosts.wait(ctx, "sm-notify", live, start, start.Add(o.SMNotifyTimeout), allNotified, exited, progress, &perSecond)
 	p := hosts.result("sm-notify", start, live, false, o.SMNotifyTimeout)
 	p.ProgressEvery = perSecond
 	select {
@@ -908,7 +925,10 @@ func benchRunSMNotify(ctx context.Context, o benchNotifyOptions, hosts *benchHos
 		cmd.Process.Kill() // our own child, by pid
 		<-exited
 		if all {
-			p.Note = "sm-notify stopped once every live host was notified (it keeps retrying dead ones)"
+			p.Note = "sm-notify stopped once every live host had its SM_NOTIFY"
+			if live < o.Hosts {
+				p.Note += " (it keeps retrying the dead ones)"
+			}
 		} else {
 			p.TimedOut = true
 			p.Note = fmt.Sprintf("sm-notify stopped after the %v cap", o.SMNotifyTimeout)

@@ -52,6 +52,8 @@ func benchNotifyNetns(ctx context.Context, o benchNotifyOptions, exe string, arg
 	}
 	cmd.Env = append(os.Environ(), benchNotifyChildEnv+"="+string(raw), "NSMD_BENCH_NETNS="+ns, benchNotifyParentNetnsEnv+"="+parentNS)
 	cmd.ExtraFiles = []*os.File{pw} // fd 3
+	// If we die without cleaning up, the child is told to (SIGTERM).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Start(); err != nil {
 		pw.Close()
@@ -164,4 +166,10 @@ func benchNotifyHosts(dir string) error {
 		return fmt.Errorf("bind-mount a hosts file naming the VIP over /etc/hosts (private mount namespace): %w", err)
 	}
 	return nil
+}
+
+// benchNotifyChildAttr makes a process we start (sm-notify) get SIGKILL if
+// we die first.
+func benchNotifyChildAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"syscall"
 )
 
 var errBenchNotifyLinux = errors.New("bench notify needs Linux network namespaces")
@@ -19,3 +20,5 @@ func benchNotifyCheckPrivateNetns() error { return errBenchNotifyLinux }
 func benchNotifyRaiseNofile(uint64) (uint64, error) { return 0, errBenchNotifyLinux }
 
 func benchNotifyHosts(string) error { return errBenchNotifyLinux }
+
+func benchNotifyChildAttr() *syscall.SysProcAttr { return nil }
