@@ -42,6 +42,10 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(agentCmd(), devCmd(), statusCmd(), membersCmd(), registrationsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd())
+	// TEMP: register bench notify (drop at merge: bench.go's parent adds it).
+	tempBench := &cobra.Command{Use: "bench", Short: "Benchmarks (TEMP parent)"}
+	tempBench.AddCommand(benchNotifyCmd())
+	root.AddCommand(tempBench)
 	return root
 }
 
