@@ -19,6 +19,8 @@ type Metrics struct {
 	notifyTargets  *prometheus.GaugeVec
 	notifyLatency  prometheus.Histogram
 	notifyReceived *prometheus.CounterVec
+	notifySends    *prometheus.CounterVec
+	notifySendsBy  [2][2]prometheus.Counter // [getport][retry]
 }
 
 // NewMetrics creates the metrics and registers them on reg (never the
@@ -55,10 +57,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "nsmd_notify_received_total",
 			Help: "SM_NOTIFY calls received from rebooted peers, by result (accepted, ignored, error).",
 		}, []string{"result"}),
+		notifySends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_notify_sends_total",
+			Help: "Datagrams the SM_NOTIFY fan-out sent, by call (getport, notify) and kind (first to a host, retry).",
+		}, []string{"call", "kind"}),
+	}
+	for i, call := range []string{"notify", "getport"} {
+		for j, kind := range []string{"first", "retry"} {
+			m.notifySendsBy[i][j] = m.notifySends.WithLabelValues(call, kind)
+		}
 	}
 	if reg != nil {
 		reg.MustRegister(m.rpcRequests, m.rpcDuration, m.monRefused, m.callbacks,
-			m.notifyTargets, m.notifyLatency, m.notifyReceived)
+			m.notifyTargets, m.notifyLatency, m.notifyReceived, m.notifySends)
 	}
 	return m
 }
@@ -133,6 +144,21 @@ func (m *Metrics) notifyAcked(d time.Duration) {
 	if m != nil {
 		m.notifyLatency.Observe(d.Seconds())
 	}
+}
+
+// notifySent counts one fan-out datagram: a GETPORT (getport true) or an
+// SM_NOTIFY, the host's first of that kind or a retry.
+func (m *Metrics) notifySent(getport, retry bool) {
+	if m != nil {
+		m.notifySendsBy[b2i(getport)][b2i(retry)].Inc()
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (m *Metrics) notifyReceivedInc(result string) {

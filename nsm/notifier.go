@@ -28,9 +28,13 @@ type NotifierConfig struct {
 	// Window is how long a host is retried before it is given up, counted
 	// from the start of Run. Default 15 min (sm-notify's -m default).
 	Window time.Duration
-	// Parallel bounds the hosts in their first round trip. A host that has
-	// timed out once continues on its own backoff schedule outside this
-	// budget, so dead hosts never hold up live ones. Default 1024.
+	// Parallel bounds the hosts in their first round trip. A host leaves
+	// this budget when it answers, or when it has not answered within a
+	// few round trips (the slot timeout: smoothed RTT + 4 × its variance,
+	// as RFC 6298 computes an RTO, measured on this run's answers, at
+	// least 5 ms and at most InitialRTO); its call stays outstanding and
+	// it continues on its own backoff schedule outside the budget, so dead
+	// hosts never hold up live ones. Default 1024.
 	Parallel int
 	// InitialRTO is the first retransmit timeout; it doubles up to MaxRTO.
 	// Defaults 500 ms and 30 s.
@@ -114,6 +118,7 @@ type Summary struct {
 	Pending  int           // hosts neither done nor failed (run cancelled)
 	Elapsed  time.Duration // from start to return
 	Canceled bool          // ctx ended before every host finished
+	RTT      time.Duration // smoothed round trip of the answers (0: none)
 	Err      error         // the run could not start (e.g. the source address is not local)
 }
 
@@ -121,7 +126,7 @@ type Summary struct {
 func (s Summary) LogValue() slog.Value {
 	attrs := []slog.Attr{slog.Int("state", int(s.State)), slog.Int("targets", s.Targets),
 		slog.Int("done", s.Done), slog.Int("failed", s.Failed), slog.Int("pending", s.Pending),
-		slog.Duration("elapsed", s.Elapsed), slog.Bool("canceled", s.Canceled)}
+		slog.Duration("elapsed", s.Elapsed), slog.Bool("canceled", s.Canceled), slog.Duration("rtt", s.RTT)}
 	if s.Err != nil {
 		attrs = append(attrs, slog.String("err", s.Err.Error()))
 	}
@@ -174,6 +179,7 @@ func (n *Notifier) Run(ctx context.Context, state int32, targets []fsm.Target) S
 
 	r := &run{n: n, cfg: &n.cfg, state: state, start: start, deadline: start.Add(n.cfg.Window)}
 	sum := r.run(ctx, targets)
+	sum.RTT = r.srtt
 	sum.State = state
 	sum.Targets = len(targets)
 	sum.Pending, sum.Done, sum.Failed = n.Progress()
@@ -207,9 +213,14 @@ type host struct {
 	phase phase
 	xid   uint32 // outstanding call's XID (0: none)
 	sends int    // SM_NOTIFY sends since the last GETPORT
-	rto   time.Duration
-	gen   uint32 // timer generation; older heap entries are stale
-	first bool   // in its first round trip (counts toward Parallel)
+	// pmapSent, notifySent: calls of each kind sent to the host so far.
+	pmapSent, notifySent int
+	rto                  time.Duration
+	rtoAt                time.Time // the current call's retransmit timeout
+	sentAt               time.Time // the current call's last send
+	callSends            uint8     // sends of the current call (XID), saturating
+	gen                  uint32    // timer generation; older heap entries are stale
+	first                bool      // in its first round trip (counts toward Parallel)
 	// resolving: a lookup is in flight (at most one per host, so the
 	// resolver queues never fill).
 	resolving bool
@@ -245,8 +256,12 @@ type run struct {
 	xid     uint32
 	timers  timerHeap
 	buf     []byte
-	resolve chan int
-	results chan resolved
+	// Round-trip estimate from answers to calls sent once (Karn), RFC
+	// 6298 §2: it sets the slot timeout.
+	srtt, rttvar time.Duration
+	rttSamples   int
+	resolve      chan int
+	results      chan resolved
 }
 
 func (r *run) run(ctx context.Context, targets []fsm.Target) Summary {
@@ -481,7 +496,12 @@ func (r *run) send(i int) {
 		}
 		h.xid = r.xid
 		r.xids[h.xid] = i
+		h.callSends = 0
 	}
+	if h.callSends < 255 {
+		h.callSends++
+	}
+	h.sentAt = time.Now()
 	w := oncrpc.NewWriter(r.buf)
 	var dst netip.AddrPort
 	switch h.phase {
@@ -493,12 +513,16 @@ func (r *run) send(i int) {
 		w.Uint32(m.Prot)
 		w.Uint32(m.Port)
 		dst = netip.AddrPortFrom(h.addr, uint16(r.cfg.PmapPort))
+		r.n.m.notifySent(true, h.pmapSent > 0)
+		h.pmapSent++
 	case phNotify:
 		putCallHeader(w, h.xid, Program.Prog, Program.Vers, ProcNotify)
 		args := StatChge{MonName: r.cfg.Name, State: r.state}
 		args.MarshalXDR(w)
 		dst = netip.AddrPortFrom(h.addr, h.port)
 		h.sends++
+		r.n.m.notifySent(false, h.notifySent > 0)
+		h.notifySent++
 	}
 	r.buf = w.Bytes()
 	if _, err := r.conn.WriteToUDPAddrPort(r.buf, dst); err != nil {
@@ -507,15 +531,58 @@ func (r *run) send(i int) {
 	r.arm(i)
 }
 
-// arm schedules the host's next timeout (never past the window's end).
+// arm schedules the host's next timeout (never past the window's end): its
+// retransmit timeout, or first its slot timeout while it holds a place in
+// the first-round budget.
 func (r *run) arm(i int) {
 	h := &r.hosts[i]
 	h.gen++
-	at := time.Now().Add(h.rto)
-	if at.After(r.deadline) {
-		at = r.deadline
+	now := time.Now()
+	h.rtoAt = now.Add(h.rto)
+	if h.rtoAt.After(r.deadline) {
+		h.rtoAt = r.deadline
+	}
+	at := h.rtoAt
+	if h.first {
+		if st := now.Add(r.slotTimeout()); st.Before(at) {
+			at = st
+		}
 	}
 	heap.Push(&r.timers, timerEntry{at: at, idx: int32(i), gen: h.gen})
+}
+
+const (
+	// minSlot is the least time a first-round call holds its place in the
+	// Parallel budget.
+	minSlot = 5 * time.Millisecond
+	// slotBeforeRTT is the slot timeout until the first answer gives a
+	// round-trip sample (capped by InitialRTO).
+	slotBeforeRTT = 100 * time.Millisecond
+)
+
+// slotTimeout is how long a host in its first round trip may hold its
+// place in the budget without an answer.
+func (r *run) slotTimeout() time.Duration {
+	st := slotBeforeRTT
+	if r.rttSamples > 0 {
+		st = max(r.srtt+4*r.rttvar, minSlot)
+	}
+	return min(st, r.cfg.InitialRTO)
+}
+
+// sampleRTT folds one round trip into the estimate (RFC 6298 §2.2-2.3).
+func (r *run) sampleRTT(d time.Duration) {
+	if r.rttSamples == 0 {
+		r.srtt, r.rttvar = d, d/2
+	} else {
+		diff := r.srtt - d
+		if diff < 0 {
+			diff = -diff
+		}
+		r.rttvar = (3*r.rttvar + diff) / 4
+		r.srtt = (7*r.srtt + d) / 8
+	}
+	r.rttSamples++
 }
 
 // fire handles every timeout due at now.
@@ -529,6 +596,15 @@ func (r *run) fire(now time.Time) {
 		}
 		if !now.Before(r.deadline) {
 			r.finish(i, false, fmt.Errorf("no answer within %v", r.cfg.Window))
+			continue
+		}
+		if h.first && now.Before(h.rtoAt) {
+			// No answer within a few round trips: probably dead. It gives
+			// its place to a host that has not started; its call stays
+			// outstanding until its retransmit timeout.
+			h.first = false
+			r.inFirst--
+			heap.Push(&r.timers, timerEntry{at: h.rtoAt, idx: e.idx, gen: h.gen})
 			continue
 		}
 		if h.first {
@@ -569,6 +645,9 @@ func (r *run) onReply(rep reply) {
 	h := &r.hosts[i]
 	if rep.from != h.addr {
 		return // not from the host we asked: ignore (spoofed or stray)
+	}
+	if h.callSends == 1 {
+		r.sampleRTT(time.Since(h.sentAt))
 	}
 	switch h.phase {
 	case phPmap:

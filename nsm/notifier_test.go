@@ -30,6 +30,8 @@ type fakeHost struct {
 	recs []notifyRec
 	pmap []netip.AddrPort
 	drop int // SM_NOTIFYs to leave unanswered first
+	// notified, if set, gets the host's address at each SM_NOTIFY.
+	notified chan<- netip.Addr
 }
 
 func (h *fakeHost) snapshot() ([]notifyRec, []netip.AddrPort) {
@@ -69,6 +71,9 @@ func startFakeHost(t testing.TB, addr netip.Addr, pmapPort int, drop int) (*fake
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		h.recs = append(h.recs, notifyRec{arg: sc, from: c.Remote, at: time.Now()})
+		if h.notified != nil {
+			h.notified <- h.addr
+		}
 		if h.drop > 0 {
 			h.drop--
 			return oncrpc.ErrNoReply
@@ -191,6 +196,81 @@ func TestNotifierNotifiesLiveHostsFromSourceAndGivesUpDeadOnes(t *testing.T) {
 		t.Errorf("last live host first reached after %v: dead hosts delayed live ones", lastFirst)
 	}
 	t.Logf("live hosts all reached within %v; run %v", lastFirst, sum.Elapsed)
+}
+
+// DESIGN.md invariant 4, "dead hosts ... without delaying live ones": with
+// the first-round budget (Parallel) far smaller than the number of dead
+// hosts, and a retransmit timeout of an hour, every live host is still
+// notified — each with one GETPORT and one SM_NOTIFY, no retransmission —
+// because a host that does not answer leaves the budget after a few round
+// trips' time, not after its retransmit timeout. Before, the dead hosts
+// filled the budget and the live ones behind them waited an hour.
+func TestNotifierDeadHostsDoNotHoldLiveOnesBack(t *testing.T) {
+	const total, parallel = 60, 4
+	port := sharedPmapPort(t)
+	notified := make(chan netip.Addr, total)
+	var targets []fsm.Target
+	var live []*fakeHost
+	for i := range total {
+		a := addr4(600 + i)
+		targets = append(targets, fsm.Target{MonName: a.String(), Addrs: []netip.Addr{a}})
+		if i%3 == 2 { // live: one in three (the last host too), the rest dead (no listener)
+			h, err := startFakeHost(t, a, port, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.mu.Lock()
+			h.notified = notified
+			h.mu.Unlock()
+			live = append(live, h)
+		}
+	}
+	m := NewMetrics(prometheus.NewRegistry())
+	n, err := NewNotifier(NotifierConfig{Name: "nfs.example.test", Source: lo, PmapPort: port, Parallel: parallel,
+		InitialRTO: time.Hour, MaxRTO: time.Hour, Window: 2 * time.Hour, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan Summary, 1)
+	go func() { got <- n.Run(ctx, 11, targets) }()
+	seen := map[netip.Addr]bool{}
+	guard := time.After(30 * time.Second) // a failure guard, not a timing assertion
+	for len(seen) < len(live) {
+		select {
+		case a := <-notified:
+			seen[a] = true
+		case <-guard:
+			cancel()
+			t.Fatalf("%d of %d live hosts notified; the dead ones hold the first-round budget", len(seen), len(live))
+		}
+	}
+	// The hosts answer after recording: wait for the notifier to count them.
+	for _, d, _ := n.Progress(); d < len(live); _, d, _ = n.Progress() {
+		select {
+		case <-guard:
+			cancel()
+			t.Fatalf("notifier counts %d of %d live hosts done", d, len(live))
+		case <-time.After(time.Millisecond):
+		}
+	}
+	cancel()
+	sum := <-got
+	if sum.Done != len(live) || sum.Pending != total-len(live) || !sum.Canceled {
+		t.Errorf("summary %+v, want %d done and %d pending (dead, cancelled)", sum, len(live), total-len(live))
+	}
+	for _, h := range live {
+		recs, pmaps := h.snapshot()
+		if len(recs) != 1 || len(pmaps) != 1 {
+			t.Errorf("host %v: %d SM_NOTIFY, %d GETPORT; want one of each (no retransmission)", h.addr, len(recs), len(pmaps))
+		}
+	}
+	if r := counterOrGauge(m.notifySends.WithLabelValues("getport", "retry")); r != 0 {
+		t.Errorf("%v GETPORT retransmissions with an hour's timeout", r)
+	}
+	if f := counterOrGauge(m.notifySends.WithLabelValues("getport", "first")); f != total {
+		t.Errorf("%v first GETPORTs, want one per host (%d)", f, total)
+	}
 }
 
 func TestNotifierStopsPromptlyOnCancel(t *testing.T) {

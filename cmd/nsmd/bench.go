@@ -20,18 +20,18 @@ import (
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmarks: SM_MON load, failover distribution",
+		Short: "Benchmarks: SM_MON load, notify fan-out, failover distribution",
 		Long: `bench measures an NSM server or an nsmd cluster:
 
   nsmd bench mon --addr HOST[:PORT] -c CONNS -n CALLS   SM_MON (and SM_UNMON) load, latency, errors
+  nsmd bench notify --hosts N [--sm-notify]             takeover fan-out to N fake client statds (root)
   nsmd bench failover --runs K                          repeated leader kills, failover distribution
 
 Every subcommand prints a table, or JSON with --json, and draws a chart
 with --plot FILE.svg.`,
 		Args: cobra.NoArgs,
 	}
-	// benchNotifyCmd() (bench_notify.go, on its own branch) joins here at merge.
-	cmd.AddCommand(benchMonCmd(), benchFailoverCmd())
+	cmd.AddCommand(benchMonCmd(), benchNotifyCmd(), benchFailoverCmd())
 	return cmd
 }
 
