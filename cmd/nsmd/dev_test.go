@@ -195,13 +195,14 @@ func TestMeasureDevFailover(t *testing.T) {
 }
 
 // TestMeasureDevMonThroughput drives SM_MON with distinct mon_names at the
-// dev cluster's VIP over TCP and reports throughput, latency, process CPU
+// dev cluster's VIP and reports throughput, latency, process CPU
 // per call (load generator included) and how many raft entries carried the
 // calls. A measurement, not a check:
 //
 //	NSMD_MEASURE=1 go test -run TestMeasureDevMon -v ./cmd/nsmd
 //
-// Knobs: NSMD_MEASURE_NODES (3), NSMD_MEASURE_CONNS (comma list, "1,8,64"),
+// Knobs: NSMD_MEASURE_NET (tcp | udp; a UDP "connection" is a socket, calls
+// retransmitted after 1 s), NSMD_MEASURE_NODES (3), NSMD_MEASURE_CONNS (comma list, "1,8,64"),
 // NSMD_MEASURE_CALLS (calls per phase, 20000), NSMD_MEASURE_DEPTH
 // (outstanding calls per connection, 1), NSMD_MEASURE_INFLIGHT (group-commit
 // entries in raft at once, cluster default), NSMD_MEASURE_NOSYNC=1 (log
@@ -213,6 +214,10 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 	nodes := envInt(t, "NSMD_MEASURE_NODES", 3)
 	total := envInt(t, "NSMD_MEASURE_CALLS", 20000)
 	depth := envInt(t, "NSMD_MEASURE_DEPTH", 1)
+	network := "tcp"
+	if v := os.Getenv("NSMD_MEASURE_NET"); v != "" {
+		network = v
+	}
 	connsList := []int{1, 8, 64}
 	if v := os.Getenv("NSMD_MEASURE_CONNS"); v != "" {
 		connsList = connsList[:0]
@@ -234,7 +239,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 	}
 	d, o := startTestDevOpts(t, "127.0.0.102", nodes, tune)
 	lead := devLeader(t, d, nil, 10*time.Second)
-	t.Logf("%d node(s), VIP %s, depth %d, nosync %v, inflight entries %d (0: default)", nodes, o.VIP, depth, nosync, inflight)
+	t.Logf("%d node(s), VIP %s over %s, depth %d, nosync %v, inflight entries %d (0: default)", nodes, o.VIP, network, depth, nosync, inflight)
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	next := 0
 	for _, conns := range connsList {
@@ -244,7 +249,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 		errs := make(chan error, callers)
 		clients := make([]*oncrpc.Client, conns)
 		for ci := range clients {
-			c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: vip, Timeout: 10 * time.Second})
+			c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: network, Addr: vip, Timeout: 10 * time.Second, Retransmit: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
