@@ -27,7 +27,7 @@ type ServerConfig struct {
 	// commit holds its slot for milliseconds: with 64, 64 pipelined clients
 	// stalled the reader and lost datagrams to retransmission.
 	MaxInFlightUDP int
-	WriteTimeout  time.Duration // TCP write deadline for one reply; default 30 s
+	WriteTimeout   time.Duration // TCP write deadline for one reply; default 30 s
 	// Observe, when set, is called once per call after the reply is sent
 	// (program, version, procedure, the accept status error or nil, duration).
 	// For a handler that returned ErrNoReply it is called with that error;
