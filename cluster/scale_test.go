@@ -190,12 +190,15 @@ func scaleReg(i int, node string) fsm.Registration {
 // (leader in this process, each follower in a process of its own, raft over
 // TCP on loopback, fsync on) and measures the scale figures: RSS per
 // node, snapshot time and size, restore time, and how long a follower whose
-// data was wiped takes to catch up (snapshot installed from the leader).
+// data was wiped takes to catch up (snapshot installed from the leader); also
+// how long a follower restarted with its data takes to replay its log.
 // A measurement, not a check:
 //
 //	NSMD_MEASURE=1 go test -run TestMeasureScale1M -v -timeout 30m ./cluster
 //
-// NSMD_MEASURE_REGS changes the count.
+// NSMD_MEASURE_REGS changes the count, NSMD_MEASURE_BATCH the registrations
+// per log entry (4096; group commit makes entries of up to 512, typically
+// ~30 at 64 connections).
 func TestMeasureScale1M(t *testing.T) {
 	if os.Getenv("NSMD_MEASURE") == "" {
 		t.Skip("measurement; set NSMD_MEASURE=1 to run")
@@ -228,7 +231,11 @@ func TestMeasureScale1M(t *testing.T) {
 	}
 
 	// Load: batches of registrations straight into raft, a few in flight.
-	const batch, inflight = 4096, 4
+	batch := 4096
+	if v := os.Getenv("NSMD_MEASURE_BATCH"); v != "" {
+		batch, _ = strconv.Atoi(v)
+	}
+	const inflight = 4
 	start := time.Now()
 	futures := make(chan raft.ApplyFuture, inflight)
 	loadErr := make(chan error, 1)
@@ -304,6 +311,15 @@ func TestMeasureScale1M(t *testing.T) {
 	}
 	t.Logf("restore: %v (%d registrations)", time.Since(start).Round(time.Millisecond), f.Len())
 	f = nil
+
+	// A follower restarts with its data (no snapshot of its own: it
+	// replays its log from bolt), then catches up.
+	r := children[0]
+	r.stop(syscall.SIGKILL)
+	start = time.Now()
+	r2 := startScaleChild(t, r.id, r.dir, r.bind)
+	r2.waitApplied(t, lead.raft.LastIndex(), total, 5*time.Minute)
+	t.Logf("restarted follower %s (log replay, %d entries) back in %v", r2.id, lead.raft.LastIndex(), time.Since(start).Round(time.Millisecond))
 
 	// A follower loses its disk: kill it, wipe its data, start it empty at
 	// the same address; the leader sends it the snapshot.
