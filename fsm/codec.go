@@ -91,6 +91,44 @@ func Decode(b []byte) ([]Command, error) {
 	return cmds, nil
 }
 
+// decodeApply decodes an entry as Decode does, for FSM.Apply: a Register
+// comes back in its stored form, regs[i] with cmds[i] nil, its strings
+// shared through in (interned MyName/Node), so applying it needs no
+// Registration and no re-packing of its addresses.
+func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error) {
+	if len(b) == 0 {
+		return nil, nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
+	}
+	if b[0] != entryVersion {
+		return nil, nil, fmt.Errorf("%w: %w: entry version %d", ErrBadCommand, ErrVersion, b[0])
+	}
+	d := decoder{b: b[1:]}
+	n := d.uvarint()
+	if d.err == nil && (n == 0 || n > MaxBatch || n > uint64(len(d.b)/minCommandLen)) {
+		d.fail("batch count %d (want 1…%d, fitting %d bytes)", n, MaxBatch, len(d.b))
+	}
+	if d.err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrBadCommand, d.err)
+	}
+	cmds = make([]Command, n)
+	regs = make([]rec, n)
+	for i := range n {
+		if len(d.b) > 0 && d.b[0] == kindRegister {
+			d.b = d.b[1:]
+			regs[i] = d.rec(in)
+		} else {
+			cmds[i] = d.command()
+		}
+		if d.err != nil {
+			return nil, nil, fmt.Errorf("%w: command %d: %w", ErrBadCommand, i, d.err)
+		}
+	}
+	if len(d.b) != 0 {
+		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadCommand, len(d.b))
+	}
+	return cmds, regs, nil
+}
+
 // encoder appends the wire form to b.
 type encoder struct{ b []byte }
 

@@ -154,6 +154,9 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 			if !errors.Is(err, ErrBadCommand) || cmds != nil {
 				t.Fatalf("Decode = %v, %v; want ErrBadCommand", cmds, err)
 			}
+			if cmds, _, err := decodeApply(b, newStrTable()); !errors.Is(err, ErrBadCommand) || cmds != nil {
+				t.Fatalf("decodeApply = %v, %v; want ErrBadCommand", cmds, err)
+			}
 		})
 	}
 	if _, err := Decode([]byte{2, 1}); !errors.Is(err, ErrVersion) {
@@ -163,6 +166,8 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 
 // FuzzDecode: Decode never panics, and whatever it accepts re-encodes to
 // the same bytes (the format is canonical) and applies without panicking.
+// decodeApply (Apply's decoder) accepts exactly the same entries and yields
+// the same commands.
 func FuzzDecode(f *testing.F) {
 	for _, c := range sampleCommands() {
 		b, _ := Encode(c)
@@ -173,11 +178,23 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{1, 1, 3, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cmds, err := Decode(b)
+		acmds, regs, aerr := decodeApply(b, newStrTable())
+		if (err == nil) != (aerr == nil) {
+			t.Fatalf("Decode error %v but decodeApply error %v", err, aerr)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrBadCommand) {
 				t.Fatalf("error %v does not wrap ErrBadCommand", err)
 			}
 			return
+		}
+		for i := range acmds {
+			if acmds[i] == nil {
+				acmds[i] = Register{Reg: regs[i].registration()}
+			}
+		}
+		if a, err := Encode(acmds...); err != nil || !bytes.Equal(a, b) {
+			t.Fatalf("decodeApply's commands re-encode differently (%v):\n in %x\nout %x", err, b, a)
 		}
 		again, err := Encode(cmds...)
 		if err != nil {

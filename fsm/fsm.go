@@ -117,7 +117,7 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 		f.mu.Unlock()
 		return nil
 	}
-	cmds, err := Decode(l.Data)
+	cmds, regs, err := decodeApply(l.Data, f.names)
 	if err != nil {
 		f.mu.Lock()
 		f.applied = l.Index
@@ -127,12 +127,20 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	res := make([]Result, len(cmds))
 	f.mu.Lock()
 	for i, c := range cmds {
+		if c == nil { // a Register, decoded in stored form
+			f.store(regs[i])
+			res[i] = Result{State: f.st.sm}
+			continue
+		}
 		res[i] = f.apply(c)
 	}
 	f.applied = l.Index
 	f.mu.Unlock()
 	if f.observer != nil {
 		for i, c := range cmds {
+			if c == nil {
+				c = Register{Reg: regs[i].registration()}
+			}
 			f.observer(l.Index, c, res[i])
 		}
 	}
@@ -215,10 +223,16 @@ func nextState(cur, minState int32) int32 {
 
 // register adds or replaces a registration; mu is held exclusively.
 func (f *FSM) register(g *Registration) {
-	s := &f.st
 	r := recOf(g)
 	r.myName = f.names.internString(r.myName)
 	r.node = f.names.internString(r.node)
+	f.store(r)
+}
+
+// store adds or replaces r, whose MyName and Node are interned; mu is held
+// exclusively.
+func (f *FSM) store(r rec) {
+	s := &f.st
 	first, known := s.firstOf(r.monName)
 	if known {
 		r.monName = first.monName // share the host's name string

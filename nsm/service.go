@@ -33,8 +33,9 @@ type Config struct {
 	// AllowAnyCallback accepts any my_prog/my_proc in SM_MON. By default,
 	// as rpc.statd, my_prog must be 100021 (NLM) and my_proc 16 or 24.
 	AllowAnyCallback bool
-	// Resolve resolves a mon_name to its addresses; SM_MON fails unless it
-	// returns at least one. Default DefaultResolve.
+	// Resolve resolves a mon_name that is not an IP literal (a literal is
+	// its own address) to its addresses; SM_MON fails unless it returns at
+	// least one. Default DefaultResolve.
 	Resolve func(ctx context.Context, name string) ([]netip.Addr, error)
 	// ResolveTimeout bounds one Resolve call. Default 5 s.
 	ResolveTimeout time.Duration

@@ -147,6 +147,42 @@ func TestMonStoresRegistrationWithLoopbackCallback(t *testing.T) {
 	}
 }
 
+// An IP-literal mon_name is its own address (rpc.statd: literals always
+// resolve) and never reaches the resolver; any other name does, and a
+// failed lookup is stat_fail.
+func TestMonIPLiteralSkipsTheResolver(t *testing.T) {
+	var looked []string
+	s := newNSMServer(t, Config{Resolve: func(_ context.Context, name string) ([]netip.Addr, error) {
+		looked = append(looked, name)
+		return nil, errors.New("no lookups here")
+	}})
+	c := s.dial(t, "tcp", netip.MustParseAddr("127.0.0.5"), false)
+	for _, tc := range []struct {
+		name, addr string
+		want       Res
+	}{
+		{"127.0.3.4", "127.0.3.4", StatSucc},
+		{"::ffff:127.0.3.5", "127.0.3.5", StatSucc},
+		{"client.example.test", "", StatFail},
+	} {
+		var res SMStatRes
+		if err := call(t, c, ProcMon, mon(tc.name, lockd), &res); err != nil || res.Res != tc.want {
+			t.Fatalf("SM_MON %s: %+v %v, want %v", tc.name, res, err, tc.want)
+		}
+		if tc.want != StatSucc {
+			continue
+		}
+		_, regs, _ := s.reg.snapshot()
+		got := regs[fsm.MonID{MonName: tc.name, My: lockd.FSM()}]
+		if !slices.Equal(got.Addrs, []netip.Addr{netip.MustParseAddr(tc.addr)}) {
+			t.Errorf("SM_MON %s: addresses %v, want [%s]", tc.name, got.Addrs, tc.addr)
+		}
+	}
+	if !slices.Equal(looked, []string{"client.example.test"}) {
+		t.Errorf("resolver asked for %q, want only the host name", looked)
+	}
+}
+
 // A trusted remote lock manager is called back at its own address.
 func TestRegistrationCallbackIsRemoteCallerAddress(t *testing.T) {
 	svc, err := NewService(newMapRegistry(1), Config{NodeID: "n"})

@@ -25,7 +25,8 @@
 //
 // The server reads TCP records (RFC 5531 §11) with multi-fragment reassembly
 // and a size cap, and handles the calls of one connection concurrently (up to
-// ServerConfig.MaxInFlight), so clients can pipeline. Over UDP the reply
+// ServerConfig.MaxInFlight; per UDP socket MaxInFlightUDP), so clients can
+// pipeline. Over UDP the reply
 // leaves from the address the request was sent to, which lets a socket bound
 // to the wildcard address answer a floating address (VIP) from that address.
 // Handlers report accept statuses by returning errors that wrap

@@ -21,8 +21,13 @@ type ServerConfig struct {
 	MaxRecordSize int           // TCP record (all fragments) cap; default 64 KiB
 	MaxConns      int           // concurrent TCP connections; default 1024
 	IdleTimeout   time.Duration // TCP read deadline between records; default 2 min
-	MaxInFlight   int           // concurrent calls per TCP connection / UDP socket; default 64
-	WriteTimeout  time.Duration // TCP write deadline for one reply; default 30 s
+	MaxInFlight   int           // concurrent calls per TCP connection; default 64
+	// MaxInFlightUDP bounds concurrent calls per UDP socket (default 1024).
+	// One socket carries every UDP client, and a call that waits for a raft
+	// commit holds its slot for milliseconds: with 64, 64 pipelined clients
+	// stalled the reader and lost datagrams to retransmission.
+	MaxInFlightUDP int
+	WriteTimeout   time.Duration // TCP write deadline for one reply; default 30 s
 	// Observe, when set, is called once per call after the reply is sent
 	// (program, version, procedure, the accept status error or nil, duration).
 	// For a handler that returned ErrNoReply it is called with that error;
@@ -46,6 +51,9 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 64
+	}
+	if c.MaxInFlightUDP <= 0 {
+		c.MaxInFlightUDP = 1024
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 30 * time.Second
@@ -435,7 +443,7 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 		}
 		u.pi = pi
 	}
-	sem := make(chan struct{}, s.cfg.MaxInFlight)
+	sem := make(chan struct{}, s.cfg.MaxInFlightUDP)
 	buf := make([]byte, maxDatagram)
 	oob := make([]byte, 256)
 	for {

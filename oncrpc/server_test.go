@@ -184,6 +184,33 @@ func TestPipelinedConcurrentCallsOnOneConnection(t *testing.T) {
 	}
 }
 
+// TestUDPSocketServesMoreCallsAtOnceThanATCPConnection: one UDP socket
+// carries every UDP client, so its bound is MaxInFlightUDP, not the
+// per-connection MaxInFlight: 3× MaxInFlight blocked calls all start.
+func TestUDPSocketServesMoreCallsAtOnceThanATCPConnection(t *testing.T) {
+	const perConn, calls = 4, 12
+	ts := startServer(t, ServerConfig{MaxInFlight: perConn, MaxInFlightUDP: calls}, nil)
+	c := dialTest(t, ClientConfig{Net: "udp", Addr: ts.udpAddr, Retransmit: 10 * time.Second})
+	errs := make(chan error, calls)
+	for range calls {
+		go func() { errs <- c.Call(context.Background(), testProg, testVers, procBlock, nil, nil) }()
+	}
+	timeout := time.After(5 * time.Second)
+	for i := range calls {
+		select {
+		case <-ts.svc.started:
+		case <-timeout:
+			t.Fatalf("%d of %d calls started on one UDP socket", i, calls)
+		}
+	}
+	close(ts.svc.release)
+	for range calls {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestTCPRepliesMayComeOutOfOrder: a blocked call does not hold back a
 // later one on the same connection.
 func TestTCPRepliesMayComeOutOfOrder(t *testing.T) {

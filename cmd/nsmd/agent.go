@@ -35,6 +35,9 @@ type agentOptions struct {
 	// Crash replaces SIGKILL-ing the process for POST /v1/drill/crash
 	// (nsmd dev kills one in-process node instead).
 	Crash func(*agent)
+	// TuneCluster, when set, adjusts the cluster config before the node
+	// starts (measurement tests compare raft and storage settings).
+	TuneCluster func(*cluster.Config)
 }
 
 // agent is one running node: raft, the NSM server, rpcbind registration,
@@ -154,6 +157,9 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	}
 	if ccfg.VIP, err = a.floatingAddr(); err != nil {
 		return a, err
+	}
+	if opts.TuneCluster != nil {
+		opts.TuneCluster(&ccfg)
 	}
 	a.node, err = cluster.New(ccfg)
 	if err != nil {

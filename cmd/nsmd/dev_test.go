@@ -11,9 +11,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -61,6 +63,12 @@ func startTestDev(t testing.TB, vip string) (*devCluster, devOptions) {
 
 func startTestDevN(t testing.TB, vip string, nodes int) (*devCluster, devOptions) {
 	t.Helper()
+	return startTestDevOpts(t, vip, nodes, nil)
+}
+
+// startTestDevOpts starts a dev cluster whose node configs tune may adjust.
+func startTestDevOpts(t testing.TB, vip string, nodes int, tune func(*cluster.Config)) (*devCluster, devOptions) {
+	t.Helper()
 	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", vip}
 	o := devOptions{
 		Nodes: nodes, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
@@ -68,7 +76,7 @@ func startTestDevN(t testing.TB, vip string, nodes int) (*devCluster, devOptions
 		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := startDev(o, agentOptions{Logger: log})
+	d, err := startDev(o, agentOptions{Logger: log, TuneCluster: tune})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,67 +195,131 @@ func TestMeasureDevFailover(t *testing.T) {
 }
 
 // TestMeasureDevMonThroughput drives SM_MON with distinct mon_names at the
-// dev cluster's VIP over TCP, one outstanding call per connection, and
-// reports throughput and latency at 1, 8 and 64 connections. A
-// measurement, not a check: NSMD_MEASURE=1 go test -run TestMeasureDevMon -v ./cmd/nsmd
+// dev cluster's VIP and reports throughput, latency, process CPU
+// per call (load generator included) and how many raft entries carried the
+// calls. A measurement, not a check:
+//
+//	NSMD_MEASURE=1 go test -run TestMeasureDevMon -v ./cmd/nsmd
+//
+// Knobs: NSMD_MEASURE_NET (tcp | udp; a UDP "connection" is a socket, calls
+// retransmitted after 1 s), NSMD_MEASURE_NODES (3), NSMD_MEASURE_CONNS (comma list, "1,8,64"),
+// NSMD_MEASURE_CALLS (calls per phase, 20000), NSMD_MEASURE_DEPTH
+// (outstanding calls per connection, 1), NSMD_MEASURE_INFLIGHT (group-commit
+// entries in raft at once, cluster default), NSMD_MEASURE_NOSYNC=1 (log
+// store without fsync: not durable, for comparison only).
 func TestMeasureDevMonThroughput(t *testing.T) {
 	if os.Getenv("NSMD_MEASURE") == "" {
 		t.Skip("measurement; set NSMD_MEASURE=1 to run")
 	}
-	nodes := 3
-	if v := os.Getenv("NSMD_MEASURE_NODES"); v != "" {
-		nodes, _ = strconv.Atoi(v)
+	nodes := envInt(t, "NSMD_MEASURE_NODES", 3)
+	total := envInt(t, "NSMD_MEASURE_CALLS", 20000)
+	depth := envInt(t, "NSMD_MEASURE_DEPTH", 1)
+	network := "tcp"
+	if v := os.Getenv("NSMD_MEASURE_NET"); v != "" {
+		network = v
 	}
-	d, o := startTestDevN(t, "127.0.0.102", nodes)
-	devLeader(t, d, nil, 10*time.Second)
-	t.Logf("%d node(s), VIP %s", nodes, o.VIP)
+	connsList := []int{1, 8, 64}
+	if v := os.Getenv("NSMD_MEASURE_CONNS"); v != "" {
+		connsList = connsList[:0]
+		for f := range strings.SplitSeq(v, ",") {
+			c, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || c < 1 {
+				t.Fatalf("NSMD_MEASURE_CONNS %q: bad count %q", v, f)
+			}
+			connsList = append(connsList, c)
+		}
+	}
+	nosync := os.Getenv("NSMD_MEASURE_NOSYNC") != ""
+	inflight := envInt(t, "NSMD_MEASURE_INFLIGHT", 0)
+	tune := func(c *cluster.Config) {
+		c.NoSync = nosync
+		if inflight > 0 {
+			c.MaxInflightEntries = inflight
+		}
+	}
+	d, o := startTestDevOpts(t, "127.0.0.102", nodes, tune)
+	lead := devLeader(t, d, nil, 10*time.Second)
+	t.Logf("%d node(s), VIP %s over %s, depth %d, nosync %v, inflight entries %d (0: default)", nodes, o.VIP, network, depth, nosync, inflight)
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	next := 0
-	for _, conns := range []int{1, 8, 64} {
-		const perConn = 4000
-		calls := max(perConn, 20000/conns*conns) / conns
-		lat := make([][]time.Duration, conns)
+	for _, conns := range connsList {
+		calls := max(total/(conns*depth), 1) // per caller
+		callers := conns * depth
+		lat := make([][]time.Duration, callers)
+		errs := make(chan error, callers)
+		clients := make([]*oncrpc.Client, conns)
+		for ci := range clients {
+			c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: network, Addr: vip, Timeout: 10 * time.Second, Retransmit: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			clients[ci] = c
+		}
+		idx0 := lead.node.Raft().LastIndex()
+		cpu0 := processCPU()
 		start := time.Now()
-		errs := make(chan error, conns)
-		for ci := range conns {
-			base := next + ci*calls
+		for gi := range callers {
+			base := next + gi*calls
+			c := clients[gi%conns]
 			go func() {
-				c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: vip, Timeout: 10 * time.Second})
-				if err != nil {
-					errs <- err
-					return
-				}
-				defer c.Close()
+				lat[gi] = make([]time.Duration, 0, calls)
 				for i := range calls {
 					n := base + i
-					mon := nsm.Mon{ID: nsm.MonID{MonName: fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255), My: nsm.MyID{MyName: "bench", Prog: 100021, Vers: 3, Proc: 16}}}
+					mon := nsm.Mon{ID: nsm.MonID{MonName: fmt.Sprintf("127.%d.%d.%d", n>>16&255, n>>8&255, n&255), My: nsm.MyID{MyName: "bench", Prog: 100021, Vers: 3, Proc: 16}}}
 					var res nsm.SMStatRes
 					t0 := time.Now()
 					if err := c.Call(context.Background(), nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil || res.Res != nsm.StatSucc {
 						errs <- fmt.Errorf("SM_MON: %v %v", res, err)
 						return
 					}
-					lat[ci] = append(lat[ci], time.Since(t0))
+					lat[gi] = append(lat[gi], time.Since(t0))
 				}
 				errs <- nil
 			}()
 		}
-		for range conns {
+		for range callers {
 			if err := <-errs; err != nil {
 				t.Fatal(err)
 			}
 		}
 		el := time.Since(start)
-		next += conns * calls
+		cpu := processCPU() - cpu0
+		entries := lead.node.Raft().LastIndex() - idx0
+		next += callers * calls
 		var all []time.Duration
 		for _, l := range lat {
 			all = append(all, l...)
 		}
 		slices.Sort(all)
 		q := func(p float64) time.Duration { return all[int(p*float64(len(all)-1))] }
-		t.Logf("conns=%d calls=%d: %.0f SM_MON/s  p50 %v  p90 %v  p99 %v  max %v", conns, len(all),
-			float64(len(all))/el.Seconds(), q(0.5), q(0.9), q(0.99), all[len(all)-1])
+		t.Logf("conns=%d depth=%d calls=%d: %.0f SM_MON/s  p50 %v  p90 %v  p99 %v  max %v  cpu %.0f%% (%v/call)  entries %d (%.1f calls/entry)",
+			conns, depth, len(all), float64(len(all))/el.Seconds(), q(0.5), q(0.9), q(0.99), all[len(all)-1],
+			100*cpu.Seconds()/el.Seconds(), (cpu / time.Duration(len(all))).Round(time.Microsecond),
+			entries, float64(len(all))/float64(max(entries, 1)))
 	}
+}
+
+func envInt(t testing.TB, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+// processCPU is this process's user + system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // checkMetrics scrapes the agent's /metrics and checks the families the

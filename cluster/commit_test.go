@@ -1,0 +1,96 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// gatedTransport holds back replication of log entries (not heartbeats)
+// while its gate is shut, so an entry stays in flight as long as a test
+// needs. Pipelining is refused so every AppendEntries comes through here.
+type gatedTransport struct {
+	*raft.InmemTransport
+	shut *atomic.Bool
+	open <-chan struct{}
+}
+
+func (g *gatedTransport) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
+	return nil, raft.ErrPipelineReplicationNotSupported
+}
+
+func (g *gatedTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if len(args.Entries) > 0 && g.shut.Load() {
+		<-g.open
+	}
+	return g.InmemTransport.AppendEntries(id, target, args, resp)
+}
+
+// TestWritesDuringACommitShareTheNextEntry: with one entry in flight
+// (the default), writes that arrive while it commits are not handed to
+// raft one by one; they wait and then go out together as one entry.
+func TestWritesDuringACommitShareTheNextEntry(t *testing.T) {
+	var shut atomic.Bool
+	open := make(chan struct{})
+	var opened sync.Once
+	release := func() { shut.Store(false); opened.Do(func() { close(open) }) }
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.Transport = &gatedTransport{InmemTransport: cfg.Transport.(*raft.InmemTransport), shut: &shut, open: open}
+	})
+	c.waitTakeover(10 * time.Second)
+	_, ld := c.leader(5 * time.Second)
+	n := ld.n
+	before := n.raft.LastIndex()
+	shut.Store(true)
+	t.Cleanup(release) // registered after the cluster's: runs first
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	write := func(i int) {
+		defer wg.Done()
+		if _, err := n.Monitor(context.Background(), testReg(fmt.Sprintf("127.0.1.%d", i), ld.id, byte(i))); err != nil {
+			errs <- err
+		}
+	}
+	wg.Add(1)
+	go write(0) // stored on the leader, not replicated: stays in flight
+	waitFor(t, "first entry on the leader", func() bool { return n.raft.LastIndex() == before+1 })
+	for i := 1; i <= 3; i++ {
+		wg.Add(1)
+		go write(i)
+	}
+	// One write is held by the commit loop waiting for the slot, two queue.
+	waitFor(t, "three writes waiting", func() bool { return len(n.writes) == 2 })
+	if got := n.raft.LastIndex(); got != before+1 {
+		t.Fatalf("raft got %d entries while one was in flight, want 1", got-before)
+	}
+	release()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := n.raft.LastIndex() - before; got != 2 {
+		t.Errorf("4 writes took %d entries, want 2 (one, then the three that waited)", got)
+	}
+	if got := n.FSM().Len(); got != 4 {
+		t.Errorf("registrations %d, want 4", got)
+	}
+	c.converge(5 * time.Second)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
