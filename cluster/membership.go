@@ -293,10 +293,7 @@ func (m *membership) leave(timeout time.Duration) error {
 	msg := append([]byte{msgLeaveIntent}, m.n.cfg.NodeID...)
 	done := make(chan struct{})
 	var sends sync.WaitGroup
-	for _, node := range m.list.Members() {
-		if node.Name == m.n.cfg.NodeID {
-			continue
-		}
+	for _, node := range m.aliveOthers() {
 		sends.Add(1)
 		m.wg.Add(1) // a send to a dead node may outlive leave; shutdown waits for it (TCPTimeout)
 		go func() {
@@ -648,6 +645,26 @@ func (m *membership) reconcile(ctx context.Context) {
 		m.changes.WithLabelValues("remove_server").Inc()
 		m.log.Info("reconcile: removed server that left", "id", c.id, "raft_addr", c.addr)
 	}
+}
+
+// aliveOthers are the other live members, built from our own copies of
+// their addresses: the *memberlist.Node values Members returns are updated
+// by memberlist's own goroutines, so reading them races.
+func (m *membership) aliveOthers() []*memberlist.Node {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*memberlist.Node
+	for id, p := range m.peers {
+		if id == m.n.cfg.NodeID || p.state != stateAlive {
+			continue
+		}
+		ap, err := netip.ParseAddrPort(p.gossipAddr)
+		if err != nil {
+			continue
+		}
+		out = append(out, &memberlist.Node{Name: id, Addr: net.IP(ap.Addr().AsSlice()), Port: ap.Port()})
+	}
+	return out
 }
 
 // updatePeer applies a memberlist event; state "" keeps the current one.

@@ -94,9 +94,9 @@ func Default() Config {
 		HookTimeout:        30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
-		HeartbeatTimeout:   500 * time.Millisecond,
-		ElectionTimeout:    500 * time.Millisecond,
-		LeaderLeaseTimeout: 250 * time.Millisecond,
+		HeartbeatTimeout:   300 * time.Millisecond,
+		ElectionTimeout:    300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond,
 		SnapshotThreshold:  200_000,
 		TrailingLogs:       100_000,
 	}

@@ -42,7 +42,7 @@ const (
 	// so a clean handover can look like a short overlap. The goal is none.
 	overlapSlack = 100 * time.Millisecond
 	// leaderLease is the agents' raft leader lease (the default).
-	leaderLease = 250 * time.Millisecond
+	leaderLease = 150 * time.Millisecond
 	// releaseBound is how soon a leader cut off from its followers must
 	// have dropped the VIP: raft checks the lease every lease interval, so
 	// it steps down within two leases; the rest is slack for the leader
