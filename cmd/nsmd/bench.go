@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -33,6 +35,17 @@ with --plot FILE.svg.`,
 	}
 	cmd.AddCommand(benchMonCmd(), benchNotifyCmd(), benchFailoverCmd())
 	return cmd
+}
+
+// printResult writes rep as indented JSON (--json) or as the command's
+// table; the drill and every bench subcommand print this way.
+func printResult(w io.Writer, asJSON bool, rep any, table func(io.Writer) error) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return table(w)
 }
 
 // benchTarget resolves "HOST[:PORT]" to host:port for NSM over network

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -281,13 +280,7 @@ when another kill would leave no quorum.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
-					return err
-				}
-			} else if err := printBenchFailover(out, rep); err != nil {
+			if err := printResult(out, asJSON, rep, func(w io.Writer) error { return printBenchFailover(w, rep) }); err != nil {
 				return err
 			}
 			if plot != "" {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -675,13 +674,7 @@ the report.`,
 			}
 			rep.PortFrom = from
 			out := cmd.OutOrStdout()
-			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
-					return err
-				}
-			} else if err := printBenchMon(out, rep); err != nil {
+			if err := printResult(out, asJSON, rep, func(w io.Writer) error { return printBenchMon(w, rep) }); err != nil {
 				return err
 			}
 			if plot != "" {

@@ -236,9 +236,7 @@ Needs root (network namespaces, port 111).`,
 				}
 			}
 			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				return printResult(cmd.OutOrStdout(), true, rep, nil)
 			}
 			printBenchNotify(cmd.OutOrStdout(), rep)
 			if plot != "" {

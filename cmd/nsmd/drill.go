@@ -195,13 +195,7 @@ no quorum, the drill stops early and says so.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
-					return err
-				}
-			} else if err := printDrill(out, rep); err != nil {
+			if err := printResult(out, asJSON, rep, func(w io.Writer) error { return printDrill(w, rep) }); err != nil {
 				return err
 			}
 			if report != "" {
