@@ -4,7 +4,7 @@ BIN     := bin/nsmd
 PKGS    := ./...
 export GOFLAGS := -buildvcs=false
 
-.PHONY: all build run test unit e2e bench fuzz lint clean
+.PHONY: all build run test unit e2e bench benchmarks fuzz lint clean
 
 all: build
 
@@ -26,6 +26,10 @@ e2e: build
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./oncrpc ./fsm ./nsm ./cluster
+
+# Every figure of BENCHMARKS.md, side by side with rpc.statd and sm-notify (root).
+benchmarks: build
+	bench/run.sh
 
 # Short fuzzing of every decoder (FUZZTIME each, default 10s).
 FUZZTIME ?= 10s
