@@ -97,8 +97,8 @@ func Default() Config {
 		HeartbeatTimeout:   300 * time.Millisecond,
 		ElectionTimeout:    300 * time.Millisecond,
 		LeaderLeaseTimeout: 150 * time.Millisecond,
-		SnapshotThreshold:  200_000,
-		TrailingLogs:       100_000,
+		SnapshotThreshold:  16_384,
+		TrailingLogs:       10_240,
 	}
 }
 
