@@ -19,6 +19,7 @@ const applyTimeout = 5 * time.Second
 
 // write is one command waiting for its commit.
 type write struct {
+	seq  uint64 // order of arrival (Node.writeSeq)
 	cmd  fsm.Command
 	res  fsm.Result
 	err  error
@@ -95,7 +96,7 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	if n.raft.State() != raft.Leader {
 		return fsm.Result{}, ErrNotLeader
 	}
-	w := &write{cmd: cmd, done: make(chan struct{})}
+	w := &write{seq: n.writeSeq.Add(1), cmd: cmd, done: make(chan struct{})}
 	select {
 	case n.writes <- w:
 	case <-ctx.Done():
@@ -124,8 +125,9 @@ func (w *write) finish(res fsm.Result, err error) {
 }
 
 // commitLoop takes whatever writes are queued, encodes them as one entry
-// and hands it to raft. It never waits for company: batching comes from
-// writes piling up while earlier entries commit. At most
+// and hands it to raft. Batching comes from writes piling up while earlier
+// entries commit, and from a short wait for the writers the previous
+// entry just answered (awaitReturning); a lone writer never waits. At most
 // Config.MaxInflightEntries entries are in raft at once (a slot is taken
 // before the queue is drained and given back when the entry has been
 // applied), so writes that arrive during a commit share the next entry
@@ -155,6 +157,7 @@ func (n *Node) commitLoop() {
 				break drain
 			}
 		}
+		ws = n.awaitReturning(ws)
 		for _, w := range ws {
 			cmds = append(cmds, w.cmd)
 		}
@@ -177,11 +180,57 @@ func (n *Node) commitLoop() {
 	}
 }
 
+// awaitReturning holds the next entry back briefly for the writers the
+// previous entry just answered. Without it, callers that each keep one
+// write outstanding split into two groups that take turns — one commits
+// while the other queues — and every write waits about two commits. A
+// write that arrived after the previous entry completed counts as one of
+// its writers coming back; the wait ends when as many came back as that
+// entry carried, or after half of its commit time (at most 1 ms), so a
+// lone writer never waits and a writer that went away costs one short
+// wait once.
+func (n *Node) awaitReturning(ws []*write) []*write {
+	prev, after := n.lastBatch.Load(), n.lastDoneSeq.Load()
+	var got uint64
+	for _, w := range ws {
+		if w.seq > after {
+			got++
+		}
+	}
+	if prev <= 1 || got >= prev {
+		return ws
+	}
+	wait := min(time.Duration(n.lastCommitNanos.Load())/2, time.Millisecond)
+	if wait <= 0 {
+		return ws
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for len(ws) < maxBatch && got < prev {
+		select {
+		case w := <-n.writes:
+			ws = append(ws, w)
+			if w.seq > after {
+				got++
+			}
+		case <-t.C:
+			return ws
+		case <-n.ctx.Done():
+			return ws
+		}
+	}
+	return ws
+}
+
 // waitLoop completes batches in log order.
 func (n *Node) waitLoop() {
 	for {
 		select {
 		case b := <-n.inflight:
+			b.f.Error() // committed (or failed); nobody answered yet
+			n.lastCommitNanos.Store(int64(time.Since(b.start)))
+			n.lastBatch.Store(uint64(len(b.ws)))
+			n.lastDoneSeq.Store(n.writeSeq.Load())
 			n.complete(b)
 			<-n.slots
 		case <-n.ctx.Done():

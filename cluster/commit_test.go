@@ -94,3 +94,45 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// awaitReturning, on its own: the next entry waits for the writers the
+// previous one answered (those that arrive after it completed), not for
+// the ones that queued during it, and never for a lone writer.
+func TestNextEntryWaitsForTheWritersJustAnswered(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n := &Node{writes: make(chan *write, 16), ctx: ctx}
+	n.lastCommitNanos.Store(int64(time.Hour)) // the wait is capped at 1 ms
+	w := func(seq uint64) *write { return &write{seq: seq, done: make(chan struct{})} }
+
+	// A lone writer (previous entry of 1) goes out at once, even with
+	// nothing else coming.
+	n.lastBatch.Store(1)
+	n.lastDoneSeq.Store(10)
+	if got := n.awaitReturning([]*write{w(11)}); len(got) != 1 {
+		t.Fatalf("lone writer: %d writes", len(got))
+	}
+
+	// The previous entry carried 3 writers; 2 writes queued during it
+	// (seq ≤ 10) are here. The 3 answered writers come back (seq > 10):
+	// the entry takes all 5 and stops waiting as soon as they are in,
+	// leaving later writes for the next entry.
+	n.lastBatch.Store(3)
+	for _, s := range []uint64{11, 12, 13, 14} {
+		n.writes <- w(s)
+	}
+	got := n.awaitReturning([]*write{w(9), w(10)})
+	if len(got) != 5 {
+		t.Fatalf("got %d writes, want the 2 queued + 3 returning", len(got))
+	}
+	if len(n.writes) != 1 {
+		t.Fatalf("%d writes left queued, want 1 for the next entry", len(n.writes))
+	}
+	<-n.writes
+
+	// Writers that do not come back: the wait ends (after at most 1 ms)
+	// with what is there.
+	if got := n.awaitReturning([]*write{w(9)}); len(got) != 1 {
+		t.Fatalf("got %d writes, want the 1 queued", len(got))
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -179,10 +180,16 @@ type Node struct {
 	bootIndex uint64
 
 	writes   chan *write
-	inflight chan *batch
-	slots    chan struct{} // one per entry in raft (Config.MaxInflightEntries)
-	leaderCh chan bool
-	crashCh  chan int32
+	writeSeq atomic.Uint64 // numbers writes as they arrive
+	// Of the last completed entry: writes, commit time, and writeSeq when
+	// it completed (awaitReturning).
+	lastBatch       atomic.Uint64
+	lastCommitNanos atomic.Int64
+	lastDoneSeq     atomic.Uint64
+	inflight        chan *batch
+	slots           chan struct{} // one per entry in raft (Config.MaxInflightEntries)
+	leaderCh        chan bool
+	crashCh         chan int32
 
 	fwd  forwarder
 	lcMu sync.Mutex
