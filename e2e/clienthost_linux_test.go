@@ -172,9 +172,9 @@ type clientHost struct {
 	done   chan struct{}
 	ready  chan struct{}
 
+	replies replies[clientLine]
+
 	mu      sync.Mutex
-	nextID  int
-	waiting map[int]chan clientLine
 	notices []notice
 	log     childLog // lines that are not ours (test output), for failures
 }
@@ -183,7 +183,7 @@ type clientHost struct {
 // stopped (stdin closed, then SIGKILL by pid) when the test ends.
 func startClientHost(t *testing.T, h *netHost) *clientHost {
 	t.Helper()
-	c := &clientHost{host: h, myName: "client-" + h.name, done: make(chan struct{}), ready: make(chan struct{}), waiting: make(map[int]chan clientLine)}
+	c := &clientHost{host: h, myName: "client-" + h.name, done: make(chan struct{}), ready: make(chan struct{})}
 	cfg, _ := json.Marshal(clientHostConfig{IP: h.ip.String(), Name: c.myName})
 	c.cmd, c.stdin = spawnChild(t, h, "client host "+h.name, "TestClientHostProcess", clientHostEnv, cfg,
 		&c.log, c.read, c.log.String, c.ready, c.done)
@@ -205,15 +205,40 @@ func (c *clientHost) read(r io.Reader) {
 			c.notices = append(c.notices, notice{from: from, monName: l.MonName, state: l.State, at: time.Unix(0, l.AtNano)})
 			c.mu.Unlock()
 		case "reply":
-			c.mu.Lock()
-			ch := c.waiting[l.ID]
-			delete(c.waiting, l.ID)
-			c.mu.Unlock()
-			if ch != nil {
-				ch <- l
-			}
+			c.replies.deliver(l.ID, l)
 		}
 	})
+}
+
+// replies matches a child's answers to the parent's requests by id.
+type replies[L any] struct {
+	mu      sync.Mutex
+	nextID  int
+	waiting map[int]chan L
+}
+
+// expect numbers a new request; its answer will come on the channel.
+func (r *replies[L]) expect() (int, <-chan L) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.waiting == nil {
+		r.waiting = make(map[int]chan L)
+	}
+	r.nextID++
+	ch := make(chan L, 1)
+	r.waiting[r.nextID] = ch
+	return r.nextID, ch
+}
+
+// deliver hands the answer to request id to its waiter (once).
+func (r *replies[L]) deliver(id int, l L) {
+	r.mu.Lock()
+	ch := r.waiting[id]
+	delete(r.waiting, id)
+	r.mu.Unlock()
+	if ch != nil {
+		ch <- l
+	}
 }
 
 // childLog keeps a child's stderr and unprefixed stdout (up to 1 MiB),
@@ -260,12 +285,8 @@ func scanChild[T any](r io.Reader, prefix string, log io.Writer, handle func(T))
 
 // do sends a request and waits for its answer.
 func (c *clientHost) do(cmd clientCmd, timeout time.Duration) (clientLine, error) {
-	ch := make(chan clientLine, 1)
-	c.mu.Lock()
-	c.nextID++
-	cmd.ID = c.nextID
-	c.waiting[cmd.ID] = ch
-	c.mu.Unlock()
+	var ch <-chan clientLine
+	cmd.ID, ch = c.replies.expect()
 	b, _ := json.Marshal(cmd)
 	c.wmu.Lock()
 	_, err := c.stdin.Write(append(b, '\n'))

@@ -278,16 +278,14 @@ type realStatdHost struct {
 	ready chan struct{}
 	done  chan struct{}
 
-	mu      sync.Mutex
-	nextID  int
-	waiting map[int]chan realStatdLine
+	replies replies[realStatdLine]
 }
 
 // startRealStatdHost runs the child in h's namespace with hostsFile as its
 // /etc/hosts.
 func startRealStatdHost(t *testing.T, h *netHost, hostsFile string) *realStatdHost {
 	t.Helper()
-	r := &realStatdHost{host: h, ready: make(chan struct{}), done: make(chan struct{}), waiting: make(map[int]chan realStatdLine)}
+	r := &realStatdHost{host: h, ready: make(chan struct{}), done: make(chan struct{})}
 	cfg, _ := json.Marshal(realStatdConfig{Hosts: hostsFile})
 	wrap := []string{"unshare", "--mount", "--propagation", "private", "sh", "-c",
 		`mount -t tmpfs nsmd-run /run && mkdir -p /run/rpcbind && mount --bind "$NSMD_E2E_HOSTS" /etc/hosts && exec "$0" "$@"`}
@@ -307,13 +305,7 @@ func (r *realStatdHost) read(rd io.Reader) {
 			r.port = l.Port
 			close(r.ready)
 		case "done":
-			r.mu.Lock()
-			ch := r.waiting[l.ID]
-			delete(r.waiting, l.ID)
-			r.mu.Unlock()
-			if ch != nil {
-				ch <- l
-			}
+			r.replies.deliver(l.ID, l)
 		}
 	})
 }
@@ -322,12 +314,8 @@ func (r *realStatdHost) read(rd io.Reader) {
 // outcome when it exits.
 func (r *realStatdHost) smNotify(t *testing.T, c smNotifyCmd) <-chan realStatdLine {
 	t.Helper()
-	ch := make(chan realStatdLine, 1)
-	r.mu.Lock()
-	r.nextID++
-	c.ID = r.nextID
-	r.waiting[c.ID] = ch
-	r.mu.Unlock()
+	var ch <-chan realStatdLine
+	c.ID, ch = r.replies.expect()
 	b, _ := json.Marshal(c)
 	if _, err := r.stdin.Write(append(b, '\n')); err != nil {
 		t.Fatalf("%s: ask for sm-notify: %v", r.host.name, err)
