@@ -70,7 +70,7 @@ func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillRe
 	for i := range o.Nodes {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i+1))
 	}
-	ports, err := benchFreePorts(ips, 4)
+	ports, err := freePortsOn(ips, 4)
 	if err != nil {
 		return nil, fmt.Errorf("bench failover: %w", err)
 	}
@@ -158,9 +158,9 @@ func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillRe
 	return all, nil
 }
 
-// benchFreePorts finds n distinct ports, each free for TCP and UDP on
+// freePortsOn finds n distinct ports, each free for TCP and UDP on
 // every ip.
-func benchFreePorts(ips []string, n int) ([]int, error) {
+func freePortsOn(ips []string, n int) ([]int, error) {
 	var out []int
 	for range 200 {
 		if len(out) == n {

@@ -23,38 +23,11 @@ import (
 // portFreeOn finds a port free for TCP and UDP on every ip.
 func portFreeOn(t testing.TB, ips ...string) int {
 	t.Helper()
-	for range 100 {
-		ln, err := net.Listen("tcp", ips[0]+":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		ok := true
-		for _, ip := range ips {
-			for _, netw := range []string{"tcp", "udp"} {
-				addr := net.JoinHostPort(ip, strconv.Itoa(p))
-				var err error
-				if netw == "tcp" {
-					var l net.Listener
-					if l, err = net.Listen(netw, addr); err == nil {
-						l.Close()
-					}
-				} else {
-					var pc net.PacketConn
-					if pc, err = net.ListenPacket(netw, addr); err == nil {
-						pc.Close()
-					}
-				}
-				ok = ok && err == nil
-			}
-		}
-		if ok {
-			return p
-		}
+	ports, err := freePortsOn(ips, 1)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no common free port")
-	return 0
+	return ports[0]
 }
 
 func startTestDev(t testing.TB, vip string) (*devCluster, devOptions) {
