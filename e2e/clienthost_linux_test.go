@@ -191,10 +191,6 @@ func startClientHost(t *testing.T, h *netHost) *clientHost {
 }
 
 func (c *clientHost) read(r io.Reader) {
-	defer func() {
-		c.cmd.Wait()
-		close(c.done)
-	}()
 	scanChild(r, clientLinePrefix, &c.log, func(l clientLine) {
 		switch l.Ev {
 		case "ready":
@@ -315,9 +311,10 @@ func (c *clientHost) Notices() []notice {
 }
 
 // spawnChild re-runs this test binary's testName inside h's namespace with
-// env key=cfg, feeds its stdout to read (which must close done at EOF and
-// ready when the child says so), stops it at test end (stdin closed, then
-// SIGKILL after 3 s), and waits until it is ready.
+// env key=cfg, feeds its stdout to read (which must close ready when the
+// child says so), reaps it and closes done once its output ends, stops it
+// at test end (stdin closed, then SIGKILL after 3 s), and waits until it
+// is ready.
 func spawnChild(t *testing.T, h *netHost, what, testName, key string, cfg []byte, stderr io.Writer,
 	read func(io.Reader), output func() string, ready, done chan struct{}) (*exec.Cmd, io.WriteCloser) {
 	t.Helper()
@@ -347,7 +344,11 @@ func spawnChildWrapped(t *testing.T, h *netHost, wrap, env []string, what, testN
 	if err := startPinned(cmd); err != nil {
 		t.Fatalf("start %s: %v", what, err)
 	}
-	go read(stdout)
+	go func() { // the child's output, then its exit
+		read(stdout)
+		cmd.Wait()
+		close(done)
+	}()
 	t.Cleanup(func() {
 		stdin.Close()
 		select {

@@ -236,10 +236,6 @@ type manyHosts struct {
 }
 
 func (m *manyHosts) read(r io.Reader) {
-	defer func() {
-		m.cmd.Wait()
-		close(m.done)
-	}()
 	scanChild(r, manyLinePrefix, &m.log, func(l manyLine) {
 		switch l.Ev {
 		case "ready":

@@ -295,10 +295,6 @@ func startRealStatdHost(t *testing.T, h *netHost, hostsFile string) *realStatdHo
 }
 
 func (r *realStatdHost) read(rd io.Reader) {
-	defer func() {
-		r.cmd.Wait()
-		close(r.done)
-	}()
 	scanChild(rd, realStatdPrefix, &r.log, func(l realStatdLine) {
 		switch l.Ev {
 		case "ready":
