@@ -4,7 +4,7 @@ BIN     := bin/nsmd
 PKGS    := ./...
 export GOFLAGS := -buildvcs=false
 
-.PHONY: all build run test unit e2e bench benchmarks fuzz lint clean
+.PHONY: all build run test unit e2e bench benchmarks fuzz lint clean vm-kernel
 
 all: build
 
@@ -22,7 +22,12 @@ test: lint
 	$(MAKE) e2e
 
 e2e: build
-	NSMD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v ./e2e/
+	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 20m -v ./e2e/
+
+# The Debian cloud kernel the real-kernel e2e tier boots under QEMU (root:
+# apt-get download). Without it those tests skip and say so.
+vm-kernel:
+	e2e/vmkernel.sh $(CURDIR)/out/vm-kernel
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./oncrpc ./fsm ./nsm ./cluster

@@ -1,0 +1,640 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The real-kernel tier: Debian's cloud kernel booted under QEMU (TCG: no
+// KVM here) from one initramfs that this process builds once. Every VM
+// gets busybox, the host's own rpcbind and nfs-utils binaries with the
+// libraries ldd lists, the kernel modules for virtio, NFS client and
+// server, a static nsmd, the deploy/ hook scripts and vmagent (the test's
+// hand inside, see e2e/vmagent). Its network is a tap on the bridge of a
+// topology (switch namespace), so a VM is one more host on 10.77.0.0/24.
+//
+// The kernel comes from `make vm-kernel` (e2e/vmkernel.sh): the package
+// linux-image-cloud-amd64 depends on, unpacked, with depmod run. Where it
+// or qemu is missing the tests skip and say why.
+
+const (
+	vmAgentPort = 7000
+	vmMemMB     = 320
+	vmBootWait  = 90 * time.Second // from qemu start to vmagent listening (TCG, 2 busy cores)
+)
+
+// vmKernelDir is where `make vm-kernel` unpacked the kernel package.
+func vmKernelDir() string {
+	if d := os.Getenv("NSMD_VM_KERNEL_DIR"); d != "" {
+		return d
+	}
+	abs, _ := filepath.Abs("../out/vm-kernel")
+	return abs
+}
+
+// vmKernel is the unpacked kernel: vmlinuz, its version and module tree.
+type vmKernel struct {
+	vmlinuz string
+	version string
+	root    string // holds lib/modules/<version>
+}
+
+func findVMKernel() (vmKernel, error) {
+	root := filepath.Join(vmKernelDir(), "root")
+	m, _ := filepath.Glob(filepath.Join(root, "boot", "vmlinuz-*"))
+	if len(m) == 0 {
+		return vmKernel{}, fmt.Errorf("no kernel in %s (run `make vm-kernel`, or set NSMD_VM_KERNEL_DIR)", vmKernelDir())
+	}
+	k := vmKernel{vmlinuz: m[0], version: strings.TrimPrefix(filepath.Base(m[0]), "vmlinuz-"), root: root}
+	if _, err := os.Stat(filepath.Join(root, "lib", "modules", k.version, "modules.dep")); err != nil {
+		return vmKernel{}, fmt.Errorf("kernel %s has no modules.dep (depmod not run?): %w", k.version, err)
+	}
+	return k, nil
+}
+
+// vmImage is what every VM boots.
+type vmImage struct {
+	kernel vmKernel
+	initrd string
+	qemu   string
+}
+
+var (
+	vmImageOnce sync.Once
+	vmImageVal  *vmImage
+	vmImageErr  error
+	vmImageSkip string
+)
+
+// needVMImage builds the initramfs once per test process, or skips the
+// test saying what is missing.
+func needVMImage(t *testing.T) *vmImage {
+	t.Helper()
+	if why := canNetns(); why != "" {
+		t.Skip(why)
+	}
+	vmImageOnce.Do(func() { vmImageVal, vmImageSkip, vmImageErr = buildVMImage() })
+	if vmImageSkip != "" {
+		t.Skip(vmImageSkip)
+	}
+	if vmImageErr != nil {
+		t.Fatalf("building the VM image: %v", vmImageErr)
+	}
+	return vmImageVal
+}
+
+// The host programs a VM needs, by where they live on the host (the same
+// path inside). Libraries come from ldd.
+var vmPrograms = []string{
+	"/usr/sbin/rpcbind", "/usr/sbin/rpc.mountd", "/usr/sbin/exportfs", "/usr/sbin/rpc.nfsd",
+	"/usr/sbin/rpc.statd", "/usr/sbin/sm-notify", "/usr/sbin/mount.nfs",
+}
+
+// vmModules are loaded in order at boot (dependencies resolved by modprobe
+// --show-depends against the unpacked tree).
+var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd", "nfsv3"}
+
+func buildVMImage() (*vmImage, string, error) {
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		return nil, "qemu-system-x86_64 not installed (Debian package qemu-system-x86; .ci/run installs it)", nil
+	}
+	k, err := findVMKernel()
+	if err != nil {
+		return nil, err.Error(), nil
+	}
+	busybox, err := exec.LookPath("busybox")
+	if err != nil || !isStatic(busybox) {
+		return nil, "no static busybox (Debian package busybox-static)", nil
+	}
+	for _, p := range vmPrograms {
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Sprintf("%s missing (Debian packages rpcbind, nfs-common, nfs-kernel-server)", p), nil
+		}
+	}
+	dir, err := os.MkdirTemp("", "nsmd-vm-")
+	if err != nil {
+		return nil, "", err
+	}
+	img := &vmImage{kernel: k, qemu: qemu, initrd: filepath.Join(dir, "initrd.cpio")}
+	cw := newCpio()
+
+	// Static Go programs: nsmd and vmagent.
+	for _, b := range []struct{ pkg, dst string }{{"../cmd/nsmd", "usr/local/bin/nsmd"}, {"./vmagent", "usr/local/bin/vmagent"}} {
+		out := filepath.Join(dir, filepath.Base(b.dst))
+		cmd := exec.Command("go", "build", "-o", out, b.pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+		if o, err := cmd.CombinedOutput(); err != nil {
+			return nil, "", fmt.Errorf("go build %s: %w: %s", b.pkg, err, o)
+		}
+		if err := cw.addFile(b.dst, out, 0o755); err != nil {
+			return nil, "", err
+		}
+	}
+
+	// busybox and its applets; /init is busybox's init.
+	if err := cw.addFile("bin/busybox", busybox, 0o755); err != nil {
+		return nil, "", err
+	}
+	list, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		return nil, "", fmt.Errorf("busybox --list: %w", err)
+	}
+	for _, a := range strings.Fields(string(list)) {
+		if a != "busybox" {
+			cw.addSymlink("bin/"+a, "busybox")
+		}
+	}
+	cw.addSymlink("init", "bin/busybox")
+	cw.addSymlink("sbin", "bin")
+
+	// Host programs and their libraries.
+	libs := map[string]bool{}
+	for _, p := range vmPrograms {
+		if err := cw.addFile(strings.TrimPrefix(p, "/"), p, 0o755); err != nil {
+			return nil, "", err
+		}
+		deps, err := lddLibs(p)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, l := range deps {
+			libs[l] = true
+		}
+	}
+	for _, l := range sortedKeys(libs) {
+		if err := cw.addFileResolved(strings.TrimPrefix(l, "/"), l); err != nil {
+			return nil, "", err
+		}
+	}
+
+	// Kernel modules, in load order.
+	var order []string
+	seen := map[string]bool{}
+	for _, m := range vmModules {
+		out, err := exec.Command("modprobe", "-d", k.root, "-S", k.version, "--show-depends", m).Output()
+		if err != nil {
+			return nil, "", fmt.Errorf("modprobe --show-depends %s: %w", m, err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 || f[0] != "insmod" || seen[f[1]] {
+				continue
+			}
+			seen[f[1]] = true
+			rel := strings.TrimPrefix(f[1], k.root+"/")
+			if err := cw.addFile(rel, f[1], 0o644); err != nil {
+				return nil, "", err
+			}
+			order = append(order, "/"+rel)
+		}
+	}
+	cw.addData("etc/vm/modules", []byte(strings.Join(order, "\n")+"\n"), 0o644)
+
+	// The shipped hooks, unchanged.
+	hooks, _ := filepath.Glob("../deploy/hooks/*")
+	for _, h := range hooks {
+		if err := cw.addFile("usr/lib/nsmd/hooks/"+filepath.Base(h), h, 0o755); err != nil {
+			return nil, "", err
+		}
+	}
+
+	// Configuration files the RPC programs read.
+	for _, f := range []string{"/etc/netconfig", "/etc/services", "/etc/rpc", "/etc/protocols"} {
+		if err := cw.addFile(strings.TrimPrefix(f, "/"), f, 0o644); err != nil {
+			return nil, "", err
+		}
+	}
+	cw.addData("etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n_rpc:x:100:65534::/run/rpcbind:/bin/false\nstatd:x:101:65534::/var/lib/nfs:/bin/false\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"), 0o644)
+	cw.addData("etc/group", []byte("root:x:0:\nnogroup:x:65534:\n"), 0o644)
+	cw.addData("etc/nsswitch.conf", []byte("passwd: files\ngroup: files\nhosts: files\nservices: files\nprotocols: files\nrpc: files\n"), 0o644)
+	cw.addData("etc/hosts", []byte("127.0.0.1 localhost\n"), 0o644)
+	cw.addSymlink("etc/mtab", "/proc/mounts")
+	cw.addData("etc/exports", nil, 0o644)
+	cw.addData("etc/inittab", []byte(vmInittab), 0o644)
+	cw.addData("etc/vm/rc", []byte(vmRC), 0o755)
+	for _, d := range []string{"proc", "sys", "dev", "run", "tmp", "mnt", "srv", "root", "var/lib/nfs", "var/lib/nsmd", "etc/nsmd"} {
+		cw.addDir(d)
+	}
+
+	f, err := os.Create(img.initrd)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := cw.write(f); err != nil {
+		f.Close()
+		return nil, "", fmt.Errorf("write initramfs: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, "", err
+	}
+	return img, "", nil
+}
+
+// vmInittab: busybox init runs rc once, then keeps vmagent running on the
+// console (its "listening" line is the test's boot event).
+const vmInittab = `::sysinit:/etc/vm/rc
+::respawn:/usr/local/bin/vmagent serve 0.0.0.0:7000
+`
+
+// vmRC is the VM's boot script: filesystems, modules, hostname and address
+// from the kernel command line (vm.host=, vm.ip=), and the persistent disks
+// it names (vm.disk=/dev/vdX:/dir, any number: a client's /var/lib/nfs, a
+// server's /var/lib/nsmd).
+const vmRC = `#!/bin/sh
+export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs -o mode=755 run /run
+mount -t tmpfs tmp /tmp
+DISKS=
+while read m; do insmod "$m" || echo "vm: insmod $m failed"; done < /etc/vm/modules
+for w in $(cat /proc/cmdline); do
+  case "$w" in
+    vm.host=*) VMHOST=${w#vm.host=} ;;
+    vm.ip=*) VMIP=${w#vm.ip=} ;;
+    vm.disk=*) DISKS="$DISKS ${w#vm.disk=}" ;;
+  esac
+done
+hostname "$VMHOST"
+echo "${VMIP%/*} $VMHOST" >> /etc/hosts
+ip link set lo up
+ip addr add "$VMIP" dev eth0
+ip link set eth0 up
+mkdir -p /run/rpcbind /var/lib/nfs
+for d in $DISKS; do
+  mkdir -p "${d#*:}" && mount -t ext4 "${d%%:*}" "${d#*:}" || echo "vm: mount $d failed"
+done
+mkdir -p /var/lib/nfs/sm /var/lib/nfs/sm.bak /var/lib/nfs/v4recovery
+chown statd /var/lib/nfs /var/lib/nfs/sm /var/lib/nfs/sm.bak
+[ -f /var/lib/nfs/etab ] || : > /var/lib/nfs/etab
+[ -f /var/lib/nfs/rmtab ] || : > /var/lib/nfs/rmtab
+echo "vm: $VMHOST up at $VMIP"
+`
+
+// isStatic reports whether the ELF file at p has no program interpreter.
+func isStatic(p string) bool {
+	out, err := exec.Command("ldd", p).CombinedOutput()
+	return err != nil || bytes.Contains(out, []byte("not a dynamic executable"))
+}
+
+// lddLibs lists the absolute library paths (and loader) p needs.
+func lddLibs(p string) ([]string, error) {
+	out, err := exec.Command("ldd", p).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", p, err)
+	}
+	var libs []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+			libs = append(libs, f[2])
+		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+			libs = append(libs, f[0])
+		}
+	}
+	return libs, nil
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// cpioArchive is an initramfs in the "newc" format, built in memory.
+type cpioArchive struct {
+	entries []cpioEntry
+	dirs    map[string]bool
+	err     error
+}
+
+type cpioEntry struct {
+	name string
+	mode uint32 // with type bits
+	data []byte
+}
+
+func newCpio() *cpioArchive { return &cpioArchive{dirs: map[string]bool{}} }
+
+// parents adds the directories above name.
+func (c *cpioArchive) parents(name string) {
+	for d := filepath.Dir(name); d != "." && d != "/"; d = filepath.Dir(d) {
+		c.addDir(d)
+	}
+}
+
+func (c *cpioArchive) addDir(name string) {
+	if c.dirs[name] {
+		return
+	}
+	c.dirs[name] = true
+	c.parents(name)
+	c.entries = append(c.entries, cpioEntry{name: name, mode: syscall.S_IFDIR | 0o755})
+}
+
+func (c *cpioArchive) addData(name string, data []byte, perm uint32) {
+	c.parents(name)
+	c.entries = append(c.entries, cpioEntry{name: name, mode: syscall.S_IFREG | perm, data: data})
+}
+
+func (c *cpioArchive) addSymlink(name, target string) {
+	c.parents(name)
+	c.entries = append(c.entries, cpioEntry{name: name, mode: syscall.S_IFLNK | 0o777, data: []byte(target)})
+}
+
+func (c *cpioArchive) addFile(name, src string, perm uint32) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	c.addData(name, data, perm)
+	return nil
+}
+
+// addFileResolved adds a library under the path it is known by; when that
+// path is a symlink (libc.so.6 → libc-2.36.so, /lib → usr/lib), the file is
+// stored there with the resolved contents.
+func (c *cpioArchive) addFileResolved(name, src string) error {
+	st, err := os.Stat(src)
+	if err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	return c.addFile(name, src, uint32(st.Mode().Perm()))
+}
+
+func (c *cpioArchive) write(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	ino := uint32(1)
+	put := func(e cpioEntry) error {
+		name := e.name + "\x00"
+		hdr := fmt.Sprintf("070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
+			ino, e.mode, 0, 0, 1, 0, len(e.data), 0, 0, 0, 0, len(name), 0)
+		ino++
+		bw.WriteString(hdr)
+		bw.WriteString(name)
+		pad := (4 - (len(hdr)+len(name))%4) % 4
+		bw.Write(make([]byte, pad))
+		bw.Write(e.data)
+		bw.Write(make([]byte, (4-len(e.data)%4)%4))
+		return nil
+	}
+	// Directories first, so every file has its parent.
+	sorted := slicesStable(c.entries)
+	for _, e := range sorted {
+		if err := put(e); err != nil {
+			return err
+		}
+	}
+	if err := put(cpioEntry{name: "TRAILER!!!"}); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+func slicesStable(es []cpioEntry) []cpioEntry {
+	out := append([]cpioEntry(nil), es...)
+	sort.SliceStable(out, func(i, j int) bool {
+		di, dj := out[i].mode&syscall.S_IFMT == syscall.S_IFDIR, out[j].mode&syscall.S_IFMT == syscall.S_IFDIR
+		if di != dj {
+			return di
+		}
+		if di {
+			return strings.Count(out[i].name, "/") < strings.Count(out[j].name, "/")
+		}
+		return false
+	})
+	return out
+}
+
+// testVM is one running QEMU guest on a topology's bridge.
+type testVM struct {
+	t       *testing.T
+	img     *vmImage
+	name    string
+	ip      netip.Addr
+	tap     string
+	mac     string
+	sw      string   // switch namespace (where the tap and qemu live)
+	from    string   // namespace the test reaches the agent from
+	disks   []string // raw images, attached in order as /dev/vda, vdb…
+	cmdline string
+
+	cmd     *exec.Cmd
+	console *lockedBuffer
+	ready   chan struct{}
+	done    chan struct{}
+	started time.Time
+}
+
+// vmSpec describes a VM to boot.
+type vmSpec struct {
+	name  string
+	ip    netip.Addr
+	disks []string
+	extra string // more kernel command line
+}
+
+// newVM makes the VM's tap on the switch; boot starts it.
+func newVM(t *testing.T, img *vmImage, tp *topology, from *netHost, s vmSpec, index int) *testVM {
+	t.Helper()
+	v := &testVM{t: t, img: img, name: s.name, ip: s.ip, tap: "t-" + s.name, sw: tp.sw, from: from.ns, disks: s.disks,
+		mac: fmt.Sprintf("52:54:00:77:00:%02x", index), cmdline: s.extra}
+	for _, args := range [][]string{
+		{"-n", tp.sw, "tuntap", "add", "dev", v.tap, "mode", "tap"},
+		{"-n", tp.sw, "link", "set", v.tap, "master", "br0", "up"},
+	} {
+		if _, err := ipCmd(args...); err != nil {
+			t.Fatalf("VM %s: %v", s.name, err)
+		}
+	}
+	return v
+}
+
+// boot starts qemu (not waiting for the guest): the VM's console is
+// collected, and the test process owns it (it dies with us).
+func (v *testVM) boot() {
+	v.t.Helper()
+	append_ := fmt.Sprintf("console=ttyS0 panic=-1 quiet loglevel=4 vm.host=%s vm.ip=%s/%d %s", v.name, v.ip, topoBits, v.cmdline)
+	args := []string{"netns", "exec", v.sw, v.img.qemu,
+		"-accel", "tcg", "-cpu", "max", "-m", fmt.Sprint(vmMemMB), "-smp", "1",
+		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
+		"-kernel", v.img.kernel.vmlinuz, "-initrd", v.img.initrd, "-append", append_,
+		"-netdev", fmt.Sprintf("tap,id=n0,ifname=%s,script=no,downscript=no", v.tap),
+		"-device", "virtio-net-pci,netdev=n0,mac=" + v.mac,
+	}
+	for i, d := range v.disks {
+		args = append(args, "-drive", fmt.Sprintf("file=%s,format=raw,if=virtio,index=%d,file.locking=off", d, i))
+	}
+	cmd := exec.Command("ip", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	v.console = &lockedBuffer{}
+	v.ready, v.done = make(chan struct{}), make(chan struct{})
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	cmd.Stderr = v.console
+	v.started = time.Now()
+	if err := startPinned(cmd); err != nil {
+		v.t.Fatalf("start VM %s: %v", v.name, err)
+	}
+	v.cmd = cmd
+	ready, done := v.ready, v.done
+	go func() {
+		sc := bufio.NewScanner(out)
+		once := false
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(v.console, line)
+			if !once && strings.Contains(line, "vmagent listening on") {
+				once = true
+				close(ready)
+			}
+		}
+		cmd.Wait()
+		close(done)
+	}()
+}
+
+// waitReady waits for the guest's agent.
+func (v *testVM) waitReady() time.Duration {
+	v.t.Helper()
+	select {
+	case <-v.ready:
+		return time.Since(v.started)
+	case <-v.done:
+		v.t.Fatalf("VM %s exited while booting:\n%s", v.name, tail(v.console.String(), 40))
+	case <-time.After(vmBootWait):
+		v.t.Fatalf("VM %s not up within %v:\n%s", v.name, vmBootWait, tail(v.console.String(), 40))
+	}
+	return 0
+}
+
+// kill is a power cut: SIGKILL to qemu.
+func (v *testVM) kill() {
+	if v.cmd == nil || v.cmd.Process == nil {
+		return
+	}
+	v.cmd.Process.Signal(syscall.SIGKILL)
+	<-v.done
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// vmResponse mirrors vmagent's Response.
+type vmResponse struct {
+	RC       int    `json:"rc"`
+	Out      string `json:"out"`
+	Pid      int    `json:"pid"`
+	TimedOut bool   `json:"timed_out"`
+	Err      string `json:"err"`
+}
+
+// call sends one request to the guest's agent.
+func (v *testVM) call(cmd string, timeout time.Duration, detach bool) (vmResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Second)
+	defer cancel()
+	c, err := dialIn(ctx, v.from, "tcp", fmt.Sprintf("%s:%d", v.ip, vmAgentPort))
+	if err != nil {
+		return vmResponse{}, fmt.Errorf("VM %s: %w", v.name, err)
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	req := map[string]any{"cmd": cmd, "timeout_ms": timeout.Milliseconds(), "detach": detach}
+	if err := json.NewEncoder(c).Encode(req); err != nil {
+		return vmResponse{}, fmt.Errorf("VM %s: send: %w", v.name, err)
+	}
+	var r vmResponse
+	if err := json.NewDecoder(c).Decode(&r); err != nil {
+		return vmResponse{}, fmt.Errorf("VM %s: %q: answer: %w", v.name, cmd, err)
+	}
+	if r.Err != "" {
+		return r, fmt.Errorf("VM %s: %q: %s", v.name, cmd, r.Err)
+	}
+	return r, nil
+}
+
+// sh runs cmd in the guest and fails the test unless it exits 0.
+func (v *testVM) sh(timeout time.Duration, cmd string) string {
+	v.t.Helper()
+	r, err := v.call(cmd, timeout, false)
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	if r.TimedOut || r.RC != 0 {
+		v.t.Fatalf("VM %s: %q: rc %d timed_out %v:\n%s", v.name, cmd, r.RC, r.TimedOut, r.Out)
+	}
+	return r.Out
+}
+
+// try runs cmd in the guest and returns its exit code and output.
+func (v *testVM) try(timeout time.Duration, cmd string) (int, string, error) {
+	r, err := v.call(cmd, timeout, false)
+	if err != nil {
+		return -1, "", err
+	}
+	if r.TimedOut {
+		return -1, r.Out, fmt.Errorf("VM %s: %q timed out after %v", v.name, cmd, timeout)
+	}
+	return r.RC, r.Out, nil
+}
+
+// start runs a long-lived command in the guest and returns its first line
+// of output (and pid) once it prints one.
+func (v *testVM) start(timeout time.Duration, cmd string) (string, int) {
+	v.t.Helper()
+	r, err := v.call(cmd, timeout, true)
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	if r.RC > 0 {
+		v.t.Fatalf("VM %s: %q exited %d: %s", v.name, cmd, r.RC, r.Out)
+	}
+	return strings.TrimSpace(r.Out), r.Pid
+}
+
+// makeDisk creates a raw disk image of sizeMB formatted ext4.
+func makeDisk(t *testing.T, path string, sizeMB int, mkfsArgs ...string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(int64(sizeMB) << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	args := append([]string{"-q", "-F"}, mkfsArgs...)
+	args = append(args, path)
+	if out, err := exec.Command("mkfs.ext4", args...).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4 %s: %v: %s", path, err, out)
+	}
+}
