@@ -296,7 +296,9 @@ func (n *Node) observeLeader() {
 	for {
 		select {
 		case o := <-ch:
-			if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" && string(lo.LeaderID) != n.cfg.NodeID {
+			// A witness never holds the VIP: the previous holder to ask
+			// about it is the last *serving* leader.
+			if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" && string(lo.LeaderID) != n.cfg.NodeID && !n.IsWitness(string(lo.LeaderID)) {
 				n.lcMu.Lock()
 				n.prevLeader = string(lo.LeaderID)
 				n.lcMu.Unlock()

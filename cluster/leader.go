@@ -60,7 +60,14 @@ type term struct {
 func (n *Node) startTerm() *term {
 	ctx, cancel := context.WithCancel(n.ctx)
 	t := &term{cancel: cancel, done: make(chan struct{})}
-	go func() { defer close(t.done); n.lead(ctx) }()
+	go func() {
+		defer close(t.done)
+		if n.cfg.Witness {
+			n.handOff(ctx)
+			return
+		}
+		n.lead(ctx)
+	}()
 	return t
 }
 
@@ -90,14 +97,20 @@ func (n *Node) lead(ctx context.Context) {
 	n.leading = true
 	n.mu.Unlock()
 	n.wakeWriters()
+	tl := Timeline{Elected: start, Committed: time.Now(), State: res.State}
+	n.setTimeline(tl)
 	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
 	n.metrics.takeovers.Inc()
 	if n.cfg.VIP != nil && !n.acquireVIP(ctx, lastContact, start) {
 		return
 	}
+	tl.VIP = time.Now()
+	n.setTimeline(tl)
 	if n.cfg.OnLeader != nil {
-		n.cfg.OnLeader(ctx, t, res.State)
+		n.cfg.OnLeader(ctx, t, res.State) // returns once the on_leader hook ran
 	}
+	tl.OnLeaderDone = time.Now()
+	n.setTimeline(tl)
 	n.metrics.takeoverSeconds.Observe(time.Since(start).Seconds())
 
 	state := res.State
@@ -164,6 +177,29 @@ func (n *Node) Leading() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.leading
+}
+
+// Timeline is when this node's last takeover reached each step (zero: not
+// yet). SM_NOTIFY goes out from OnLeaderDone on.
+type Timeline struct {
+	Elected      time.Time `json:"elected"`
+	Committed    time.Time `json:"committed"`      // its Takeover applied
+	VIP          time.Time `json:"vip"`            // the VIP acquired (or none to take)
+	OnLeaderDone time.Time `json:"on_leader_done"` // OnLeader (the on_leader hook) returned; notify starts
+	State        int32     `json:"sm_state"`
+}
+
+func (n *Node) setTimeline(tl Timeline) {
+	n.mu.Lock()
+	n.timeline = tl
+	n.mu.Unlock()
+}
+
+// LastTimeline is the timeline of this node's last takeover.
+func (n *Node) LastTimeline() Timeline {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.timeline
 }
 
 // LastTakeover is the last committed takeover.

@@ -46,6 +46,10 @@ type MemberStatus struct {
 	State      string `json:"state"`    // alive | suspect | dead | left | unknown (in raft only)
 	Suffrage   string `json:"suffrage"` // Voter | Nonvoter | Staging | "" (not in raft)
 	Leader     bool   `json:"leader"`
+	Witness    bool   `json:"witness,omitempty"`
+	// Role is leader, follower or witness (what the member is for; a
+	// witness that briefly leads is still a witness, with Leader set).
+	Role string `json:"role"`
 }
 
 // Version is the nsmd version advertised in gossip metadata.
@@ -81,6 +85,7 @@ type nodeMeta struct {
 	Version  string `json:"ver,omitempty"`
 	HasState bool   `json:"st,omitempty"`      // already in a raft configuration
 	Leaving  bool   `json:"leaving,omitempty"` // shutting down on purpose
+	Witness  bool   `json:"w,omitempty"`       // a witness: never leads for long, never serves
 }
 
 func decodeMeta(b []byte) (nodeMeta, error) {
@@ -166,7 +171,7 @@ func newMembership(n *Node) (*membership, error) {
 		observerCh: make(chan raft.Observation, 8),
 		meta: nodeMeta{
 			V: metaVersion, ID: n.cfg.NodeID, Raft: string(n.trans.LocalAddr()),
-			NSM: n.cfg.NSMAddr, Version: nsmdVersion,
+			NSM: n.cfg.NSMAddr, Version: nsmdVersion, Witness: n.cfg.Witness,
 		},
 	}
 	if m.every <= 0 {
@@ -174,7 +179,7 @@ func newMembership(n *Node) (*membership, error) {
 	}
 	// The largest the metadata can ever get must fit, or memberlist panics.
 	worst := m.meta
-	worst.HasState, worst.Leaving = true, true
+	worst.HasState, worst.Leaving, worst.Witness = true, true, true
 	if b, err := json.Marshal(worst); err != nil {
 		return nil, fmt.Errorf("encode gossip metadata: %w", err)
 	} else if len(b) > memberlist.MetaMaxSize {
@@ -359,7 +364,7 @@ func (m *membership) members() []MemberStatus {
 	for id, p := range m.peers {
 		r := &MemberStatus{ID: id, GossipAddr: p.gossipAddr, State: p.state}
 		if p.metaOK {
-			r.RaftAddr, r.NSMAddr, r.Version = p.meta.Raft, p.meta.NSM, p.meta.Version
+			r.RaftAddr, r.NSMAddr, r.Version, r.Witness = p.meta.Raft, p.meta.NSM, p.meta.Version, p.meta.Witness
 		}
 		rows[id] = r
 	}
@@ -381,10 +386,38 @@ func (m *membership) members() []MemberStatus {
 	out := make([]MemberStatus, 0, len(rows))
 	for _, r := range rows {
 		r.Leader = leader != "" && r.ID == string(leader)
+		r.Witness = r.Witness || m.n.IsWitness(r.ID)
+		r.Role = memberRole(r.Leader, r.Witness)
 		out = append(out, *r)
 	}
 	slices.SortFunc(out, func(a, b MemberStatus) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+func memberRole(leader, witness bool) string {
+	switch {
+	case witness:
+		return "witness"
+	case leader:
+		return "leader"
+	}
+	return "follower"
+}
+
+// isWitness reports whether gossip says member id is a witness.
+func (m *membership) isWitness(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.peers[id]
+	return ok && p.metaOK && p.meta.Witness
+}
+
+// isAlive reports whether gossip sees member id alive.
+func (m *membership) isAlive(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.peers[id]
+	return ok && p.state == stateAlive && !p.leaving
 }
 
 // joinLoop joins the seeds, retrying with backoff until one answers.

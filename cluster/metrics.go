@@ -15,6 +15,7 @@ type metrics struct {
 	takeoverSeconds prometheus.Histogram
 	leaderChanges   prometheus.Counter
 	forwarded       *prometheus.CounterVec
+	witnessHandoffs *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -40,12 +41,15 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_forwarded_writes_total", Help: "Writes forwarded to the leader (ok, denied) or served for followers (served).",
 		}, []string{"result"}),
+		witnessHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_witness_handoffs_total", Help: "Leadership hand-offs by this witness after it won an election (ok, failed).",
+		}, []string{"result"}),
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	cs := []prometheus.Collector{
-		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.leaderChanges, m.forwarded,
+		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.leaderChanges, m.forwarded, m.witnessHandoffs,
 		gauge("nsmd_is_leader", "1 when this node is the raft leader.", func() float64 {
 			if n.raft != nil && n.raft.State() == raft.Leader {
 				return 1

@@ -67,6 +67,14 @@ type Config struct {
 	// NoSync skips fsync in the log store: only for benchmarks that say so.
 	NoSync bool
 
+	// Witness makes this node a witness (witness.go): a voter that serves
+	// nothing and passes leadership on at once when it wins an election.
+	// VIP, OnLeader and OnFollower are not used.
+	Witness bool
+	// Witnesses names other members that are witnesses where there is no
+	// gossip to say so (static Voters clusters).
+	Witnesses []string
+
 	// NSMAddr is this node's NSM address (host:port) as other nodes reach
 	// it; it is advertised in gossip and followers forward writes to the
 	// leader's.
@@ -202,8 +210,10 @@ type Node struct {
 	notifier      *nsm.Notifier
 	notifyState   int32 // sm_state the current (or last) fan-out sends
 	notifyTargets int   // hosts it was started with
+	timeline      Timeline
 
-	started time.Time
+	started  time.Time
+	handoffs atomic.Uint64 // leadership hand-offs made as a witness
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -364,8 +374,8 @@ func (n *Node) Kill() error { return n.stop(false) }
 func (n *Node) stop(graceful bool) error {
 	var err error
 	n.closed.Do(func() {
-		if graceful && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
-			if e := n.raft.LeadershipTransfer().Error(); e != nil {
+		if graceful && n.raft.State() == raft.Leader && len(n.servingVoters()) > 0 {
+			if e := n.TransferLeadership(""); e != nil {
 				n.log.Warn("leadership transfer on shutdown failed", "err", e)
 			}
 		}
@@ -399,20 +409,6 @@ func (n *Node) closeStores() {
 	if n.store != nil {
 		n.store.Close()
 	}
-}
-
-func (n *Node) otherVoters() int {
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return 0
-	}
-	c := 0
-	for _, s := range f.Configuration().Servers {
-		if s.Suffrage == raft.Voter && s.ID != raft.ServerID(n.cfg.NodeID) {
-			c++
-		}
-	}
-	return c
 }
 
 // observe runs inside FSM.Apply on every node: it hands the lock-manager
@@ -477,8 +473,9 @@ func (n *Node) Members() []MemberStatus {
 	}
 	_, leader := n.raft.LeaderWithID()
 	for _, s := range f.Configuration().Servers {
+		w := n.IsWitness(string(s.ID))
 		out = append(out, MemberStatus{ID: string(s.ID), RaftAddr: string(s.Address), State: "unknown",
-			Suffrage: s.Suffrage.String(), Leader: s.ID == leader})
+			Suffrage: s.Suffrage.String(), Leader: s.ID == leader, Witness: w, Role: memberRole(s.ID == leader, w)})
 	}
 	return out
 }

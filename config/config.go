@@ -62,6 +62,7 @@ type Config struct {
 	OnFault         string
 	HookTimeout     time.Duration
 	DrillCrash      bool
+	Witness         bool
 	PmapPort        int
 
 	// Raft timing (LAN defaults).
@@ -190,6 +191,7 @@ func (c *Config) bindings() []binding {
 		str("on_follower", "script run after this node stops being leader", &c.OnFollower),
 		str("on_fault", "script run when the node hits a fault it cannot fix (VIP, takeover, hook)", &c.OnFault),
 		duration("hook_timeout", "how long a hook script may run before it is killed", &c.HookTimeout),
+		boolean("witness", "a voter that never holds the VIP, runs no hook and sends no SM_NOTIFY: the third vote of a server pair", &c.Witness),
 		boolean("drill_crash", "allow POST /v1/drill/crash to kill this node (failover drills)", &c.DrillCrash),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
 		duration("heartbeat_timeout", "raft heartbeat timeout", &c.HeartbeatTimeout),

@@ -14,23 +14,34 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/fsm"
 )
 
 // Status is the body of GET /v1/status (DESIGN.md, outside contract).
 type Status struct {
-	NodeID        string         `json:"node_id"`
-	Role          string         `json:"role"`
-	LeaderID      string         `json:"leader_id"`
-	Term          uint64         `json:"term"`
-	SMState       int32          `json:"sm_state"`
-	Registrations int            `json:"registrations"`
-	VIP           string         `json:"vip"`
-	VIPHeld       bool           `json:"vip_held"`
-	NSMAddr       string         `json:"nsm_addr"`
-	GraceUntil    *time.Time     `json:"grace_until"`
-	AppliedIndex  uint64         `json:"applied_index"`
-	Notify        NotifyProgress `json:"notify"`
+	NodeID string `json:"node_id"`
+	Role   string `json:"role"`
+	// RaftState is raft's own view (leader, follower, candidate): a
+	// witness that briefly leads has role "witness" and raft_state "leader".
+	RaftState string `json:"raft_state"`
+	Witness   bool   `json:"witness,omitempty"`
+	// WitnessHandoffs counts the times this witness won an election and
+	// passed leadership to a serving node.
+	WitnessHandoffs uint64         `json:"witness_handoffs,omitempty"`
+	LeaderID        string         `json:"leader_id"`
+	Term            uint64         `json:"term"`
+	SMState         int32          `json:"sm_state"`
+	Registrations   int            `json:"registrations"`
+	VIP             string         `json:"vip"`
+	VIPHeld         bool           `json:"vip_held"`
+	NSMAddr         string         `json:"nsm_addr"`
+	GraceUntil      *time.Time     `json:"grace_until"`
+	AppliedIndex    uint64         `json:"applied_index"`
+	Notify          NotifyProgress `json:"notify"`
+	// Takeover is this node's last takeover, step by step (absent on a
+	// node that never took over). on_leader_done − vip is the hook's time.
+	Takeover *cluster.Timeline `json:"takeover,omitempty"`
 	// LastHookFailure is the most recent failed hook script, if any.
 	LastHookFailure *HookFailure `json:"last_hook_failure,omitempty"`
 }
@@ -73,6 +84,8 @@ func (a *agent) status() Status {
 	s := Status{
 		NodeID:        a.cfg.NodeID,
 		Role:          roleName(r.State()),
+		RaftState:     roleName(r.State()),
+		Witness:       a.cfg.Witness,
 		LeaderID:      string(leaderID),
 		Term:          term,
 		SMState:       f.State(),
@@ -89,6 +102,13 @@ func (a *agent) status() Status {
 	s.Notify.Pending, s.Notify.Done, s.Notify.Failed = a.node.NotifyProgress()
 	s.Notify.State, s.Notify.Targets = a.node.NotifyRun()
 	s.LastHookFailure = a.hooks.lastFailure()
+	if tl := a.node.LastTimeline(); !tl.Elected.IsZero() {
+		s.Takeover = &tl
+	}
+	if a.cfg.Witness {
+		s.Role = "witness"
+		s.WitnessHandoffs = a.node.Handoffs()
+	}
 	return s
 }
 
@@ -195,8 +215,13 @@ func (a *agent) handleTransfer(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusConflict, "this node is not the leader (leader: %q)", leader)
 		return
 	}
-	if err := rf.LeadershipTransfer().Error(); err != nil {
-		httpError(w, http.StatusInternalServerError, "leadership transfer: %v", err)
+	to := r.URL.Query().Get("to")
+	if err := a.node.TransferLeadership(to); err != nil {
+		code := http.StatusInternalServerError
+		if errors.Is(err, cluster.ErrWitnessTarget) || errors.Is(err, cluster.ErrUnknownTarget) {
+			code = http.StatusBadRequest
+		}
+		httpError(w, code, "leadership transfer: %v", err)
 		return
 	}
 	// The transfer returns once the target started its election; wait

@@ -81,6 +81,30 @@ func (a *agent) kill() {
 	a.wg.Wait()
 }
 
+// witnessConfig drops what a witness never uses, so that one configuration
+// file can serve the servers and the witness: the VIP and the hooks. It
+// says so once.
+func witnessConfig(cfg config.Config, log *slog.Logger) config.Config {
+	var ignored []string
+	if cfg.VIP != "" || cfg.VIPMode != config.VIPNone {
+		ignored = append(ignored, "vip", "vip_mode", "vip_interface")
+	}
+	for _, h := range []struct {
+		key string
+		v   *string
+	}{{"on_leader", &cfg.OnLeader}, {"on_follower", &cfg.OnFollower}, {"on_fault", &cfg.OnFault}} {
+		if *h.v != "" {
+			ignored = append(ignored, h.key)
+			*h.v = ""
+		}
+	}
+	cfg.VIP, cfg.VIPMode, cfg.VIPInterface = "", config.VIPNone, ""
+	if len(ignored) > 0 {
+		log.Warn("witness: ignoring settings a witness never uses", "keys", ignored)
+	}
+	return cfg
+}
+
 // crash ends this node abruptly: the process gets SIGKILL, or in nsmd dev
 // the in-process node is killed.
 func (a *agent) crash() {
@@ -93,6 +117,9 @@ func (a *agent) crash() {
 
 func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	log := opts.Logger.With("node", cfg.NodeID)
+	if cfg.Witness {
+		cfg = witnessConfig(cfg, log)
+	}
 	a = &agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), crashFn: opts.Crash}
 	defer func() {
 		if err != nil {
@@ -126,6 +153,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	}
 	ccfg := cluster.Config{
 		NodeID:   cfg.NodeID,
+		Witness:  cfg.Witness,
 		DataDir:  cfg.DataDir,
 		RaftBind: net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
 		// A lone node (expect 1, nothing to join) forms its own cluster; one
@@ -259,9 +287,25 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 	return nil, nil, lastErr
 }
 
+// onLeader runs the on_leader hook and returns when it has run (bounded by
+// hook_timeout), so that the notifier, which starts after this returns,
+// sends SM_NOTIFY only once the service it announces (kernel nfsd and
+// lockd, started by the hook) can take the clients' reclaims. A failed hook
+// is reported (status, metric, on_fault) and the clients are still
+// notified: one never notified loses its locks for sure, one notified
+// while nfsd is down retries its reclaim (hard mounts retry forever).
 func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
-	a.hooks.leader(ctx, t, state)
+	start := time.Now()
+	done := a.hooks.leader(ctx, t, state)
+	select {
+	case <-done:
+	case <-ctx.Done(): // leadership lost meanwhile: no notify follows anyway
+		return
+	}
+	if a.cfg.OnLeader != "" {
+		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
+	}
 }
 
 func (a *agent) onFollower() {

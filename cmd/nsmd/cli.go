@@ -126,13 +126,13 @@ func membersCmd() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tLEADER\tRAFT\tNSM\tGOSSIP")
+			fmt.Fprintln(tw, "ID\tROLE\tSTATE\tSUFFRAGE\tLEADER\tRAFT\tNSM\tGOSSIP")
 			for _, m := range ms {
 				leader := ""
 				if m.Leader {
 					leader = "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.State, dash(m.Suffrage), leader, dash(m.RaftAddr), dash(m.NSMAddr), dash(m.GossipAddr))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, dash(m.Role), m.State, dash(m.Suffrage), leader, dash(m.RaftAddr), dash(m.NSMAddr), dash(m.GossipAddr))
 			}
 			return tw.Flush()
 		},
@@ -178,13 +178,18 @@ func registrationsCmd() *cobra.Command {
 
 func transferCmd() *cobra.Command {
 	var c adminClient
+	var to string
 	cmd := &cobra.Command{
 		Use:   "transfer-leadership",
 		Short: "Ask the leader (at --admin) to hand leadership to another voter",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var res map[string]string
-			if _, err := c.do("POST", "/v1/leadership/transfer", &res); err != nil {
+			path := "/v1/leadership/transfer"
+			if to != "" {
+				path += "?to=" + url.QueryEscape(to)
+			}
+			if _, err := c.do("POST", path, &res); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "leadership transferred; new leader: %s\n", res["leader_id"])
@@ -192,6 +197,7 @@ func transferCmd() *cobra.Command {
 		},
 	}
 	c.flags(cmd)
+	cmd.Flags().StringVar(&to, "to", "", "node id to hand leadership to (default: any serving voter; never a witness)")
 	return cmd
 }
 

@@ -68,6 +68,14 @@ type hookJob struct {
 	ctx   context.Context // values only (never cancels a queued hook)
 	event string
 	env   hookEnv
+	done  chan struct{} // closed when the job ran (or will never run); may be nil
+}
+
+// finish closes job.done, if any.
+func (j hookJob) finish() {
+	if j.done != nil {
+		close(j.done)
+	}
 }
 
 // hookRunner runs the on_leader / on_follower / on_fault scripts of one
@@ -147,12 +155,21 @@ func (h *hookRunner) start(ctx context.Context) {
 	ctx, h.cancel = context.WithCancel(ctx)
 	go func() {
 		defer close(h.done)
+		defer func() { // stopped: what is still queued never runs
+			h.mu.Lock()
+			for _, j := range h.queue {
+				j.finish()
+			}
+			h.queue = nil
+			h.mu.Unlock()
+		}()
 		for {
 			job, ok := h.next(ctx)
 			if !ok {
 				return
 			}
 			h.exec(ctx, job)
+			job.finish()
 		}
 	}()
 }
@@ -212,25 +229,34 @@ func (h *hookRunner) next(ctx context.Context) (hookJob, bool) {
 // once. An event without a configured script is ignored. ctx only carries
 // values to the log records: a queued hook is not cancelled with it (a
 // term that ended still gets its on_leader run before its on_follower).
-func (h *hookRunner) run(ctx context.Context, event string, env hookEnv) {
+//
+// The returned channel is closed once the hook ran (successfully or not,
+// and after the on_fault a failure triggers), or at once when it will
+// never run (no script, dropped, shutting down).
+func (h *hookRunner) run(ctx context.Context, event string, env hookEnv) <-chan struct{} {
+	done := make(chan struct{})
 	if h == nil || h.scripts[event] == "" {
-		return
+		close(done)
+		return done
 	}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		h.log.Warn("hook not run: node is shutting down", "hook", hookName(event), "event", event)
-		return
+		close(done)
+		return done
 	}
 	if len(h.queue) >= hookQueueMax {
 		h.mu.Unlock()
 		h.runs.WithLabelValues(hookName(event), hookDropped).Inc()
 		h.log.Error("hook dropped: too many hooks queued", "hook", hookName(event), "event", event, "queued", hookQueueMax)
-		return
+		close(done)
+		return done
 	}
-	h.queue = append(h.queue, hookJob{ctx: context.WithoutCancel(ctx), event: event, env: env})
+	h.queue = append(h.queue, hookJob{ctx: context.WithoutCancel(ctx), event: event, env: env, done: done})
 	h.mu.Unlock()
 	h.signal()
+	return done
 }
 
 // env fills a hookEnv with this node's identity.
@@ -238,12 +264,15 @@ func (h *hookRunner) env(role string, state int32, reason string) hookEnv {
 	return hookEnv{NodeID: h.nodeID, VIP: h.vip, SMState: state, Role: role, Reason: reason}
 }
 
-// leader queues on_leader after a takeover committed (cluster OnLeader).
-func (h *hookRunner) leader(ctx context.Context, t fsm.Takeover, state int32) {
+// leader queues on_leader after a takeover committed (cluster OnLeader);
+// the channel is closed when it has run.
+func (h *hookRunner) leader(ctx context.Context, t fsm.Takeover, state int32) <-chan struct{} {
 	if h == nil {
-		return
+		done := make(chan struct{})
+		close(done)
+		return done
 	}
-	h.run(ctx, hookEventLeader, h.env("leader", state, t.Reason))
+	return h.run(ctx, hookEventLeader, h.env("leader", state, t.Reason))
 }
 
 // follower queues on_follower when leadership ended (cluster OnFollower).

@@ -300,3 +300,55 @@ func TestHookUnconfiguredAndNil(t *testing.T) {
 		t.Error("nil runner has a failure")
 	}
 }
+
+// The leader hook's channel closes only once the script (and the on_fault
+// its failure triggers) has run: the agent's OnLeader waits on it, so
+// SM_NOTIFY goes out after on_leader (issue: nfsd must be up before the
+// clients are told to reclaim).
+func TestLeaderHookDoneOnlyAfterTheScriptAndItsFaultHookRan(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "release")
+	if err := syscallMkfifo(fifo); err != nil {
+		t.Fatal(err)
+	}
+	leader := writeScript(t, dir, "leader", fmt.Sprintf("echo started > %s/started\nread x < %s\nexit 3\n", dir, fifo))
+	fault := writeScript(t, dir, "fault", fmt.Sprintf("echo \"$NSMD_REASON\" > %s/fault.out\n", dir))
+	hh := newHookHarness(t, func(c *config.Config) { c.OnLeader, c.OnFault = leader, fault })
+	done := hh.h.leader(context.Background(), fsm.Takeover{Reason: "leader_elected"}, 5)
+	waitForFile(t, filepath.Join(dir, "started"))
+	select {
+	case <-done:
+		t.Fatal("leader hook reported done while its script still runs")
+	default:
+	}
+	if err := os.WriteFile(fifo, []byte("go\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("leader hook not done 5 s after its script was released")
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "fault.out"))
+	if err != nil || !strings.Contains(string(b), "on_leader failed") {
+		t.Fatalf("on_fault had not run when the leader hook was done: %q %v", b, err)
+	}
+	if f := hh.h.lastFailure(); f == nil || f.Hook != "on_leader" {
+		t.Fatalf("last failure: %+v", f)
+	}
+}
+
+// waitForFile waits for path to exist (written by a hook script).
+func waitForFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not written within 5 s", path)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,143 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// A witness is a raft voter that gives a two-server cluster its quorum and
+// serves nothing: no VIP, no hooks, no takeover, no SM_NOTIFY. Raft has no
+// node priority, so a witness can still win an election (with pre-vote, a
+// surviving server cannot win before every other voter's heartbeat timer
+// has run out, and the witness's own may run out first). When it does, it
+// hands leadership to a serving voter at once (handOff) and commits
+// nothing itself, so the serving node's Takeover is the only state bump.
+//
+// Measured on the pair topology: a witness with longer timeouts than the
+// servers does not win less; it delays every failover to its own timeout
+// (its pre-vote refusals hold the survivor back) and then wins. A witness
+// therefore uses the same raft timings as the servers.
+
+// ErrWitnessTarget means a leadership transfer named a witness, or no
+// serving voter was available.
+var ErrWitnessTarget = errors.New("cluster: a witness cannot take leadership")
+
+// ErrUnknownTarget means a leadership transfer named no voter of the cluster.
+var ErrUnknownTarget = errors.New("cluster: no such voter")
+
+// IsWitness reports whether node id is a witness: this node's own setting,
+// the member's gossip metadata, or Config.Witnesses (static clusters).
+func (n *Node) IsWitness(id string) bool {
+	if id == n.cfg.NodeID {
+		return n.cfg.Witness
+	}
+	if slices.Contains(n.cfg.Witnesses, id) {
+		return true
+	}
+	return n.member != nil && n.member.isWitness(id)
+}
+
+// Witness reports whether this node is a witness.
+func (n *Node) Witness() bool { return n.cfg.Witness }
+
+// servingVoters lists the voters other than this node that may lead
+// (witnesses excluded), members gossip sees alive first.
+func (n *Node) servingVoters() []raft.Server {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return nil
+	}
+	var alive, other []raft.Server
+	for _, s := range f.Configuration().Servers {
+		id := string(s.ID)
+		if s.Suffrage != raft.Voter || id == n.cfg.NodeID || n.IsWitness(id) {
+			continue
+		}
+		if n.member == nil || n.member.isAlive(id) {
+			alive = append(alive, s)
+		} else {
+			other = append(other, s)
+		}
+	}
+	return append(alive, other...)
+}
+
+// TransferLeadership hands leadership to voter to, or to a serving voter
+// of raft's choosing among the serving ones when to is "". A witness is
+// never a target.
+func (n *Node) TransferLeadership(to string) error {
+	if to == "" {
+		targets := n.servingVoters()
+		if len(targets) == 0 {
+			return fmt.Errorf("%w: no other serving voter", ErrWitnessTarget)
+		}
+		var errs []error
+		for _, s := range targets {
+			err := n.raft.LeadershipTransferToServer(s.ID, s.Address).Error()
+			if err == nil {
+				return nil
+			}
+			errs = append(errs, fmt.Errorf("to %s: %w", s.ID, err))
+		}
+		return fmt.Errorf("cluster: leadership transfer: %w", errors.Join(errs...))
+	}
+	if n.IsWitness(to) {
+		return fmt.Errorf("%w: %s is a witness", ErrWitnessTarget, to)
+	}
+	if to == n.cfg.NodeID {
+		return fmt.Errorf("%w: %s is this node", ErrUnknownTarget, to)
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return fmt.Errorf("cluster: read configuration: %w", err)
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == to && s.Suffrage == raft.Voter {
+			if err := n.raft.LeadershipTransferToServer(s.ID, s.Address).Error(); err != nil {
+				return fmt.Errorf("cluster: leadership transfer to %s: %w", to, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %q", ErrUnknownTarget, to)
+}
+
+// handOff is a witness's whole leadership term: pass leadership to a
+// serving voter, again and again until it is gone (or the node stops).
+func (n *Node) handOff(ctx context.Context) {
+	n.log.Warn("witness elected leader; handing leadership to a serving node")
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil && n.raft.State() == raft.Leader {
+		targets := n.servingVoters()
+		for _, s := range targets {
+			if err := n.raft.LeadershipTransferToServer(s.ID, s.Address).Error(); err != nil {
+				n.metrics.witnessHandoffs.WithLabelValues("failed").Inc()
+				n.log.Warn("witness hand-off failed", "to", s.ID, "err", err)
+				continue
+			}
+			n.metrics.witnessHandoffs.WithLabelValues("ok").Inc()
+			n.handoffs.Add(1)
+			n.log.Info("witness handed leadership over", "to", s.ID)
+			break
+		}
+		if len(targets) == 0 {
+			n.log.Warn("witness leads and no serving voter is known; waiting")
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// Handoffs is how many times this witness handed leadership over.
+func (n *Node) Handoffs() uint64 { return n.handoffs.Load() }

@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// newPairWithWitness is two serving nodes (n1, n2) and a witness (n3).
+func newPairWithWitness(t *testing.T) *tcluster {
+	return newTestCluster(t, 3, func(c *Config) {
+		c.Witness = c.NodeID == "n3"
+		c.Witnesses = []string{"n3"}
+		// Slower than the harness default: under -race, 100 ms timeouts
+		// let any voter (the witness too) start elections of its own.
+		c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 400*time.Millisecond, 400*time.Millisecond, 200*time.Millisecond
+	})
+}
+
+// noTakeoverBy fails if a queued OnLeader call came from node id.
+func noTakeoverBy(t *testing.T, c *tcluster, id string) {
+	t.Helper()
+	for {
+		select {
+		case ev := <-c.takeovers:
+			if ev.node == id {
+				t.Fatalf("witness %s took over (sm_state %d)", id, ev.state)
+			}
+		default:
+			return
+		}
+	}
+}
+
+// A witness that wins an election passes leadership on at once; the
+// serving node it passes it to commits the only Takeover (sm_state +2),
+// and the witness never runs OnLeader.
+func TestWitnessThatWinsAnElectionHandsLeadershipToAServingNode(t *testing.T) {
+	c := newPairWithWitness(t)
+	first := c.waitTakeover(5 * time.Second)
+	if first.node == "n3" {
+		t.Fatalf("the witness took over: %+v", first)
+	}
+	_, ld := c.leader(5 * time.Second)
+	w := c.nodes[2]
+
+	// Make the witness win, bypassing TransferLeadership's guard: raft's
+	// own transfer is what an election lost to the witness looks like.
+	if err := ld.n.raft.LeadershipTransferToServer(raft.ServerID(w.id), w.addr).Error(); err != nil {
+		t.Fatalf("raft transfer to the witness: %v", err)
+	}
+	next := c.waitTakeover(10 * time.Second)
+	if next.node == "n3" {
+		t.Fatalf("the witness took over: %+v", next)
+	}
+	if next.state != first.state+2 {
+		t.Fatalf("sm_state after the witness interlude: %d, want exactly one takeover (%d)", next.state, first.state+2)
+	}
+	if got := w.n.Handoffs(); got < 1 {
+		t.Fatalf("witness hand-offs: %d, want at least the one it was made to win", got)
+	}
+	if w.n.Leading() || w.n.VIPHeld() {
+		t.Fatal("the witness says it leads or holds the VIP")
+	}
+	// The new leader's previous VIP holder is the last serving leader, not
+	// the witness that led in between.
+	_, nl := c.leader(5 * time.Second)
+	if nl.id != ld.id {
+		nl.n.lcMu.Lock()
+		prev := nl.n.prevLeader
+		nl.n.lcMu.Unlock()
+		if prev != ld.id {
+			t.Fatalf("%s's previous leader is %q, want the serving %s (not the witness)", nl.id, prev, ld.id)
+		}
+	}
+	noTakeoverBy(t, c, "n3")
+	c.converge(5 * time.Second)
+}
+
+// With one server killed, the pair keeps a quorum through the witness
+// and the other server takes over.
+func TestPairWithWitnessSurvivesTheServingLeadersCrash(t *testing.T) {
+	c := newPairWithWitness(t)
+	first := c.waitTakeover(5 * time.Second)
+	li, _ := c.leader(5 * time.Second)
+	c.kill(li)
+	next := c.waitTakeover(10 * time.Second)
+	if next.node == "n3" || next.node == first.node {
+		t.Fatalf("after killing %s the takeover was by %s", first.node, next.node)
+	}
+	if next.state != first.state+2 {
+		t.Fatalf("sm_state %d, want %d", next.state, first.state+2)
+	}
+	noTakeoverBy(t, c, "n3")
+}
+
+// TransferLeadership never picks a witness: named, it is refused; unnamed,
+// a serving voter is chosen.
+func TestTransferLeadershipNeverPicksAWitness(t *testing.T) {
+	c := newPairWithWitness(t)
+	first := c.waitTakeover(5 * time.Second)
+	_, ld := c.leader(5 * time.Second)
+	if err := ld.n.TransferLeadership("n3"); !errors.Is(err, ErrWitnessTarget) {
+		t.Fatalf("transfer to the witness: %v, want ErrWitnessTarget", err)
+	}
+	if err := ld.n.TransferLeadership("n9"); !errors.Is(err, ErrUnknownTarget) {
+		t.Fatalf("transfer to an unknown node: %v, want ErrUnknownTarget", err)
+	}
+	state := first.state
+	for range 3 {
+		_, ld = c.leader(5 * time.Second)
+		if err := ld.n.TransferLeadership(""); err != nil {
+			t.Fatalf("transfer from %s: %v", ld.id, err)
+		}
+		ev := c.waitTakeover(10 * time.Second)
+		if ev.node == "n3" || ev.node == ld.id {
+			t.Fatalf("transfer from %s went to %s", ld.id, ev.node)
+		}
+		if ev.state != state+2 {
+			t.Fatalf("sm_state %d, want %d", ev.state, state+2)
+		}
+		state = ev.state
+	}
+	_, ld = c.leader(5 * time.Second)
+	other := "n1"
+	if ld.id == "n1" {
+		other = "n2"
+	}
+	if err := ld.n.TransferLeadership(other); err != nil {
+		t.Fatalf("transfer to %s: %v", other, err)
+	}
+	if ev := c.waitTakeover(10 * time.Second); ev.node != other {
+		t.Fatalf("transfer to %s: taken over by %s", other, ev.node)
+	}
+}
