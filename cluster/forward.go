@@ -115,7 +115,7 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		return nil
 	case fwdProcApply:
 	case fwdProcVIPHeld:
-		res.Bool(n.VIPHeld() || n.raft.State() == raft.Leader)
+		res.Bool(n.VIPHeld() || n.raft.State() == raft.Leader || n.standingDown.Load())
 		return nil
 	default:
 		return oncrpc.ErrProcUnavail
@@ -350,10 +350,15 @@ func (n *Node) previousHolderReleased(ctx context.Context) (string, bool) {
 	if addr == "" {
 		return prev, false
 	}
-	// Right after a transfer the old leader may not have stepped down yet:
-	// ask again for up to a second while it still says "held".
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	// Right after a transfer the old leader may not have stepped down yet,
+	// or still runs its on_follower hook (unmounting shared storage): ask
+	// again, up to StandDownWait, while it still says "held".
+	// A node that answers may take that long; one that does not must not
+	// hold us up longer than a second (a dead host: no RST, only silence).
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.StandDownWait)
 	defer cancel()
+	dctx, dcancel := context.WithTimeout(ctx, time.Second)
+	defer dcancel()
 	// Refused: the previous leader's host is up but nothing listens on its
 	// NSM port: its nsmd process is gone, and a VIP bound to a process went
 	// with it (the kernel deleted the device). A frozen process still
@@ -366,7 +371,7 @@ func (n *Node) previousHolderReleased(ctx context.Context) (string, bool) {
 		}
 		return false
 	}
-	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 300 * time.Millisecond})
+	c, err := oncrpc.Dial(dctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 300 * time.Millisecond})
 	if err != nil {
 		return prev, gone(err)
 	}

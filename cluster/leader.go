@@ -168,7 +168,12 @@ func (n *Node) stopLeading() {
 		}
 	}
 	if was && n.cfg.OnFollower != nil {
+		// Until OnFollower returned (the on_follower hook unmounted the
+		// shared disk), this node still answers "held" to a new leader
+		// asking whether it may take the VIP at once.
+		n.standingDown.Store(true)
 		n.cfg.OnFollower()
+		n.standingDown.Store(false)
 	}
 }
 

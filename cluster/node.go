@@ -88,6 +88,12 @@ type Config struct {
 	// PeerNSMAddrs maps node id → NSM address where there is no gossip
 	// (static Voters); gossip metadata wins when both know a node.
 	PeerNSMAddrs map[string]string
+	// StandDownWait bounds how long a new leader keeps asking the previous
+	// one, while it answers that it still holds the VIP or is still
+	// standing down (OnFollower running: the on_follower hook), before it
+	// falls back to waiting out the VIP's lifetime (default 1 s; the agent
+	// uses hook_timeout when an on_follower hook is set).
+	StandDownWait time.Duration
 	// HoldTimeout bounds how long a write waits for a leader during an
 	// election before it fails (default 5 s).
 	HoldTimeout time.Duration
@@ -140,6 +146,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxInflightEntries <= 0 {
 		c.MaxInflightEntries = 1
+	}
+	if c.StandDownWait == 0 {
+		c.StandDownWait = time.Second
 	}
 	if c.HoldTimeout == 0 {
 		c.HoldTimeout = 5 * time.Second
@@ -212,8 +221,9 @@ type Node struct {
 	notifyTargets int   // hosts it was started with
 	timeline      Timeline
 
-	started  time.Time
-	handoffs atomic.Uint64 // leadership hand-offs made as a witness
+	started      time.Time
+	handoffs     atomic.Uint64 // leadership hand-offs made as a witness
+	standingDown atomic.Bool   // OnFollower is running after leadership ended
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -1,11 +1,14 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/oncrpc"
 )
 
 // newPairWithWitness is two serving nodes (n1, n2) and a witness (n3).
@@ -133,5 +136,60 @@ func TestTransferLeadershipNeverPicksAWitness(t *testing.T) {
 	}
 	if ev := c.waitTakeover(10 * time.Second); ev.node != other {
 		t.Fatalf("transfer to %s: taken over by %s", other, ev.node)
+	}
+}
+
+// A leader that lost leadership answers "still held" to a new leader's
+// VIP question until its OnFollower (the on_follower hook: unmount the
+// shared disk) has returned, so the new leader does not mount it too.
+func TestOldLeaderSaysHeldUntilOnFollowerReturned(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan string, 4)
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		id := cfg.NodeID
+		cfg.OnFollower = func() {
+			entered <- id
+			<-release
+		}
+	})
+	c.waitTakeover(5 * time.Second)
+	_, ld := c.leader(5 * time.Second)
+	asked := func() bool {
+		t.Helper()
+		cl, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: ld.nsmAddr, Timeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		var held boolRes
+		if err := cl.Call(context.Background(), ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
+			t.Fatal(err)
+		}
+		return held.V
+	}
+	if err := ld.n.TransferLeadership(""); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-entered:
+		if id != ld.id {
+			t.Fatalf("OnFollower ran on %s, want the old leader %s", id, ld.id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("OnFollower not called on the old leader")
+	}
+	if ld.n.IsLeader() {
+		t.Fatal("old leader still leads")
+	}
+	if !asked() {
+		t.Fatal("old leader answered not held while its OnFollower still runs")
+	}
+	close(release)
+	deadline := time.Now().Add(5 * time.Second)
+	for asked() {
+		if time.Now().After(deadline) {
+			t.Fatal("old leader still answers held after its OnFollower returned")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

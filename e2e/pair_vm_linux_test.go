@@ -378,6 +378,15 @@ func TestHAPairKernelNFSWithWitness(t *testing.T) {
 	if out := other.vm.sh(5*time.Second, "/usr/lib/nsmd/hooks/nfsd-ha status"); !strings.Contains(out, "not mounted") {
 		t.Fatalf("%s still has the shared disk after the transfer: %s", other.id, out)
 	}
+	// The shipped hook refuses to mount on a node without the VIP, even
+	// when told it leads: the disk is mounted on killed right now.
+	rc, out, err := other.vm.try(10*time.Second, fmt.Sprintf("NSMD_EVENT=leader NSMD_ROLE=leader NSMD_VIP=%s/%d NFS_HA_DEVICE=/dev/vda NFS_HA_MOUNT=%s /usr/lib/nsmd/hooks/nfsd-ha", pairVIP, topoBits, pairExport))
+	if err != nil || rc == 0 || !strings.Contains(out, "refusing to mount") {
+		t.Fatalf("nfsd-ha on %s without the VIP: rc %d %q %v (want a refusal)", other.id, rc, out, err)
+	}
+	if out := other.vm.sh(5*time.Second, "/usr/lib/nsmd/hooks/nfsd-ha status"); !strings.Contains(out, "not mounted") {
+		t.Fatalf("%s mounted the shared disk without the VIP: %s", other.id, out)
+	}
 	leader = killed
 
 	// Drill 3: the client holding the lock crashes and boots again. c2

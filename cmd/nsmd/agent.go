@@ -81,6 +81,15 @@ func (a *agent) kill() {
 	a.wg.Wait()
 }
 
+// standDownWait is how long a new leader waits for the previous one to
+// finish standing down: its on_follower hook may take up to hook_timeout.
+func standDownWait(cfg config.Config) time.Duration {
+	if cfg.OnFollower != "" {
+		return cfg.HookTimeout + time.Second
+	}
+	return time.Second
+}
+
 // witnessConfig drops what a witness never uses, so that one configuration
 // file can serve the servers and the witness: the VIP and the hooks. It
 // says so once.
@@ -170,6 +179,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		OnFault:            a.onFault,
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
+		StandDownWait:      standDownWait(cfg),
 		Logger:             opts.Logger,
 		Registerer:         a.reg,
 	}
@@ -308,9 +318,13 @@ func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 	}
 }
 
+// onFollower runs the on_follower hook and returns when it has run
+// (bounded by hook_timeout): until then this node tells a new leader that
+// asks that it has not stood down yet, so that leader does not start its
+// on_leader hook (mount the shared disk) while this one still unmounts it.
 func (a *agent) onFollower() {
 	a.log.Info("following")
-	a.hooks.follower(a.node.FSM().State(), "leadership_lost")
+	<-a.hooks.follower(a.node.FSM().State(), "leadership_lost")
 }
 
 func (a *agent) onFault(reason string, err error) {

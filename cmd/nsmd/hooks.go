@@ -275,12 +275,15 @@ func (h *hookRunner) leader(ctx context.Context, t fsm.Takeover, state int32) <-
 	return h.run(ctx, hookEventLeader, h.env("leader", state, t.Reason))
 }
 
-// follower queues on_follower when leadership ended (cluster OnFollower).
-func (h *hookRunner) follower(state int32, reason string) {
+// follower queues on_follower when leadership ended (cluster OnFollower);
+// the channel is closed when it has run.
+func (h *hookRunner) follower(state int32, reason string) <-chan struct{} {
 	if h == nil {
-		return
+		done := make(chan struct{})
+		close(done)
+		return done
 	}
-	h.run(context.Background(), hookEventFollower, h.env("follower", state, reason))
+	return h.run(context.Background(), hookEventFollower, h.env("follower", state, reason))
 }
 
 // fault queues on_fault for a fault the node cannot fix (cluster OnFault).
