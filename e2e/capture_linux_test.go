@@ -36,6 +36,7 @@ type capture struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
 	log    childLog
+	marks  int // flushes so far: each one's markers carry its own number
 }
 
 // startCapture starts dumpcap and waits until it says it is capturing.
@@ -103,10 +104,14 @@ const markerPort = 9
 // frames over in blocks (and says "Capturing on" a little before it
 // really is), so marker datagrams are sent across the interface until one
 // shows up in the file. Called right after startCapture, it waits until
-// the capture is live.
+// the capture is live. Each flush's markers carry a token of their own: a
+// marker left over from an earlier flush (sent while dumpcap still held
+// its block) must not end a later one before its frames are in the file.
 func (c *capture) flush(t *testing.T) {
 	t.Helper()
-	filter := fmt.Sprintf("udp.dstport == %d && !icmp", markerPort)
+	c.marks++
+	token := fmt.Sprintf("nsmd-e2e capture marker %s/%d", c.name, c.marks)
+	filter := fmt.Sprintf("udp.dstport == %d && !icmp && frame contains %q", markerPort, token)
 	waitFor(t, 10*time.Second, "a marker in capture "+c.name, func() (bool, string) {
 		err := inNetnsThread(c.markNS, func() error {
 			conn, err := net.Dial("udp", net.JoinHostPort(c.markTo, strconv.Itoa(markerPort)))
@@ -114,7 +119,7 @@ func (c *capture) flush(t *testing.T) {
 				return err
 			}
 			defer conn.Close()
-			_, err = conn.Write([]byte("nsmd-e2e capture marker"))
+			_, err = conn.Write([]byte(token))
 			return err
 		})
 		if err != nil {
