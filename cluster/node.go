@@ -25,7 +25,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
@@ -100,6 +102,11 @@ type Config struct {
 	// Transport, when set, replaces the raft TCP transport on RaftBind
 	// (tests use raft's in-memory transport so they can cut links).
 	Transport raft.Transport
+	// RaftTLS, when set, puts raft on mutual TLS (raft_tls.go): peers must
+	// present a certificate from its CA naming pki.ServerName. Refused
+	// handshakes go to TLSRefusals (may be nil).
+	RaftTLS     *pki.Store
+	TLSRefusals *pki.Refusals
 
 	// Notifier is the template for the SM_NOTIFY fan-out after each takeover.
 	Notifier nsm.NotifierConfig
@@ -283,7 +290,11 @@ func New(cfg Config) (*Node, error) {
 			store.Close()
 			return nil, fmt.Errorf("cluster: raft address: %w", err)
 		}
-		trans, err = raft.NewTCPTransportWithLogger(cfg.RaftBind, addr, 4, 5*time.Second, hl.Named("transport"))
+		if cfg.RaftTLS != nil {
+			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, hl.Named("transport"))
+		} else {
+			trans, err = raft.NewTCPTransportWithLogger(cfg.RaftBind, addr, 4, 5*time.Second, hl.Named("transport"))
+		}
 		if err != nil {
 			store.Close()
 			return nil, fmt.Errorf("cluster: raft transport on %s: %w", cfg.RaftBind, err)

@@ -55,6 +55,11 @@ type Config struct {
 	NotifyWindow    time.Duration
 	Rpcbind         string
 	GossipKeyFile   string
+	TLSCA           string
+	TLSCert         string
+	TLSKey          string
+	AdminTokenFile  string
+	Insecure        bool
 	LogLevel        string
 	LogFormat       string
 	OnLeader        string
@@ -185,6 +190,11 @@ func (c *Config) bindings() []binding {
 		duration("notify_window", "how long to keep retrying SM_NOTIFY to a host", &c.NotifyWindow),
 		str("rpcbind", "register | embedded | off", &c.Rpcbind),
 		str("gossip_key_file", "file with a base64 16/24/32-byte gossip encryption key", &c.GossipKeyFile),
+		str("tls_ca", "PEM file with the cluster CA: raft and the admin API use mutual TLS (nsmd tls init makes one)", &c.TLSCA),
+		str("tls_cert", "PEM file with this node's certificate (signed by tls_ca)", &c.TLSCert),
+		str("tls_key", "PEM file with this node's private key", &c.TLSKey),
+		str("admin_token_file", "file with a bearer token that authorises admin API writes (besides a client certificate)", &c.AdminTokenFile),
+		boolean("insecure", "allow raft, gossip or the admin API on a non-loopback address without TLS and a gossip key (said in the log, /v1/status and nsmd_insecure)", &c.Insecure),
 		str("log_level", "debug | info | warn | error", &c.LogLevel),
 		str("log_format", "text | json", &c.LogFormat),
 		str("on_leader", "script run after this node becomes leader", &c.OnLeader),
@@ -368,6 +378,22 @@ func (c *Config) Validate() error {
 			bad("gossip_key_file", "%v", err)
 		}
 	}
+	tlsFiles := map[string]string{"tls_ca": c.TLSCA, "tls_cert": c.TLSCert, "tls_key": c.TLSKey, "admin_token_file": c.AdminTokenFile}
+	for _, key := range []string{"tls_ca", "tls_cert", "tls_key", "admin_token_file"} {
+		if f := tlsFiles[key]; f != "" {
+			if _, err := os.Stat(f); err != nil {
+				bad(key, "%v", err)
+			}
+		}
+	}
+	if n := countSet(c.TLSCA, c.TLSCert, c.TLSKey); n != 0 && n != 3 {
+		bad("tls_ca", "tls_ca, tls_cert and tls_key go together (%d of 3 given)", n)
+	}
+	if !c.Insecure {
+		for _, e := range c.Exposures() {
+			bad(e.Key, "%s", e.Why)
+		}
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -423,6 +449,62 @@ func (c *Config) EffectiveNotifyName() string {
 	}
 	host, _ := os.Hostname()
 	return host
+}
+
+func countSet(v ...string) int {
+	n := 0
+	for _, s := range v {
+		if s != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// TLS reports whether tls_ca, tls_cert and tls_key are all given.
+func (c *Config) TLS() bool { return countSet(c.TLSCA, c.TLSCert, c.TLSKey) == 3 }
+
+// Exposure is a port open beyond loopback without the protection it needs.
+type Exposure struct {
+	Key string // the setting that exposes it
+	Why string
+}
+
+// Exposures lists what this configuration leaves unauthenticated on a
+// non-loopback address: raft without TLS, gossip without a key, the admin
+// API without TLS. Validate refuses any unless insecure is set; with it,
+// the agent reports them.
+func (c *Config) Exposures() []Exposure {
+	var out []Exposure
+	const hint = "(nsmd tls init makes the files; insecure: true runs without, and says so)"
+	if ip, err := netip.ParseAddr(c.Bind); err == nil && !ip.IsLoopback() {
+		if !c.TLS() {
+			out = append(out, Exposure{"bind", fmt.Sprintf("raft on %s (not loopback) needs tls_ca, tls_cert and tls_key %s", c.Bind, hint)})
+		}
+		if c.GossipKeyFile == "" && c.GossipPort != 0 {
+			out = append(out, Exposure{"gossip_key_file", fmt.Sprintf("gossip on %s (not loopback) needs gossip_key_file %s", c.Bind, hint)})
+		}
+	}
+	if c.AdminAddr != "" && !c.TLS() {
+		if host, _, err := net.SplitHostPort(c.AdminAddr); err == nil && !isLoopbackHost(host) {
+			out = append(out, Exposure{"admin_addr", fmt.Sprintf("admin API on %s (not loopback) needs tls_ca, tls_cert and tls_key %s", c.AdminAddr, hint)})
+		}
+	}
+	return out
+}
+
+// AdminLoopback reports whether the admin API listens on loopback only.
+func (c *Config) AdminLoopback() bool {
+	host, _, err := net.SplitHostPort(c.AdminAddr)
+	return err == nil && isLoopbackHost(host)
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(h)
+	return err == nil && ip.IsLoopback()
 }
 
 // TrustedPrefixes parses TrustedCallers (call after Validate).

@@ -103,6 +103,8 @@ type e2eCluster struct {
 	vipOK   bool       // the leader really takes the VIP: VIP checks are on
 	vipWhy  string     // why VIP checks are off in netlink mode
 
+	pki *clusterPKI // mutual TLS, gossip key, admin token (nsmd tls init)
+
 	mu        sync.Mutex
 	acked     map[string]ackedMon // mon_name|my_name → the SM_MON answered stat_succ
 	lastState int32
@@ -145,13 +147,18 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 	}
 	c.top = newTopology(t, clusterNodes, spec.clients)
 	logDir := t.TempDir()
+	ips := map[string]string{}
+	for _, h := range c.top.nodes {
+		ips[h.name] = h.ip.String()
+	}
+	c.pki = newClusterPKI(t, ips)
 	for _, h := range c.top.nodes {
 		c.nodes = append(c.nodes, &nsmNode{
 			id: h.name, host: h, c: c,
 			admin:   net.JoinHostPort(h.ip.String(), strconv.Itoa(adminPort)),
 			dataDir: t.TempDir(),
 			logPath: filepath.Join(logDir, h.name+".log"),
-			http:    httpIn(h.ns),
+			http:    httpIn(h.ns, c.pki.clientTLS(t)),
 		})
 	}
 	c.watch = startVIPWatcher(c.vip, c.top.nodes)
@@ -214,6 +221,7 @@ func (n *nsmNode) agentArgs() []string {
 		"--drill-crash", "true",
 		"--log-level", "debug",
 	}
+	args = append(args, n.c.pki.nodeArgs(n.id)...)
 	if n.c.vipMode == "none" {
 		return append(args, "--vip-mode", "none")
 	}
@@ -319,7 +327,7 @@ func (n *nsmNode) kill(sig syscall.Signal, timeout time.Duration) bool {
 }
 
 func (n *nsmNode) get(path string, out any) error {
-	resp, err := n.http.Get("http://" + n.admin + path)
+	resp, err := n.http.Get("https://" + n.admin + path)
 	if err != nil {
 		return fmt.Errorf("%s GET %s: %w", n.id, path, err)
 	}

@@ -151,7 +151,7 @@ func TestInteropWithRealPeers(t *testing.T) {
 	// is the one for the planned transfer's state.
 	repeatNotify(t, l2.host, c.vip, h1.ip, client1.port, s1)
 	m = c.watch.Mark()
-	if out, err := nsCmd(l2.host.ns, nsmdBin, "transfer-leadership", "--admin", l2.admin, "--json"); err != nil {
+	if out, err := nsCmd(l2.host.ns, nsmdBin, append([]string{"transfer-leadership", "--admin", l2.admin, "--json"}, c.pki.cliArgs()...)...); err != nil {
 		t.Fatalf("transfer-leadership: %v %s", err, out)
 	}
 	s2, _ := c.waitNewState(t, s1, 30*time.Second, c.others(l2))

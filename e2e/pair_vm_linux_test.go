@@ -67,6 +67,7 @@ type pairTopo struct {
 	clients []*testVM
 	http    *http.Client
 	dir     string
+	pki     *clusterPKI
 
 	wmu  sync.Mutex
 	wcmd *exec.Cmd
@@ -98,8 +99,11 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 		"--log-level", "debug",
 	}
 	if n.vm == nil {
+		args = append(args, p.pki.nodeArgs(n.id)...)
 		return append(args, "--witness", "true", "--rpcbind", "off")
 	}
+	args = append(args, "--tls-ca", vmTLSDir+"/ca.pem", "--tls-cert", vmTLSDir+"/node.pem", "--tls-key", vmTLSDir+"/node-key.pem",
+		"--gossip-key-file", vmTLSDir+"/gossip.key", "--admin-token-file", vmTLSDir+"/admin.token")
 	return append(args, "--rpcbind", "register")
 }
 
@@ -111,9 +115,29 @@ func (p *pairTopo) startServer(n *pairNode) {
 	for _, a := range p.nsmdArgs(n, "/var/lib/nsmd") {
 		q = append(q, shellQuote(a))
 	}
+	p.installTLS(n)
 	n.vm.sh(10*time.Second, "rpcbind -w")
 	env := fmt.Sprintf("NFS_HA_DEVICE=/dev/vda NFS_HA_MOUNT=%s NFS_HA_GRACE=%d NFS_HA_CLIENTS=%s.0/24", pairExport, pairGrace, topoNet)
 	n.vm.start(5*time.Second, fmt.Sprintf("echo started; exec env %s nsmd %s >>/var/lib/nsmd/nsmd.log 2>&1", env, strings.Join(q, " ")))
+}
+
+// vmTLSDir holds a server VM's certificates, gossip key and admin token
+// (on the initramfs: written again at every boot).
+const vmTLSDir = "/etc/nsmd/tls"
+
+// installTLS copies server n's files from the cluster PKI into its VM.
+func (p *pairTopo) installTLS(n *pairNode) {
+	p.t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "umask 077 && mkdir -p %s", vmTLSDir)
+	for src, dst := range map[string]string{"ca.pem": "ca.pem", n.id + ".pem": "node.pem", n.id + "-key.pem": "node-key.pem", "gossip.key": "gossip.key", "admin.token": "admin.token"} {
+		data, err := os.ReadFile(p.pki.file(src))
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		fmt.Fprintf(&b, " && printf '%%s' %s > %s/%s", shellQuote(string(data)), vmTLSDir, dst)
+	}
+	n.vm.sh(10*time.Second, b.String())
 }
 
 func (p *pairTopo) startWitness() {
@@ -152,7 +176,7 @@ func shellQuote(s string) string {
 // status is GET /v1/status of n ("" error when it does not answer).
 func (p *pairTopo) status(n *pairNode) (nodeStatus, error) {
 	var s nodeStatus
-	resp, err := p.http.Get("http://" + n.admin + "/v1/status")
+	resp, err := p.http.Get("https://" + n.admin + "/v1/status")
 	if err != nil {
 		return s, err
 	}
@@ -222,9 +246,10 @@ func TestHAPairKernelNFSWithWitness(t *testing.T) {
 	p := &pairTopo{t: t, img: img, dir: t.TempDir()}
 	p.tp = newTopology(t, 1, 0)
 	p.w = p.tp.nodes[0]
-	p.http = httpIn(p.w.ns)
 	p.wlog = filepath.Join(p.dir, "witness.log")
 	p.witness = &pairNode{id: "w", ip: p.w.ip, admin: net.JoinHostPort(p.w.ip.String(), strconv.Itoa(adminPort))}
+	p.pki = newClusterPKI(t, map[string]string{"w": p.w.ip.String(), "s1": topoNet + ".12", "s2": topoNet + ".13"})
+	p.http = httpIn(p.w.ns, p.pki.clientTLS(t))
 
 	shared := filepath.Join(p.dir, "shared.img")
 	makeDisk(t, shared, 64)
@@ -364,7 +389,7 @@ func TestHAPairKernelNFSWithWitness(t *testing.T) {
 
 	// Drill 2: planned transfer back, with the lock held.
 	t0 = time.Now()
-	resp, err := p.http.Post("http://"+other.admin+"/v1/leadership/transfer?to="+killed.id, "", nil)
+	resp, err := p.http.Post("https://"+other.admin+"/v1/leadership/transfer?to="+killed.id, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +483,7 @@ func (p *pairTopo) registrations(n *pairNode) (map[string]string, error) {
 			MyProg  uint32 `json:"my_prog"`
 		} `json:"registrations"`
 	}
-	resp, err := p.http.Get("http://" + n.admin + "/v1/registrations")
+	resp, err := p.http.Get("https://" + n.admin + "/v1/registrations")
 	if err != nil {
 		return nil, err
 	}

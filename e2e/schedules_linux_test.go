@@ -70,7 +70,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 		m := c.watch.Mark()
 		c.monAll(t, leader, c.nextTag("xfer"))
 		t0 := time.Now()
-		out, err := nsCmd(leader.host.ns, nsmdBin, "transfer-leadership", "--admin", leader.admin, "--json")
+		out, err := nsCmd(leader.host.ns, nsmdBin, append([]string{"transfer-leadership", "--admin", leader.admin, "--json"}, c.pki.cliArgs()...)...)
 		if err != nil {
 			t.Fatalf("transfer-leadership: %v", err)
 		}

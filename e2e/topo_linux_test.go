@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -167,11 +168,12 @@ func dialIn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
 }
 
 // httpIn is an HTTP client whose connections start in namespace ns (the
-// admin APIs listen on addresses only reachable there).
-func httpIn(ns string) *http.Client {
+// admin APIs listen on addresses only reachable there); with tc, HTTPS.
+func httpIn(ns string, tc *tls.Config) *http.Client {
 	return &http.Client{
 		Timeout: 2 * time.Second,
 		Transport: &http.Transport{
+			TLSClientConfig:   tc,
 			DisableKeepAlives: true,
 			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 				return dialIn(ctx, ns, network, addr)

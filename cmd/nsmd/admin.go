@@ -42,6 +42,10 @@ type Status struct {
 	// Takeover is this node's last takeover, step by step (absent on a
 	// node that never took over). on_leader_done − vip is the hook's time.
 	Takeover *cluster.Timeline `json:"takeover,omitempty"`
+	// TLS says raft and the admin API use mutual TLS; Insecure lists what
+	// runs unprotected beyond loopback because insecure is set.
+	TLS      bool     `json:"tls"`
+	Insecure []string `json:"insecure,omitempty"`
 	// LastHookFailure is the most recent failed hook script, if any.
 	LastHookFailure *HookFailure `json:"last_hook_failure,omitempty"`
 }
@@ -94,6 +98,8 @@ func (a *agent) status() Status {
 		VIPHeld:       a.VIPHeld(),
 		NSMAddr:       a.NSMAddr().String(),
 		AppliedIndex:  f.AppliedIndex(),
+		TLS:           a.sec.tls != nil,
+		Insecure:      a.sec.exposures,
 	}
 	if g := f.GraceUntil(); !g.IsZero() {
 		g = g.UTC()
@@ -130,17 +136,19 @@ func (a *agent) startAdmin() error {
 		return fmt.Errorf("admin API on %s: %w", a.cfg.AdminAddr, err)
 	}
 	a.adminLn = ln
+	ln = a.adminListener(ln)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, a.status()) })
 	mux.HandleFunc("GET /v1/members", a.handleMembers)
-	mux.HandleFunc("GET /v1/registrations", a.handleRegistrations)
-	mux.HandleFunc("POST /v1/leadership/transfer", a.handleTransfer)
-	mux.HandleFunc("POST /v1/drill/crash", a.handleCrash)
-	mux.HandleFunc("POST /v1/import", a.handleImport)
+	// Registrations carry the lock managers' private cookies.
+	mux.HandleFunc("GET /v1/registrations", a.privileged(a.handleRegistrations))
+	mux.HandleFunc("POST /v1/leadership/transfer", a.privileged(a.handleTransfer))
+	mux.HandleFunc("POST /v1/drill/crash", a.privileged(a.handleCrash))
+	mux.HandleFunc("POST /v1/import", a.privileged(a.handleImport))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", a.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
-	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: a.adminErrorLog()}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()

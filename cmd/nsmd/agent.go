@@ -61,6 +61,7 @@ type agent struct {
 	crashFn    func(*agent)
 	hooks      *hookRunner
 	netlinkVIP *cluster.NetlinkVIP // closed (address dropped) on shutdown
+	sec        security
 
 	wg sync.WaitGroup
 }
@@ -137,6 +138,9 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	}()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.nsmm = nsm.NewMetrics(a.reg)
+	if err := a.setupSecurity(); err != nil {
+		return a, err
+	}
 	a.hooks = newHookRunner(cfg, log, a.reg)
 	a.hooks.start(context.Background())
 	if opts.RaftMetrics {
@@ -180,6 +184,8 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
 		StandDownWait:      standDownWait(cfg),
+		RaftTLS:            a.sec.tls,
+		TLSRefusals:        a.sec.refusals,
 		Logger:             opts.Logger,
 		Registerer:         a.reg,
 	}
@@ -225,7 +231,8 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		}
 	}
 	a.node.Start()
-	log.Info("nsmd node started", "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode)
+	log.Info("nsmd node started", "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode,
+		"tls", a.sec.tls != nil, "insecure", len(a.sec.exposures) > 0)
 	return a, nil
 }
 
@@ -474,6 +481,9 @@ func (a *agent) NSMAddr() netip.AddrPort {
 func (a *agent) AdminURL() string {
 	if a.adminLn == nil {
 		return ""
+	}
+	if a.sec.tls != nil {
+		return "https://" + a.adminLn.Addr().String()
 	}
 	return "http://" + a.adminLn.Addr().String()
 }

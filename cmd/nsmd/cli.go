@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 type adminClient struct {
 	addr string
 	json bool
+	auth adminAuth
 }
 
 func (c *adminClient) flags(cmd *cobra.Command) {
@@ -29,6 +29,7 @@ func (c *adminClient) flags(cmd *cobra.Command) {
 	}
 	cmd.Flags().StringVar(&c.addr, "admin", def, "admin API address of a node (host:port) [env NSMD_ADMIN]")
 	cmd.Flags().BoolVar(&c.json, "json", false, "print JSON instead of a table")
+	c.auth.flags(cmd.Flags())
 }
 
 func (c *adminClient) do(method, path string, out any) ([]byte, error) {
@@ -36,15 +37,19 @@ func (c *adminClient) do(method, path string, out any) ([]byte, error) {
 }
 
 func (c *adminClient) doBody(method, path string, reqBody io.Reader, out any) ([]byte, error) {
-	base := c.addr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	req, err := http.NewRequest(method, base+path, reqBody)
+	req, err := http.NewRequest(method, c.auth.base(c.addr)+path, reqBody)
 	if err != nil {
 		return nil, err
 	}
-	hc := &http.Client{Timeout: 15 * time.Second}
+	if err := c.auth.authorize(req); err != nil {
+		return nil, err
+	}
+	tr, err := c.auth.transport()
+	if err != nil {
+		return nil, err
+	}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Timeout: 15 * time.Second, Transport: tr}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("admin API %s: %w", c.addr, err)

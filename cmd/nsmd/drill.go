@@ -75,6 +75,7 @@ type drillOptions struct {
 
 	Progress io.Writer // progress lines; nil: none
 	TTY      bool      // Progress is a terminal: rewrite one line
+	Auth     adminAuth // TLS and token for the admin API
 }
 
 type drillNode struct {
@@ -224,6 +225,7 @@ no quorum, the drill stops early and says so.`,
 	f.DurationVar(&o.Poll, "poll", 20*time.Millisecond, "polling interval")
 	f.StringVar(&report, "report", "", "write a self-contained HTML report to this file")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
+	o.Auth.flags(f)
 	cmd.MarkFlagsMutuallyExclusive("kill", "kill-cmd")
 	return cmd
 }
@@ -275,10 +277,9 @@ func runDrill(ctx context.Context, o drillOptions) (*drillReport, error) {
 	default:
 		return nil, fmt.Errorf("drill: unknown fault %q", o.Fault)
 	}
-	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     30 * time.Second,
+	tr, err := o.Auth.transport()
+	if err != nil {
+		return nil, fmt.Errorf("drill: %w", err)
 	}
 	defer tr.CloseIdleConnections()
 	d := &drill{o: o, hc: &http.Client{Transport: tr}, down: map[string]bool{}}
@@ -330,18 +331,24 @@ type drillStop struct{ reason string }
 
 func (s *drillStop) Error() string { return s.reason }
 
-func adminBase(addr string) string {
-	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
+// hostPort is an admin address without scheme (host:port, or the URL as
+// given when it has a path).
+func hostPort(addr string) string {
+	_, rest, ok := strings.Cut(addr, "://")
+	if !ok {
+		return strings.TrimRight(addr, "/")
 	}
-	return strings.TrimRight(addr, "/")
+	return strings.TrimRight(rest, "/")
 }
 
 // call is one admin API request bounded by timeout; out may be nil.
 func (d *drill) call(ctx context.Context, method, admin, path string, timeout time.Duration, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, adminBase(admin)+path, nil)
+	req, err := http.NewRequestWithContext(ctx, method, d.o.Auth.base(admin)+path, nil)
+	if err == nil {
+		err = d.o.Auth.authorize(req)
+	}
 	if err != nil {
 		return fmt.Errorf("admin API %s: %w", admin, err)
 	}
@@ -390,10 +397,10 @@ func (d *drill) discover(ctx context.Context) error {
 			continue
 		}
 		if _, ok := byID[s.NodeID]; !ok {
-			byID[s.NodeID] = &drillNode{ID: s.NodeID, Admin: strings.TrimPrefix(adminBase(admin), "http://"), NSMAddr: s.NSMAddr}
+			byID[s.NodeID] = &drillNode{ID: s.NodeID, Admin: hostPort(admin), NSMAddr: s.NSMAddr}
 			order = append(order, s.NodeID)
 		}
-		if u := strings.TrimPrefix(adminBase(admin), "http://"); !strings.Contains(u, "/") {
+		if u := hostPort(admin); !strings.Contains(u, "/") {
 			if _, p, err := net.SplitHostPort(u); err == nil && !slices.Contains(ports, p) {
 				ports = append(ports, p)
 			}

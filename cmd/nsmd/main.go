@@ -41,7 +41,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(agentCmd(), devCmd(), statusCmd(), membersCmd(), registrationsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
+	root.AddCommand(agentCmd(), devCmd(), tlsCmd(), statusCmd(), membersCmd(), registrationsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
 	return root
 }
 
@@ -116,7 +116,20 @@ func agentCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		<-cmd.Context().Done()
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-hup:
+				if err := a.Reload(); err != nil {
+					log.Error("reload on SIGHUP failed; keeping the loaded certificates and token", "err", err)
+				}
+				continue
+			case <-cmd.Context().Done():
+			}
+			break
+		}
 		log.Info("shutting down")
 		return a.Close()
 	}

@@ -1,0 +1,157 @@
+package pki
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Refusals counts and logs failed handshakes: every one in the metric
+// nsmd_tls_handshake_failures_total{listener,reason}, at most one log line
+// per listener, peer address and Interval (with the number suppressed
+// since), so a peer that retries in a loop cannot flood the log.
+type Refusals struct {
+	log      *slog.Logger
+	counter  *prometheus.CounterVec
+	interval time.Duration
+	now      func() time.Time
+
+	mu   sync.Mutex
+	seen map[string]*refusalLog // listener + " " + peer IP
+}
+
+type refusalLog struct {
+	last       time.Time
+	suppressed int
+}
+
+// maxTracked bounds the rate limiter's memory: past it, entries older
+// than Interval are dropped, and if none is, the map starts over.
+const maxTracked = 4096
+
+// NewRefusals registers the metric on reg (nil: not registered).
+func NewRefusals(log *slog.Logger, reg prometheus.Registerer) (*Refusals, error) {
+	r := &Refusals{
+		log: log, interval: time.Minute, now: time.Now, seen: map[string]*refusalLog{},
+		counter: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_tls_handshake_failures_total",
+			Help: "TLS handshakes refused, by listener (raft, admin, raft_dial) and reason (plaintext, no_certificate, unknown_authority, expired, wrong_name, timeout, other).",
+		}, []string{"listener", "reason"}),
+	}
+	if reg != nil {
+		if err := reg.Register(r.counter); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// SetClock replaces the clock and the log interval (tests).
+func (r *Refusals) SetClock(now func() time.Time, interval time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.now, r.interval = now, interval
+}
+
+// Observe records one failed handshake with peer on listener.
+func (r *Refusals) Observe(listener string, peer net.Addr, err error) {
+	if r == nil {
+		return
+	}
+	reason := Reason(err)
+	r.counter.WithLabelValues(listener, reason).Inc()
+	host := peerHost(peer)
+	key := listener + " " + host
+	r.mu.Lock()
+	now := r.now()
+	e := r.seen[key]
+	if e != nil && now.Sub(e.last) < r.interval {
+		e.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	suppressed := 0
+	if e != nil {
+		suppressed = e.suppressed
+	}
+	if len(r.seen) >= maxTracked {
+		for k, v := range r.seen {
+			if now.Sub(v.last) >= r.interval {
+				delete(r.seen, k)
+			}
+		}
+		if len(r.seen) >= maxTracked {
+			clear(r.seen)
+		}
+	}
+	r.seen[key] = &refusalLog{last: now}
+	r.mu.Unlock()
+	r.log.Warn("TLS handshake refused", "listener", listener, "peer", host, "reason", reason,
+		"err", err, "suppressed_since_last", suppressed, "next_log_after", r.interval)
+}
+
+// Count is the metric's value for listener and reason (tests, status).
+func (r *Refusals) Count(listener, reason string) float64 {
+	c, err := r.counter.GetMetricWithLabelValues(listener, reason)
+	if err != nil {
+		return 0
+	}
+	return counterValue(c)
+}
+
+func peerHost(a net.Addr) string {
+	if a == nil {
+		return "?"
+	}
+	if h, _, err := net.SplitHostPort(a.String()); err == nil {
+		return h
+	}
+	return a.String()
+}
+
+// Reason classifies a handshake error for the metric.
+func Reason(err error) string {
+	var rh tls.RecordHeaderError
+	var ua x509.UnknownAuthorityError
+	var ci x509.CertificateInvalidError
+	var he x509.HostnameError
+	var ne net.Error
+	switch {
+	case err == nil:
+		return "none"
+	case errors.As(err, &rh):
+		return "plaintext"
+	case errors.Is(err, ErrWrongName), errors.As(err, &he):
+		return "wrong_name"
+	case errors.As(err, &ua):
+		return "unknown_authority"
+	case errors.As(err, &ci):
+		if ci.Reason == x509.Expired {
+			return "expired"
+		}
+		return "invalid_certificate"
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	}
+	// The peer's side of a refusal arrives as an alert.
+	s := err.Error()
+	switch {
+	case strings.Contains(s, "didn't provide a certificate"), strings.Contains(s, "certificate required"):
+		return "no_certificate"
+	case strings.Contains(s, "unknown certificate authority"), strings.Contains(s, "bad certificate"):
+		return "unknown_authority"
+	case strings.Contains(s, "expired certificate"):
+		return "expired"
+	case strings.Contains(s, "first record does not look like a TLS handshake"), strings.Contains(s, "client sent an HTTP request to an HTTPS server"):
+		return "plaintext"
+	}
+	return "other"
+}

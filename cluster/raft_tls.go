@@ -1,0 +1,174 @@
+package cluster
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/cluster/pki"
+)
+
+// tlsStream is raft's stream layer over mutual TLS (pki): every accepted
+// connection completes its handshake — a client certificate from the
+// cluster CA naming pki.ServerName — before raft sees a byte of it, so a
+// peer without such a certificate can send no RequestVote, AppendEntries
+// or InstallSnapshot. Handshakes run in their own goroutines (bounded, with
+// a deadline), so one slow or silent peer cannot stall Accept.
+type tlsStream struct {
+	ln       net.Listener
+	store    *pki.Store
+	refusals *pki.Refusals
+	conns    chan net.Conn
+	done     chan struct{}
+	sem      chan struct{} // handshakes in progress
+	wg       sync.WaitGroup
+	once     sync.Once
+}
+
+const (
+	tlsHandshakeTimeout = 5 * time.Second
+	maxRaftHandshakes   = 64
+)
+
+func newTLSStream(bind string, store *pki.Store, refusals *pki.Refusals) (*tlsStream, error) {
+	ln, err := net.Listen("tcp", bind)
+	if err != nil {
+		return nil, fmt.Errorf("raft TLS listener on %s: %w", bind, err)
+	}
+	s := &tlsStream{ln: ln, store: store, refusals: refusals, conns: make(chan net.Conn),
+		done: make(chan struct{}), sem: make(chan struct{}, maxRaftHandshakes)}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+func (s *tlsStream) acceptLoop() {
+	defer s.wg.Done()
+	cfg := s.store.RaftServerConfig()
+	for {
+		raw, err := s.ln.Accept()
+		if err != nil {
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t := time.NewTimer(10 * time.Millisecond) // EMFILE and the like
+			select {
+			case <-t.C:
+			case <-s.done:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		select {
+		case s.sem <- struct{}{}:
+		default: // a handshake flood: drop rather than queue
+			s.refusals.Observe("raft", raw.RemoteAddr(), errors.New("too many handshakes in progress"))
+			raw.Close()
+			continue
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() { <-s.sem }()
+			tc := tls.Server(raw, cfg)
+			tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
+			if err := tc.Handshake(); err != nil {
+				s.refusals.Observe("raft", raw.RemoteAddr(), err)
+				raw.Close()
+				return
+			}
+			tc.SetDeadline(time.Time{})
+			select {
+			case s.conns <- tc:
+			case <-s.done:
+				tc.Close()
+			}
+		}()
+	}
+}
+
+// Accept implements net.Listener.
+func (s *tlsStream) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.conns:
+		return c, nil
+	case <-s.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close implements net.Listener; it waits for the handshakes in progress.
+func (s *tlsStream) Close() error {
+	var err error
+	s.once.Do(func() {
+		close(s.done)
+		err = s.ln.Close()
+		s.wg.Wait()
+	})
+	return err
+}
+
+// Addr implements net.Listener.
+func (s *tlsStream) Addr() net.Addr { return s.ln.Addr() }
+
+// Dial implements raft.StreamLayer: TCP, then the TLS handshake, both
+// within timeout.
+func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	raw, err := d.Dial("tcp", string(address))
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Client(raw, s.store.ClientConfig())
+	if timeout <= 0 {
+		timeout = tlsHandshakeTimeout
+	}
+	tc.SetDeadline(time.Now().Add(timeout))
+	if err := tc.Handshake(); err != nil {
+		s.refusals.Observe("raft_dial", raw.RemoteAddr(), err)
+		raw.Close()
+		return nil, fmt.Errorf("raft TLS handshake with %s: %w", address, err)
+	}
+	tc.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+// newTLSTransport is raft's network transport over tlsStream.
+func newTLSTransport(bind string, advertise *net.TCPAddr, store *pki.Store, refusals *pki.Refusals, logger hclog.Logger) (*raft.NetworkTransport, error) {
+	if advertise.IP == nil || advertise.IP.IsUnspecified() {
+		return nil, fmt.Errorf("raft address %s: not advertisable (give a specific IP)", bind)
+	}
+	s, err := newTLSStream(bind, store, refusals)
+	if err != nil {
+		return nil, err
+	}
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: &advertisedStream{tlsStream: s, addr: advertise}, MaxPool: 4, Timeout: 5 * time.Second, Logger: logger,
+	}), nil
+}
+
+// advertisedStream reports the configured address (a bind on port 0 gets
+// the real port from the listener).
+type advertisedStream struct {
+	*tlsStream
+	addr *net.TCPAddr
+}
+
+func (a *advertisedStream) Addr() net.Addr {
+	if a.addr.Port == 0 {
+		return a.tlsStream.Addr()
+	}
+	return a.addr
+}
