@@ -306,6 +306,7 @@ when another kill would leave no quorum.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&admins, "admin", "", "admin API address(es) of your cluster, comma separated (default: start an in-process cluster)")
+	o.Drill.Auth.flags(f)
 	f.StringVar(&o.Drill.VIP, "vip-addr", "", "with --admin: NSM address on the VIP (host:port; default: status vip + the leader's NSM port)")
 	f.BoolVar(&transfer, "transfer", false, "planned leadership transfer instead of a crash")
 	f.StringVar(&killCmd, "kill-cmd", "", "with --admin: shell command that kills the leader (env NSMD_LEADER_ID, NSMD_LEADER_ADMIN)")
