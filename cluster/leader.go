@@ -109,6 +109,12 @@ func (n *Node) lead(ctx context.Context) {
 	if n.cfg.OnLeader != nil {
 		n.cfg.OnLeader(ctx, t, res.State) // returns once the on_leader hook ran
 	}
+	if ctx.Err() != nil {
+		// Leadership ended while the hook ran: the VIP is gone, and the
+		// next leader notifies with its own state.
+		n.log.Info("leadership lost during the on_leader hook; not notifying")
+		return
+	}
 	tl.OnLeaderDone = time.Now()
 	n.setTimeline(tl)
 	n.metrics.takeoverSeconds.Observe(time.Since(start).Seconds())
