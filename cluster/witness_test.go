@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -148,10 +149,18 @@ func TestOldLeaderSaysHeldUntilOnFollowerReturned(t *testing.T) {
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		id := cfg.NodeID
 		cfg.OnFollower = func() {
-			entered <- id
+			select {
+			case entered <- id:
+			default:
+			}
 			<-release
 		}
 	})
+	// Runs before the cluster's cleanup (LIFO): a test that fails before
+	// it releases must not leave node shutdown waiting in OnFollower.
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
 	c.waitTakeover(5 * time.Second)
 	_, ld := c.leader(5 * time.Second)
 	asked := func() bool {
@@ -184,7 +193,7 @@ func TestOldLeaderSaysHeldUntilOnFollowerReturned(t *testing.T) {
 	if !asked() {
 		t.Fatal("old leader answered not held while its OnFollower still runs")
 	}
-	close(release)
+	unblock()
 	deadline := time.Now().Add(5 * time.Second)
 	for asked() {
 		if time.Now().After(deadline) {
