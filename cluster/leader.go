@@ -78,8 +78,21 @@ func (n *Node) startTerm() *term {
 func (n *Node) lead(ctx context.Context) {
 	start := time.Now()
 	lastContact := n.raft.LastContact() // the previous leader, as a follower last heard it
-	if err := n.raft.Barrier(10 * time.Second).Error(); err != nil {
-		n.log.Warn("barrier after election failed; not taking over", "err", err)
+	// A barrier enqueued while raft is handing leadership over (or being
+	// shut down) may not resolve until raft shuts down: wait for it only
+	// as long as this term lasts, so shutdown is never stuck behind it.
+	// The waiter ends when raft resolves the future (at the latest at
+	// raft's shutdown).
+	bf := n.raft.Barrier(10 * time.Second)
+	berr := make(chan error, 1)
+	go func() { berr <- bf.Error() }()
+	select {
+	case err := <-berr:
+		if err != nil {
+			n.log.Warn("barrier after election failed; not taking over", "err", err)
+			return
+		}
+	case <-ctx.Done():
 		return
 	}
 	select {
