@@ -33,6 +33,13 @@
 // ErrProcUnavail, ErrGarbageArgs or ErrSystemErr; ErrNoReply suppresses the
 // reply; a panic is recovered and answered with SYSTEM_ERR.
 //
+// TCP connections are capped per remote IP (MaxConnsPerHost, excess closed
+// at once) and in total (MaxConns). At the total cap a new connection
+// closes the one idle the longest (no call in flight) and is served; it is
+// refused only if every connection has a call in flight. OnConn and Conns
+// expose the admissions for metrics; refusals and evictions are logged at
+// most once per remote IP per minute.
+//
 // A Call, its Args reader and the byte slices of its credentials refer to
 // the server's receive buffer, which is reused once ServeRPC returns: a
 // handler that keeps anything from them must copy it.

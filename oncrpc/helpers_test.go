@@ -138,6 +138,13 @@ func startServer(t testing.TB, cfg ServerConfig, extra Programs) *testServer {
 
 func startServerOn(t testing.TB, addr string, cfg ServerConfig, extra Programs) *testServer {
 	t.Helper()
+	return startServerPrep(t, addr, cfg, extra, nil)
+}
+
+// startServerPrep is startServerOn with prep, when set, run on the Server
+// before it serves.
+func startServerPrep(t testing.TB, addr string, cfg ServerConfig, extra Programs, prep func(*Server)) *testServer {
+	t.Helper()
 	if cfg.Logger == nil {
 		if _, ok := t.(*testing.B); !ok {
 			cfg.Logger = testLogger(t)
@@ -149,6 +156,9 @@ func startServerOn(t testing.TB, addr string, cfg ServerConfig, extra Programs) 
 		progs[k] = v
 	}
 	ts := &testServer{srv: NewServer(progs, cfg), svc: svc, errs: make(chan error, 2)}
+	if prep != nil {
+		prep(ts.srv)
+	}
 	var err error
 	if ts.tcp, err = net.Listen("tcp", addr); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package oncrpc
 
 import (
 	"bufio"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -19,9 +20,26 @@ import (
 type ServerConfig struct {
 	Logger        *slog.Logger  // default: discard
 	MaxRecordSize int           // TCP record (all fragments) cap; default 64 KiB
-	MaxConns      int           // concurrent TCP connections; default 1024
 	IdleTimeout   time.Duration // TCP read deadline between records; default 2 min
 	MaxInFlight   int           // concurrent calls per TCP connection; default 64
+	// MaxConns caps the open TCP connections (default 1024). A connection
+	// arriving at the cap makes room by closing the one idle the longest:
+	// no call in flight, and the oldest last complete record (or accept if
+	// it never sent one). Only if every connection has a call in flight is
+	// the new one closed instead.
+	MaxConns int
+	// MaxConnsPerHost caps the open TCP connections from one remote IP
+	// address, an IPv4-mapped IPv6 address counting as its IPv4 address
+	// (default 64). A connection over the cap is closed at once. Connections
+	// with no IP remote address (other listeners) are not counted per host.
+	MaxConnsPerHost int
+	// OnConn, when set, is called from the accept loop with ConnAccepted,
+	// ConnRefusedPerHost, ConnRefusedTotal or ConnEvictedIdle for each
+	// admission decision, so a caller can count them (Conns gives the open
+	// connections). It must return quickly. Refusals and evictions are also
+	// logged at Warn, at most once per minute per remote IP of the new
+	// connection, with the counts of the lines held back.
+	OnConn func(event string)
 	// MaxInFlightUDP bounds concurrent calls per UDP socket (default 1024).
 	// One socket carries every UDP client, and a call that waits for a raft
 	// commit holds its slot for milliseconds: with 64, 64 pipelined clients
@@ -45,6 +63,9 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 1024
+	}
+	if c.MaxConnsPerHost <= 0 {
+		c.MaxConnsPerHost = 64
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 2 * time.Minute
@@ -76,12 +97,14 @@ type Server struct {
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	pconns    map[net.PacketConn]struct{}
-	conns     map[*serverConn]struct{}
-	calls     sync.WaitGroup // in-flight calls; Add only under mu while !shutting
-	workers   sync.WaitGroup // connection goroutines; Add only under mu while !shutting
-	finished  chan struct{}  // closed when Shutdown returns
+	conns     *list.List         // of *serverConn, by last record or accept, oldest first
+	hosts     map[netip.Addr]int // open TCP connections per remote IP
+	calls     sync.WaitGroup     // in-flight calls; Add only under mu while !shutting
+	workers   sync.WaitGroup     // connection goroutines; Add only under mu while !shutting
+	finished  chan struct{}      // closed when Shutdown returns
 
-	bufs sync.Pool // *[]byte, receive and reply buffers
+	bufs    sync.Pool       // *[]byte, receive and reply buffers
+	connLog *hostLogLimiter // Warn lines about refused and evicted connections
 }
 
 // NewServer returns a Server for the programs p. The map is copied.
@@ -96,7 +119,9 @@ func NewServer(p Programs, cfg ServerConfig) *Server {
 		finished:  make(chan struct{}),
 		listeners: make(map[net.Listener]struct{}),
 		pconns:    make(map[net.PacketConn]struct{}),
-		conns:     make(map[*serverConn]struct{}),
+		conns:     list.New(),
+		hosts:     make(map[netip.Addr]int),
+		connLog:   newHostLogLimiter(connLogInterval, connLogHosts),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.bufs.New = func() any { b := make([]byte, 0, 1024); return &b }
@@ -306,29 +331,22 @@ func (s *Server) ServeTCP(l net.Listener) error {
 			continue
 		}
 		backoff = 0
-		s.mu.Lock()
-		if s.shutting.Load() {
-			s.mu.Unlock()
+		a, ok := s.admit(conn)
+		if !ok {
 			conn.Close()
 			return ErrClosed
 		}
-		if len(s.conns) >= s.cfg.MaxConns {
-			s.mu.Unlock()
-			s.log.Warn("oncrpc: too many connections, closing new one", "remote", conn.RemoteAddr().String(), "max", s.cfg.MaxConns)
+		if a.victim != nil {
+			a.victim.c.Close() // its serve goroutine sees the error and exits
+			s.reportConn(evEvictedIdle, &a)
+		}
+		if a.sc == nil {
 			conn.Close()
+			s.reportConn(a.event, &a)
 			continue
 		}
-		sc := &serverConn{
-			s:      s,
-			c:      conn,
-			remote: addrPortOf(conn.RemoteAddr()),
-			local:  addrPortOf(conn.LocalAddr()),
-			sem:    make(chan struct{}, s.cfg.MaxInFlight),
-		}
-		s.conns[sc] = struct{}{}
-		s.workers.Add(1)
-		s.mu.Unlock()
-		go sc.serve()
+		go a.sc.serve()
+		s.reportConn(evAccepted, &a)
 	}
 }
 
@@ -340,6 +358,29 @@ type serverConn struct {
 	sem           chan struct{} // in-flight calls on this connection
 	wg            sync.WaitGroup
 	wmu           sync.Mutex // serialises reply writes
+
+	// Under s.mu:
+	elem *list.Element // in s.conns; nil once dropped (evicted or closed)
+	last time.Time     // accept or last complete record
+}
+
+// busy reports whether a call read from sc has not been answered yet.
+func (sc *serverConn) busy() bool { return len(sc.sem) > 0 }
+
+// startCall accounts for a call just read from sc and makes sc the most
+// recently active connection, unless the server is shutting down or sc was
+// evicted.
+func (sc *serverConn) startCall(now time.Time) bool {
+	s := sc.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutting.Load() || sc.elem == nil {
+		return false
+	}
+	s.calls.Add(1)
+	sc.last = now
+	s.conns.MoveToBack(sc.elem)
+	return true
 }
 
 func (sc *serverConn) serve() {
@@ -366,7 +407,7 @@ func (sc *serverConn) serve() {
 			break
 		}
 		sc.sem <- struct{}{}
-		if !s.callStart() {
+		if !sc.startCall(time.Now()) {
 			<-sc.sem
 			s.putBuf(bufp)
 			break
@@ -377,7 +418,7 @@ func (sc *serverConn) serve() {
 	sc.wg.Wait()
 	sc.c.Close()
 	s.mu.Lock()
-	delete(s.conns, sc)
+	s.dropConn(sc)
 	s.mu.Unlock()
 }
 
@@ -570,8 +611,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for pc := range s.pconns {
 		pc.SetReadDeadline(past) // wake the reader; replies still go out
 	}
-	for sc := range s.conns {
-		sc.c.SetReadDeadline(past)
+	for e := s.conns.Front(); e != nil; e = e.Next() {
+		e.Value.(*serverConn).c.SetReadDeadline(past)
 	}
 	s.mu.Unlock()
 
@@ -588,8 +629,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.cancel()
 	s.mu.Lock()
-	for sc := range s.conns {
-		sc.c.Close()
+	for e := s.conns.Front(); e != nil; e = e.Next() {
+		e.Value.(*serverConn).c.Close()
 	}
 	for pc := range s.pconns {
 		pc.Close()
