@@ -32,9 +32,9 @@
 //		}
 //	}
 //
-// Reads (State, Get, Registrations, Targets, WouldAccept, Digest …) are
-// safe to call concurrently with Apply. Snapshot is O(1): it takes a
-// copy-on-write clone of the state; Persist streams it without holding any
-// lock. See DESIGN.md in this directory for the reasoning and the
+// Reads (State, TakeoverTerm, Get, Registrations, Targets, WouldAccept,
+// Digest …) are safe to call concurrently with Apply. Snapshot is O(1): it
+// takes a copy-on-write clone of the state; Persist streams it without
+// holding any lock. See DESIGN.md in this directory for the reasoning and the
 // snapshot format.
 package fsm

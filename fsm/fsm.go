@@ -50,6 +50,9 @@ type state struct {
 	sm     int32
 	grace  time.Time
 	last   Takeover
+	// lastTerm is the raft term of the log entry that carried last (0
+	// before the first Takeover, or after a version-1 snapshot).
+	lastTerm uint64
 }
 
 func newState() state {
@@ -132,7 +135,7 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 			res[i] = Result{State: f.st.sm}
 			continue
 		}
-		res[i] = f.apply(c)
+		res[i] = f.apply(c, l.Term)
 	}
 	f.applied = l.Index
 	f.mu.Unlock()
@@ -147,8 +150,9 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	return res
 }
 
-// apply applies one decoded command; mu is held exclusively.
-func (f *FSM) apply(c Command) Result {
+// apply applies one decoded command of an entry of raft term term; mu is
+// held exclusively.
+func (f *FSM) apply(c Command, term uint64) Result {
 	s := &f.st
 	switch c := c.(type) {
 	case Register:
@@ -179,6 +183,7 @@ func (f *FSM) apply(c Command) Result {
 		s.sm = nextState(s.sm, c.MinState)
 		s.grace = c.GraceUntil
 		s.last = c
+		s.lastTerm = term
 		return Result{State: s.sm}
 	case PeerRebooted:
 		matched := s.match(c.MonName, ipOf(c.From))
@@ -372,6 +377,24 @@ func (f *FSM) LastTakeover() Takeover {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.st.last
+}
+
+// TakeoverTerm returns the raft term of the log entry that carried the
+// last applied Takeover: 0 before the first, and after restoring a
+// version-1 snapshot until the next Takeover. Every node that applied the
+// same entries returns the same term. With raft's current term it tells
+// whether the current leader's takeover has been applied here.
+func (f *FSM) TakeoverTerm() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.lastTerm
+}
+
+// Incarnation returns sm_state and TakeoverTerm, read together.
+func (f *FSM) Incarnation() (state int32, takeoverTerm uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.sm, f.st.lastTerm
 }
 
 // Len returns the number of registrations.

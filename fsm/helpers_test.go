@@ -12,14 +12,21 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// applyOK encodes cmds as one entry, applies it at index and returns the results.
+// applyOK encodes cmds as one entry, applies it at index (raft term 0)
+// and returns the results.
 func applyOK(t testing.TB, f *FSM, index uint64, cmds ...Command) []Result {
+	t.Helper()
+	return applyTermOK(t, f, index, 0, cmds...)
+}
+
+// applyTermOK is applyOK for an entry of raft term term.
+func applyTermOK(t testing.TB, f *FSM, index, term uint64, cmds ...Command) []Result {
 	t.Helper()
 	b, err := Encode(cmds...)
 	if err != nil {
 		t.Fatalf("Encode: %v", err)
 	}
-	out := f.Apply(&raft.Log{Index: index, Type: raft.LogCommand, Data: b})
+	out := f.Apply(&raft.Log{Index: index, Term: term, Type: raft.LogCommand, Data: b})
 	res, ok := out.([]Result)
 	if !ok {
 		t.Fatalf("Apply returned %T (%v), want []Result", out, out)

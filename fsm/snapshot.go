@@ -14,11 +14,12 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// Snapshot format, version 1:
+// Snapshot format, version 2:
 //
-//	magic "NSMDSNP1", version:u8(=1)
+//	magic "NSMDSNP1", version:u8(=2)
 //	frame*       each: length:u32 big-endian (1…maxFrame), payload; payload[0] is a section tag:
-//	  1 scalars  sm_state:varint grace:time takeover applied_index:uvarint   (exactly one, first)
+//	  1 scalars  sm_state:varint grace:time takeover applied_index:uvarint
+//	             takeover_term:uvarint                                        (exactly one, first)
 //	  2 seen     (str(mon_name) state:varint)*        strictly ascending by mon_name
 //	  3 regs     registration*                        strictly ascending by MonID
 //	end          length 0
@@ -26,11 +27,16 @@ import (
 //
 // Tags never go backwards; a frame holds whole entries only. Field
 // encodings are those of the log entry (codec.go); takeover is the
-// Takeover command body. The stream is canonical: equal state (and index)
-// gives equal bytes, so Digest hashes it with the index set to 0.
+// Takeover command body, takeover_term the raft term of the entry that
+// carried it (TakeoverTerm). The stream is canonical: equal state (and
+// index) gives equal bytes, so Digest hashes it with the index set to 0.
+//
+// Version 1 is version 2 without takeover_term; Restore still reads it
+// (takeover term 0) and Persist writes version 2 only.
 const (
-	snapMagic   = "NSMDSNP1"
-	snapVersion = 1
+	snapMagic    = "NSMDSNP1"
+	snapVersion  = 2 // written; snapVersion1 is still read
+	snapVersion1 = 1
 
 	tagScalars = 1
 	tagSeen    = 2
@@ -70,8 +76,8 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 func (s *snapshot) Release() {}
 
 // Digest is a hash of the whole replicated state (registrations, sm_state,
-// last-seen states, grace, last takeover), equal on nodes that applied the
-// same entries; AppliedIndex is not part of it.
+// last-seen states, grace, last takeover and its term), equal on nodes
+// that applied the same entries; AppliedIndex is not part of it.
 func (f *FSM) Digest() [32]byte {
 	st, _ := f.view()
 	h := sha256.New()
@@ -141,6 +147,7 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 		return fmt.Errorf("last takeover: %w", err)
 	}
 	e.b = binary.AppendUvarint(e.b, index)
+	e.b = binary.AppendUvarint(e.b, st.lastTerm)
 	w.flush()
 
 	w.begin(tagSeen)
@@ -312,8 +319,9 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	if string(hdr[:len(snapMagic)]) != snapMagic {
 		return state{}, 0, corrupt("bad magic %q", hdr[:len(snapMagic)])
 	}
-	if v := hdr[len(snapMagic)]; v != snapVersion {
-		return state{}, 0, fmt.Errorf("%w: snapshot version %d", ErrVersion, v)
+	version := hdr[len(snapMagic)]
+	if version != snapVersion && version != snapVersion1 {
+		return state{}, 0, fmt.Errorf("%w: snapshot version %d", ErrVersion, version)
 	}
 
 	st := newState()
@@ -354,6 +362,9 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 			st.grace = d.time()
 			st.last = d.takeover()
 			index = d.uvarint()
+			if version >= 2 {
+				st.lastTerm = d.uvarint()
+			}
 			if d.err == nil && len(d.b) != 0 {
 				d.fail("%d trailing bytes", len(d.b))
 			}

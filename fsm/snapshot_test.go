@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"net/netip"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -77,7 +78,11 @@ func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
 		"trailing byte":   append(slices.Clone(b), 0),
 		"huge frame":      append(append(slices.Clone(b[:9]), 0xff, 0xff, 0xff, 0xff), b[13:]...),
 		"no scalars":      binary.BigEndian.AppendUint32(slices.Clone(b[:9]), 0),
-		"version too new": func() []byte { c := slices.Clone(b); c[8] = 2; return c }(),
+		"version too new": func() []byte { c := slices.Clone(b); c[8] = 3; return c }(),
+		"version 0":       func() []byte { c := slices.Clone(b); c[8] = 0; return c }(),
+		// A version-2 stream labelled version 1 (checksum recomputed): its
+		// scalars frame has a trailing byte, the takeover term.
+		"v2 body as v1": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 1; return c }()),
 	}
 	for name, data := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -135,11 +140,11 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 		a, b := New(Options{}), New(Options{})
 		var c *FSM
 		for i, cmds := range entries {
-			idx := uint64(i + 1)
-			ra := applyOK(t, a, idx, cmds...)
-			applyOK(t, b, idx, cmds...)
+			idx, term := uint64(i+1), uint64(1+i/37) // a new raft term now and then
+			ra := applyTermOK(t, a, idx, term, cmds...)
+			applyTermOK(t, b, idx, term, cmds...)
 			if c != nil {
-				rc := applyOK(t, c, idx, cmds...)
+				rc := applyTermOK(t, c, idx, term, cmds...)
 				for j := range ra {
 					if ra[j].State != rc[j].State || ra[j].Accepted != rc[j].Accepted || len(ra[j].Matched) != len(rc[j].Matched) {
 						t.Fatalf("seed %d entry %d: results differ after restore", seed, i)
@@ -160,8 +165,11 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 				}
 			}
 		}
-		if a.Len() == 0 || a.State() < 3 {
-			t.Fatalf("seed %d: stream too weak (len %d, state %d)", seed, a.Len(), a.State())
+		if a.Len() == 0 || a.State() < 3 || a.TakeoverTerm() < 2 {
+			t.Fatalf("seed %d: stream too weak (len %d, state %d, takeover term %d)", seed, a.Len(), a.State(), a.TakeoverTerm())
+		}
+		if c.TakeoverTerm() != a.TakeoverTerm() {
+			t.Fatalf("seed %d: restored replica's takeover term %d, want %d", seed, c.TakeoverTerm(), a.TakeoverTerm())
 		}
 	}
 }
@@ -206,6 +214,104 @@ func tinyFSM(t testing.TB) *FSM {
 	return f
 }
 
+// termFSM has a takeover carried by an entry of a term that needs a
+// multi-byte varint.
+func termFSM(t testing.TB) *FSM {
+	f := New(Options{})
+	applyTermOK(t, f, 9, 300, Takeover{Node: "n2", GraceUntil: time.Unix(1_800_000_090, 0), Reason: "leader_elected"})
+	applyTermOK(t, f, 10, 301, Register{Reg: Registration{ID: MonID{MonName: "c", My: MyID{"m", 1, 2, 3}}, Node: "n2"}})
+	return f
+}
+
+// v1Fixture is tinyFSM as the version-1 writer persisted it (generated
+// before the format moved to version 2; never regenerate it).
+const v1Fixture = "testdata/snapshot-v1-tiny.bin"
+
+func readV1Fixture(t testing.TB) []byte {
+	t.Helper()
+	b, err := os.ReadFile(v1Fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestVersion1SnapshotIsStillRead: a snapshot written by the version-1
+// writer restores to the state it was taken from, with takeover term 0;
+// persisting it again writes version 2, byte for byte what the same state
+// built by Apply persists to.
+func TestVersion1SnapshotIsStillRead(t *testing.T) {
+	v1 := readV1Fixture(t)
+	if v1[len(snapMagic)] != 1 {
+		t.Fatalf("fixture is version %d, want 1", v1[len(snapMagic)])
+	}
+	want := tinyFSM(t)
+	got := New(Options{})
+	applyTermOK(t, got, 1, 4, Takeover{MinState: 99}) // replaced by Restore
+	if err := restoreFrom(got, v1); err != nil {
+		t.Fatal(err)
+	}
+	if got.TakeoverTerm() != 0 {
+		t.Errorf("takeover term after a v1 snapshot: %d, want 0", got.TakeoverTerm())
+	}
+	if got.Digest() != want.Digest() || got.AppliedIndex() != want.AppliedIndex() || got.State() != want.State() ||
+		got.Len() != want.Len() || got.Hosts() != want.Hosts() || got.LastTakeover() != want.LastTakeover() {
+		t.Fatalf("v1 snapshot restored to index/state/len/hosts %d/%d/%d/%d, takeover %+v; want %d/%d/%d/%d, %+v",
+			got.AppliedIndex(), got.State(), got.Len(), got.Hosts(), got.LastTakeover(),
+			want.AppliedIndex(), want.State(), want.Len(), want.Hosts(), want.LastTakeover())
+	}
+	if s, ok := got.LastSeen("a"); !ok || s != 7 {
+		t.Errorf("last seen of a: %d %v, want 7", s, ok)
+	}
+	v2 := persist(t, got)
+	if v2[len(snapMagic)] != snapVersion {
+		t.Fatalf("persisted version %d, want %d", v2[len(snapMagic)], snapVersion)
+	}
+	if !bytes.Equal(v2, persist(t, want)) {
+		t.Fatal("a v1 snapshot re-persisted differs from the same state built by Apply")
+	}
+}
+
+// TestTakeoverTermIsTheTermOfItsEntry: TakeoverTerm is the raft term of
+// the entry that carried the last Takeover (not of later entries), it is
+// part of the replicated state (Digest) and a snapshot keeps it.
+func TestTakeoverTermIsTheTermOfItsEntry(t *testing.T) {
+	f := New(Options{})
+	if f.TakeoverTerm() != 0 {
+		t.Fatalf("new FSM: takeover term %d", f.TakeoverTerm())
+	}
+	applyTermOK(t, f, 1, 2, Register{Reg: mkReg("h", lockd, "n1")})
+	if f.TakeoverTerm() != 0 {
+		t.Fatalf("a Register set the takeover term to %d", f.TakeoverTerm())
+	}
+	applyTermOK(t, f, 2, 3, Takeover{Node: "n1"})
+	applyTermOK(t, f, 3, 5, Register{Reg: mkReg("i", lockd, "n1")}, Unregister{ID: MonID{MonName: "h", My: lockd}})
+	if st, term := f.Incarnation(); st != 1 || term != 3 || f.TakeoverTerm() != 3 {
+		t.Fatalf("after a takeover in term 3 and writes in term 5: state %d, takeover term %d/%d; want 1, 3", st, term, f.TakeoverTerm())
+	}
+	applyTermOK(t, f, 4, 1<<40, Register{Reg: mkReg("j", lockd, "n1")}, Takeover{Node: "n2"}, Register{Reg: mkReg("k", lockd, "n2")})
+	if st, term := f.Incarnation(); st != 3 || term != 1<<40 {
+		t.Fatalf("after a takeover in a batch of term 2^40: state %d, takeover term %d", st, term)
+	}
+
+	g := New(Options{})
+	if err := restoreFrom(g, persist(t, f)); err != nil {
+		t.Fatal(err)
+	}
+	if g.TakeoverTerm() != 1<<40 || g.Digest() != f.Digest() {
+		t.Fatalf("restored takeover term %d (digest equal: %v), want %d", g.TakeoverTerm(), g.Digest() == f.Digest(), uint64(1<<40))
+	}
+
+	// The same commands in another term are another replicated state.
+	h := New(Options{})
+	applyTermOK(t, h, 1, 2, Takeover{Node: "n1"})
+	k := New(Options{})
+	applyTermOK(t, k, 1, 3, Takeover{Node: "n1"})
+	if h.Digest() == k.Digest() {
+		t.Fatal("Digest ignores the takeover term")
+	}
+}
+
 // fixCRC returns b with its trailing checksum recomputed, so that the
 // fuzzer's mutations reach the parser instead of stopping at the CRC.
 func fixCRC(b []byte) []byte {
@@ -223,7 +329,10 @@ func fixCRC(b []byte) []byte {
 func FuzzRestore(f *testing.F) {
 	f.Add(persist(f, New(Options{})))
 	f.Add(persist(f, tinyFSM(f)))
+	f.Add(persist(f, termFSM(f)))
+	f.Add(readV1Fixture(f))
 	f.Add([]byte("NSMDSNP1\x01"))
+	f.Add([]byte("NSMDSNP1\x02"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, in := range [][]byte{b, fixCRC(b)} {
 			x := New(Options{})
@@ -237,7 +346,8 @@ func FuzzRestore(f *testing.F) {
 			if err := restoreFrom(y, persist(t, x)); err != nil {
 				t.Fatalf("re-persisted snapshot rejected: %v", err)
 			}
-			if x.Digest() != y.Digest() || x.AppliedIndex() != y.AppliedIndex() || x.Len() != y.Len() || x.Hosts() != y.Hosts() {
+			if x.Digest() != y.Digest() || x.AppliedIndex() != y.AppliedIndex() || x.Len() != y.Len() || x.Hosts() != y.Hosts() ||
+				x.TakeoverTerm() != y.TakeoverTerm() {
 				t.Fatal("accepted snapshot does not round-trip")
 			}
 		}

@@ -54,6 +54,13 @@ type Registry interface {
 	PeerRebooted(ctx context.Context, ev fsm.PeerRebooted) error
 	// State is the local sm_state (a local read).
 	State() int32
+	// Ready reports whether this node knows the current incarnation's
+	// sm_state: State is odd and no older than the current leader's
+	// takeover. Until then SM_STAT, SM_MON, SM_UNMON, SM_UNMON_ALL and
+	// SM_SIMU_CRASH get no reply (over TCP they wait for it, up to
+	// Config.ReadyWait). It is called for every such call, so it must be
+	// cheap.
+	Ready() bool
 	// WouldAccept pre-checks an SM_NOTIFY against local state: monName or
 	// from matches a monitored host and state differs from the last seen.
 	WouldAccept(monName string, from netip.Addr, state int32) bool

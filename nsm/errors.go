@@ -23,6 +23,10 @@ var (
 	ErrUnresolved = errors.New("nsm: host name does not resolve")
 	// ErrBadEnum: an XDR enum carried an undeclared value.
 	ErrBadEnum = errors.New("nsm: undeclared enum value")
+	// ErrNotReady: this node does not know the current incarnation's
+	// sm_state yet (starting, replaying, or the leader's takeover is not
+	// applied here); the call is dropped without a reply.
+	ErrNotReady = errors.New("nsm: current sm_state not known yet")
 	// ErrNoAddress: the notifier found no address to send to.
 	ErrNoAddress = errors.New("nsm: no usable address")
 )

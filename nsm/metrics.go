@@ -15,6 +15,7 @@ type Metrics struct {
 	rpcRequests    *prometheus.CounterVec
 	rpcDuration    *prometheus.HistogramVec
 	monRefused     *prometheus.CounterVec
+	notReady       *prometheus.CounterVec
 	callbacks      *prometheus.CounterVec
 	notifyTargets  *prometheus.GaugeVec
 	notifyLatency  prometheus.Histogram
@@ -40,6 +41,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "nsmd_mon_refused_total",
 			Help: "SM_MON/SM_UNMON/SM_UNMON_ALL/SM_SIMU_CRASH requests refused, by reason.",
 		}, []string{"reason"}),
+		notReady: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_rpc_not_ready_total",
+			Help: "NSM calls left unanswered because this node did not know the current sm_state yet, by procedure.",
+		}, []string{"proc"}),
 		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_callbacks_total",
 			Help: "Lock-manager callback attempts, by outcome (delivered, retried, failed, dropped).",
@@ -68,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.rpcRequests, m.rpcDuration, m.monRefused, m.callbacks,
+		reg.MustRegister(m.rpcRequests, m.rpcDuration, m.monRefused, m.notReady, m.callbacks,
 			m.notifyTargets, m.notifyLatency, m.notifyReceived, m.notifySends)
 	}
 	return m
@@ -123,6 +128,12 @@ func resultLabel(err error) string {
 func (m *Metrics) monRefusedInc(reason string) {
 	if m != nil {
 		m.monRefused.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) notReadyInc(proc uint32) {
+	if m != nil {
+		m.notReady.WithLabelValues(procLabel(Program.Prog, proc)).Inc()
 	}
 }
 

@@ -32,6 +32,7 @@ func TestNilMetricsAreNoOps(t *testing.T) {
 	var m *Metrics
 	m.ObserveRPC(&oncrpc.Call{}, nil, time.Millisecond)
 	m.monRefusedInc("x")
+	m.notReadyInc(ProcStat)
 	m.callback("x")
 	m.notifyProgress(1, 2, 3)
 	m.notifyAcked(time.Second)

@@ -21,7 +21,9 @@ type mapRegistry struct {
 	writes   int
 	crashes  int
 	events   []fsm.PeerRebooted
-	fail     error // when set, every write returns it
+	fail     error         // when set, every write returns it
+	notReady bool          // when set, Ready reports false
+	asked    chan struct{} // when set, a token (if there is room) per Ready call
 }
 
 var errRegistryDown = errors.New("test registry: no leader")
@@ -121,6 +123,24 @@ func (m *mapRegistry) State() int32 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.state
+}
+
+func (m *mapRegistry) Ready() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.asked != nil {
+		select {
+		case m.asked <- struct{}{}:
+		default:
+		}
+	}
+	return !m.notReady
+}
+
+func (m *mapRegistry) setReady(ready bool) {
+	m.mu.Lock()
+	m.notReady = !ready
+	m.mu.Unlock()
 }
 
 func (m *mapRegistry) WouldAccept(monName string, from netip.Addr, state int32) bool {

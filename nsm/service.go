@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
@@ -43,6 +44,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics is optional.
 	Metrics *Metrics
+	// ReadyWait bounds how long a call over TCP that needs the current
+	// sm_state waits for the Registry to become Ready before it is
+	// dropped: a TCP caller does not retransmit before its own (often long)
+	// timeout. Over UDP such a call is dropped at once and the caller
+	// retransmits. Default 5 s; negative: drop at once on TCP too.
+	ReadyWait time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -56,6 +63,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ResolveTimeout == 0 {
 		c.ResolveTimeout = 5 * time.Second
+	}
+	if c.ReadyWait == 0 {
+		c.ReadyWait = 5 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -126,7 +136,20 @@ type Service struct {
 	cfg Config
 	log *slog.Logger
 	m   *Metrics
+
+	// Calls dropped while not ready: when that was last logged (Unix ns)
+	// and how many since.
+	notReadyLogged  atomic.Int64
+	notReadyDropped atomic.Uint64
 }
+
+const (
+	// notReadyLogEvery spaces the log lines about calls dropped while not ready.
+	notReadyLogEvery = time.Second
+	// readyPoll is how often a TCP call held for readiness checks again
+	// (Ready is a few loads).
+	readyPoll = 2 * time.Millisecond
+)
 
 var _ oncrpc.Handler = (*Service)(nil)
 
@@ -144,8 +167,16 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 
 // ServeRPC implements oncrpc.Handler: it dispatches on the procedure
 // number (XNFS NSM: procedures 0–6). Unknown procedures get PROC_UNAVAIL,
-// undecodable arguments GARBAGE_ARGS.
+// undecodable arguments GARBAGE_ARGS. Until the Registry is Ready, the
+// procedures that answer or change sm_state get no reply (awaitReady,
+// notReady).
 func (s *Service) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+	switch c.Proc {
+	case ProcStat, ProcMon, ProcUnmon, ProcUnmonAll, ProcSimuCrash:
+		if !s.awaitReady(ctx, c) {
+			return s.notReady(c)
+		}
+	}
 	switch c.Proc {
 	case ProcNull:
 		return s.null(ctx, c, res)
@@ -163,6 +194,51 @@ func (s *Service) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writ
 		return s.notify(ctx, c, res)
 	}
 	return fmt.Errorf("nsm: procedure %d: %w", c.Proc, oncrpc.ErrProcUnavail)
+}
+
+// awaitReady reports whether the Registry is Ready; a call that did not
+// come over UDP waits up to ReadyWait for it.
+func (s *Service) awaitReady(ctx context.Context, c *oncrpc.Call) bool {
+	if s.reg.Ready() {
+		return true
+	}
+	if c.Net == "udp" || s.cfg.ReadyWait <= 0 {
+		return false
+	}
+	deadline := time.NewTimer(s.cfg.ReadyWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(readyPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			if s.reg.Ready() {
+				return true
+			}
+		case <-deadline.C:
+			return s.reg.Ready()
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// notReady drops a call that would answer with, or act on, an sm_state
+// this node does not know yet (a fresh node before its first takeover, a
+// restarted one before it applied the current leader's): no reply, so the
+// caller retransmits, as for an SM_NOTIFY that cannot be committed. It is
+// counted, and logged at most once per notReadyLogEvery with the number
+// of calls dropped since the last line.
+func (s *Service) notReady(c *oncrpc.Call) error {
+	s.m.notReadyInc(c.Proc)
+	s.notReadyDropped.Add(1)
+	now := s.cfg.Now().UnixNano()
+	last := s.notReadyLogged.Load()
+	if now-last >= int64(notReadyLogEvery) && s.notReadyLogged.CompareAndSwap(last, now) {
+		s.log.Info("NSM calls dropped: this node does not know the current sm_state yet",
+			"proc", procLabel(c.Prog, c.Proc), "caller", c.Remote.String(), "dropped", s.notReadyDropped.Swap(0))
+	}
+	return fmt.Errorf("nsm: procedure %d: %w: %w", c.Proc, ErrNotReady, oncrpc.ErrNoReply)
 }
 
 // decodeArgs decodes a procedure's arguments into v (nil for void) and
