@@ -69,6 +69,8 @@ type Config struct {
 	DrillCrash      bool
 	Witness         bool
 	PmapPort        int
+	NSMMaxConns     int
+	NSMMaxConnsHost int
 
 	// Raft timing (LAN defaults).
 	HeartbeatTimeout   time.Duration
@@ -97,6 +99,8 @@ func Default() Config {
 		NotifyWindow:       15 * time.Minute,
 		Rpcbind:            RpcbindRegister,
 		PmapPort:           111,
+		NSMMaxConns:        1024,
+		NSMMaxConnsHost:    64,
 		HookTimeout:        30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
@@ -203,6 +207,8 @@ func (c *Config) bindings() []binding {
 		duration("hook_timeout", "how long a hook script may run before it is killed", &c.HookTimeout),
 		boolean("witness", "a voter that never holds the VIP, runs no hook and sends no SM_NOTIFY: the third vote of a server pair", &c.Witness),
 		boolean("drill_crash", "allow POST /v1/drill/crash to kill this node (failover drills)", &c.DrillCrash),
+		integer("nsm_max_conns", "open NSM TCP connections at most; at the cap the longest-idle one is closed for a new one", &c.NSMMaxConns),
+		integer("nsm_max_conns_per_host", "open NSM TCP connections from one IP address at most", &c.NSMMaxConnsHost),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
 		duration("heartbeat_timeout", "raft heartbeat timeout", &c.HeartbeatTimeout),
 		duration("election_timeout", "raft election timeout", &c.ElectionTimeout),
@@ -326,6 +332,12 @@ func (c *Config) Validate() error {
 	hostPort("admin_addr", c.AdminAddr, true)
 	for _, j := range c.Join {
 		hostPort("join", j, false)
+	}
+	if c.NSMMaxConns < 1 {
+		bad("nsm_max_conns", "must be at least 1")
+	}
+	if c.NSMMaxConnsHost < 1 || c.NSMMaxConnsHost > c.NSMMaxConns {
+		bad("nsm_max_conns_per_host", "%d must be between 1 and nsm_max_conns (%d)", c.NSMMaxConnsHost, c.NSMMaxConns)
 	}
 	if c.BootstrapExpect < 0 {
 		bad("bootstrap_expect", "must not be negative")

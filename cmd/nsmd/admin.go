@@ -44,7 +44,10 @@ type Status struct {
 	Takeover *cluster.Timeline `json:"takeover,omitempty"`
 	// TLS says raft and the admin API use mutual TLS; Insecure lists what
 	// runs unprotected beyond loopback because insecure is set.
-	TLS      bool     `json:"tls"`
+	TLS bool `json:"tls"`
+	// Ready: this node knows the current incarnation's sm_state and
+	// answers NSM (cluster.Node.Ready).
+	Ready    bool     `json:"ready"`
 	Insecure []string `json:"insecure,omitempty"`
 	// LastHookFailure is the most recent failed hook script, if any.
 	LastHookFailure *HookFailure `json:"last_hook_failure,omitempty"`
@@ -99,6 +102,7 @@ func (a *agent) status() Status {
 		NSMAddr:       a.NSMAddr().String(),
 		AppliedIndex:  f.AppliedIndex(),
 		TLS:           a.sec.tls != nil,
+		Ready:         a.node.Ready(),
 		Insecure:      a.sec.exposures,
 	}
 	if g := f.GraceUntil(); !g.IsZero() {
@@ -254,9 +258,13 @@ func (a *agent) handleReady(w http.ResponseWriter, r *http.Request) {
 	commit := rf.CommitIndex()
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	for a.node.FSM().AppliedIndex() < commit {
+	for a.node.FSM().AppliedIndex() < commit || !a.node.Ready() {
 		select {
 		case <-ctx.Done():
+			if !a.node.Ready() {
+				httpError(w, http.StatusServiceUnavailable, "current sm_state not known yet (this term's takeover not applied here); NSM calls get no answer")
+				return
+			}
 			httpError(w, http.StatusServiceUnavailable, "applied %d < commit %d", a.node.FSM().AppliedIndex(), commit)
 			return
 		case <-time.After(10 * time.Millisecond):

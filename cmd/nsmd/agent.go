@@ -62,6 +62,7 @@ type agent struct {
 	hooks      *hookRunner
 	netlinkVIP *cluster.NetlinkVIP // closed (address dropped) on shutdown
 	sec        security
+	connEvents *prometheus.CounterVec
 
 	wg sync.WaitGroup
 }
@@ -139,6 +140,9 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.nsmm = nsm.NewMetrics(a.reg)
 	if err := a.setupSecurity(); err != nil {
+		return a, err
+	}
+	if err := a.registerConnMetrics(); err != nil {
 		return a, err
 	}
 	a.hooks = newHookRunner(cfg, log, a.reg)
@@ -257,7 +261,33 @@ func (a *agent) floatingAddr() (cluster.FloatingAddr, error) {
 }
 
 func (a *agent) serverConfig() oncrpc.ServerConfig {
-	return oncrpc.ServerConfig{Logger: a.log, Observe: a.nsmm.ObserveRPC}
+	return oncrpc.ServerConfig{Logger: a.log, Observe: a.nsmm.ObserveRPC,
+		MaxConns: a.cfg.NSMMaxConns, MaxConnsPerHost: a.cfg.NSMMaxConnsHost,
+		OnConn: func(ev string) { a.connEvents.WithLabelValues(ev).Inc() }}
+}
+
+// registerConnMetrics counts NSM TCP connection events (accepted,
+// refused_per_host, refused_total, evicted_idle) and exports the open
+// connections of the node's own NSM server.
+func (a *agent) registerConnMetrics() error {
+	a.connEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nsmd_nsm_tcp_connections_total",
+		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room).",
+	}, []string{"event"})
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "nsmd_nsm_tcp_connections", Help: "Open NSM TCP connections on the node's own address.",
+	}, func() float64 {
+		if a.server == nil {
+			return 0
+		}
+		return float64(a.server.Conns())
+	})
+	for _, c := range []prometheus.Collector{a.connEvents, open} {
+		if err := a.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // serve runs srv on both sockets; the goroutines end when srv shuts down.
