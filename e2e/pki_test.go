@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -54,16 +52,4 @@ func (p *clusterPKI) clientTLS(t *testing.T) *tls.Config {
 		t.Fatal(err)
 	}
 	return s.ClientConfig()
-}
-
-// caOnlyTLS verifies the nodes but presents no certificate.
-func (p *clusterPKI) caOnlyTLS(t *testing.T) *tls.Config {
-	t.Helper()
-	b, err := os.ReadFile(p.file("ca.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(b)
-	return &tls.Config{RootCAs: pool, ServerName: pki.ServerName, MinVersion: tls.VersionTLS13}
 }

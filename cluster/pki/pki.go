@@ -94,13 +94,9 @@ func Load(f Files) (*Store, error) {
 }
 
 func load(f Files) (*material, error) {
-	caPEM, err := os.ReadFile(f.CA)
+	pool, err := loadPool(f.CA)
 	if err != nil {
-		return nil, fmt.Errorf("tls_ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("tls_ca %s: no PEM certificate in it", f.CA)
+		return nil, err
 	}
 	certPEM, err := os.ReadFile(f.Cert)
 	if err != nil {
@@ -133,6 +129,28 @@ func load(f Files) (*material, error) {
 		return nil, fmt.Errorf("tls_cert %s does not verify against tls_ca %s: %w", f.Cert, f.CA, err)
 	}
 	return &material{pool: pool, cert: &cert, leaf: leaf}, nil
+}
+
+func loadPool(caFile string) (*x509.CertPool, error) {
+	caPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls_ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("tls_ca %s: no PEM certificate in it", caFile)
+	}
+	return pool, nil
+}
+
+// VerifyOnlyConfig is a client config that checks the server against the
+// CA in caFile and presents no certificate (reads, or the token).
+func VerifyOnlyConfig(caFile string) (*tls.Config, error) {
+	pool, err := loadPool(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, ServerName: ServerName}, nil
 }
 
 // Reload re-reads the files; on error the loaded ones stay in use.

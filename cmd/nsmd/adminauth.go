@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -70,15 +68,11 @@ func (o *adminAuth) transport() (*http.Transport, error) {
 		}
 		tr.TLSClientConfig = st.ClientConfig()
 	case o.ca != "":
-		b, err := os.ReadFile(o.ca)
+		c, err := pki.VerifyOnlyConfig(o.ca)
 		if err != nil {
 			return nil, fmt.Errorf("--tls-ca: %w", err)
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", o.ca)
-		}
-		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, ServerName: pki.ServerName}
+		tr.TLSClientConfig = c
 	}
 	return tr, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -204,15 +206,31 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 	}
 	nosync := os.Getenv("NSMD_MEASURE_NOSYNC") != ""
 	inflight := envInt(t, "NSMD_MEASURE_INFLIGHT", 0)
+	// NSMD_MEASURE_TLS=1: raft over mutual TLS (certificates from nsmd
+	// tls init), to compare with plaintext in the same session.
+	tlsDir := ""
+	if os.Getenv("NSMD_MEASURE_TLS") != "" {
+		tlsDir = t.TempDir()
+		if out, err := runCLI(t, "tls", "init", "--dir", tlsDir, "--node", "node1=127.0.0.1", "--node", "node2=127.0.0.2", "--node", "node3=127.0.0.3"); err != nil {
+			t.Fatalf("tls init: %v %s", err, out)
+		}
+	}
 	tune := func(c *cluster.Config) {
 		c.NoSync = nosync
 		if inflight > 0 {
 			c.MaxInflightEntries = inflight
 		}
+		if tlsDir != "" {
+			st, err := pki.Load(pki.Files{CA: filepath.Join(tlsDir, "ca.pem"), Cert: filepath.Join(tlsDir, c.NodeID+".pem"), Key: filepath.Join(tlsDir, c.NodeID+"-key.pem")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.RaftTLS = st
+		}
 	}
 	d, o := startTestDevOpts(t, "127.0.0.102", nodes, tune)
 	lead := devLeader(t, d, nil, 10*time.Second)
-	t.Logf("%d node(s), VIP %s over %s, depth %d, nosync %v, inflight entries %d (0: default)", nodes, o.VIP, network, depth, nosync, inflight)
+	t.Logf("%d node(s), VIP %s over %s, depth %d, nosync %v, inflight entries %d (0: default), raft TLS %v", nodes, o.VIP, network, depth, nosync, inflight, tlsDir != "")
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	next := 0
 	for _, conns := range connsList {
