@@ -16,6 +16,7 @@ type metrics struct {
 	leaderChanges   prometheus.Counter
 	forwarded       *prometheus.CounterVec
 	witnessHandoffs *prometheus.CounterVec
+	diskWriteErrors prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -41,6 +42,9 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_forwarded_writes_total", Help: "Writes forwarded to the leader (ok, denied) or served for followers (served).",
 		}, []string{"result"}),
+		diskWriteErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_disk_write_errors_total", Help: "Failed writes to the raft log or stable store, and failed disk probes, in the data directory.",
+		}),
 		witnessHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_witness_handoffs_total", Help: "Leadership hand-offs by this witness after it won an election (ok, failed).",
 		}, []string{"result"}),
@@ -49,7 +53,13 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	cs := []prometheus.Collector{
-		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.leaderChanges, m.forwarded, m.witnessHandoffs,
+		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors,
+		gauge("nsmd_disk_writable", "1 while the data directory takes writes; 0 while it does not and this node stays out of elections.", func() float64 {
+			if n.disk == nil || n.disk.writable() {
+				return 1
+			}
+			return 0
+		}),
 		gauge("nsmd_is_leader", "1 when this node is the raft leader.", func() float64 {
 			if n.raft != nil && n.raft.State() == raft.Leader {
 				return 1

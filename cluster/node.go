@@ -96,6 +96,10 @@ type Config struct {
 	// falls back to waiting out the VIP's lifetime (default 1 s; the agent
 	// uses hook_timeout when an on_follower hook is set).
 	StandDownWait time.Duration
+	// DiskProbeInterval is how often a probe file is written and fsynced in
+	// DataDir to find a full or failing disk before raft does (default 5 s;
+	// every second while the disk fails).
+	DiskProbeInterval time.Duration
 	// HoldTimeout bounds how long a write waits for a leader during an
 	// election before it fails (default 5 s).
 	HoldTimeout time.Duration
@@ -133,6 +137,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.DiskProbeInterval <= 0 {
+		c.DiskProbeInterval = 5 * time.Second
+	}
 	if c.GracePeriod == 0 {
 		c.GracePeriod = 90 * time.Second
 	}
@@ -197,6 +204,7 @@ type Node struct {
 	member  *membership // nil without gossip
 	metrics *metrics
 	deliver *nsm.Deliverer
+	disk    *diskHealth
 
 	// bootIndex is the last log index present when the node started: the
 	// FSM replays entries up to it, and their side effects (callbacks)
@@ -319,7 +327,8 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("cluster: raft config: %w", err)
 	}
 
-	logs, err := raft.NewLogCache(1024, store)
+	n.disk = newDiskHealth(n, cfg.DataDir)
+	logs, err := raft.NewLogCache(1024, guardedLogs{LogStore: store, d: n.disk})
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: log cache: %w", err)
@@ -333,7 +342,7 @@ func New(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: inspect state: %w", err)
 	}
-	r, err := raft.NewRaft(rc, n.fsm, logs, store, snaps, trans)
+	r, err := raft.NewRaft(rc, n.fsm, logs, guardedStable{StableStore: store, d: n.disk}, snaps, trans)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
@@ -371,7 +380,8 @@ func (n *Node) Start() {
 	if n.member != nil {
 		n.member.start(n.ctx)
 	}
-	n.wg.Add(5)
+	n.wg.Add(6)
+	go func() { defer n.wg.Done(); n.disk.run(n.ctx.Done(), n.cfg.DiskProbeInterval) }()
 	go func() { defer n.wg.Done(); n.observeLeader() }()
 	go func() { defer n.wg.Done(); n.commitLoop() }()
 	go func() { defer n.wg.Done(); n.waitLoop() }()

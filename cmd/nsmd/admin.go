@@ -45,6 +45,9 @@ type Status struct {
 	// TLS says raft and the admin API use mutual TLS; Insecure lists what
 	// runs unprotected beyond loopback because insecure is set.
 	TLS bool `json:"tls"`
+	// Disk: whether the data directory takes writes (a node that cannot
+	// write stays out of elections).
+	Disk cluster.DiskStatus `json:"disk"`
 	// Ready: this node knows the current incarnation's sm_state and
 	// answers NSM (cluster.Node.Ready).
 	Ready    bool     `json:"ready"`
@@ -103,6 +106,7 @@ func (a *agent) status() Status {
 		AppliedIndex:  f.AppliedIndex(),
 		TLS:           a.sec.tls != nil,
 		Ready:         a.node.Ready(),
+		Disk:          a.node.Disk(),
 		Insecure:      a.sec.exposures,
 	}
 	if g := f.GraceUntil(); !g.IsZero() {

@@ -1,0 +1,222 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// A node whose data directory cannot be written must stay out of
+// elections: measured before this, a single node on a full disk went
+// through 115 elections in 50 s (each won, its takeover failing to store,
+// raft stepping down), and in a cluster a full node that wins an election
+// costs a takeover (sm_state bump, grace, notify storm) each time.
+//
+// diskHealth watches the raft log and stable stores' writes (guardedLogs,
+// guardedStable) and, every probeEvery, writes and fsyncs a probe file in
+// the data directory. On the first failure it stretches raft's heartbeat
+// and election timeouts to outOfElections — synchronously, inside the
+// failing write, so that when raft steps a leader down right after, the
+// follower it becomes never times out into a candidacy — and hands
+// leadership away if it still leads. It keeps voting (votes and terms
+// are small in-place writes the stable store usually still manages) and
+// keeps following. Once probes succeed again it restores the timeouts,
+// which wakes raft's follower timer at once.
+type diskHealth struct {
+	n    *Node
+	dir  string
+	wake chan struct{}
+
+	mu       sync.Mutex
+	ok       bool
+	since    time.Time // of the current condition
+	lastErr  error
+	failures uint64
+	lastLog  time.Time
+}
+
+const (
+	outOfElections = 24 * time.Hour
+	probeSize      = 64 << 10 // head room the probe insists on
+)
+
+// DiskStatus is what Status and the metrics say about the data directory.
+type DiskStatus struct {
+	Writable bool      `json:"writable"`
+	Since    time.Time `json:"since"`
+	Error    string    `json:"error,omitempty"`
+	Failures uint64    `json:"write_failures"`
+}
+
+func newDiskHealth(n *Node, dir string) *diskHealth {
+	return &diskHealth{n: n, dir: dir, wake: make(chan struct{}, 1), ok: true, since: time.Now()}
+}
+
+// failed records a failed write; the first one takes the node out of
+// elections.
+func (d *diskHealth) failed(what string, err error) {
+	d.mu.Lock()
+	d.failures++
+	d.lastErr = fmt.Errorf("%s: %w", what, err)
+	was := d.ok
+	d.ok = false
+	if was {
+		d.since = time.Now()
+		d.lastLog = d.since
+	}
+	d.mu.Unlock()
+	d.n.metrics.diskWriteErrors.Inc()
+	if !was {
+		d.n.log.Error("data directory not writable: staying out of elections until it is", "dir", d.dir, "err", d.lastErr)
+		d.setTimeouts(outOfElections, outOfElections)
+		select {
+		case d.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (d *diskHealth) setTimeouts(hb, el time.Duration) {
+	r := d.n.raft
+	if r == nil {
+		return
+	}
+	rc := r.ReloadableConfig()
+	rc.HeartbeatTimeout, rc.ElectionTimeout = hb, el
+	if err := r.ReloadConfig(rc); err != nil {
+		d.n.log.Error("cannot change raft timeouts", "err", err)
+	}
+}
+
+// Status reports the current condition.
+func (d *diskHealth) Status() DiskStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := DiskStatus{Writable: d.ok, Since: d.since, Failures: d.failures}
+	if !d.ok && d.lastErr != nil {
+		s.Error = d.lastErr.Error()
+	}
+	return s
+}
+
+func (d *diskHealth) writable() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ok
+}
+
+// probe writes, fsyncs and removes a file of probeSize in the data dir.
+func (d *diskHealth) probe() error {
+	p := filepath.Join(d.dir, ".nsmd-disk-probe")
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(make([]byte, probeSize))
+	serr := f.Sync()
+	cerr := f.Close()
+	os.Remove(p)
+	return errors.Join(werr, serr, cerr)
+}
+
+// run probes every probeEvery (every second while unwritable) until done.
+func (d *diskHealth) run(done <-chan struct{}, probeEvery time.Duration) {
+	t := time.NewTimer(probeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-d.wake:
+		case <-t.C:
+		}
+		err := d.probe()
+		switch {
+		case err != nil && d.writable():
+			d.failed("probe", err)
+		case err != nil:
+			d.mu.Lock()
+			logNow := time.Since(d.lastLog) >= time.Minute
+			if logNow {
+				d.lastLog = time.Now()
+			}
+			since, last := d.since, d.lastErr
+			d.mu.Unlock()
+			if logNow {
+				d.n.log.Warn("data directory still not writable: staying out of elections", "dir", d.dir, "since", since, "err", last)
+			}
+		case !d.writable():
+			d.mu.Lock()
+			d.ok, d.since, d.lastErr = true, time.Now(), nil
+			d.mu.Unlock()
+			d.setTimeouts(d.n.cfg.HeartbeatTimeout, d.n.cfg.ElectionTimeout)
+			d.n.log.Info("data directory writable again: eligible for elections", "dir", d.dir)
+		}
+		if d.writable() {
+			t.Reset(probeEvery)
+		} else {
+			if d.n.raft != nil && d.n.raft.State() == raft.Leader {
+				// Found by the probe while leading: let a node that can
+				// write lead (raft steps us down by itself at our next
+				// failed write otherwise).
+				if err := d.n.raft.LeadershipTransfer().Error(); err != nil {
+					d.n.log.Warn("cannot hand leadership away from an unwritable node", "err", err)
+				}
+			}
+			t.Reset(min(time.Second, probeEvery))
+		}
+	}
+}
+
+// guardedLogs reports the log store's write failures to diskHealth.
+type guardedLogs struct {
+	raft.LogStore
+	d *diskHealth
+}
+
+func (g guardedLogs) StoreLog(l *raft.Log) error {
+	err := g.LogStore.StoreLog(l)
+	if err != nil {
+		g.d.failed("raft log", err)
+	}
+	return err
+}
+
+func (g guardedLogs) StoreLogs(ls []*raft.Log) error {
+	err := g.LogStore.StoreLogs(ls)
+	if err != nil {
+		g.d.failed("raft log", err)
+	}
+	return err
+}
+
+// guardedStable reports the stable store's write failures to diskHealth.
+type guardedStable struct {
+	raft.StableStore
+	d *diskHealth
+}
+
+func (g guardedStable) Set(k, v []byte) error {
+	err := g.StableStore.Set(k, v)
+	if err != nil {
+		g.d.failed("raft stable store", err)
+	}
+	return err
+}
+
+func (g guardedStable) SetUint64(k []byte, v uint64) error {
+	err := g.StableStore.SetUint64(k, v)
+	if err != nil {
+		g.d.failed("raft stable store", err)
+	}
+	return err
+}
+
+// Disk reports whether the data directory takes writes (a node that
+// cannot write stays out of elections).
+func (n *Node) Disk() DiskStatus { return n.disk.Status() }

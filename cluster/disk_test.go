@@ -1,0 +1,279 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/fsm"
+)
+
+// smallDisk mounts a tmpfs of sizeMB on a new directory: a real disk that
+// fills up (ENOSPC), which the test can fill and free. Needs root.
+func smallDisk(t *testing.T, sizeMB int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs as a data directory that fills up")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%dm", sizeMB), "nsmd-test-disk", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// fill writes a filler file until the disk is full; the returned func
+// frees it.
+func fill(t *testing.T, dir string) func() {
+	t.Helper()
+	p := filepath.Join(dir, "filler")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("filling %s: %v", dir, err)
+			}
+			break
+		}
+	}
+	f.Close()
+	return func() { os.Remove(p) }
+}
+
+// diskNode starts nodes on raft over TCP; dirs[i] is node i's data dir.
+func diskCluster(t *testing.T, dirs []string) ([]*tcpNode, chan takeoverEvent) {
+	t.Helper()
+	nodes := make([]*tcpNode, len(dirs))
+	voters := map[string]string{}
+	for i := range nodes {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = &tcpNode{id: fmt.Sprintf("n%d", i+1), addr: ln.Addr().String()}
+		ln.Close()
+		voters[nodes[i].id] = nodes[i].addr
+	}
+	took := make(chan takeoverEvent, 64)
+	for i, tn := range nodes {
+		n, err := New(Config{
+			NodeID: tn.id, DataDir: dirs[i], RaftBind: tn.addr, NSMAddr: "127.0.0.1:1", Voters: voters,
+			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
+			LeaderLeaseTimeout: 50 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
+			DiskProbeInterval: 50 * time.Millisecond,
+			OnLeader: func(_ context.Context, _ fsm.Takeover, s int32) {
+				took <- takeoverEvent{node: tn.id, state: s, at: time.Now()}
+			},
+		})
+		if err != nil {
+			t.Fatalf("start %s: %v", tn.id, err)
+		}
+		tn.n = n
+		t.Cleanup(func() { n.Kill() })
+	}
+	for _, tn := range nodes {
+		tn.n.Start()
+	}
+	return nodes, took
+}
+
+func nextTakeover(t *testing.T, took chan takeoverEvent, d time.Duration) takeoverEvent {
+	t.Helper()
+	select {
+	case ev := <-took:
+		return ev
+	case <-time.After(d):
+		t.Fatalf("no takeover within %v", d)
+	}
+	return takeoverEvent{}
+}
+
+func mon(n *Node, i int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := n.Monitor(ctx, fsm.Registration{ID: monID(i)})
+	return err
+}
+
+func monID(i int) fsm.MonID {
+	return fsm.MonID{MonName: fmt.Sprintf("host%06d.a-longer-name-to-fill-pages.example.com", i), My: fsm.MyID{MyName: "lockd", Prog: 100021, Vers: 3, Proc: 16}}
+}
+
+// countCandidacies counts the times n enters the candidate state.
+func countCandidacies(t *testing.T, n *Node) *atomic.Int64 {
+	var c atomic.Int64
+	ch := make(chan raft.Observation, 64)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		s, ok := o.Data.(raft.RaftState)
+		return ok && s == raft.Candidate
+	})
+	n.raft.RegisterObserver(obs)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ch:
+				c.Add(1)
+			case <-done:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { n.raft.DeregisterObserver(obs); close(done) })
+	return &c
+}
+
+// TestFullDiskSingleNodeStaysOutOfElectionsAndRecovers: a lone node whose
+// data directory fills up refuses SM_MON (never acknowledges what it could
+// not store), holds no election while full — before, 115 elections in
+// 50 s — says so (Disk, metric), and once space returns elects itself and
+// serves again with the next odd state.
+func TestFullDiskSingleNodeStaysOutOfElectionsAndRecovers(t *testing.T) {
+	dir := smallDisk(t, 8)
+	nodes, took := diskCluster(t, []string{dir})
+	n := nodes[0].n
+	first := nextTakeover(t, took, 5*time.Second)
+	if err := mon(n, 0); err != nil {
+		t.Fatal(err)
+	}
+	cands := countCandidacies(t, n)
+	free := fill(t, dir)
+	waitCond(t, 5*time.Second, "the probe finds the full disk", func() bool { return !n.Disk().Writable })
+	// Bolt writes into pages it already has until it needs new ones: an
+	// SM_MON acknowledged now was fsynced and is durable. Write until one
+	// fails; every acknowledged one must survive.
+	var acked []int
+	failedAt := -1
+	for i := 1; i < 20000; i++ {
+		if err := mon(n, i); err != nil {
+			failedAt = i
+			break
+		}
+		acked = append(acked, i)
+	}
+	if failedAt < 0 {
+		t.Fatal("20,000 SM_MONs acknowledged on a full 8 MiB disk")
+	}
+	term := n.raft.CurrentTerm()
+	c0 := cands.Load()
+	// Nothing may happen for a while: election timeouts are 100 ms, so
+	// 1.5 s is ≥ 7 missed chances to campaign.
+	time.Sleep(1500 * time.Millisecond)
+	if got := n.raft.CurrentTerm(); got != term || cands.Load() != c0 {
+		t.Fatalf("full node campaigned: term %d → %d, %d candidacies", term, got, cands.Load()-c0)
+	}
+	if err := mon(n, failedAt); err == nil {
+		t.Fatal("SM_MON acknowledged by a full node that should have stepped down")
+	}
+	t.Logf("full disk: %d SM_MONs acknowledged (durable) until #%d failed; then 1.5 s with term %d, 0 candidacies; disk %+v", len(acked), failedAt, term, n.Disk())
+
+	free()
+	ev := nextTakeover(t, took, 5*time.Second)
+	if ev.state != first.state+2 {
+		t.Fatalf("after recovery sm_state %d, want %d", ev.state, first.state+2)
+	}
+	if err := mon(n, 3); err != nil {
+		t.Fatalf("SM_MON after recovery: %v", err)
+	}
+	if !n.Disk().Writable {
+		t.Fatal("Disk() still says unwritable after recovery")
+	}
+	for _, i := range acked {
+		if _, ok := n.fsm.Get(monID(i)); !ok {
+			t.Fatalf("acknowledged SM_MON %d lost", i)
+		}
+	}
+}
+
+// TestFullDiskLeaderStepsAsideAndTheOthersKeepServing: in a 3-node
+// cluster the leader's disk fills; its next write fails, raft steps it
+// down, one healthy node takes over (one state bump), and while the full
+// node stays full it never campaigns, the cluster keeps acknowledging
+// SM_MONs with no further bump; freed, it catches up.
+func TestFullDiskLeaderStepsAsideAndTheOthersKeepServing(t *testing.T) {
+	dirs := []string{smallDisk(t, 8), smallDisk(t, 8), smallDisk(t, 8)}
+	nodes, took := diskCluster(t, dirs)
+	first := nextTakeover(t, took, 5*time.Second)
+	var full *tcpNode
+	fullDir := ""
+	for i, tn := range nodes {
+		if tn.id == first.node {
+			full, fullDir = tn, dirs[i]
+		}
+	}
+	cands := countCandidacies(t, full.n)
+	free := fill(t, fullDir)
+	// The probe finds the full disk and hands leadership away (or raft
+	// steps the leader down at its first failed write).
+	next := nextTakeover(t, took, 5*time.Second)
+	if next.node == full.id || next.state != first.state+2 {
+		t.Fatalf("takeover by %s with %d after the full leader; want another node with %d", next.node, next.state, first.state+2)
+	}
+	var leader *tcpNode
+	for _, tn := range nodes {
+		if tn.id == next.node {
+			leader = tn
+		}
+	}
+	c0 := cands.Load()
+	term := leader.n.raft.CurrentTerm()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	acked := 0
+	for i := 1; time.Now().Before(deadline); i++ {
+		if err := mon(leader.n, i); err != nil {
+			t.Fatalf("SM_MON %d on the healthy leader: %v", i, err)
+		}
+		acked++
+	}
+	select {
+	case ev := <-took:
+		t.Fatalf("another takeover while the full node stayed full: %+v", ev)
+	default:
+	}
+	if got := leader.n.raft.CurrentTerm(); got != term || cands.Load() != c0 {
+		t.Fatalf("term %d → %d, full node candidacies %d → %d", term, got, c0, cands.Load())
+	}
+	if full.n.Disk().Writable {
+		t.Fatal("full node says its disk is writable")
+	}
+	t.Logf("leader %s full: %s took over (sm_state %d → %d); %d SM_MONs acknowledged in 1.5 s with no further election", full.id, next.node, first.state, next.state, acked)
+
+	free()
+	want := leader.n.fsm.AppliedIndex()
+	waitCond(t, 10*time.Second, "the freed node catches up", func() bool {
+		return full.n.Disk().Writable && full.n.fsm.AppliedIndex() >= want
+	})
+	if full.n.fsm.Digest() != leader.n.fsm.Digest() {
+		// Digests compare equal state at equal index; wait for both.
+		waitCond(t, 5*time.Second, "equal digests", func() bool {
+			return full.n.fsm.AppliedIndex() == leader.n.fsm.AppliedIndex() && full.n.fsm.Digest() == leader.n.fsm.Digest()
+		})
+	}
+}
+
+// waitCond polls cond (state with no event to wait on) until it holds.
+func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
