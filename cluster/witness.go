@@ -112,18 +112,27 @@ func (n *Node) TransferLeadership(to string) error {
 func (n *Node) handOff(ctx context.Context) {
 	n.log.Warn("witness elected leader; handing leadership to a serving node")
 	backoff := 50 * time.Millisecond
+	// One attempt per round, rotating through the serving voters: a
+	// target that is down (no gossip to say so in a static cluster) times
+	// out, and raft still reports the transfer in progress for a moment
+	// after, so the next target is tried next round, not next line —
+	// trying the same dead target first every round never ended.
+	next := 0
 	for ctx.Err() == nil && n.raft.State() == raft.Leader {
 		targets := n.servingVoters()
-		for _, s := range targets {
+		if len(targets) > 0 {
+			s := targets[next%len(targets)]
 			if err := n.raft.LeadershipTransferToServer(s.ID, s.Address).Error(); err != nil {
 				n.metrics.witnessHandoffs.WithLabelValues("failed").Inc()
 				n.log.Warn("witness hand-off failed", "to", s.ID, "err", err)
-				continue
+				if !errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+					next++
+				}
+			} else {
+				n.metrics.witnessHandoffs.WithLabelValues("ok").Inc()
+				n.handoffs.Add(1)
+				n.log.Info("witness handed leadership over", "to", s.ID)
 			}
-			n.metrics.witnessHandoffs.WithLabelValues("ok").Inc()
-			n.handoffs.Add(1)
-			n.log.Info("witness handed leadership over", "to", s.ID)
-			break
 		}
 		if len(targets) == 0 {
 			n.log.Warn("witness leads and no serving voter is known; waiting")
