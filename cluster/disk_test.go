@@ -55,8 +55,14 @@ func fill(t *testing.T, dir string) func() {
 	return func() { os.Remove(p) }
 }
 
-// diskNode starts nodes on raft over TCP; dirs[i] is node i's data dir.
+// diskCluster starts nodes on raft over TCP; dirs[i] is node i's data dir.
 func diskCluster(t *testing.T, dirs []string) ([]*tcpNode, chan takeoverEvent) {
+	return tcpCluster(t, dirs, func(*Config) {})
+}
+
+// tcpCluster starts len(dirs) nodes with raft over TCP on loopback
+// (static voters, 100 ms timeouts); tune adjusts each node's config.
+func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, chan takeoverEvent) {
 	t.Helper()
 	nodes := make([]*tcpNode, len(dirs))
 	voters := map[string]string{}
@@ -71,7 +77,7 @@ func diskCluster(t *testing.T, dirs []string) ([]*tcpNode, chan takeoverEvent) {
 	}
 	took := make(chan takeoverEvent, 64)
 	for i, tn := range nodes {
-		n, err := New(Config{
+		cfg := Config{
 			NodeID: tn.id, DataDir: dirs[i], RaftBind: tn.addr, NSMAddr: "127.0.0.1:1", Voters: voters,
 			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
 			LeaderLeaseTimeout: 50 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
@@ -79,7 +85,9 @@ func diskCluster(t *testing.T, dirs []string) ([]*tcpNode, chan takeoverEvent) {
 			OnLeader: func(_ context.Context, _ fsm.Takeover, s int32) {
 				took <- takeoverEvent{node: tn.id, state: s, at: time.Now()}
 			},
-		})
+		}
+		tune(&cfg)
+		n, err := New(cfg)
 		if err != nil {
 			t.Fatalf("start %s: %v", tn.id, err)
 		}

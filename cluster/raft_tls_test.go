@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -17,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/cluster/pki"
-	"github.com/nsmd/nsmd/fsm"
 )
 
 // testPKI is a cluster CA with node certificates, and the certificates an
@@ -91,38 +89,12 @@ type tcpNode struct {
 // mutual TLS when stores is not nil, and waits for a committed takeover.
 func startTCPCluster(t *testing.T, stores []*pki.Store, refusals *pki.Refusals) []*tcpNode {
 	t.Helper()
-	nodes := make([]*tcpNode, 3)
-	voters := map[string]string{}
-	for i := range nodes {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		nodes[i] = &tcpNode{id: fmt.Sprintf("n%d", i+1), addr: ln.Addr().String()}
-		ln.Close()
-		voters[nodes[i].id] = nodes[i].addr
-	}
-	took := make(chan string, 8)
-	for i, tn := range nodes {
-		cfg := Config{
-			NodeID: tn.id, DataDir: t.TempDir(), RaftBind: tn.addr, NSMAddr: "127.0.0.1:1", Voters: voters,
-			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, ClusterKey: []byte("k"),
-			OnLeader: func(context.Context, fsm.Takeover, int32) { took <- tn.id },
-		}
+	ids := map[string]int{"n1": 0, "n2": 1, "n3": 2}
+	nodes, took := tcpCluster(t, []string{t.TempDir(), t.TempDir(), t.TempDir()}, func(c *Config) {
 		if stores != nil {
-			cfg.RaftTLS, cfg.TLSRefusals = stores[i], refusals
+			c.RaftTLS, c.TLSRefusals = stores[ids[c.NodeID]], refusals
 		}
-		n, err := New(cfg)
-		if err != nil {
-			t.Fatalf("start %s: %v", tn.id, err)
-		}
-		tn.n = n
-		t.Cleanup(func() { n.Kill() })
-	}
-	for _, tn := range nodes {
-		tn.n.Start()
-	}
+	})
 	select {
 	case <-took:
 	case <-time.After(10 * time.Second):
