@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -44,8 +45,37 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	all := make([]any, 0, len(h.args)+len(args)+2)
 	all = append(all, "component", h.name)
 	all = append(all, h.args...)
-	all = append(all, args...)
+	for _, a := range args {
+		all = append(all, hclogValue(a))
+	}
 	h.l.Log(context.Background(), lv, msg, all...)
+}
+
+// hclogValue renders hclog's deferred-formatting values (hclog.Fmt,
+// Hex, Octal, Binary, Quote) as hclog itself would; raft logs its
+// configuration with hclog.Fmt("%+v", servers), which slog would print as
+// the raw format and arguments.
+func hclogValue(v any) any {
+	switch v := v.(type) {
+	case hclog.Format:
+		if len(v) == 0 {
+			return ""
+		}
+		f, ok := v[0].(string)
+		if !ok {
+			return fmt.Sprint(v...)
+		}
+		return fmt.Sprintf(f, v[1:]...)
+	case hclog.Hex:
+		return fmt.Sprintf("0x%x", int(v))
+	case hclog.Octal:
+		return fmt.Sprintf("0%o", int(v))
+	case hclog.Binary:
+		return fmt.Sprintf("0b%b", int(v))
+	case hclog.Quote:
+		return fmt.Sprintf("%q", string(v))
+	}
+	return v
 }
 
 func (h *hclogAdapter) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }
