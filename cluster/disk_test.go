@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -92,7 +94,7 @@ func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, ch
 			t.Fatalf("start %s: %v", tn.id, err)
 		}
 		tn.n = n
-		t.Cleanup(func() { n.Kill() })
+		t.Cleanup(func() { killWithin(t, tn, 15*time.Second) })
 	}
 	for _, tn := range nodes {
 		tn.n.Start()
@@ -274,6 +276,22 @@ func TestFullDiskLeaderStepsAsideAndTheOthersKeepServing(t *testing.T) {
 	}
 }
 
+// killWithin kills a node and fails the test, with every goroutine's
+// stack, if that takes longer than d (a wedged raft goroutine would
+// otherwise hang the package until go test's timeout, with no name).
+func killWithin(t *testing.T, tn *tcpNode, d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { tn.n.Kill(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		buf := make([]byte, 4<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		t.Errorf("node %s did not stop within %v; goroutines:\n%s", tn.id, d, buf)
+	}
+}
+
 // waitCond polls cond (state with no event to wait on) until it holds.
 func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -283,5 +301,59 @@ func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("%s: not within %v", what, d)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestFollowerWithFlappingDiskIsReplicatedToAgain: a follower whose disk
+// fills and frees eight times while clients keep writing answers the
+// leader's AppendEntries with Success=false each time. With raft's
+// pipelined replication (MaxRPCsInFlight ≥ 2) that response could wedge
+// the leader's replication goroutine for good (hashicorp/raft #612: the
+// pipeline's decoder stops, the sender parks on a channel nobody reads):
+// the follower got heartbeats but never another entry, and the leader's
+// Shutdown hung. Asserted: after the last flap the follower catches up to
+// the leader's applied index, and every node shuts down promptly.
+func TestFollowerWithFlappingDiskIsReplicatedToAgain(t *testing.T) {
+	dirs := []string{smallDisk(t, 8), smallDisk(t, 8), smallDisk(t, 8)}
+	nodes, took := diskCluster(t, dirs)
+	first := nextTakeover(t, took, 5*time.Second)
+	var leader, victim *tcpNode
+	victimDir := ""
+	for i, tn := range nodes {
+		switch {
+		case tn.id == first.node:
+			leader = tn
+		case victim == nil:
+			victim, victimDir = tn, dirs[i]
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var writers sync.WaitGroup
+	var acked atomic.Int64
+	for w := range 8 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for i := w * 1_000_000; ctx.Err() == nil; i++ {
+				if mon(leader.n, i) == nil {
+					acked.Add(1)
+				}
+			}
+		}()
+	}
+	defer func() { cancel(); writers.Wait() }()
+	for flap := range 8 {
+		free := fill(t, victimDir)
+		waitCond(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees its full disk", flap), func() bool { return !victim.n.Disk().Writable })
+		free()
+		waitCond(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees space again", flap), func() bool { return victim.n.Disk().Writable })
+	}
+	cancel()
+	writers.Wait()
+	want := leader.n.fsm.AppliedIndex()
+	waitCond(t, 10*time.Second, "the flapped follower catches up", func() bool { return victim.n.fsm.AppliedIndex() >= want })
+	t.Logf("8 disk-full flaps on follower %s under 8 writers (%d SM_MONs acknowledged); it caught up to index %d", victim.id, acked.Load(), want)
+	for _, tn := range nodes {
+		killWithin(t, tn, 10*time.Second)
 	}
 }

@@ -301,7 +301,9 @@ func New(cfg Config) (*Node, error) {
 		if cfg.RaftTLS != nil {
 			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, hl.Named("transport"))
 		} else {
-			trans, err = raft.NewTCPTransportWithLogger(cfg.RaftBind, addr, 4, 5*time.Second, hl.Named("transport"))
+			trans, err = raft.NewTCPTransportWithConfig(cfg.RaftBind, addr, &raft.NetworkTransportConfig{
+				MaxPool: 4, Timeout: 5 * time.Second, Logger: hl.Named("transport"), MaxRPCsInFlight: raftMaxRPCsInFlight,
+			})
 		}
 		if err != nil {
 			store.Close()

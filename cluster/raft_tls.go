@@ -145,6 +145,19 @@ func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 	return tc, nil
 }
 
+// raftMaxRPCsInFlight = 1 turns raft's pipelined replication off. In
+// hashicorp/raft v1.7 a follower's Success=false (a failed log write, a
+// log mismatch) or a higher term ends the pipeline's decoder while the
+// sender may still pick one more send; that send parks on an unbuffered
+// channel nobody reads, for good (hashicorp/raft #612; grafana/pyroscope
+// turned pipelining off for the same deadlock). The follower then gets
+// heartbeats but never another entry, and the leader's Shutdown hangs.
+// Seen here: TestFollowerWithFlappingDiskIsReplicatedToAgain, 1 run in 6
+// with pipelining; the full-disk tests hung CI. Without the pipeline each
+// AppendEntries waits for its answer; nsmd's group commit puts many
+// SM_MONs in one entry, so the cost is small (BENCHMARKS.md).
+const raftMaxRPCsInFlight = 1
+
 // newTLSTransport is raft's network transport over tlsStream.
 func newTLSTransport(bind string, advertise *net.TCPAddr, store *pki.Store, refusals *pki.Refusals, logger hclog.Logger) (*raft.NetworkTransport, error) {
 	if advertise.IP == nil || advertise.IP.IsUnspecified() {
@@ -156,6 +169,7 @@ func newTLSTransport(bind string, advertise *net.TCPAddr, store *pki.Store, refu
 	}
 	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: &advertisedStream{tlsStream: s, addr: advertise}, MaxPool: 4, Timeout: 5 * time.Second, Logger: logger,
+		MaxRPCsInFlight: raftMaxRPCsInFlight,
 	}), nil
 }
 

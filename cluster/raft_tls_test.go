@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -99,6 +100,12 @@ func startTCPCluster(t *testing.T, stores []*pki.Store, refusals *pki.Refusals) 
 	case <-took:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no takeover within 10s")
+	}
+	for _, tn := range nodes {
+		// raftMaxRPCsInFlight: pipelined replication can wedge (see there).
+		if _, err := tn.n.trans.AppendEntriesPipeline("nobody", "127.0.0.1:1"); !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
+			t.Fatalf("%s (TLS %v): raft transport offers pipelined replication (%v), which can wedge a follower's replication for good", tn.id, stores != nil, err)
+		}
 	}
 	return nodes
 }
