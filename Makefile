@@ -4,7 +4,7 @@ BIN     := bin/nsmd
 PKGS    := ./...
 export GOFLAGS := -buildvcs=false
 
-.PHONY: all build run test unit e2e bench benchmarks fuzz lint clean vm-kernel
+.PHONY: all build run test unit e2e soak bench benchmarks fuzz lint clean vm-kernel
 
 all: build
 
@@ -21,8 +21,20 @@ test: lint
 	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /e2e)
 	$(MAKE) e2e
 
+# E2E_RUN=TestName runs one e2e test (with NSMD_E2E_SEED=N, a schedule).
+E2E_RUN ?= .
 e2e: build
-	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 20m -v ./e2e/
+	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 20m -v -run '$(E2E_RUN)' ./e2e/
+
+# The long run of the checked fault schedules (root): SCHEDULES of them
+# (default 200), the summary table appended to out/soak.md, failing
+# histories as HTML under out/histories.
+SCHEDULES ?= 200
+SEED ?= $(shell date +%s)
+soak: build
+	mkdir -p out
+	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_E2E_SEED=$(SEED) NSMD_E2E_SCHEDULES=$(SCHEDULES) NSMD_E2E_SUMMARY=$(CURDIR)/out/soak.md NSMD_E2E_OUT=$(CURDIR)/out/histories \
+	  $(GO) test -count=1 -timeout 6h -v -run TestCheckedFaultSchedules ./e2e/
 
 # The Debian cloud kernel the real-kernel e2e tier boots under QEMU (root:
 # apt-get download). Without it those tests skip and say so.

@@ -3,6 +3,7 @@ module github.com/nsmd/nsmd
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/armon/go-metrics v0.4.1
 	github.com/google/btree v1.1.3
 	github.com/hashicorp/go-hclog v1.6.3

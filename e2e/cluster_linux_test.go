@@ -129,6 +129,9 @@ type clusterSpec struct {
 	// beforeNodes runs once the topology exists, before anything starts
 	// in it (packet captures).
 	beforeNodes func(*topology)
+	// diskMB > 0 puts every node's data directory on a tmpfs of that
+	// size: a disk the test can fill (ENOSPC) and free.
+	diskMB int
 }
 
 // startCluster is the default setup: three fake client hosts, nsmd's
@@ -156,7 +159,7 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 		c.nodes = append(c.nodes, &nsmNode{
 			id: h.name, host: h, c: c,
 			admin:   net.JoinHostPort(h.ip.String(), strconv.Itoa(adminPort)),
-			dataDir: t.TempDir(),
+			dataDir: dataDir(t, spec.diskMB),
 			logPath: filepath.Join(logDir, h.name+".log"),
 			http:    httpIn(h.ns, c.pki.clientTLS(t)),
 		})
@@ -193,6 +196,21 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 		}
 	}
 	return c
+}
+
+// dataDir is a node's data directory: a fresh directory, or with mb > 0 a
+// tmpfs of mb MiB mounted on it (unmounted when the test ends).
+func dataDir(t *testing.T, mb int) string {
+	t.Helper()
+	dir := t.TempDir()
+	if mb <= 0 {
+		return dir
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%dm", mb), "nsmd-e2e-disk", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount a %d MiB tmpfs on %s: %v %s", mb, dir, err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return dir
 }
 
 // agentArgs are the node's flags (the same at every start).

@@ -312,7 +312,7 @@ func lddLibs(p string) ([]string, error) {
 	return libs, nil
 }
 
-func sortedKeys(m map[string]bool) []string {
+func sortedKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)
