@@ -66,8 +66,15 @@ type Config struct {
 	// fsync of one while followers fsync another) at the cost of smaller
 	// entries and more fsyncs per write; on one shared disk that loses.
 	MaxInflightEntries int
-	// NoSync skips fsync in the log store: only for benchmarks that say so.
+	// NoSync skips fsync in the log store: only for benchmarks that say so
+	// (bolt only).
 	NoSync bool
+	// LogStore is where raft's log lives: "bolt" (default: raft-boltdb/v2,
+	// the file that also holds the stable store) or "wal"
+	// (hashicorp/raft-wal segment files under DataDir/wal; one fsync per
+	// append where bolt does two). Fixed for the life of a data directory:
+	// New refuses a directory whose log is in the other store.
+	LogStore string
 
 	// Witness makes this node a witness (witness.go): a voter that serves
 	// nothing and passes leadership on at once when it wins an election.
@@ -200,6 +207,7 @@ type Node struct {
 	fsm     *fsm.FSM
 	raft    *raft.Raft
 	store   *raftboltdb.BoltStore
+	wal     *walStore // the log store when Config.LogStore is "wal"
 	trans   raft.Transport
 	member  *membership // nil without gossip
 	metrics *metrics
@@ -330,12 +338,23 @@ func New(cfg Config) (*Node, error) {
 	}
 
 	n.disk = newDiskHealth(n, cfg.DataDir)
-	logs, err := raft.NewLogCache(1024, guardedLogs{LogStore: store, d: n.disk})
+	var logStore raft.LogStore = store
+	if cfg.LogStore == "wal" {
+		if n.wal, err = openWAL(cfg.DataDir, store, hl.Named("wal")); err != nil {
+			n.closeStores()
+			return nil, err
+		}
+		logStore = n.wal
+	} else if err := noWAL(cfg.DataDir); err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	logs, err := raft.NewLogCache(1024, guardedLogs{LogStore: logStore, d: n.disk})
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: log cache: %w", err)
 	}
-	if n.bootIndex, err = store.LastIndex(); err != nil {
+	if n.bootIndex, err = logStore.LastIndex(); err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: read last index: %w", err)
 	}
@@ -438,6 +457,9 @@ func (n *Node) stop(graceful bool) error {
 func (n *Node) closeStores() {
 	if c, ok := n.trans.(io.Closer); ok && n.trans != nil {
 		c.Close()
+	}
+	if n.wal != nil {
+		n.wal.Close()
 	}
 	if n.store != nil {
 		n.store.Close()

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -226,5 +228,69 @@ func TestVIPWaitCoversThePreviousHoldersLifetime(t *testing.T) {
 	n.cfg.VIP = fixedVIP{0}
 	if got := n.vipNotBefore(t0, t0); !got.IsZero() {
 		t.Errorf("lifetime 0 (socket VIP): wait until %v, want no wait", got)
+	}
+}
+
+// TestWALLogStoreRestartsAndDirectoriesKeepTheirStore: with raft's log in
+// raft-wal a restarted node keeps every acknowledged registration and
+// rises by two, as with bolt; a data directory never silently changes its
+// log store (it would come up with an empty log).
+func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
+	start := func(dir, addr, store string, tk *takeovers) (*Node, error) {
+		n, err := New(Config{
+			NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true, LogStore: store,
+			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
+			LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
+		})
+		if err == nil {
+			n.Start()
+		}
+		return n, err
+	}
+	dir, addr, tk := t.TempDir(), freeAddr(t), newTakeovers()
+	n, err := start(dir, addr, "wal", tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := tk.wait(t)
+	ctx := context.Background()
+	for i := range 20 {
+		if _, err := n.Monitor(ctx, reg(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := n.Unmonitor(ctx, reg(7).ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.wal")); len(segs) == 0 {
+		t.Fatal("no raft-wal segment files in the data directory")
+	}
+	n, err = start(dir, addr, "wal", tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2 := tk.wait(t); s2 != s1+2 {
+		t.Errorf("sm_state after restart %d, want %d", s2, s1+2)
+	}
+	if got := n.FSM().Len(); got != 19 {
+		t.Errorf("registrations after restart: %d, want 19", got)
+	}
+	n.Close()
+
+	if _, err := start(dir, addr, "bolt", tk); err == nil || !strings.Contains(err.Error(), "raft_log_store wal") {
+		t.Fatalf("bolt on a raft-wal directory: %v, want a refusal naming raft_log_store wal", err)
+	}
+	boltDir := t.TempDir()
+	b, err := start(boltDir, addr, "bolt", tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.wait(t)
+	b.Close()
+	if _, err := start(boltDir, addr, "wal", tk); err == nil || !strings.Contains(err.Error(), "raft_log_store bolt") {
+		t.Fatalf("wal on a bolt directory: %v, want a refusal naming raft_log_store bolt", err)
 	}
 }

@@ -77,6 +77,7 @@ type Config struct {
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
 	SnapshotThreshold  uint64
+	RaftLogStore       string // bolt | wal
 	TrailingLogs       uint64
 }
 
@@ -108,6 +109,7 @@ func Default() Config {
 		ElectionTimeout:    300 * time.Millisecond,
 		LeaderLeaseTimeout: 150 * time.Millisecond,
 		SnapshotThreshold:  16_384,
+		RaftLogStore:       "bolt",
 		TrailingLogs:       10_240,
 	}
 }
@@ -214,6 +216,7 @@ func (c *Config) bindings() []binding {
 		duration("election_timeout", "raft election timeout", &c.ElectionTimeout),
 		duration("leader_lease_timeout", "raft leader lease (shorter than the heartbeat timeout)", &c.LeaderLeaseTimeout),
 		unsigned("snapshot_threshold", "log entries between snapshots", &c.SnapshotThreshold),
+		str("raft_log_store", "bolt (raft-boltdb/v2; wal, hashicorp/raft-wal, is refused until raft-wal#31 is fixed: see BENCHMARKS.md)", &c.RaftLogStore),
 		unsigned("trailing_logs", "log entries kept after a snapshot", &c.TrailingLogs),
 	}
 }
@@ -356,6 +359,15 @@ func (c *Config) Validate() error {
 		}
 	default:
 		bad("vip_mode", "%q is not one of netlink, loopback, none", c.VIPMode)
+	}
+	switch c.RaftLogStore {
+	case "bolt":
+	case "wal":
+		// cluster supports it; hashicorp/raft-wal v0.4.0 cannot reopen a
+		// log after a tail truncation (cluster/logstore_test.go).
+		bad("raft_log_store", "wal is not safe yet: hashicorp/raft-wal v0.4.0 cannot reopen a log whose tail raft truncated (hashicorp/raft-wal#31), which a follower does after a failover; such a node would not start again. Use bolt")
+	default:
+		bad("raft_log_store", "%q is not one of bolt, wal", c.RaftLogStore)
 	}
 	switch c.VIPBind {
 	case "auto", "interface":

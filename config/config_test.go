@@ -100,3 +100,23 @@ func TestFieldNames(t *testing.T) {
 		}
 	}
 }
+
+// raft_log_store: bolt is the default; wal is refused, naming the reason
+// (cluster.TestRaftWALCannotReopenAfterTailTruncation); anything else is
+// not a store.
+func TestRaftLogStore(t *testing.T) {
+	c := Default()
+	if c.RaftLogStore != "bolt" {
+		t.Fatalf("default raft_log_store %q, want bolt", c.RaftLogStore)
+	}
+	for v, want := range map[string]string{"wal": "raft-wal#31", "leveldb": "not one of bolt, wal"} {
+		c := Default()
+		if err := c.Set("raft_log_store", v); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), "raft_log_store") || !strings.Contains(err.Error(), want) {
+			t.Errorf("raft_log_store %s: %v, want an error naming the key and %q", v, err, want)
+		}
+	}
+}

@@ -182,6 +182,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		LeaderLeaseTimeout: cfg.LeaderLeaseTimeout,
 		SnapshotThreshold:  cfg.SnapshotThreshold,
 		TrailingLogs:       cfg.TrailingLogs,
+		LogStore:           cfg.RaftLogStore,
 		Notifier:           notifier,
 		Deliverer:          nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
 		OnFault:            a.onFault,
