@@ -83,7 +83,7 @@ type nodeMeta struct {
 	Raft     string `json:"raft"`
 	NSM      string `json:"nsm,omitempty"`
 	Version  string `json:"ver,omitempty"`
-	Cluster  string `json:"cid,omitempty"` // cluster id; "" is DefaultClusterID
+	Cluster  string `json:"cid,omitempty"`     // cluster id; "" is DefaultClusterID
 	HasState bool   `json:"st,omitempty"`      // already in a raft configuration
 	Leaving  bool   `json:"leaving,omitempty"` // shutting down on purpose
 	Witness  bool   `json:"w,omitempty"`       // a witness: never leads for long, never serves
