@@ -59,23 +59,25 @@ func (l *recLog) find(lv slog.Level, msg string) []map[string]string {
 func twoClusters(t *testing.T, tune func(s *gossipSpec, cluster string)) (specs map[string][]*gossipSpec, nodes map[string][]*Node) {
 	t.Helper()
 	specs, nodes = map[string][]*gossipSpec{}, map[string][]*Node{}
+	// Each spec is made just before its node starts: a port found free is
+	// bound at once, before some outgoing connection takes it.
 	for _, c := range []string{"a", "b"} {
-		for i := 1; i <= 3; i++ {
-			s := newGossipSpec(t, fmt.Sprintf("%s%d", c, i), 3)
-			tune(s, c)
-			specs[c] = append(specs[c], s)
-		}
+		s := newGossipSpec(t, c+"1", 3)
+		tune(s, c)
+		specs[c] = []*gossipSpec{s}
 	}
 	seeds := []string{specs["a"][0].gossipAddr(), specs["b"][0].gossipAddr()}
-	for _, c := range []string{"a", "b"} {
-		for _, s := range specs[c] {
-			s.join = seeds // the node's own address is dropped by newMembership
-		}
-	}
 	// Interleave the starts so both clusters form at the same time.
-	for i := range 3 {
+	for i := 1; i <= 3; i++ {
 		for _, c := range []string{"a", "b"} {
-			nodes[c] = append(nodes[c], startGossipNode(t, specs[c][i]))
+			if i > 1 {
+				s := newGossipSpec(t, fmt.Sprintf("%s%d", c, i), 3)
+				tune(s, c)
+				specs[c] = append(specs[c], s)
+			}
+			s := specs[c][i-1]
+			s.join = seeds // the node's own address is dropped by newMembership
+			nodes[c] = append(nodes[c], startGossipNode(t, s))
 		}
 	}
 	return specs, nodes
