@@ -3,13 +3,19 @@ GO      ?= go
 BIN     := bin/nsmd
 PKGS    := ./...
 export GOFLAGS := -buildvcs=false
+# What `nsmd version`, /v1/status and nsmd_build_info report (the toolchain's
+# VCS stamping is off above, and does not work in git worktrees).
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+MODIFIED ?= $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" && echo true || echo false)
+LDFLAGS  := -X main.version=$(VERSION) -X main.revision=$(REVISION) -X main.modified=$(MODIFIED)
 
 .PHONY: all build run test unit e2e soak bench benchmarks fuzz lint clean vm-kernel
 
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/nsmd
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/nsmd
 
 # A local 3-node cluster in one process on 127.0.0.1-3, VIP 127.0.0.100.
 run: build

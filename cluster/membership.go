@@ -34,6 +34,9 @@ type GossipConfig struct {
 	BootstrapExpect int           // form a new cluster once this many servers see each other
 	Key             []byte        // 16/24/32-byte AES key; when set, plaintext gossip is refused
 	ReconcileEvery  time.Duration // leader's membership → raft reconcile period (default 2 s)
+	// ClusterID names the cluster (default DefaultClusterID): members that
+	// advertise another one are refused (identity.go).
+	ClusterID string
 }
 
 // MemberStatus is one node as gossip and raft see it.
@@ -51,9 +54,6 @@ type MemberStatus struct {
 	// witness that briefly leads is still a witness, with Leader set).
 	Role string `json:"role"`
 }
-
-// Version is the nsmd version advertised in gossip metadata.
-const nsmdVersion = "dev"
 
 // Member states as reported by members() and the nsmd_members gauge.
 const (
@@ -83,6 +83,7 @@ type nodeMeta struct {
 	Raft     string `json:"raft"`
 	NSM      string `json:"nsm,omitempty"`
 	Version  string `json:"ver,omitempty"`
+	Cluster  string `json:"cid,omitempty"`     // cluster id; "" is DefaultClusterID
 	HasState bool   `json:"st,omitempty"`      // already in a raft configuration
 	Leaving  bool   `json:"leaving,omitempty"` // shutting down on purpose
 	Witness  bool   `json:"w,omitempty"`       // a witness: never leads for long, never serves
@@ -139,6 +140,11 @@ type membership struct {
 	warnedExisted bool
 
 	reconciles atomic.Uint64 // leader reconcile passes (tests wait on it)
+	events     atomic.Uint64 // member events handled by updatePeer (tests wait on it)
+
+	clusterID      string
+	refusals       *joinRefusals
+	versionsWarned map[string]struct{} // version sets already warned about (under mu)
 
 	membersGauge *prometheus.GaugeVec
 	changes      *prometheus.CounterVec
@@ -171,9 +177,13 @@ func newMembership(n *Node) (*membership, error) {
 		observerCh: make(chan raft.Observation, 8),
 		meta: nodeMeta{
 			V: metaVersion, ID: n.cfg.NodeID, Raft: string(n.trans.LocalAddr()),
-			NSM: n.cfg.NSMAddr, Version: nsmdVersion, Witness: n.cfg.Witness,
+			NSM: n.cfg.NSMAddr, Version: n.cfg.Version, Witness: n.cfg.Witness,
+			Cluster: gc.ClusterID,
 		},
+		clusterID:      gc.ClusterID,
+		versionsWarned: map[string]struct{}{},
 	}
+	m.refusals = newJoinRefusals(m.log, n.cfg.Now)
 	if m.every <= 0 {
 		m.every = defaultReconcile
 	}
@@ -210,7 +220,9 @@ func newMembership(n *Node) (*membership, error) {
 	mc.DeadNodeReclaimTime = 10 * time.Second
 	mc.Delegate = (*mlDelegate)(m)
 	mc.Events = (*mlEvents)(m)
-	mc.Logger = log.New(&memberlistLogWriter{log: m.log}, "", 0)
+	mc.Alive = (*mlAdmit)(m)
+	mc.Merge = (*mlAdmit)(m)
+	mc.Logger = log.New(&memberlistLogWriter{line: m.memberlistLine}, "", 0)
 	if len(gc.Key) > 0 {
 		if err := memberlist.ValidateKey(gc.Key); err != nil {
 			return nil, fmt.Errorf("gossip key: %w", err)
@@ -244,16 +256,22 @@ func newMembership(n *Node) (*membership, error) {
 		n.cfg.Registerer.Unregister(m.membersGauge)
 		return nil, fmt.Errorf("register gossip metrics: %w", err)
 	}
+	if err := n.cfg.Registerer.Register(m.refusals.counter); err != nil {
+		n.cfg.Registerer.Unregister(m.membersGauge)
+		n.cfg.Registerer.Unregister(m.changes)
+		return nil, fmt.Errorf("register gossip metrics: %w", err)
+	}
 
 	list, err := memberlist.Create(mc)
 	if err != nil {
 		n.cfg.Registerer.Unregister(m.membersGauge)
 		n.cfg.Registerer.Unregister(m.changes)
+		n.cfg.Registerer.Unregister(m.refusals.counter)
 		return nil, fmt.Errorf("start memberlist on %s:%d: %w", mc.BindAddr, gc.Port, err)
 	}
 	m.list = list
 	m.log.Info("gossip started", "addr", list.LocalNode().Address(), "encrypted", len(gc.Key) > 0,
-		"bootstrap_expect", m.expect, "seeds", m.seeds)
+		"cluster_id", m.clusterID, "version", m.meta.Version, "bootstrap_expect", m.expect, "seeds", m.seeds)
 	return m, nil
 }
 
@@ -538,7 +556,7 @@ func (m *membership) maybeBootstrap() {
 	existing := ""
 	m.mu.Lock()
 	for _, p := range m.peers {
-		if !p.metaOK {
+		if !p.metaOK || p.meta.clusterOf() != m.clusterID {
 			continue
 		}
 		if p.meta.HasState {
@@ -629,7 +647,7 @@ func (m *membership) reconcile(ctx context.Context) {
 		s, ok := inRaft[id]
 		switch {
 		case id == self:
-		case p.state == stateAlive && !p.leaving && p.metaOK:
+		case p.state == stateAlive && !p.leaving && p.metaOK && p.meta.clusterOf() == m.clusterID:
 			addr := raft.ServerAddress(p.meta.Raft)
 			if !ok || s.Address != addr || s.Suffrage != raft.Voter {
 				adds = append(adds, change{id, addr})
@@ -706,6 +724,17 @@ func (m *membership) updatePeer(node *memberlist.Node, state string) {
 	if err == nil && meta.ID != node.Name {
 		err = fmt.Errorf("gossip metadata id %q differs from member name", meta.ID)
 	}
+	if err == nil && meta.clusterOf() != m.clusterID {
+		// NotifyAlive refuses these first; never let one reach the peers
+		// that bootstrap and reconcile raft.
+		m.refusals.observe(RefusedClusterID, node.Name+"@"+node.Address(), "ignoring a gossip member of another cluster",
+			"member", node.Name, "addr", node.Address(), "member_cluster_id", meta.clusterOf(), "cluster_id", m.clusterID)
+		m.mu.Lock()
+		delete(m.peers, node.Name)
+		m.updateGaugeLocked()
+		m.mu.Unlock()
+		return
+	}
 	m.mu.Lock()
 	p, ok := m.peers[node.Name]
 	if !ok {
@@ -737,7 +766,12 @@ func (m *membership) updatePeer(node *memberlist.Node, state string) {
 	}
 	cur := p.state
 	m.updateGaugeLocked()
+	warnVersions := m.checkVersionsLocked()
 	m.mu.Unlock()
+	m.events.Add(1)
+	if warnVersions != nil {
+		warnVersions()
+	}
 	if prev != cur {
 		lv := slog.LevelInfo
 		if cur == stateDead {
@@ -817,14 +851,14 @@ func (e *mlEvents) NotifyLeave(n *memberlist.Node)  { (*membership)(e).updatePee
 func (e *mlEvents) NotifyUpdate(n *memberlist.Node) { (*membership)(e).updatePeer(n, "") }
 
 // memberlistLogWriter turns memberlist's "[LEVEL] memberlist: msg" lines
-// into slog records at the matching level.
-type memberlistLogWriter struct{ log *slog.Logger }
+// into calls of line (membership.memberlistLine) at the matching level.
+type memberlistLogWriter struct{ line func(slog.Level, string) }
 
 func (w *memberlistLogWriter) Write(p []byte) (int, error) {
 	for line := range strings.Lines(string(p)) {
 		lv, msg := parseMemberlistLine(line)
 		if msg != "" {
-			w.log.Log(context.Background(), lv, msg)
+			w.line(lv, msg)
 		}
 	}
 	return len(p), nil

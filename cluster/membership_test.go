@@ -28,6 +28,8 @@ type gossipSpec struct {
 	join                       []string
 	expect                     int
 	key                        []byte
+	clusterID, version         string       // "" takes the defaults
+	log                        *slog.Logger // nil: gossipTestLogger()
 }
 
 func newGossipSpec(t testing.TB, id string, expect int, join ...string) *gossipSpec {
@@ -70,15 +72,19 @@ func gossipTestLogger() *slog.Logger {
 
 func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 	t.Helper()
+	lg := s.log
+	if lg == nil {
+		lg = gossipTestLogger()
+	}
 	n, err := New(Config{
-		NodeID: s.id, DataDir: s.dir, RaftBind: s.raftAddr, NSMAddr: s.nsmAddr,
+		NodeID: s.id, DataDir: s.dir, RaftBind: s.raftAddr, NSMAddr: s.nsmAddr, Version: s.version,
 		Gossip: GossipConfig{
 			Bind: "127.0.0.1", Port: s.port, Join: s.join, BootstrapExpect: s.expect, Key: s.key,
-			ReconcileEvery: 250 * time.Millisecond,
+			ReconcileEvery: 250 * time.Millisecond, ClusterID: s.clusterID,
 		},
 		HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 		LeaderLeaseTimeout: 100 * time.Millisecond,
-		Logger:             gossipTestLogger(),
+		Logger:             lg,
 		Registerer:         prometheus.NewRegistry(),
 	})
 	if err != nil {
@@ -153,7 +159,7 @@ func membersAgree(want []*gossipSpec, nodes ...*Node) bool {
 		for i, m := range ms {
 			s := want[i]
 			if m.ID != s.id || m.State != stateAlive || m.Suffrage != "Voter" || m.RaftAddr != s.raftAddr ||
-				m.NSMAddr != s.nsmAddr || m.GossipAddr != s.gossipAddr() || m.Version != nsmdVersion {
+				m.NSMAddr != s.nsmAddr || m.GossipAddr != s.gossipAddr() || m.Version != DefaultVersion {
 				return false
 			}
 			if m.Leader {
@@ -514,7 +520,7 @@ func TestParseMemberlistLine(t *testing.T) {
 }
 
 func TestGossipMetaRoundTrip(t *testing.T) {
-	md := nodeMeta{V: metaVersion, ID: "n1", Raft: "10.0.0.1:7300", NSM: "10.0.0.1:6620", Version: nsmdVersion, HasState: true}
+	md := nodeMeta{V: metaVersion, ID: "n1", Raft: "10.0.0.1:7300", NSM: "10.0.0.1:6620", Version: DefaultVersion, Cluster: "c1", HasState: true}
 	b, err := json.Marshal(md)
 	if err != nil {
 		t.Fatal(err)

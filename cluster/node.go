@@ -91,6 +91,10 @@ type Config struct {
 	// Gossip configures memberlist discovery; Port 0 disables it (a single
 	// node, or a static Voters map).
 	Gossip GossipConfig
+	// Version is the nsmd version this node advertises in gossip (default
+	// DefaultVersion; at most 64 bytes are kept). Members show it, and a
+	// mix of versions is logged once per set.
+	Version string
 	// ClusterKey authenticates forwarded writes (HMAC-SHA256); without it
 	// the leader accepts forwards only from raft members' IP addresses.
 	ClusterKey []byte
@@ -173,6 +177,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.HoldTimeout == 0 {
 		c.HoldTimeout = 5 * time.Second
+	}
+	if c.Version == "" {
+		c.Version = DefaultVersion
+	}
+	if len(c.Version) > maxVersionLen {
+		c.Version = c.Version[:maxVersionLen]
+	}
+	if c.Gossip.ClusterID == "" {
+		c.Gossip.ClusterID = DefaultClusterID
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -19,6 +19,23 @@ import (
 	"time"
 )
 
+// DefaultClusterID is the cluster id of a node not given one (the same as
+// cluster.DefaultClusterID, which members without one in their gossip
+// metadata count as).
+const DefaultClusterID = "nsmd"
+
+func validClusterID(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // VIP modes.
 const (
 	VIPNetlink  = "netlink"  // the leader adds the VIP to an interface
@@ -36,6 +53,7 @@ const (
 // Config is every setting of one nsmd node.
 type Config struct {
 	NodeID          string
+	ClusterID       string
 	DataDir         string
 	Bind            string
 	RaftPort        int
@@ -86,6 +104,7 @@ func Default() Config {
 	host, _ := os.Hostname()
 	return Config{
 		NodeID:             host,
+		ClusterID:          DefaultClusterID,
 		DataDir:            "/var/lib/nsmd",
 		Bind:               "127.0.0.1",
 		RaftPort:           7300,
@@ -177,6 +196,7 @@ type binding struct {
 func (c *Config) bindings() []binding {
 	return []binding{
 		str("node_id", "unique node name (default: hostname)", &c.NodeID),
+		str("cluster_id", "name of the cluster this node belongs to: gossip members with another one are refused, never merged or made raft voters (letters, digits, . _ -; at most 64)", &c.ClusterID),
 		str("data_dir", "directory for the raft log, stable store and snapshots", &c.DataDir),
 		str("bind", "IP address for raft, gossip and cluster traffic", &c.Bind),
 		integer("raft_port", "raft TCP port", &c.RaftPort),
@@ -303,6 +323,9 @@ func (c *Config) Validate() error {
 		bad("node_id", "must not be empty")
 	} else if strings.ContainsAny(c.NodeID, " \t\n/") || len(c.NodeID) > 128 {
 		bad("node_id", "%q must be at most 128 characters without spaces or '/'", c.NodeID)
+	}
+	if !validClusterID(c.ClusterID) {
+		bad("cluster_id", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", c.ClusterID)
 	}
 	if c.DataDir == "" {
 		bad("data_dir", "must not be empty")

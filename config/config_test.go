@@ -120,3 +120,63 @@ func TestRaftLogStore(t *testing.T) {
 		}
 	}
 }
+
+func TestClusterIDFromFileEnvAndFlagSpelling(t *testing.T) {
+	c := Default()
+	if c.ClusterID != DefaultClusterID {
+		t.Fatalf("default cluster_id %q, want %q", c.ClusterID, DefaultClusterID)
+	}
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(path, []byte("node_id: n1\ncluster_id: prod-nfs.1\n"), 0o600)
+	if err := c.LoadFile(path); err != nil || c.ClusterID != "prod-nfs.1" {
+		t.Fatalf("file: %v %q", err, c.ClusterID)
+	}
+	env := map[string]string{"NSMD_CLUSTER_ID": "from-env"}
+	if err := c.ApplyEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil || c.ClusterID != "from-env" {
+		t.Fatalf("env: %v %q", err, c.ClusterID)
+	}
+	if err := c.Set("cluster-id", "from-flag"); err != nil || c.ClusterID != "from-flag" {
+		t.Fatalf("flag: %v %q", err, c.ClusterID)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "has space", "a/b", strings.Repeat("x", 65)} {
+		c.ClusterID = bad
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "cluster_id") {
+			t.Errorf("cluster_id %q: %v, want an error naming cluster_id", bad, err)
+		}
+	}
+}
+
+// TestWrongTypedValueNamesKeyAndLine: a value of the wrong YAML shape is
+// refused with the file, the line and the key.
+func TestWrongTypedValueNamesKeyAndLine(t *testing.T) {
+	for _, tc := range []struct{ yaml, key, line string }{
+		{"node_id: n1\ncluster_id: [a, b]\n", "cluster_id", "line 2"},
+		{"node_id: n1\n\ncluster_id:\n  prod: true\n", "cluster_id", "line 3"},
+		{"cluster_id: true\n", "cluster_id", "line 1"},
+		{"node_id: n1\nraft_port: [1, 2]\n", "raft_port", "line 2"},
+		{"node_id: n1\nraft_port: many\n", "raft_port", "line 2"},
+		{"node_id: n1\ncluster_id: a\ncluster_id: b\n", "cluster_id", "line 3"},
+		{"node_id: n1\nnotfy_name: x\n", "notfy_name", "line 2"},
+	} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(path, []byte(tc.yaml), 0o600)
+		c := Default()
+		err := c.LoadFile(path)
+		if err == nil || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), tc.line+":") || !strings.Contains(err.Error(), path) {
+			t.Errorf("%q: %v, want an error naming %s, %s and the file", tc.yaml, err, tc.key, tc.line)
+		}
+	}
+	// Right shapes still load: lists as sequences or strings, quoted words, empty values.
+	path := filepath.Join(t.TempDir(), "ok.yaml")
+	os.WriteFile(path, []byte("cluster_id: \"true\"\njoin: [10.77.0.1:7946]\ntrusted_callers: 10.77.0.0/16, 10.78.0.0/16\nnotify_name:\ninsecure: true\nraft_port: 7301\n"), 0o600)
+	c := Default()
+	if err := c.LoadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if c.ClusterID != "true" || len(c.Join) != 1 || len(c.TrustedCallers) != 2 || !c.Insecure || c.RaftPort != 7301 {
+		t.Errorf("loaded %+v", c)
+	}
+}

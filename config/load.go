@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -9,35 +10,87 @@ import (
 )
 
 // LoadFile applies a YAML file whose top-level keys are settings' keys.
-// Lists may be YAML sequences or comma-separated strings.
+// Lists may be YAML sequences or comma-separated strings. Every error
+// names the file, the line and the key.
 func (c *Config) LoadFile(path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read config file: %w", err)
 	}
-	var m map[string]any
-	if err := yaml.Unmarshal(b, &m); err != nil {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
 		return fmt.Errorf("parse config file %s: %w", path, err)
 	}
-	for k, v := range m {
-		var s string
-		switch v := v.(type) {
-		case []any:
-			parts := make([]string, len(v))
-			for i, p := range v {
-				parts[i] = fmt.Sprint(p)
+	if len(doc.Content) == 0 {
+		return nil // empty file
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return fmt.Errorf("config file %s: line %d: want key: value pairs at the top level", path, root.Line)
+	}
+	kinds := map[string]string{}
+	for _, f := range Fields() {
+		kinds[f.Key] = f.Kind
+	}
+	first := map[string]int{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		key := strings.ReplaceAll(k.Value, "-", "_")
+		err := func() error {
+			kind, ok := kinds[key]
+			if !ok {
+				return fmt.Errorf("%q: %w", k.Value, ErrUnknownKey)
 			}
-			s = strings.Join(parts, ",")
-		case nil:
-			s = ""
-		default:
-			s = fmt.Sprint(v)
-		}
-		if err := c.Set(k, s); err != nil {
-			return fmt.Errorf("config file %s: %w", path, err)
+			if l, dup := first[key]; dup {
+				return fmt.Errorf("%s: given again (first on line %d)", key, l)
+			}
+			first[key] = k.Line
+			s, err := yamlValue(kind, v)
+			if err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			return c.Set(key, s)
+		}()
+		if err != nil {
+			return fmt.Errorf("config file %s: line %d: %w", path, k.Line, err)
 		}
 	}
 	return nil
+}
+
+// errType is a YAML value of the wrong shape for its setting.
+var errType = errors.New("wrong type")
+
+// yamlValue is the text Set parses for a YAML value of a setting of kind.
+func yamlValue(kind string, v *yaml.Node) (string, error) {
+	if v.Kind == yaml.AliasNode && v.Alias != nil {
+		v = v.Alias
+	}
+	switch v.Kind {
+	case yaml.ScalarNode:
+		switch {
+		case v.Tag == "!!null":
+			return "", nil
+		case v.Tag == "!!bool" && (kind == "string" || kind == "list"):
+			return "", fmt.Errorf("%w: want a %s, got the boolean %s (quote it to mean the word)", errType, kind, v.Value)
+		}
+		return v.Value, nil
+	case yaml.SequenceNode:
+		if kind != "list" {
+			return "", fmt.Errorf("%w: want a %s, got a list", errType, kind)
+		}
+		parts := make([]string, len(v.Content))
+		for i, p := range v.Content {
+			if p.Kind != yaml.ScalarNode {
+				return "", fmt.Errorf("%w: list item on line %d is not a plain value", errType, p.Line)
+			}
+			parts[i] = p.Value
+		}
+		return strings.Join(parts, ","), nil
+	case yaml.MappingNode:
+		return "", fmt.Errorf("%w: want a %s, got a mapping (key: value pairs)", errType, kind)
+	}
+	return "", fmt.Errorf("%w: want a %s", errType, kind)
 }
 
 // ApplyEnv applies every NSMD_<KEY> variable that lookup finds

@@ -21,7 +21,11 @@ import (
 // Status is the body of GET /v1/status (DESIGN.md, outside contract).
 type Status struct {
 	NodeID string `json:"node_id"`
-	Role   string `json:"role"`
+	// ClusterID is the cluster this node belongs to (gossip members with
+	// another one are refused); Version is this node's build.
+	ClusterID string    `json:"cluster_id"`
+	Version   BuildInfo `json:"version"`
+	Role      string    `json:"role"`
 	// RaftState is raft's own view (leader, follower, candidate): a
 	// witness that briefly leads has role "witness" and raft_state "leader".
 	RaftState string `json:"raft_state"`
@@ -93,6 +97,8 @@ func (a *agent) status() Status {
 	_, leaderID := r.LeaderWithID()
 	s := Status{
 		NodeID:        a.cfg.NodeID,
+		ClusterID:     a.cfg.ClusterID,
+		Version:       readBuildInfo(),
 		Role:          roleName(r.State()),
 		RaftState:     roleName(r.State()),
 		Witness:       a.cfg.Witness,

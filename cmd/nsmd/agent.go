@@ -139,6 +139,10 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	}()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.nsmm = nsm.NewMetrics(a.reg)
+	build := readBuildInfo()
+	if err := registerBuildInfo(a.reg, build); err != nil {
+		return a, err
+	}
 	if err := a.setupSecurity(); err != nil {
 		return a, err
 	}
@@ -170,6 +174,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	}
 	ccfg := cluster.Config{
 		NodeID:   cfg.NodeID,
+		Version:  build.Gossip(),
 		Witness:  cfg.Witness,
 		DataDir:  cfg.DataDir,
 		RaftBind: net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
@@ -202,7 +207,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	ccfg.NSMAddr = a.NSMAddr().String()
 	ccfg.Gossip = cluster.GossipConfig{
 		Bind: cfg.Bind, Port: cfg.GossipPort, Join: cfg.Join,
-		BootstrapExpect: cfg.BootstrapExpect, Key: key,
+		BootstrapExpect: cfg.BootstrapExpect, Key: key, ClusterID: cfg.ClusterID,
 	}
 	if ccfg.VIP, err = a.floatingAddr(); err != nil {
 		return a, err
@@ -236,7 +241,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		}
 	}
 	a.node.Start()
-	log.Info("nsmd node started", "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode,
+	log.Info("nsmd node started", "cluster_id", cfg.ClusterID, "version", build.Gossip(), "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode,
 		"tls", a.sec.tls != nil, "insecure", len(a.sec.exposures) > 0)
 	return a, nil
 }

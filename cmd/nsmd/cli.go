@@ -109,6 +109,7 @@ func statusCmd() *cobra.Command {
 			} else if s.VIPHeld {
 				vip += " (held here)"
 			}
+			fmt.Fprintf(tw, "cluster_id\t%s\nversion\t%s\n", s.ClusterID, s.Version.Gossip())
 			fmt.Fprintf(tw, "node\t%s\nrole\t%s\nleader\t%s\nterm\t%d\nsm_state\t%d\nregistrations\t%d\nnsm_addr\t%s\nvip\t%s\ngrace\t%s\napplied_index\t%d\nnotify\tpending %d, done %d, failed %d\n",
 				s.NodeID, s.Role, s.LeaderID, s.Term, s.SMState, s.Registrations, s.NSMAddr, vip, grace, s.AppliedIndex,
 				s.Notify.Pending, s.Notify.Done, s.Notify.Failed)
@@ -131,13 +132,13 @@ func membersCmd() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tROLE\tSTATE\tSUFFRAGE\tLEADER\tRAFT\tNSM\tGOSSIP")
+			fmt.Fprintln(tw, "ID\tROLE\tSTATE\tSUFFRAGE\tLEADER\tRAFT\tNSM\tGOSSIP\tVERSION")
 			for _, m := range ms {
 				leader := ""
 				if m.Leader {
 					leader = "*"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, dash(m.Role), m.State, dash(m.Suffrage), leader, dash(m.RaftAddr), dash(m.NSMAddr), dash(m.GossipAddr))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, dash(m.Role), m.State, dash(m.Suffrage), leader, dash(m.RaftAddr), dash(m.NSMAddr), dash(m.GossipAddr), dash(m.Version))
 			}
 			return tw.Flush()
 		},

@@ -5,6 +5,7 @@
 //	nsmd agent --config /etc/nsmd.yaml      run one node
 //	nsmd dev                                 a 3-node cluster in one process on loopback
 //	nsmd status --admin 127.0.0.1:8024       a node's view of the cluster
+//	nsmd version                             build version, revision and Go version
 package main
 
 import (
@@ -40,8 +41,10 @@ func rootCmd() *cobra.Command {
 		Short:         "Clustered Network Status Monitor (rpc.statd replacement)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       readBuildInfo().String(), // nsmd --version
 	}
-	root.AddCommand(agentCmd(), devCmd(), tlsCmd(), statusCmd(), membersCmd(), registrationsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.AddCommand(versionCmd(), agentCmd(), devCmd(), tlsCmd(), statusCmd(), membersCmd(), registrationsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
 	return root
 }
 

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/config"
+)
+
+// TestVersionCommandAndFlag: `nsmd version`, `nsmd --version` and
+// `nsmd version --json` report the build, with the Go version that built it.
+func TestVersionCommandAndFlag(t *testing.T) {
+	want := readBuildInfo().String()
+	if !strings.HasPrefix(want, "nsmd ") || !strings.HasSuffix(want, runtime.Version()) {
+		t.Fatalf("build info %q: want nsmd … %s", want, runtime.Version())
+	}
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		out, err := runCLI(t, args...)
+		if err != nil || strings.TrimSpace(out) != want {
+			t.Errorf("nsmd %v = %q %v, want %q", args, out, err, want)
+		}
+	}
+	out, err := runCLI(t, "version", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b BuildInfo
+	if err := json.Unmarshal([]byte(out), &b); err != nil || b.GoVersion != runtime.Version() || b.Version == "" {
+		t.Errorf("version --json %q: %+v %v", out, b, err)
+	}
+}
+
+func TestBuildInfoForms(t *testing.T) {
+	for _, c := range []struct {
+		b            BuildInfo
+		str, gossip  string
+		revisionSeen string
+	}{
+		{BuildInfo{Version: "v1.2.0", GoVersion: "go1.26.8"}, "nsmd v1.2.0 go1.26.8", "v1.2.0", ""},
+		{BuildInfo{Version: "(devel)", Revision: "0123456789abcdef0123", Modified: true, GoVersion: "go1.26.8"},
+			"nsmd (devel) (revision 0123456789abcdef0123, modified) go1.26.8", "(devel)+0123456789ab+modified", "0123456789abcdef0123+modified"},
+		{BuildInfo{Version: "0123456-dirty", Revision: "0123456789abcdef0123", Modified: true, GoVersion: "go1.26.8"},
+			"nsmd 0123456-dirty (revision 0123456789abcdef0123, modified) go1.26.8", "0123456-dirty", "0123456789abcdef0123+modified"},
+		{BuildInfo{Version: "v0.0.0-20250101000000-0123456789ab", Revision: "0123456789abcdef", GoVersion: "go1.26.8"},
+			"nsmd v0.0.0-20250101000000-0123456789ab (revision 0123456789abcdef) go1.26.8", "v0.0.0-20250101000000-0123456789ab", "0123456789abcdef"},
+	} {
+		if got := c.b.String(); got != c.str {
+			t.Errorf("String() = %q, want %q", got, c.str)
+		}
+		if got := c.b.Gossip(); got != c.gossip {
+			t.Errorf("Gossip() = %q, want %q", got, c.gossip)
+		}
+		if got := revisionLabel(c.b); got != c.revisionSeen {
+			t.Errorf("revision label = %q, want %q", got, c.revisionSeen)
+		}
+	}
+}
+
+func getJSON(t *testing.T, url string, out any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("decode %s: %v", url, err)
+	}
+}
+
+// TestAgentRefusesNodeOfAnotherCluster: an agent of cluster beta whose
+// gossip seed is a node of cluster alpha is refused by it and refuses it
+// in turn: neither lists the other as a member, alpha's raft has one
+// voter, beta never gets a leader, both count the refusal in
+// nsmd_cluster_join_refused_total{reason="cluster_id"}. /v1/status says
+// each one's cluster_id and version; /metrics has nsmd_build_info; the
+// CLI shows them.
+func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
+	start := func(id, vip string, tune func(*config.Config)) (*devCluster, devOptions) {
+		ips := []string{"127.0.0.1", vip}
+		o := devOptions{
+			Nodes: 1, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
+			NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
+			AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
+			Tune: func(c *config.Config) { c.ClusterID = id; tune(c) },
+		}
+		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		d, err := startDev(o, agentOptions{Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d, o
+	}
+	alpha, ao := start("alpha", "127.0.0.151", func(*config.Config) {})
+	beta, _ := start("beta", "127.0.0.152", func(c *config.Config) {
+		c.NodeID = "beta1"
+		c.Join = []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(ao.GossipPort))}
+	})
+	a := devLeader(t, alpha, nil, 10*time.Second)
+	b := beta.agents[0]
+	refused := func(ag *agent) float64 {
+		return metricValue(t, ag.reg, "nsmd_cluster_join_refused_total", map[string]string{"reason": cluster.RefusedClusterID})
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for refused(a) < 1 || refused(b) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("refusals: alpha %v, beta %v; want both ≥ 1", refused(a), refused(b))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	for _, c := range []struct {
+		ag       *agent
+		id, node string
+	}{{a, "alpha", "node1"}, {b, "beta", "beta1"}} {
+		var st Status
+		getJSON(t, c.ag.AdminURL()+"/v1/status", &st)
+		if st.ClusterID != c.id || st.Version.GoVersion != runtime.Version() || st.Version.Version == "" {
+			t.Errorf("%s status: cluster_id %q, version %+v", c.node, st.ClusterID, st.Version)
+		}
+		var ms []cluster.MemberStatus
+		getJSON(t, c.ag.AdminURL()+"/v1/members", &ms)
+		if len(ms) != 1 || ms[0].ID != c.node || ms[0].Version != readBuildInfo().Gossip() {
+			t.Errorf("%s members %+v, want only itself with version %q", c.node, ms, readBuildInfo().Gossip())
+		}
+	}
+	if f := a.node.Raft().GetConfiguration(); f.Error() != nil || len(f.Configuration().Servers) != 1 {
+		t.Errorf("alpha's raft configuration %+v %v, want one server", f.Configuration().Servers, f.Error())
+	}
+	if f := b.node.Raft().GetConfiguration(); f.Error() != nil || len(f.Configuration().Servers) != 0 {
+		t.Errorf("beta's raft configuration %+v %v, want none (never added by alpha)", f.Configuration().Servers, f.Error())
+	}
+
+	resp, err := http.Get(a.AdminURL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	bi := readBuildInfo()
+	wantInfo := `nsmd_build_info{goversion="` + bi.GoVersion + `",revision="` + revisionLabel(bi) + `",version="` + bi.Version + `"} 1`
+	if !strings.Contains(string(body), wantInfo) {
+		t.Errorf("/metrics lacks %s", wantInfo)
+	}
+
+	admin := a.adminLn.Addr().String()
+	out, err := runCLI(t, "status", "--admin", admin)
+	if err != nil || !strings.Contains(out, "cluster_id     alpha") || !strings.Contains(out, "version        "+bi.Gossip()) {
+		t.Errorf("nsmd status: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "members", "--admin", admin)
+	if err != nil || !strings.Contains(out, "VERSION") || !strings.Contains(out, bi.Gossip()) || strings.Contains(out, "beta1") {
+		t.Errorf("nsmd members: %v\n%s", err, out)
+	}
+}
