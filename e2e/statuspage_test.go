@@ -33,9 +33,13 @@ type pageNode struct {
 }
 
 // startPageCluster starts 3 agents on 127.0.0.1-3 (free ports, loopback
-// VIP vip) and waits for a leader that serves.
-func startPageCluster(t *testing.T, vip string) []*pageNode {
+// VIP vip) whose privileged admin calls need the bearer token.
+func startPageCluster(t *testing.T, vip, token string) []*pageNode {
 	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "admin.token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var nodes []*pageNode
 	var join []string
 	gossip := make([]int, 3)
@@ -56,7 +60,8 @@ func startPageCluster(t *testing.T, vip string) []*pageNode {
 			"--raft-port", strconv.Itoa(freePort(t, ip)), "--gossip-port", strconv.Itoa(gossip[i]),
 			"--nsm-addr", n.nsm, "--admin-addr", n.admin, "--rpcbind", "off",
 			"--bootstrap-expect", "3", "--join", strings.Join(join, ","),
-			"--vip", vip + "/32", "--vip-mode", "loopback", "--notify-name", "nfs.test", "--notify-window", "1m"}
+			"--vip", vip + "/32", "--vip-mode", "loopback", "--notify-name", "nfs.test", "--notify-window", "1m",
+			"--admin-token-file", tokenFile}
 		n.p = startNsmd(t, n.args...)
 		nodes = append(nodes, n)
 	}
@@ -203,7 +208,8 @@ func waitText(t *testing.T, tab context.Context, id string, timeout time.Duratio
 func TestStatusPageInChromium(t *testing.T) {
 	chromium(t) // skip before starting anything when there is no browser
 	start := time.Now()
-	nodes := startPageCluster(t, "127.0.0.91")
+	const token = "page-test-token-0123456789abcdef"
+	nodes := startPageCluster(t, "127.0.0.91", token)
 	browser := startBrowser(t)
 	lead, ls := pageLeader(t, nodes, 0)
 	t.Logf("cluster up, leader %s sm_state %d after %v", lead.id, ls.SMState, time.Since(start).Round(time.Millisecond))
@@ -242,7 +248,9 @@ func TestStatusPageInChromium(t *testing.T) {
 			"mon_name": monName, "my_name": "lockd", "my_prog": 100021, "my_vers": 3, "my_proc": 16,
 			"priv": strings.Repeat("ab", 16), "callback": "127.0.0.1",
 		}}})
-		resp, err := http.Post("http://"+lead.admin+"/v1/import", "application/json", bytes.NewReader(body))
+		req, _ := http.NewRequest("POST", "http://"+lead.admin+"/v1/import", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,10 +269,29 @@ func TestStatusPageInChromium(t *testing.T) {
 			return err == nil && v != "undefined", fmt.Sprintf("window.pwned = %s (%v)", v, err)
 		})
 
-		// The status page shows them as text, and nothing of them ran.
+		// Without the token the page has the count and no names; the
+		// operator types the token into the page's form and sees them.
 		tab := openTab(t, browser, "http://"+follower.admin+"/")
 		type cell struct{ Mon, My string }
 		var rows []cell
+		waitText(t, tab, "reg-count", 10*time.Second, "the registration count", func(s string) bool { return s == "(2)" })
+		unpriv, err := evalJS[struct {
+			Rows   int
+			Hidden string
+			Names  bool
+		}](tab, `({Rows: document.querySelectorAll('#regs tbody tr').length,
+			Hidden: document.getElementById('reg-hidden').hidden ? '' : document.getElementById('reg-hidden').textContent,
+			Names: document.body.textContent.includes('pwned')})`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if unpriv.Rows != 0 || unpriv.Hidden == "" || unpriv.Names {
+			t.Fatalf("page without the token: %+v, want no rows, a note why, no names", unpriv)
+		}
+		if err := chromedp.Do(tab, chromedp.SendKeys(chromedp.CSS("#token"), token), chromedp.Click(chromedp.CSS("#token-form button"))); err != nil {
+			t.Fatalf("type the token: %v", err)
+		}
+		// The status page shows the names as text, and nothing of them ran.
 		waitFor(t, 10*time.Second, "both registrations listed on the page", func() (bool, string) {
 			var err error
 			if rows, err = evalJS[[]cell](tab, `[...document.querySelectorAll('#regs tbody tr')].map(r => ({Mon: r.cells[0]?.textContent ?? '', My: r.cells[1]?.textContent ?? ''}))`); err != nil {

@@ -80,7 +80,8 @@
     const total = n.targets || 0;
     setText('notify', total
       ? 'sm_state ' + n.state + ': ' + n.done + ' of ' + total + ' hosts notified, ' + n.pending + ' pending, ' + n.failed + ' given up'
-      : (s.role === 'leader' ? 'no monitored host to notify' : 'only the leader notifies; this node is ' + s.role));
+      : (s.role === 'leader' ? 'no monitored host to notify'
+        : 'only the leader notifies: see the page of ' + (s.leader_id || 'the leader, once elected')));
     $('notify-bar').max = Math.max(total, 1);
     $('notify-bar').value = n.done || 0;
 
