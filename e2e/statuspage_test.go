@@ -250,7 +250,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		}}})
 		req, _ := http.NewRequest("POST", "http://"+lead.admin+"/v1/import", bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
