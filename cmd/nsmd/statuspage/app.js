@@ -1,0 +1,160 @@
+// nsmd status page: polls GET /v1/overview of the node that served it and
+// redraws. Every value from the server — above all mon_name and my_name,
+// which are whatever bytes a client sent — reaches the page as a text node
+// (textContent, createTextNode), never as HTML.
+'use strict';
+
+(() => {
+  const pollEvery = 1000; // ms between reads, also while the node is down
+  const readTimeout = 2000; // ms before a read counts as failed
+
+  const page = {
+    token: '', // admin token typed by the operator: this tab's memory only
+    history: [], // [{state, node, reason, at}], newest first
+    failures: 0, // consecutive failed reads
+    downSince: null,
+    lastOK: null,
+    node: '',
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // el builds an element; children are nodes or strings (made text nodes).
+  function el(tag, cls, ...children) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    for (const c of children) {
+      e.append(c instanceof Node ? c : document.createTextNode(String(c ?? '')));
+    }
+    return e;
+  }
+
+  function setText(id, v) { $(id).textContent = String(v ?? ''); }
+
+  function row(...cells) { return el('tr', '', ...cells.map((c) => (c instanceof Node ? c : el('td', '', c)))); }
+
+  function fmtTime(s) {
+    if (!s) return '';
+    const d = new Date(s);
+    return isNaN(d) || d.getUTCFullYear() < 2 ? '' : d.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+  }
+
+  function render(o) {
+    const s = o.status;
+    page.node = s.node_id;
+    setText('node', s.node_id + ' (' + s.role + ')');
+    document.title = 'nsmd ' + s.node_id + ': ' + (s.leader_id ? 'leader ' + s.leader_id : 'no leader');
+    setText('leader', s.leader_id || 'none known (election under way?)');
+    setText('term', s.term);
+    setText('sm-state', s.sm_state);
+
+    let vip = s.vip || 'none configured';
+    if (s.vip) vip += s.vip_held ? ' — held by this node (' + s.node_id + ')' : ' — not held by this node; the leader (' + (s.leader_id || 'none') + ') holds it when serving';
+    setText('vip', vip);
+
+    const now = new Date(o.now).getTime();
+    if (s.grace_until) {
+      const left = Math.round((new Date(s.grace_until).getTime() - now) / 1000);
+      setText('grace', left > 0 ? 'open, ends in ' + left + ' s (' + fmtTime(s.grace_until) + ')' : 'closed at ' + fmtTime(s.grace_until));
+    } else {
+      setText('grace', 'none yet');
+    }
+    const self = [s.ready ? 'ready' : 'NOT ready (sm_state of this incarnation unknown here)',
+      'raft ' + s.raft_state, 'applied ' + s.applied_index, s.tls ? 'TLS' : 'no TLS'];
+    if (s.version) self.push('version ' + s.version);
+    if (s.disk && s.disk.writable === false) self.push('DISK NOT WRITABLE');
+    if (s.insecure && s.insecure.length) self.push('insecure: ' + s.insecure.join('; '));
+    if (s.last_hook_failure) self.push('last hook failure: ' + JSON.stringify(s.last_hook_failure));
+    setText('self', self.join(' · '));
+
+    $('members').tBodies[0].replaceChildren(...(o.members || []).map((m) => row(
+      m.id,
+      el('td', 'role-' + m.role, m.role + (m.witness && m.leader ? ' (leading)' : '')),
+      el('td', 'health-' + m.state, m.state),
+      m.suffrage || 'not in raft',
+      m.version || '',
+      m.nsm_addr || '',
+      m.raft_addr || '')));
+
+    const n = s.notify || {};
+    const total = n.targets || 0;
+    setText('notify', total
+      ? 'sm_state ' + n.state + ': ' + n.done + ' of ' + total + ' hosts notified, ' + n.pending + ' pending, ' + n.failed + ' given up'
+      : (s.role === 'leader' ? 'no monitored host to notify'
+        : 'only the leader notifies: see the page of ' + (s.leader_id || 'the leader, once elected')));
+    $('notify-bar').max = Math.max(total, 1);
+    $('notify-bar').value = n.done || 0;
+
+    const t = o.last_takeover;
+    if (t && !page.history.some((h) => h.at === t.at)) {
+      page.history.unshift({ state: s.sm_state, node: t.node, reason: t.reason, at: t.at });
+      page.history.length = Math.min(page.history.length, 50);
+    }
+    $('history').tBodies[0].replaceChildren(...page.history.map((h) => row(h.state, h.node, h.reason || '', fmtTime(h.at))));
+
+    const tl = s.takeover;
+    const steps = [];
+    if (tl) {
+      const t0 = new Date(tl.elected).getTime();
+      for (const [name, at] of [['elected', tl.elected], ['takeover committed', tl.committed], ['VIP taken', tl.vip], ['on_leader hook done, notify starts', tl.on_leader_done]]) {
+        const ms = new Date(at).getTime();
+        const ok = at && new Date(at).getUTCFullYear() > 1;
+        steps.push(row(name, ok ? fmtTime(at) : 'not reached', ok ? '+' + (ms - t0) + ' ms' : ''));
+      }
+      steps.push(row('sm_state', tl.sm_state, ''));
+    } else {
+      steps.push(row('this node has not taken over since it started', '', ''));
+    }
+    $('timeline').tBodies[0].replaceChildren(...steps);
+
+    const r = o.registrations;
+    setText('reg-count', '(' + r.total + ')');
+    $('reg-hidden').hidden = !r.hidden;
+    $('token-form').hidden = !r.hidden;
+    setText('reg-hidden', r.hidden || '');
+    $('regs').tBodies[0].replaceChildren(...r.rows.map((g) => row(g.mon_name, g.my_name, g.node, fmtTime(g.added))));
+    setText('reg-more', r.hidden ? '' : (r.more > 0 ? 'and ' + r.more + ' more not listed (nsmd registrations --admin ADDR lists all)' : ''));
+  }
+
+  function setConn(ok, err) {
+    const c = $('conn');
+    if (ok) {
+      c.className = 'conn ok';
+      c.textContent = 'live · ' + new Date(page.lastOK).toLocaleTimeString();
+      return;
+    }
+    c.className = 'conn down';
+    const who = page.node ? 'node ' + page.node : 'this node';
+    c.textContent = who + ' unreachable since ' + new Date(page.downSince).toLocaleTimeString() +
+      ' (' + err + '); retrying, attempt ' + page.failures;
+  }
+
+  async function poll() {
+    const ctl = new AbortController();
+    const timer = setTimeout(() => ctl.abort(), readTimeout);
+    try {
+      const headers = page.token ? { Authorization: 'Bearer ' + page.token } : {};
+      const resp = await fetch('/v1/overview', { headers, signal: ctl.signal, cache: 'no-store' });
+      if (!resp.ok) throw new Error('HTTP ' + resp.status);
+      const o = await resp.json();
+      page.failures = 0;
+      page.downSince = null;
+      page.lastOK = Date.now();
+      render(o);
+      setConn(true);
+    } catch (e) {
+      page.failures++;
+      if (page.downSince === null) page.downSince = Date.now();
+      setConn(false, e.name === 'AbortError' ? 'no answer in ' + readTimeout / 1000 + ' s' : e.message);
+    } finally {
+      clearTimeout(timer);
+      setTimeout(poll, pollEvery);
+    }
+  }
+
+  $('token-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    page.token = $('token').value.trim(); // used from the next read on
+  });
+  poll();
+})();
