@@ -142,12 +142,13 @@ func TestDebContentsModesAndOwners(t *testing.T) {
 		got[strings.TrimSuffix(strings.TrimPrefix(f[5], "."), "/")] = entry{f[0], f[1]}
 	}
 	want := map[string]entry{
-		"/usr/sbin/nsmd":                       {"-rwxr-xr-x", "root/root"},
-		"/usr/lib/systemd/system/nsmd.service": {"-rw-r--r--", "root/root"},
-		"/etc/nsmd/nsmd.yaml":                  {"-rw-r--r--", "root/root"},
-		"/usr/lib/nsmd/hooks/nfsd-ha":          {"-rwxr-xr-x", "root/root"},
-		"/usr/share/doc/nsmd/README.md":        {"-rw-r--r--", "root/root"},
-		"/var/lib/nsmd":                        {"drwxr-x---", "root/root"},
+		"/usr/sbin/nsmd":                                  {"-rwxr-xr-x", "root/root"},
+		"/usr/lib/systemd/system/nsmd.service":            {"-rw-r--r--", "root/root"},
+		"/etc/nsmd/nsmd.yaml":                             {"-rw-r--r--", "root/root"},
+		"/usr/lib/nsmd/hooks/nfsd-ha":                     {"-rwxr-xr-x", "root/root"},
+		"/usr/share/doc/nsmd/README.md":                   {"-rw-r--r--", "root/root"},
+		"/usr/share/doc/nsmd/examples/hooks-as-root.conf": {"-rw-r--r--", "root/root"},
+		"/var/lib/nsmd":                                   {"drwxr-x---", "root/root"},
 	}
 	for p, w := range want {
 		if g, ok := got[p]; !ok {
@@ -245,6 +246,24 @@ func TestUnitVerifiesAndIsHardened(t *testing.T) {
 	if exposure > 3.0 {
 		t.Errorf("exposure %.1f > 3.0:\n%s", exposure, out)
 	}
+
+	// The documented drop-in for nodes whose hooks need root verifies too.
+	dropin := filepath.Join(root, "etc/systemd/system/nsmd.service.d")
+	if err := os.MkdirAll(dropin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "usr/share/doc/nsmd/examples/hooks-as-root.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dropin, "hooks-as-root.conf"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command("systemd-analyze", "verify", "--root="+root, "nsmd.service").CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Errorf("systemd-analyze verify with hooks-as-root.conf: %v\n%s", err, out)
+	}
+	os.RemoveAll(dropin)
 
 	unit, err := os.ReadFile(filepath.Join(root, "usr/lib/systemd/system/nsmd.service"))
 	if err != nil {
