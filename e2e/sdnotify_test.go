@@ -199,4 +199,7 @@ func TestSystemdNotifyReadyOnlyOnceReadyAndWatchdogKeepsComing(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("agent did not exit after SIGTERM")
 	}
+	if code := a.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("agent exit code %d after SIGTERM:\n%s", code, a.log.String())
+	}
 }
