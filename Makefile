@@ -10,7 +10,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 MODIFIED ?= $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" && echo true || echo false)
 LDFLAGS  := -X main.version=$(VERSION) -X main.revision=$(REVISION) -X main.modified=$(MODIFIED)
 
-.PHONY: all build run test unit e2e soak bench benchmarks fuzz lint clean vm-kernel
+.PHONY: all build run test unit e2e soak bench benchmarks fuzz lint clean vm-kernel deb
 
 all: build
 
@@ -25,6 +25,7 @@ run: build
 # e2e tier (it skips, saying why, when not root or without network namespaces).
 test: lint
 	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /e2e)
+	$(GO) -C deploy/pkg test -count=1 -timeout 5m -v ./...
 	$(MAKE) e2e
 
 # E2E_RUN=TestName runs one e2e test (with NSMD_E2E_SEED=N, a schedule).
@@ -47,6 +48,15 @@ soak: build
 vm-kernel:
 	e2e/vmkernel.sh $(CURDIR)/out/vm-kernel
 
+# The Debian package DEB_OUT/nsmd_<version>_amd64.deb, built with nFPM by
+# deploy/pkg (its own module: nFPM's dependencies stay out of go.mod). The
+# version comes from git describe, or NSMD_VERSION.
+DEB_OUT ?= out
+deb:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(abspath $(DEB_OUT))/deb/nsmd ./cmd/nsmd
+	$(GO) -C deploy/pkg build -o $(abspath $(DEB_OUT))/nsmd-pkg .
+	$(abspath $(DEB_OUT))/nsmd-pkg -config deploy/pkg/nfpm.yaml -binary $(abspath $(DEB_OUT))/deb/nsmd -out $(abspath $(DEB_OUT))
+
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./oncrpc ./fsm ./nsm ./cluster
 
@@ -67,6 +77,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) -C deploy/pkg vet ./...
 
 clean:
 	rm -rf bin

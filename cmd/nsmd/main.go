@@ -115,10 +115,18 @@ func agentCmd() *cobra.Command {
 			return fmt.Errorf("config: %w", err)
 		}
 		log := newLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+		if err := checkCapabilities(cfg, log); err != nil {
+			return fmt.Errorf("capabilities: %w", err)
+		}
 		a, err := startAgent(cfg, agentOptions{Logger: log, RaftMetrics: true})
 		if err != nil {
 			return err
 		}
+		sd, err := startSystemdNotify(a, os.Getenv, os.Getpid(), log)
+		if err != nil {
+			log.Warn("no systemd notifications", "err", err)
+		}
+		defer sd.stop()
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
@@ -134,6 +142,7 @@ func agentCmd() *cobra.Command {
 			break
 		}
 		log.Info("shutting down")
+		sd.stopping()
 		return a.Close()
 	}
 	return cmd
