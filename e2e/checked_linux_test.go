@@ -62,7 +62,7 @@ func TestCheckedFaultSchedules(t *testing.T) {
 	}
 	t.Logf("seeds %d..%d", seed, seed+uint64(count)-1)
 
-	c := startClusterWith(t, clusterSpec{clients: clusterClients, fakeClients: true, diskMB: 48})
+	c := startClusterWith(t, clusterSpec{clients: clusterClients, fakeClients: true, diskMB: 256})
 	first := c.settle(t, 30*time.Second, 1)
 	c.probeVIP(t, first.leader)
 	leader, _ := c.restore(t)
