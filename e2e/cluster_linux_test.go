@@ -236,7 +236,7 @@ func (n *nsmNode) agentArgs() []string {
 		"--notify-name", notifyName,
 		"--trusted-callers", topoNet + ".0/24",
 		"--rpcbind", rpcbindMode,
-		"--drill-crash", "true",
+		"--drill-crash",
 		"--log-level", "debug",
 	}
 	args = append(args, n.c.pki.nodeArgs(n.id)...)

@@ -100,7 +100,7 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 	}
 	if n.vm == nil {
 		args = append(args, p.pki.nodeArgs(n.id)...)
-		return append(args, "--witness", "true", "--rpcbind", "off")
+		return append(args, "--witness", "--rpcbind", "off")
 	}
 	args = append(args, "--tls-ca", vmTLSDir+"/ca.pem", "--tls-cert", vmTLSDir+"/node.pem", "--tls-key", vmTLSDir+"/node-key.pem",
 		"--gossip-key-file", vmTLSDir+"/gossip.key", "--admin-token-file", vmTLSDir+"/admin.token")

@@ -55,7 +55,10 @@ func configFlags(fs *pflag.FlagSet) func() (config.Config, error) {
 	path := fs.String("config", "", "YAML config file (keys are the flag names with _ for -)")
 	for _, f := range config.Fields() {
 		v, _ := def.Get(f.Key)
-		fs.String(f.Flag(), v, f.Help+" [env "+f.Env()+"]")
+		fl := fs.VarPF(&keyValue{key: f.Key, kind: f.Kind, val: v}, f.Flag(), "", f.Help+" [env "+f.Env()+"]")
+		if f.Kind == "bool" {
+			fl.NoOptDefVal = "true" // --witness, not --witness true
+		}
 	}
 	return func() (config.Config, error) {
 		c := config.Default()
@@ -81,6 +84,31 @@ func configFlags(fs *pflag.FlagSet) func() (config.Config, error) {
 		}
 		return c, c.Validate()
 	}
+}
+
+// keyValue is the flag of one config key: typed in help (bool, int,
+// duration, ...) and checked as it is parsed, by the same code as the YAML
+// and the environment (config.Set).
+type keyValue struct {
+	key, kind, val string
+}
+
+func (v *keyValue) String() string { return v.val }
+
+func (v *keyValue) Type() string {
+	if v.kind == "list" {
+		return "strings"
+	}
+	return v.kind
+}
+
+func (v *keyValue) Set(s string) error {
+	c := config.Default()
+	if err := c.Set(v.key, s); err != nil {
+		return err
+	}
+	v.val = s
+	return nil
 }
 
 func newLogger(w io.Writer, level, format string) *slog.Logger {
