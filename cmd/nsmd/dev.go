@@ -3,10 +3,14 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -14,8 +18,20 @@ import (
 )
 
 // devCluster is N agents in one process on 127.0.0.1..N with a loopback VIP.
+// It owns its nodes: one killed by a crash drill is started again on its
+// data directory after RestartAfter (a rebooted server), so
+// `nsmd drill --kill --runs N` completes every run.
 type devCluster struct {
-	agents []*agent
+	agents []*agent // guarded by mu once the cluster runs (restarts replace entries)
+	cfgs   []config.Config
+	opts   []agentOptions
+	after  time.Duration
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	closed bool
+	done   chan struct{}
+	wg     sync.WaitGroup // restarts in progress
 }
 
 type devOptions struct {
@@ -27,6 +43,9 @@ type devOptions struct {
 	AdminPort  int
 	GossipPort int
 	LogLevel   string
+	// RestartAfter > 0 starts a node killed by a crash drill again after
+	// that long; 0 leaves it down.
+	RestartAfter time.Duration
 	// Tune lets a test adjust each node's config before it starts.
 	Tune func(*config.Config)
 }
@@ -66,10 +85,14 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 		}
 		cfgs[i] = c
 	}
-	d := &devCluster{}
-	for _, c := range cfgs {
+	d := &devCluster{cfgs: cfgs, after: o.RestartAfter, log: opts.Logger, done: make(chan struct{})}
+	for i, c := range cfgs {
 		nodeOpts := opts
-		nodeOpts.Crash = func(a *agent) { a.kill() } // one node of this process, not the process
+		nodeOpts.Crash = func(a *agent) { // one node of this process, not the process
+			a.kill()
+			d.restartLater(i)
+		}
+		d.opts = append(d.opts, nodeOpts)
 		a, err := startAgent(c, nodeOpts)
 		if err != nil {
 			d.Close()
@@ -80,9 +103,66 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 	return d, nil
 }
 
+// agent returns node i's current agent (a restart replaces it).
+func (d *devCluster) agent(i int) *agent {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.agents[i]
+}
+
+// restartLater starts node i again on its data directory after d.after,
+// retrying every second while its ports are still being released.
+func (d *devCluster) restartLater(i int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.after <= 0 || d.closed {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		wait := d.after
+		for attempt := 1; ; attempt++ {
+			t := time.NewTimer(wait)
+			select {
+			case <-d.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			a, err := startAgent(d.cfgs[i], d.opts[i])
+			if err != nil {
+				d.log.Warn("dev: cannot restart a killed node yet", "node", d.cfgs[i].NodeID, "attempt", attempt, "err", err)
+				wait = time.Second
+				continue
+			}
+			d.mu.Lock()
+			if d.closed {
+				d.mu.Unlock()
+				a.Close()
+				return
+			}
+			d.agents[i] = a
+			d.mu.Unlock()
+			d.log.Info("dev: restarted a node killed by a crash drill (a rebooted server: same data, sm_state rises)", "node", d.cfgs[i].NodeID, "after", d.after)
+			return
+		}
+	}()
+}
+
 func (d *devCluster) Close() error {
+	d.mu.Lock()
+	if !d.closed {
+		d.closed = true
+		close(d.done)
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	d.mu.Lock()
+	agents := slices.Clone(d.agents)
+	d.mu.Unlock()
 	var errs []error
-	for _, a := range d.agents {
+	for _, a := range agents {
 		errs = append(errs, a.Close())
 	}
 	return errors.Join(errs...)
@@ -140,5 +220,6 @@ is given (then a restart keeps registrations and raises sm_state).`,
 	f.IntVar(&o.AdminPort, "admin-port", 8024, "admin API port on every node")
 	f.IntVar(&o.GossipPort, "gossip-port", 7946, "gossip port on every node")
 	f.StringVar(&o.LogLevel, "log-level", "info", "debug | info | warn | error")
+	f.DurationVar(&o.RestartAfter, "restart-after", 2*time.Second, "start a node killed by a crash drill again after this long (0: leave it down)")
 	return cmd
 }

@@ -171,9 +171,10 @@ on the leader, which must run with drill_crash: true, as nsmd dev does) or
 are found from /v1/members by probing their NSM host with the given admin
 ports, which finds every node of nsmd dev from one address; otherwise list
 all admin addresses. Between runs the drill waits (up to --timeout) for the
-cluster to be healthy and for a killed node to come back; if it does not
-(nsmd dev never restarts a killed node) and another leader kill would leave
-no quorum, the drill stops early and says so.`,
+cluster to be healthy and for a killed node to come back (nsmd dev restarts
+it after --restart-after; systemd does with Restart=on-failure); if it does
+not and another leader kill would leave no quorum, the drill stops early and
+says so.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, a := range strings.Split(admins, ",") {
@@ -549,7 +550,7 @@ func (d *drill) waitHealthy(ctx context.Context, run int) (drillNode, error) {
 		}
 		slices.Sort(ids)
 		return drillNode{}, &drillStop{fmt.Sprintf(
-			"stopping after run %d: killed node %s did not come back within %v (nsmd dev never restarts a killed node), and killing another leader would leave %d of %d voters: no quorum",
+			"stopping after run %d: killed node %s did not come back within %v (nothing restarted it: nsmd dev does after --restart-after, a real node needs its supervisor), and killing another leader would leave %d of %d voters: no quorum",
 			run-1, strings.Join(ids, ", "), d.o.Timeout, d.votersUp()-1, d.voters)}
 	}
 	return drillNode{}, fmt.Errorf("drill: cluster not healthy within %v: %s", d.o.Timeout, why)

@@ -267,3 +267,49 @@ func TestNiceStepAndPercentile(t *testing.T) {
 		t.Error("percentile")
 	}
 }
+
+// TestDrillKillRunsOnDevRestart: nsmd dev restarts the node a crash drill
+// killed (RestartAfter), so `drill --kill --runs 3` completes every run —
+// each a SIGKILL-like crash of the current leader, a new leader with the
+// state raised by 2 — and the report aggregates them.
+func TestDrillKillRunsOnDevRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	t.Parallel()
+	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.123"}
+	o := devOptions{
+		Nodes: 3, DataDir: t.TempDir(), VIP: "127.0.0.123", LogLevel: "warn", RestartAfter: 300 * time.Millisecond,
+		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
+		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
+	}
+	d, err := startDev(o, agentOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	devLeader(t, d, nil, 10*time.Second)
+	var progress bytes.Buffer
+	rep, err := runDrill(context.Background(), drillOptions{
+		Admins: []string{d.agent(0).AdminURL(), d.agent(1).AdminURL(), d.agent(2).AdminURL()},
+		VIP:    fmt.Sprintf("%s:%d", o.VIP, o.NSMPort),
+		Fault:  drillKill, Runs: 3, Timeout: 15 * time.Second, Poll: 10 * time.Millisecond, Progress: &progress,
+	})
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, progress.String())
+	}
+	if len(rep.Runs) != 3 || rep.Stopped != "" {
+		t.Fatalf("%d runs (stopped: %q), want 3\n%s", len(rep.Runs), rep.Stopped, progress.String())
+	}
+	killed := map[string]bool{}
+	for _, r := range rep.Runs {
+		checkDrillRun(t, r)
+		killed[r.OldLeader] = true
+	}
+	for _, st := range drillStats(rep.Runs) {
+		if st.N != 3 || st.P50MS <= 0 || st.MaxMS < st.P50MS {
+			t.Errorf("milestone %s over the runs: %+v, want 3 runs with p50 ≤ max", st.Name, st)
+		}
+	}
+	t.Logf("3 kill runs on nsmd dev, leaders killed %v", killed)
+}
