@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -508,4 +509,123 @@ func TestMonitoringMetricsMoveOnFailover(t *testing.T) {
 		t.Errorf("after the failover: %v VIP holders, new leader %v; want exactly the new leader", holders, s[next]["nsmd_vip_held"])
 	}
 	t.Logf("planned failover: %.1f ms from last contact with the old leader to serving (transfer call to observed: %v)", sum*1000, took.Round(time.Millisecond))
+}
+
+// TestPrometheusScrapesClusterAndCountsOneVIPHolder: a real Prometheus
+// (Debian's) scrapes a TLS dev cluster as README's Monitoring section says
+// (HTTPS, the CA only) with the rules loaded: it sees three nodes up, the
+// recording rules count exactly one VIP holder and one leader, no alert
+// fires, and every dashboard query runs on its engine.
+func TestPrometheusScrapesClusterAndCountsOneVIPHolder(t *testing.T) {
+	bin, err := exec.LookPath("prometheus")
+	if err != nil {
+		t.Skip("prometheus not installed (Debian package prometheus; .ci/run installs it)")
+	}
+	rules, err := filepath.Abs(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, _, _ := startMonitoredDev(t, "127.0.0.47")
+	devLeader(t, dc, nil, 10*time.Second)
+	dir := t.TempDir()
+	var targets []string
+	for _, a := range dc.agents {
+		targets = append(targets, fmt.Sprintf("'%s'", a.adminLn.Addr()))
+	}
+	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: ['%s']
+scrape_configs:
+  - job_name: nsmd
+    scheme: https
+    tls_config: {ca_file: '%s'}
+    static_configs: [{targets: [%s]}]
+`, rules, dc.agents[0].cfg.TLSCA, strings.Join(targets, ", "))
+	writeFile(t, filepath.Join(dir, "prometheus.yml"), cfg)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(portFreeOn(t, "127.0.0.1")))
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr, "--log.level=warn")
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("prometheus log:\n%s", logs.String())
+		}
+	})
+	type sample struct {
+		Metric map[string]string `json:"metric"`
+		Value  [2]any            `json:"value"`
+	}
+	query := func(q string) ([]sample, error) {
+		resp, err := http.Get("http://" + addr + "/api/v1/query?query=" + url.QueryEscape(q))
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		var r struct {
+			Status string `json:"status"`
+			Error  string `json:"error"`
+			Data   struct {
+				Result []sample `json:"result"`
+			} `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			return nil, err
+		}
+		if r.Status != "success" {
+			return nil, fmt.Errorf("%s: %s", r.Status, r.Error)
+		}
+		return r.Data.Result, nil
+	}
+	value := func(q string) string {
+		s, err := query(q)
+		if err != nil || len(s) != 1 {
+			return fmt.Sprintf("%d results, err %v", len(s), err)
+		}
+		v, _ := s[0].Value[1].(string)
+		return v
+	}
+	// Every node scraped three times, and the rules evaluated since.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, _ := strconv.Atoi(value(`sum(count_over_time(up{job="nsmd"}[1m]))`))
+		if n >= 9 && value(`count(nsmd:vip_holders:sum)`) == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prometheus did not scrape the cluster 9 times in 30s: up %v", value(`up`))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, c := range []struct{ q, want string }{
+		{`sum(up{job="nsmd"})`, "3"},
+		{`nsmd:vip_holders:sum{job="nsmd"}`, "1"},
+		{`nsmd:leaders:sum{job="nsmd"}`, "1"},
+		{`nsmd:nodes_ready:sum{job="nsmd"}`, "3"},
+	} {
+		if got := value(c.q); got != c.want {
+			t.Errorf("%s = %s, want %s", c.q, got, c.want)
+		}
+	}
+	// Nothing fires or is pending, but for the grace a fresh takeover opened.
+	alerts, err := query(`ALERTS`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range alerts {
+		if a.Metric["alertname"] != "NsmdGraceOpenTooLong" || a.Metric["alertstate"] != "pending" {
+			t.Errorf("alert in a healthy cluster: %v", a.Metric)
+		}
+	}
+	d := loadDashboard(t)
+	vars := strings.NewReplacer("$__rate_interval", "5s", "$__interval", "1s", "$job", "nsmd", "$instance", ".*")
+	for _, e := range d.exprs {
+		if _, err := query(vars.Replace(e)); err != nil {
+			t.Errorf("dashboard query %s: %v", e, err)
+		}
+	}
 }
