@@ -117,8 +117,12 @@ func (d *diskHealth) probe() error {
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	_, werr := f.Write(make([]byte, probeSize))
 	serr := f.Sync()
+	if werr == nil && serr == nil {
+		d.n.metrics.diskWrite.WithLabelValues("probe").Observe(time.Since(start).Seconds())
+	}
 	cerr := f.Close()
 	os.Remove(p)
 	return errors.Join(werr, serr, cerr)
@@ -173,47 +177,53 @@ func (d *diskHealth) run(done <-chan struct{}, probeEvery time.Duration) {
 	}
 }
 
-// guardedLogs reports the log store's write failures to diskHealth.
+// wrote records one store write that started at start: its time, or its
+// failure.
+func (d *diskHealth) wrote(op, what string, start time.Time, err error) {
+	if err != nil {
+		d.failed(what, err)
+		return
+	}
+	d.n.metrics.diskWrite.WithLabelValues(op).Observe(time.Since(start).Seconds())
+}
+
+// guardedLogs reports the log store's write times and failures to diskHealth.
 type guardedLogs struct {
 	raft.LogStore
 	d *diskHealth
 }
 
 func (g guardedLogs) StoreLog(l *raft.Log) error {
+	start := time.Now()
 	err := g.LogStore.StoreLog(l)
-	if err != nil {
-		g.d.failed("raft log", err)
-	}
+	g.d.wrote("raft_log", "raft log", start, err)
 	return err
 }
 
 func (g guardedLogs) StoreLogs(ls []*raft.Log) error {
+	start := time.Now()
 	err := g.LogStore.StoreLogs(ls)
-	if err != nil {
-		g.d.failed("raft log", err)
-	}
+	g.d.wrote("raft_log", "raft log", start, err)
 	return err
 }
 
-// guardedStable reports the stable store's write failures to diskHealth.
+// guardedStable reports the stable store's write times and failures to diskHealth.
 type guardedStable struct {
 	raft.StableStore
 	d *diskHealth
 }
 
 func (g guardedStable) Set(k, v []byte) error {
+	start := time.Now()
 	err := g.StableStore.Set(k, v)
-	if err != nil {
-		g.d.failed("raft stable store", err)
-	}
+	g.d.wrote("raft_stable", "raft stable store", start, err)
 	return err
 }
 
 func (g guardedStable) SetUint64(k []byte, v uint64) error {
+	start := time.Now()
 	err := g.StableStore.SetUint64(k, v)
-	if err != nil {
-		g.d.failed("raft stable store", err)
-	}
+	g.d.wrote("raft_stable", "raft stable store", start, err)
 	return err
 }
 

@@ -131,6 +131,9 @@ func (n *Node) lead(ctx context.Context) {
 	tl.OnLeaderDone = time.Now()
 	n.setTimeline(tl)
 	n.metrics.takeoverSeconds.Observe(time.Since(start).Seconds())
+	if !lastContact.IsZero() { // a failover: there was a leader before us
+		n.metrics.failoverSeconds.Observe(tl.OnLeaderDone.Sub(lastContact).Seconds())
+	}
 
 	state := res.State
 	for {

@@ -13,6 +13,8 @@ type metrics struct {
 	applyLatency    prometheus.Histogram
 	takeovers       prometheus.Counter
 	takeoverSeconds prometheus.Histogram
+	failoverSeconds prometheus.Histogram
+	diskWrite       *prometheus.HistogramVec
 	leaderChanges   prometheus.Counter
 	forwarded       *prometheus.CounterVec
 	witnessHandoffs *prometheus.CounterVec
@@ -36,6 +38,16 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 			Name: "nsmd_takeover_duration_seconds", Help: "From leadership gained to the notifier started.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
+		failoverSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "nsmd_failover_duration_seconds",
+			Help:    "From this node's last contact with the previous leader to it serving as the new leader (takeover committed, VIP held, on_leader hook done). Not observed on a first election (no previous leader known).",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 15, 30, 60, 120},
+		}),
+		diskWrite: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "nsmd_disk_write_duration_seconds",
+			Help:    "Writes to the data directory, fsync included, by op: raft_log (a raft log store commit), raft_stable (term/vote), probe (the disk probe's 64 KiB write and fsync).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"op"}),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_leader_changes_total", Help: "Leadership changes observed by this node.",
 		}),
@@ -53,7 +65,8 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	cs := []prometheus.Collector{
-		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors,
+		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
+		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors,
 		gauge("nsmd_disk_writable", "1 while the data directory takes writes; 0 while it does not and this node stays out of elections.", func() float64 {
 			if n.disk == nil || n.disk.writable() {
 				return 1
@@ -62,6 +75,12 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		}),
 		gauge("nsmd_is_leader", "1 when this node is the raft leader.", func() float64 {
 			if n.raft != nil && n.raft.State() == raft.Leader {
+				return 1
+			}
+			return 0
+		}),
+		gauge("nsmd_ready", "1 while this node knows the current sm_state and answers NSM calls (what /readyz checks).", func() float64 {
+			if n.raft != nil && n.Ready() {
 				return 1
 			}
 			return 0
@@ -89,6 +108,17 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 			}
 			return 0
 		}),
+	}
+	for _, op := range []string{"raft_log", "raft_stable", "probe"} {
+		m.diskWrite.WithLabelValues(op)
+	}
+	if n.cfg.VIP != nil { // every VIP mode; a witness has none
+		cs = append(cs, gauge("nsmd_vip_held", "1 while this node holds the VIP (for vip_mode netlink: acquired and present on the interface).", func() float64 {
+			if n.VIPHeld() {
+				return 1
+			}
+			return 0
+		}))
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

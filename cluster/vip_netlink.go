@@ -162,8 +162,9 @@ type vipRun struct {
 	err    error // the loop's final delete, readable once done is closed
 }
 
+// vipMetrics: whether the VIP is held is nsmd_vip_held, exported by the
+// node for every VIP mode (Held).
 type vipMetrics struct {
-	held          prometheus.Gauge
 	acquired      prometheus.Counter
 	readded       prometheus.Counter
 	announcements prometheus.Counter
@@ -171,9 +172,6 @@ type vipMetrics struct {
 
 func newVIPMetrics(reg prometheus.Registerer) (vipMetrics, error) {
 	m := vipMetrics{
-		held: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "nsmd_vip_held", Help: "1 while this node holds the VIP (acquired and present on the interface).",
-		}),
 		acquired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_vip_acquired_total", Help: "Times this node acquired the VIP.",
 		}),
@@ -187,7 +185,7 @@ func newVIPMetrics(reg prometheus.Registerer) (vipMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.held, m.acquired, m.readded, m.announcements} {
+	for _, c := range []prometheus.Collector{m.acquired, m.readded, m.announcements} {
 		if err := reg.Register(c); err != nil {
 			return m, fmt.Errorf("vip: register metrics: %w", err)
 		}
@@ -271,7 +269,6 @@ func (v *NetlinkVIP) Acquire(ctx context.Context) error {
 		return fmt.Errorf("vip: acquire: %w", err)
 	}
 	v.m.acquired.Inc()
-	v.m.held.Set(1)
 	v.log.Info("VIP acquired", "lifetime", v.cfg.Lifetime, "refresh", v.cfg.Refresh)
 	v.announce()
 	rctx, cancel := context.WithCancelCause(ctx)
@@ -378,7 +375,6 @@ func (v *NetlinkVIP) announce() {
 func (v *NetlinkVIP) loop(ctx context.Context, r *vipRun, renewed time.Time) {
 	defer close(r.done)
 	defer func() {
-		v.m.held.Set(0)
 		if errors.Is(context.Cause(ctx), errVIPAbandoned) {
 			return
 		}
@@ -416,7 +412,6 @@ func (v *NetlinkVIP) loop(ctx context.Context, r *vipRun, renewed time.Time) {
 				// lifetime: the kernel has dropped the address and another
 				// node may have taken it. Give the leader loop one lifetime
 				// to notice a lost leadership and release before re-adding.
-				v.m.held.Set(0)
 				v.log.Warn("VIP renewal stalled past its lifetime; waiting before re-adding",
 					"stalled", gap.Round(time.Millisecond), "wait", v.cfg.Lifetime)
 				t := time.NewTimer(v.cfg.Lifetime)
@@ -458,11 +453,9 @@ func (v *NetlinkVIP) refresh() (ok, readded bool) {
 		}
 	}
 	if err != nil {
-		v.m.held.Set(0)
 		v.log.Error("cannot renew the VIP", "err", err)
 		return false, false
 	}
-	v.m.held.Set(1)
 	if !present {
 		v.m.readded.Inc()
 		v.log.Warn("VIP was missing from the interface; added it again")

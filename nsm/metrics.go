@@ -67,6 +67,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Datagrams the SM_NOTIFY fan-out sent, by call (getport, notify) and kind (first to a host, retry).",
 		}, []string{"call", "kind"}),
 	}
+	// Known label values start at zero, so that a first failure shows up
+	// in rate() and increase() (and in alerts on them).
+	for _, o := range []string{"delivered", "retried", "failed", "dropped"} {
+		m.callbacks.WithLabelValues(o)
+	}
 	for i, call := range []string{"notify", "getport"} {
 		for j, kind := range []string{"first", "retry"} {
 			m.notifySendsBy[i][j] = m.notifySends.WithLabelValues(call, kind)

@@ -43,8 +43,15 @@ func NewRefusals(log *slog.Logger, reg prometheus.Registerer) (*Refusals, error)
 		log: log, interval: time.Minute, now: time.Now, seen: map[string]*refusalLog{},
 		counter: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_tls_handshake_failures_total",
-			Help: "TLS handshakes refused, by listener (raft, admin, raft_dial) and reason (plaintext, no_certificate, unknown_authority, expired, wrong_name, timeout, other).",
+			Help: "TLS handshakes refused, by listener (raft, admin, raft_dial) and reason (plaintext, no_certificate, unknown_authority, expired, invalid_certificate, wrong_name, timeout, other).",
 		}, []string{"listener", "reason"}),
+	}
+	// Every series from zero, so that the first refusal of a kind shows
+	// up in rate() and increase() (and in alerts on them).
+	for _, l := range []string{"raft", "raft_dial", "admin"} {
+		for _, reason := range reasons {
+			r.counter.WithLabelValues(l, reason)
+		}
 	}
 	if reg != nil {
 		if err := reg.Register(r.counter); err != nil {
@@ -116,6 +123,9 @@ func peerHost(a net.Addr) string {
 	}
 	return a.String()
 }
+
+// reasons are the values Reason gives for a refusal.
+var reasons = []string{"plaintext", "no_certificate", "unknown_authority", "expired", "invalid_certificate", "wrong_name", "timeout", "other"}
 
 // Reason classifies a handshake error for the metric.
 func Reason(err error) string {
