@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -303,6 +304,11 @@ func TestDrillKillRunsOnDevRestart(t *testing.T) {
 	}
 	killed := map[string]bool{}
 	for _, r := range rep.Runs {
+		if !r.complete() {
+			// A stalled election: say where every goroutine was.
+			buf := make([]byte, 8<<20)
+			t.Logf("run %d incomplete; goroutines:\n%s", r.Run, buf[:runtime.Stack(buf, true)])
+		}
 		checkDrillRun(t, r)
 		killed[r.OldLeader] = true
 	}
