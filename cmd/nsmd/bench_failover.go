@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/nsmd/nsmd/bench/drill"
 )
 
 // benchFailoverOptions: the drill to repeat, and where. With Drill.Admins
@@ -21,7 +23,7 @@ import (
 // in-process node does not come back and the next kill would leave no
 // quorum; for a transfer, one for all runs.
 type benchFailoverOptions struct {
-	Drill    drillOptions
+	Drill    drill.Options
 	Nodes    int    // own cluster: nodes
 	VIP      string // own cluster: loopback VIP
 	DataDir  string // own cluster: parent of the node directories
@@ -32,22 +34,22 @@ type benchFailoverOptions struct {
 // benchFailoverReport is the drill's report plus the figure the bench is
 // about: fault → the VIP answers SM_STAT with the new state.
 type benchFailoverReport struct {
-	*drillReport
-	Cluster  string    `json:"cluster"` // "given" or what the bench started
-	Failover drillStat `json:"failover"`
+	*drill.Report
+	Cluster  string     `json:"cluster"` // "given" or what the bench started
+	Failover drill.Stat `json:"failover"`
 }
 
 func runBenchFailover(ctx context.Context, o benchFailoverOptions) (*benchFailoverReport, error) {
 	var (
-		rep *drillReport
+		rep *drill.Report
 		err error
 	)
 	cluster := "given (--admin)"
 	if len(o.Drill.Admins) > 0 {
-		rep, err = runDrill(ctx, o.Drill)
+		rep, err = drill.Run(ctx, o.Drill)
 	} else {
 		cluster = fmt.Sprintf("in-process, %d nodes on 127.0.0.1-%d, VIP %s", o.Nodes, o.Nodes, o.VIP)
-		if o.Drill.Fault == drillKill {
+		if o.Drill.Fault == drill.FaultKill {
 			cluster += ", a fresh cluster for each run"
 		}
 		rep, err = benchOwnClusterDrill(ctx, o)
@@ -55,12 +57,12 @@ func runBenchFailover(ctx context.Context, o benchFailoverOptions) (*benchFailov
 	if err != nil {
 		return nil, err
 	}
-	return &benchFailoverReport{drillReport: rep, Cluster: cluster, Failover: rep.Stats[msState]}, nil
+	return &benchFailoverReport{Report: rep, Cluster: cluster, Failover: rep.Stats[drill.MilestoneState]}, nil
 }
 
 // benchOwnClusterDrill runs the drill against clusters of its own.
-func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillReport, error) {
-	if o.Drill.Fault == drillKillCmd {
+func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drill.Report, error) {
+	if o.Drill.Fault == drill.FaultKillCmd {
 		return nil, errors.New("bench failover: --kill-cmd needs a cluster of yours (--admin)")
 	}
 	if o.Nodes < 2 {
@@ -85,13 +87,13 @@ func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillRe
 		log, level = newLogger(io.Discard, "error", "text"), "error"
 	}
 	// start brings up cluster number i in its own data directory.
-	start := func(i int) (*devCluster, drillOptions, error) {
+	start := func(i int) (*devCluster, drill.Options, error) {
 		d, err := startDev(devOptions{
 			Nodes: o.Nodes, DataDir: fmt.Sprintf("%s/cluster%d", dir, i), VIP: o.VIP, LogLevel: level,
 			NSMPort: ports[0], RaftPort: ports[1], AdminPort: ports[2], GossipPort: ports[3],
 		}, agentOptions{Logger: log})
 		if err != nil {
-			return nil, drillOptions{}, fmt.Errorf("bench failover: start a cluster: %w", err)
+			return nil, drill.Options{}, fmt.Errorf("bench failover: start a cluster: %w", err)
 		}
 		do := o.Drill
 		do.Admins = nil
@@ -102,17 +104,17 @@ func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillRe
 		return d, do, nil
 	}
 
-	if o.Drill.Fault != drillKill { // transfers: one cluster survives them all
+	if o.Drill.Fault != drill.FaultKill { // transfers: one cluster survives them all
 		d, do, err := start(1)
 		if err != nil {
 			return nil, err
 		}
 		defer d.Close()
-		return runDrill(ctx, do)
+		return drill.Run(ctx, do)
 	}
 
 	runs := max(o.Drill.Runs, 1)
-	var all *drillReport
+	var all *drill.Report
 	for i := 1; i <= runs; i++ {
 		d, do, err := start(i)
 		if err != nil {
@@ -126,7 +128,7 @@ func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillRe
 		if do.Progress != nil && runs > 1 {
 			fmt.Fprintf(do.Progress, "cluster %d/%d up\n", i, runs)
 		}
-		rep, err := runDrill(ctx, do)
+		rep, err := drill.Run(ctx, do)
 		d.Close()
 		if err != nil {
 			if all == nil {
@@ -154,7 +156,7 @@ func benchOwnClusterDrill(ctx context.Context, o benchFailoverOptions) (*drillRe
 			break
 		}
 	}
-	all.Stats = drillStats(all.Runs)
+	all.Stats = drill.Stats(all.Runs)
 	return all, nil
 }
 
@@ -200,9 +202,9 @@ func freePortsOn(ips []string, n int) ([]int, error) {
 // new state), the distribution of every milestone, and failed runs.
 func printBenchFailover(w io.Writer, rep *benchFailoverReport) error {
 	fmt.Fprintf(w, "\nbench failover: %s, %d of %d runs, VIP %s, cluster %s, polling every %s\n\n",
-		faultLabel(rep.Fault), len(rep.Runs), rep.Asked, rep.VIP, rep.Cluster, fmtMS(rep.PollMS))
+		drill.FaultLabel(rep.Fault), len(rep.Runs), rep.Asked, rep.VIP, rep.Cluster, drill.FormatMS(rep.PollMS))
 	verb := "kill"
-	if rep.Fault == drillTransfer {
+	if rep.Fault == drill.FaultTransfer {
 		verb = "transfer"
 	}
 	st := rep.Failover
@@ -210,7 +212,7 @@ func printBenchFailover(w io.Writer, rep *benchFailoverReport) error {
 		fmt.Fprintf(w, "%s → VIP answers SM_STAT with the new state: never reached\n", verb)
 	} else {
 		fmt.Fprintf(w, "%s → VIP answers SM_STAT with the new state: p50 %s  p90 %s  max %s  (min %s, %d runs)\n",
-			verb, fmtMS(st.P50MS), fmtMS(st.P90MS), fmtMS(st.MaxMS), fmtMS(st.MinMS), st.N)
+			verb, drill.FormatMS(st.P50MS), drill.FormatMS(st.P90MS), drill.FormatMS(st.MaxMS), drill.FormatMS(st.MinMS), st.N)
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -220,13 +222,13 @@ func printBenchFailover(w io.Writer, rep *benchFailoverReport) error {
 			fmt.Fprintf(tw, "%s\t0\t-\t-\t-\t-\t\n", s.Label)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", s.Label, s.N, fmtMS(s.MinMS), fmtMS(s.P50MS), fmtMS(s.P90MS), fmtMS(s.MaxMS))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", s.Label, s.N, drill.FormatMS(s.MinMS), drill.FormatMS(s.P50MS), drill.FormatMS(s.P90MS), drill.FormatMS(s.MaxMS))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, r := range rep.Runs {
-		if !r.complete() {
+		if !r.Complete() {
 			fmt.Fprintf(w, "run %d FAILED: %s\n", r.Run, dash(r.Err))
 		}
 	}
@@ -242,6 +244,7 @@ func benchFailoverCmd() *cobra.Command {
 		admins, killCmd  string
 		plot, report     string
 		transfer, asJSON bool
+		auth             adminAuth
 	)
 	cmd := &cobra.Command{
 		Use:   "failover [--admin ADDRS] --runs K",
@@ -266,12 +269,13 @@ when another kill would leave no quorum.`,
 			}
 			switch {
 			case transfer:
-				o.Drill.Fault = drillTransfer
+				o.Drill.Fault = drill.FaultTransfer
 			case killCmd != "":
-				o.Drill.Fault, o.Drill.KillCmd = drillKillCmd, killCmd
+				o.Drill.Fault, o.Drill.KillCmd = drill.FaultKillCmd, killCmd
 			default:
-				o.Drill.Fault = drillKill
+				o.Drill.Fault = drill.FaultKill
 			}
+			o.Drill.Auth = drillAuth{&auth}
 			o.Drill.Progress = cmd.ErrOrStderr()
 			o.Drill.TTY = isTerminal(o.Drill.Progress)
 			o.LogTo = cmd.ErrOrStderr()
@@ -284,18 +288,18 @@ when another kill would leave no quorum.`,
 				return err
 			}
 			if plot != "" {
-				if err := writeSVGFile(plot, drillTimelineSVG(rep.drillReport)); err != nil {
+				if err := writeSVGFile(plot, drill.TimelineSVG(rep.Report)); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.ErrOrStderr(), "timeline written to %s\n", plot)
 			}
 			if report != "" {
-				if err := writeDrillReportFile(report, rep.drillReport); err != nil {
+				if err := drill.WriteReportFile(report, rep.Report); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.ErrOrStderr(), "report written to %s\n", report)
 			}
-			if n := rep.failed(); n > 0 {
+			if n := rep.Failed(); n > 0 {
 				return fmt.Errorf("bench failover: %d of %d runs did not reach every milestone within %v", n, len(rep.Runs), o.Drill.Timeout)
 			}
 			if len(rep.Runs) < rep.Asked {
@@ -306,7 +310,7 @@ when another kill would leave no quorum.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&admins, "admin", "", "admin API address(es) of your cluster, comma separated (default: start an in-process cluster)")
-	o.Drill.Auth.flags(f)
+	auth.flags(f)
 	f.StringVar(&o.Drill.VIP, "vip-addr", "", "with --admin: NSM address on the VIP (host:port; default: status vip + the leader's NSM port)")
 	f.BoolVar(&transfer, "transfer", false, "planned leadership transfer instead of a crash")
 	f.StringVar(&killCmd, "kill-cmd", "", "with --admin: shell command that kills the leader (env NSMD_LEADER_ID, NSMD_LEADER_ADMIN)")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -476,8 +477,8 @@ func latencySummary(sorted []float64) benchLatency {
 		sum += v
 	}
 	l.MinMS, l.MeanMS, l.MaxMS = sorted[0], sum/float64(len(sorted)), sorted[len(sorted)-1]
-	l.P50MS, l.P90MS = percentile(sorted, 0.5), percentile(sorted, 0.9)
-	l.P99MS, l.P999MS = percentile(sorted, 0.99), percentile(sorted, 0.999)
+	l.P50MS, l.P90MS = drill.Percentile(sorted, 0.5), drill.Percentile(sorted, 0.9)
+	l.P99MS, l.P999MS = drill.Percentile(sorted, 0.99), drill.Percentile(sorted, 0.999)
 	return l
 }
 
@@ -588,7 +589,7 @@ func printBenchMon(w io.Writer, rep *benchMonReport) error {
 	row := func(name string, calls, ok int, errs map[string]int, perSec float64, l benchLatency) {
 		lat := []string{"-", "-", "-", "-"}
 		if l.N > 0 {
-			lat = []string{fmtMS(l.P50MS), fmtMS(l.P90MS), fmtMS(l.P99MS), fmtMS(l.MaxMS)}
+			lat = []string{drill.FormatMS(l.P50MS), drill.FormatMS(l.P90MS), drill.FormatMS(l.P99MS), drill.FormatMS(l.MaxMS)}
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t", name, calls, ok, errs["stat_fail"], benchRPCErrors(errs), errs["timeout"], perSec, strings.Join(lat, "\t"))
 		fmt.Fprintln(tw)
@@ -602,9 +603,9 @@ func printBenchMon(w io.Writer, rep *benchMonReport) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\n%d calls in %s: %.0f calls/s, %.0f ok/s", rep.Calls, fmtDur(time.Duration(rep.ElapsedS*float64(time.Second))), rep.CallsPS, rep.OKPS)
+	fmt.Fprintf(w, "\n%d calls in %s: %.0f calls/s, %.0f ok/s", rep.Calls, drill.FormatDuration(time.Duration(rep.ElapsedS*float64(time.Second))), rep.CallsPS, rep.OKPS)
 	if rep.Latency.N > 0 {
-		fmt.Fprintf(w, "; latency mean %s, p99.9 %s", fmtMS(rep.Latency.MeanMS), fmtMS(rep.Latency.P999MS))
+		fmt.Fprintf(w, "; latency mean %s, p99.9 %s", drill.FormatMS(rep.Latency.MeanMS), drill.FormatMS(rep.Latency.P999MS))
 	}
 	fmt.Fprintln(w)
 	if rep.Failed > 0 {

@@ -24,6 +24,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/spf13/cobra"
 
+	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -580,7 +581,7 @@ func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool,
 	p.Notified = len(ms)
 	if len(ms) > 0 {
 		p.FirstMS, p.MaxMS = ms[0], ms[len(ms)-1]
-		p.P50MS, p.P90MS, p.P99MS = percentile(ms, 0.5), percentile(ms, 0.9), percentile(ms, 0.99)
+		p.P50MS, p.P90MS, p.P99MS = drill.Percentile(ms, 0.5), drill.Percentile(ms, 0.9), drill.Percentile(ms, 0.99)
 		p.CompleteMS = p.MaxMS
 		step := max(1, len(ms)/400)
 		for i := 0; i < len(ms); i += step {
@@ -975,16 +976,16 @@ func printBenchNotify(w io.Writer, r *benchNotifyReport) {
 	fmt.Fprintf(w, "nsmd bench notify: %d hosts (%d live, %d dead: %s), fault %s, %d nodes in one process, %d CPUs, netns %s\n",
 		r.Hosts, r.Live, r.Dead, r.DeadMode, r.Fault, r.Nodes, r.CPUs, r.Netns)
 	fmt.Fprintf(w, "  each fake host: portmapper on its 127.x.y.z:111, statd on %s\n", r.StatdPort)
-	fmt.Fprintf(w, "  registration: %d SM_MON committed in %s (%.0f/s)\n", r.Hosts, fmtMS(r.RegisterMS), r.RegisterPS)
-	fmt.Fprintf(w, "  %s → takeover: %s (sm_state %d → %d, notify name %s)\n", r.Fault, fmtMS(r.FaultToTkMS), r.OldState, r.NewState, r.NotifyName)
+	fmt.Fprintf(w, "  registration: %d SM_MON committed in %s (%.0f/s)\n", r.Hosts, drill.FormatMS(r.RegisterMS), r.RegisterPS)
+	fmt.Fprintf(w, "  %s → takeover: %s (sm_state %d → %d, notify name %s)\n", r.Fault, drill.FormatMS(r.FaultToTkMS), r.OldState, r.NewState, r.NotifyName)
 	fmt.Fprintf(w, "\n  %-10s %13s %10s %9s %9s %9s %9s %9s %11s %11s\n", "", "notified", "all done", "first", "p50", "p90", "p99", "max", "NOTIFY rx", "GETPORT rx")
 	row := func(label string, p *benchNotifyPhase) {
-		done := fmtMS(p.CompleteMS)
+		done := drill.FormatMS(p.CompleteMS)
 		if p.Notified < p.Live {
 			done = ">" + done
 		}
 		fmt.Fprintf(w, "  %-10s %13s %10s %9s %9s %9s %9s %9s %11d %11d\n", label, fmt.Sprintf("%d/%d", p.Notified, p.Live),
-			done, fmtMS(p.FirstMS), fmtMS(p.P50MS), fmtMS(p.P90MS), fmtMS(p.P99MS), fmtMS(p.MaxMS), p.NotifyRx, p.GetportRx)
+			done, drill.FormatMS(p.FirstMS), drill.FormatMS(p.P50MS), drill.FormatMS(p.P90MS), drill.FormatMS(p.P99MS), drill.FormatMS(p.MaxMS), p.NotifyRx, p.GetportRx)
 	}
 	row("nsmd", &r.NSMD)
 	if r.SMNotify != nil {
@@ -1044,7 +1045,7 @@ func benchNotifySVG(r *benchNotifyReport) string {
 	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">SM_NOTIFY fan-out: %d hosts (%d live, %d dead), fault %s</text>`+"\n", left, r.Hosts, r.Live, r.Dead, r.Fault)
 	for d := lo; d <= hi; d *= 10 {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x(d), top, x(d), H-bottom)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x(d), H-bottom+16, fmtMS(d))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x(d), H-bottom+16, drill.FormatMS(d))
 	}
 	for _, f := range []float64{0, 0.25, 0.5, 0.75, 1} {
 		n := int(f * float64(r.Live))
@@ -1060,7 +1061,7 @@ func benchNotifySVG(r *benchNotifyReport) string {
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(c.MS), y(c.Count)))
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", colors[i], strings.Join(pts, " "))
-		label := fmt.Sprintf("%s: %d/%d, last %s", p.Name, p.Notified, p.Live, fmtMS(p.MaxMS))
+		label := fmt.Sprintf("%s: %d/%d, last %s", p.Name, p.Notified, p.Live, drill.FormatMS(p.MaxMS))
 		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="%s">%s</text>`+"\n", left+10, top+16+16*i, colors[i], label)
 	}
 	b.WriteString("</svg>\n")

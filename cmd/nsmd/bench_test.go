@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -343,11 +344,11 @@ func TestBenchFailoverTransfer(t *testing.T) {
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		t.Fatalf("bench failover: %v\n%s", err, errOut.String())
 	}
-	got := benchFailoverReport{drillReport: &drillReport{}}
+	got := benchFailoverReport{Report: &drill.Report{}}
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatalf("--json: %v\n%s", err, out.String())
 	}
-	if got.Fault != drillTransfer || len(got.Runs) != 2 || got.Failover.N != 2 || got.Failover.Name != "new_sm_state" ||
+	if got.Fault != drill.FaultTransfer || len(got.Runs) != 2 || got.Failover.N != 2 || got.Failover.Name != "new_sm_state" ||
 		got.Failover.P50MS <= 0 || got.Failover.MaxMS < got.Failover.P50MS || got.Cluster != "given (--admin)" {
 		t.Errorf("report %s", out.String())
 	}
@@ -356,7 +357,7 @@ func TestBenchFailoverTransfer(t *testing.T) {
 			t.Errorf("run %d: sm_state %d -> %d", r.Run, r.OldState, r.NewState)
 		}
 	}
-	checkSVG(t, svg, 1+2*msCount)
+	checkSVG(t, svg, 1+2*drill.MilestoneCount)
 }
 
 // TestBenchFailoverOwnClusterKill: without --admin each kill gets a fresh
@@ -367,13 +368,13 @@ func TestBenchFailoverOwnClusterKill(t *testing.T) {
 	}
 	t.Parallel()
 	rep, err := runBenchFailover(context.Background(), benchFailoverOptions{
-		Drill: drillOptions{Fault: drillKill, Runs: 2, Timeout: 10 * time.Second, Poll: 10 * time.Millisecond},
+		Drill: drill.Options{Fault: drill.FaultKill, Runs: 2, Timeout: 10 * time.Second, Poll: 10 * time.Millisecond},
 		Nodes: 3, VIP: "127.0.0.132", DataDir: t.TempDir(), LogLevel: "none", LogTo: io.Discard,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Runs) != 2 || rep.Stopped != "" || rep.failed() != 0 || rep.Failover.N != 2 {
+	if len(rep.Runs) != 2 || rep.Stopped != "" || rep.Failed() != 0 || rep.Failover.N != 2 {
 		t.Fatalf("runs %+v stopped %q", rep.Runs, rep.Stopped)
 	}
 	for i, r := range rep.Runs {
