@@ -1,29 +1,19 @@
-package main
+package bench
 
 import (
 	"fmt"
 	"html"
 	"math"
-	"os"
 	"strings"
 
 	"github.com/nsmd/nsmd/bench/drill"
 )
 
-// writeSVGFile writes one standalone SVG document (as drawn by
-// drill.TimelineSVG or benchLatencySVG) to path.
-func writeSVGFile(path, svg string) error {
-	if err := os.WriteFile(path, []byte(`<?xml version="1.0" encoding="UTF-8"?>`+"\n"+svg+"\n"), 0o644); err != nil {
-		return fmt.Errorf("plot: %w", err)
-	}
-	return nil
-}
-
-// benchLatencySVG draws the latency histogram of a bench mon run: log
+// LatencySVG draws the latency histogram of a bench mon run: log
 // buckets (10 per decade) on a logarithmic time axis, call counts on a
 // linear one, and marks at p50, p90, p99 and the maximum. Styling, axis
 // steps and labels are the drill timeline's (drill_report.go).
-func benchLatencySVG(rep *benchMonReport) string {
+func LatencySVG(rep *MonReport) string {
 	const (
 		width  = 960.0
 		height = 420.0

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package main
+package bench
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 var errBenchNotifyLinux = errors.New("bench notify needs Linux network namespaces")
 
-func benchNotifyNetns(context.Context, benchNotifyOptions, string, []string, io.Writer) (*benchNotifyReport, error) {
+func NotifyInNetns(context.Context, NotifyOptions, string, []string, io.Writer) (*NotifyReport, error) {
 	return nil, errBenchNotifyLinux
 }
 

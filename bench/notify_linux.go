@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -13,12 +13,12 @@ import (
 	"time"
 )
 
-// benchNotifyNetns creates the namespace nsmd-bench-<pid>, runs exe args
+// NotifyInNetns creates the namespace nsmd-bench-<pid>, runs exe args
 // inside it (with a private mount namespace and a tmpfs on /run, which
 // sm-notify writes to) and returns the report the child writes on fd 3.
 // The namespace is deleted when it returns, also on error or when ctx ends
 // (the child is then stopped by its pid: SIGTERM, SIGKILL after 10 s).
-func benchNotifyNetns(ctx context.Context, o benchNotifyOptions, exe string, args []string, stderr io.Writer) (*benchNotifyReport, error) {
+func NotifyInNetns(ctx context.Context, o NotifyOptions, exe string, args []string, stderr io.Writer) (*NotifyReport, error) {
 	raw, err := json.Marshal(o)
 	if err != nil {
 		return nil, err
@@ -50,7 +50,7 @@ func benchNotifyNetns(ctx context.Context, o benchNotifyOptions, exe string, arg
 	if err != nil {
 		return nil, fmt.Errorf("cannot tell my network namespace: %w", err)
 	}
-	cmd.Env = append(os.Environ(), benchNotifyChildEnv+"="+string(raw), "NSMD_BENCH_NETNS="+ns, benchNotifyParentNetnsEnv+"="+parentNS)
+	cmd.Env = append(os.Environ(), NotifyChildEnv+"="+string(raw), "NSMD_BENCH_NETNS="+ns, benchNotifyParentNetnsEnv+"="+parentNS)
 	cmd.ExtraFiles = []*os.File{pw} // fd 3
 	// If we die without cleaning up, the child is told to (SIGTERM).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -62,12 +62,12 @@ func benchNotifyNetns(ctx context.Context, o benchNotifyOptions, exe string, arg
 	pw.Close()
 
 	type decoded struct {
-		rep *benchNotifyReport
+		rep *NotifyReport
 		err error
 	}
 	got := make(chan decoded, 1)
 	go func() { // ends at EOF: when the child exits
-		var rep benchNotifyReport
+		var rep NotifyReport
 		b, err := io.ReadAll(pr)
 		switch {
 		case err != nil:
