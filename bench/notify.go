@@ -29,7 +29,7 @@ import (
 
 // nsmd bench notify measures the SM_NOTIFY fan-out after a takeover. The
 // parent process creates a network namespace of its own and re-executes
-// itself inside it (bench_notify_linux.go); the child stands up the fake
+// itself inside it (notify_linux.go); the child stands up the fake
 // client hosts and a 3-node in-process cluster there, and hands its report
 // back on file descriptor 3 as JSON. The parent prints it.
 //
@@ -40,12 +40,12 @@ import (
 // 127.0.0.1-3 and the VIP 127.0.0.100, as nsmd dev does.
 
 const (
-	NotifyChildEnv      = "NSMD_BENCH_NOTIFY_CHILD" // JSON NotifyOptions for the child
-	benchNotifyVIP      = "127.0.0.100"
-	benchNotifyMyName   = "bench-client"
-	benchNotifyMaxHosts = 200_000
-	FaultKill           = "kill"
-	FaultTransfer       = "transfer"
+	NotifyChildEnv = "NSMD_BENCH_NOTIFY_CHILD" // JSON NotifyOptions for the child
+	notifyVIP      = "127.0.0.100"
+	notifyMyName   = "bench-client"
+	notifyMaxHosts = 200_000
+	FaultKill      = "kill"
+	FaultTransfer  = "transfer"
 	// A dead host is silent (a port 111 that reads and drops everything:
 	// a host that is down) or refused (nothing bound: the kernel answers
 	// ICMP port unreachable, as an up host without rpcbind does).
@@ -68,14 +68,14 @@ type NotifyOptions struct {
 	sharedPort      bool          // set in the child: the statd shares port 111
 }
 
-// benchNotifySpareFDs is the open-file budget for everything but the fake
+// notifySpareFDs is the open-file budget for everything but the fake
 // hosts' sockets (the cluster's listeners, raft and client connections).
-const benchNotifySpareFDs = 2048
+const notifySpareFDs = 2048
 
 func (o *NotifyOptions) Validate() error {
 	var errs []error
-	if o.Hosts < 1 || o.Hosts > benchNotifyMaxHosts {
-		errs = append(errs, fmt.Errorf("--hosts must be 1..%d, not %d", benchNotifyMaxHosts, o.Hosts))
+	if o.Hosts < 1 || o.Hosts > notifyMaxHosts {
+		errs = append(errs, fmt.Errorf("--hosts must be 1..%d, not %d", notifyMaxHosts, o.Hosts))
 	}
 	if o.DeadPct < 0 || o.DeadPct >= 100 {
 		errs = append(errs, fmt.Errorf("--dead-pct must be in [0, 100), not %v", o.DeadPct))
@@ -178,16 +178,16 @@ func NotifyChild(ctx context.Context, start StartCluster, progress io.Writer) er
 	if err := json.Unmarshal([]byte(raw), &o); err != nil {
 		return fmt.Errorf("internal: %s: %w", NotifyChildEnv, err)
 	}
-	if err := benchNotifyCheckPrivateNetns(); err != nil {
+	if err := notifyCheckPrivateNetns(); err != nil {
 		return err
 	}
-	live := len(benchNotifyLive(o.Hosts, o.DeadPct))
+	live := len(notifyLive(o.Hosts, o.DeadPct))
 	deadSockets := 0
 	if o.DeadMode == DeadSilent {
 		deadSockets = o.Hosts - live
 	}
-	two, one := uint64(2*live+deadSockets+benchNotifySpareFDs), uint64(live+deadSockets+benchNotifySpareFDs)
-	limit, err := benchNotifyRaiseNofile(two)
+	two, one := uint64(2*live+deadSockets+notifySpareFDs), uint64(live+deadSockets+notifySpareFDs)
+	limit, err := notifyRaiseNofile(two)
 	if err != nil {
 		return err
 	}
@@ -196,7 +196,7 @@ func NotifyChild(ctx context.Context, start StartCluster, progress io.Writer) er
 	// statd answers on port 111 too (GETPORT says so).
 	o.sharedPort = limit < two
 	if limit < one {
-		return fmt.Errorf("the open-file limit %d is too low for %d hosts (%d sockets, plus %d); lower --hosts", limit, o.Hosts, one-benchNotifySpareFDs, benchNotifySpareFDs)
+		return fmt.Errorf("the open-file limit %d is too low for %d hosts (%d sockets, plus %d); lower --hosts", limit, o.Hosts, one-notifySpareFDs, notifySpareFDs)
 	}
 	out := os.NewFile(3, "report")
 	if out == nil {
@@ -213,24 +213,24 @@ func NotifyChild(ctx context.Context, start StartCluster, progress io.Writer) er
 
 // ---- host addresses ------------------------------------------------------------
 
-// benchNotifyAddr is host i's address: 127.x.y.z with x ≥ 1 and z in 1..250.
-func benchNotifyAddr(i int) netip.Addr {
+// notifyAddr is host i's address: 127.x.y.z with x ≥ 1 and z in 1..250.
+func notifyAddr(i int) netip.Addr {
 	b := i / 250
 	return netip.AddrFrom4([4]byte{127, byte(1 + b/256), byte(b % 256), byte(i%250 + 1)})
 }
 
-// benchNotifyDead reports whether host i of a list with deadPct % dead
+// notifyDead reports whether host i of a list with deadPct % dead
 // hosts is dead: exactly round-down(n·pct/100) of the first n hosts are,
 // spread evenly over the list.
-func benchNotifyDead(i int, deadPct float64) bool {
+func notifyDead(i int, deadPct float64) bool {
 	q := int64(math.Round(deadPct * 100)) // per 10,000
 	return (int64(i)+1)*q/10000 > int64(i)*q/10000
 }
 
-func benchNotifyLive(hosts int, deadPct float64) []int {
+func notifyLive(hosts int, deadPct float64) []int {
 	var live []int
 	for i := range hosts {
-		if !benchNotifyDead(i, deadPct) {
+		if !notifyDead(i, deadPct) {
 			live = append(live, i)
 		}
 	}
@@ -274,7 +274,7 @@ func startBenchHosts(n int, deadPct float64, deadMode string, shared bool) (*ben
 	h.minState.Store(math.MaxInt32) // nothing counts until a phase starts
 	for i := range h.hosts {
 		hh := &h.hosts[i]
-		hh.addr, hh.dead = benchNotifyAddr(i), benchNotifyDead(i, deadPct)
+		hh.addr, hh.dead = notifyAddr(i), notifyDead(i, deadPct)
 		if hh.dead {
 			if deadMode == DeadSilent {
 				pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, oncrpc.PmapPort)))
@@ -502,10 +502,10 @@ func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool,
 // ---- the run inside the namespace ----------------------------------------------
 
 func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progress io.Writer) (*NotifyReport, error) {
-	rep := &NotifyReport{Hosts: o.Hosts, DeadMode: o.DeadMode, Fault: o.Fault, Nodes: 3, CPUs: benchNotifyCPUs(), Started: time.Now().UTC().Format(time.RFC3339)}
-	live := len(benchNotifyLive(o.Hosts, o.DeadPct))
+	rep := &NotifyReport{Hosts: o.Hosts, DeadMode: o.DeadMode, Fault: o.Fault, Nodes: 3, CPUs: notifyCPUs(), Started: time.Now().UTC().Format(time.RFC3339)}
+	live := len(notifyLive(o.Hosts, o.DeadPct))
 	rep.Live, rep.Dead = live, o.Hosts-live
-	vip := netip.MustParseAddr(benchNotifyVIP)
+	vip := netip.MustParseAddr(notifyVIP)
 
 	tSetup := time.Now()
 	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.DeadMode, o.sharedPort)
@@ -524,7 +524,7 @@ func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progres
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	spec := ClusterSpec{Nodes: rep.Nodes, DataDir: dir, VIP: benchNotifyVIP, NSMPort: 6620, RaftPort: 7300, GossipPort: 7946, LogLevel: o.LogLevel, LogTo: progress}
+	spec := ClusterSpec{Nodes: rep.Nodes, DataDir: dir, VIP: notifyVIP, NSMPort: 6620, RaftPort: 7300, GossipPort: 7946, LogLevel: o.LogLevel, LogTo: progress}
 	if o.LogLevel == "off" {
 		spec.LogLevel = ""
 	}
@@ -551,7 +551,7 @@ func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progres
 		return nil, err
 	}
 	rep.OldState = leader.State()
-	vipAddr := net.JoinHostPort(benchNotifyVIP, strconv.Itoa(spec.NSMPort))
+	vipAddr := net.JoinHostPort(notifyVIP, strconv.Itoa(spec.NSMPort))
 
 	// Register every host through the VIP, as the server's lockd would.
 	tReg := time.Now()
@@ -621,7 +621,7 @@ func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progres
 	if o.CPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
-	rep.Sends = benchNotifySendsOf(nl)
+	rep.Sends = notifySendsOf(nl)
 	closeCluster() // stops the notifier (still retrying the dead hosts)
 
 	if o.SMNotify {
@@ -652,7 +652,7 @@ func benchStartCPUProfile(path string) (stop func(), err error) {
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
-func benchNotifyCPUs() int {
+func notifyCPUs() int {
 	n, _ := strconv.Atoi(strings.TrimSpace(func() string {
 		b, err := exec.Command("nproc").Output()
 		if err != nil {
@@ -715,8 +715,8 @@ func benchRegister(ctx context.Context, addr string, hosts, conns int) error {
 					if i >= hosts {
 						return
 					}
-					mon := nsm.Mon{ID: nsm.MonID{MonName: benchNotifyAddr(i).String(),
-						My: nsm.MyID{MyName: benchNotifyMyName, Prog: 100021, Vers: 3, Proc: 16}}}
+					mon := nsm.Mon{ID: nsm.MonID{MonName: notifyAddr(i).String(),
+						My: nsm.MyID{MyName: notifyMyName, Prog: 100021, Vers: 3, Proc: 16}}}
 					var res nsm.SMStatRes
 					if err := c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil {
 						errs <- fmt.Errorf("SM_MON %s: %w", mon.ID.MonName, err)
@@ -735,8 +735,8 @@ func benchRegister(ctx context.Context, addr string, hosts, conns int) error {
 	return <-errs // nil when none
 }
 
-// benchNotifySendsOf reads the notifier's send counters from n's metrics.
-func benchNotifySendsOf(n Node) NotifySends {
+// notifySendsOf reads the notifier's send counters from n's metrics.
+func notifySendsOf(n Node) NotifySends {
 	var s NotifySends
 	mfs, err := n.Metrics().Gather()
 	if err != nil {
@@ -787,21 +787,21 @@ func benchRunSMNotify(ctx context.Context, o NotifyOptions, hosts *benchHosts, l
 	for i := range o.Hosts {
 		sd.Records = append(sd.Records, nsm.StatdRecord{
 			Callback: netip.AddrFrom4([4]byte{127, 0, 0, 1}),
-			My:       fsm.MyID{MyName: benchNotifyMyName, Prog: 100021, Vers: 3, Proc: 16},
-			MonName:  benchNotifyAddr(i).String(),
+			My:       fsm.MyID{MyName: notifyMyName, Prog: 100021, Vers: 3, Proc: 16},
+			MonName:  notifyAddr(i).String(),
 		})
 	}
 	if err := nsm.WriteStatdDir(dir, sd); err != nil {
 		return nil, err
 	}
-	if err := benchNotifyHosts(dir); err != nil {
+	if err := notifyHosts(dir); err != nil {
 		return nil, err
 	}
-	allNotified := hosts.phase(math.MinInt32, netip.MustParseAddr(benchNotifyVIP), benchNotifyVIP, live)
+	allNotified := hosts.phase(math.MinInt32, netip.MustParseAddr(notifyVIP), notifyVIP, live)
 	var tail benchTail
-	cmd := exec.Command(o.SMNotifyPath, "-d", "-f", "-P", dir, "-v", benchNotifyVIP)
+	cmd := exec.Command(o.SMNotifyPath, "-d", "-f", "-P", dir, "-v", notifyVIP)
 	cmd.Stdout, cmd.Stderr = &tail, &tail
-	cmd.SysProcAttr = benchNotifyChildAttr() // dies with us
+	cmd.SysProcAttr = notifyChildAttr() // dies with us
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start sm-notify: %w", err)

@@ -15,10 +15,10 @@ func NotifyInNetns(context.Context, NotifyOptions, string, []string, io.Writer) 
 	return nil, errBenchNotifyLinux
 }
 
-func benchNotifyCheckPrivateNetns() error { return errBenchNotifyLinux }
+func notifyCheckPrivateNetns() error { return errBenchNotifyLinux }
 
-func benchNotifyRaiseNofile(uint64) (uint64, error) { return 0, errBenchNotifyLinux }
+func notifyRaiseNofile(uint64) (uint64, error) { return 0, errBenchNotifyLinux }
 
-func benchNotifyHosts(string) error { return errBenchNotifyLinux }
+func notifyHosts(string) error { return errBenchNotifyLinux }
 
-func benchNotifyChildAttr() *syscall.SysProcAttr { return nil }
+func notifyChildAttr() *syscall.SysProcAttr { return nil }

@@ -10,8 +10,8 @@ import (
 
 func TestBenchNotifyHostListIsDistinctLoopbackWithEvenlySpreadDeadHosts(t *testing.T) {
 	seen := map[string]bool{}
-	for i := range benchNotifyMaxHosts {
-		a := benchNotifyAddr(i)
+	for i := range notifyMaxHosts {
+		a := notifyAddr(i)
 		b := a.As4()
 		if b[0] != 127 || b[1] == 0 || b[3] == 0 || b[3] == 255 || seen[a.String()] {
 			t.Fatalf("host %d: address %v (127.x.y.z with x ≥ 1, z in 1..254, distinct)", i, a)
@@ -25,7 +25,7 @@ func TestBenchNotifyHostListIsDistinctLoopbackWithEvenlySpreadDeadHosts(t *testi
 	}{{50, 10, 5}, {1000, 10, 100}, {10000, 0, 0}, {10000, 10, 1000}, {7, 50, 3}, {100, 2.5, 2}} {
 		dead, run, maxRun := 0, 0, 0
 		for i := range c.hosts {
-			if benchNotifyDead(i, c.pct) {
+			if notifyDead(i, c.pct) {
 				dead++
 				run++
 				maxRun = max(maxRun, run)
@@ -36,7 +36,7 @@ func TestBenchNotifyHostListIsDistinctLoopbackWithEvenlySpreadDeadHosts(t *testi
 		if dead != c.dead || (c.pct <= 50 && maxRun > 1) {
 			t.Errorf("%d hosts, %v%% dead: %d dead (want %d), longest run of dead hosts %d", c.hosts, c.pct, dead, c.dead, maxRun)
 		}
-		if live := len(benchNotifyLive(c.hosts, c.pct)); live != c.hosts-c.dead {
+		if live := len(notifyLive(c.hosts, c.pct)); live != c.hosts-c.dead {
 			t.Errorf("%d hosts, %v%% dead: %d live", c.hosts, c.pct, live)
 		}
 	}
@@ -49,7 +49,7 @@ func TestBenchNotifyRefusesBadOptions(t *testing.T) {
 	}
 	for name, mod := range map[string]func(*NotifyOptions){
 		"no hosts":       func(o *NotifyOptions) { o.Hosts = 0 },
-		"too many hosts": func(o *NotifyOptions) { o.Hosts = benchNotifyMaxHosts + 1 },
+		"too many hosts": func(o *NotifyOptions) { o.Hosts = notifyMaxHosts + 1 },
 		"all dead":       func(o *NotifyOptions) { o.DeadPct = 100 },
 		"fault":          func(o *NotifyOptions) { o.Fault = "reboot" },
 		"dead mode":      func(o *NotifyOptions) { o.DeadMode = "zombie" },

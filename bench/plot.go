@@ -12,7 +12,7 @@ import (
 // LatencySVG draws the latency histogram of a bench mon run: log
 // buckets (10 per decade) on a logarithmic time axis, call counts on a
 // linear one, and marks at p50, p90, p99 and the maximum. Styling, axis
-// steps and labels are the drill timeline's (drill_report.go).
+// steps and labels are the drill timeline's (bench/drill/report.go).
 func LatencySVG(rep *MonReport) string {
 	const (
 		width  = 960.0
