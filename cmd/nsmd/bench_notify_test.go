@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -12,91 +11,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/bench"
 )
-
-func TestBenchNotifyHostListIsDistinctLoopbackWithEvenlySpreadDeadHosts(t *testing.T) {
-	seen := map[string]bool{}
-	for i := range benchNotifyMaxHosts {
-		a := benchNotifyAddr(i)
-		b := a.As4()
-		if b[0] != 127 || b[1] == 0 || b[3] == 0 || b[3] == 255 || seen[a.String()] {
-			t.Fatalf("host %d: address %v (127.x.y.z with x ≥ 1, z in 1..254, distinct)", i, a)
-		}
-		seen[a.String()] = true
-	}
-	for _, c := range []struct {
-		hosts int
-		pct   float64
-		dead  int
-	}{{50, 10, 5}, {1000, 10, 100}, {10000, 0, 0}, {10000, 10, 1000}, {7, 50, 3}, {100, 2.5, 2}} {
-		dead, run, maxRun := 0, 0, 0
-		for i := range c.hosts {
-			if benchNotifyDead(i, c.pct) {
-				dead++
-				run++
-				maxRun = max(maxRun, run)
-			} else {
-				run = 0
-			}
-		}
-		if dead != c.dead || (c.pct <= 50 && maxRun > 1) {
-			t.Errorf("%d hosts, %v%% dead: %d dead (want %d), longest run of dead hosts %d", c.hosts, c.pct, dead, c.dead, maxRun)
-		}
-		if live := len(benchNotifyLive(c.hosts, c.pct)); live != c.hosts-c.dead {
-			t.Errorf("%d hosts, %v%% dead: %d live", c.hosts, c.pct, live)
-		}
-	}
-}
-
-func TestBenchNotifyRefusesBadOptions(t *testing.T) {
-	good := benchNotifyOptions{Hosts: 10, DeadMode: benchDeadSilent, Fault: benchFaultKill, Timeout: time.Second, SMNotifyTimeout: time.Second, Conns: 1}
-	if err := good.validate(); err != nil {
-		t.Fatal(err)
-	}
-	for name, mod := range map[string]func(*benchNotifyOptions){
-		"no hosts":       func(o *benchNotifyOptions) { o.Hosts = 0 },
-		"too many hosts": func(o *benchNotifyOptions) { o.Hosts = benchNotifyMaxHosts + 1 },
-		"all dead":       func(o *benchNotifyOptions) { o.DeadPct = 100 },
-		"fault":          func(o *benchNotifyOptions) { o.Fault = "reboot" },
-		"dead mode":      func(o *benchNotifyOptions) { o.DeadMode = "zombie" },
-		"timeout":        func(o *benchNotifyOptions) { o.Timeout = 0 },
-		"conns":          func(o *benchNotifyOptions) { o.Conns = 0 },
-	} {
-		o := good
-		mod(&o)
-		if err := o.validate(); err == nil {
-			t.Errorf("%s: accepted %+v", name, o)
-		}
-	}
-}
-
-func TestBenchNotifyPrintsTableJSONAndPlot(t *testing.T) {
-	rep := &benchNotifyReport{Hosts: 10, Live: 9, Dead: 1, Fault: benchFaultKill, Nodes: 3, OldState: 3, NewState: 5,
-		NSMD: benchNotifyPhase{Name: "nsmd", Live: 9, Notified: 9, CompleteMS: 12, MaxMS: 12, P50MS: 5,
-			Curve: []benchNotifyPoint{{MS: 1, Count: 1}, {MS: 12, Count: 9}}},
-		SMNotify: &benchNotifyPhase{Name: "sm-notify", Live: 9, Notified: 8, CompleteMS: 3000,
-			Curve: []benchNotifyPoint{{MS: 10, Count: 1}, {MS: 200, Count: 8}}},
-		Ratio: 250, RatioBound: true}
-	var b bytes.Buffer
-	printBenchNotify(&b, rep)
-	for _, want := range []string{"9/9", "8/9", ">3s", "at least 250.0×", "sm_state 3 → 5"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("table lacks %q:\n%s", want, b.String())
-		}
-	}
-	svg := benchNotifySVG(rep)
-	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<polyline") != 2 || !strings.HasSuffix(svg, "</svg>\n") {
-		t.Errorf("plot:\n%s", svg)
-	}
-	raw, err := json.Marshal(rep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back benchNotifyReport
-	if err := json.Unmarshal(raw, &back); err != nil || back.SMNotify == nil || back.NSMD.Notified != 9 {
-		t.Errorf("JSON round trip: %v %+v", err, back)
-	}
-}
 
 // benchNotifyCanNetns says why the namespace bench cannot run here ("" if it can).
 func benchNotifyCanNetns() string {
@@ -120,29 +37,29 @@ func benchNotifyCanNetns() string {
 // state from the VIP, and the report must add up. With sm-notify installed
 // it runs that too on the same hosts.
 func TestBenchNotifyNotifiesEveryLiveHostAfterAKill(t *testing.T) {
-	if os.Getenv(benchNotifyChildEnv) != "" {
+	if os.Getenv(bench.NotifyChildEnv) != "" {
 		t.Skip("inside the bench child")
 	}
 	if why := benchNotifyCanNetns(); why != "" {
 		t.Skip("bench notify: " + why)
 	}
-	o := benchNotifyOptions{Hosts: 50, DeadPct: 10, DeadMode: benchDeadSilent, Fault: benchFaultKill, Timeout: 30 * time.Second,
+	o := bench.NotifyOptions{Hosts: 50, DeadPct: 10, DeadMode: bench.DeadSilent, Fault: bench.FaultKill, Timeout: 30 * time.Second,
 		SMNotifyPath: "/usr/sbin/sm-notify", SMNotifyTimeout: 30 * time.Second, Conns: 2, LogLevel: "error"}
 	if _, err := os.Stat(o.SMNotifyPath); err == nil {
 		o.SMNotify = true
 	}
-	if err := o.validate(); err != nil {
+	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	var stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rep, err := benchNotifyNetns(ctx, o, os.Args[0], []string{"-test.run=^TestBenchNotifyChild$"}, &stderr)
+	rep, err := bench.NotifyInNetns(ctx, o, os.Args[0], []string{"-test.run=^TestBenchNotifyChild$"}, &stderr)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
 	var table bytes.Buffer
-	printBenchNotify(&table, rep)
+	bench.PrintNotify(&table, rep)
 	t.Log("\n" + table.String())
 
 	if rep.Hosts != 50 || rep.Live != 45 || rep.Dead != 5 {
@@ -192,12 +109,12 @@ func TestBenchNotifyNotifiesEveryLiveHostAfterAKill(t *testing.T) {
 // TestBenchNotifyChild is not a test of its own: it is the process inside
 // the namespace for TestBenchNotifyNotifiesEveryLiveHostAfterAKill.
 func TestBenchNotifyChild(t *testing.T) {
-	if os.Getenv(benchNotifyChildEnv) == "" {
+	if os.Getenv(bench.NotifyChildEnv) == "" {
 		t.Skip("the bench child (runs inside the namespace the bench test creates)")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := benchNotifyChildMain(ctx, os.Stderr); err != nil {
+	if err := bench.NotifyChild(ctx, startBenchCluster, os.Stderr); err != nil {
 		t.Fatal(err)
 	}
 }

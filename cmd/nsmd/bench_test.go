@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/bench"
+	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -56,7 +58,7 @@ func checkSVG(t *testing.T, path string, wantRects int) {
 }
 
 // checkBenchClean: every call answered stat_succ, none failed.
-func checkBenchClean(t *testing.T, rep *benchMonReport, calls int) {
+func checkBenchClean(t *testing.T, rep *bench.MonReport, calls int) {
 	t.Helper()
 	if rep.Calls != calls || rep.OK != calls || rep.Failed != 0 || rep.Stopped != "" {
 		t.Fatalf("calls %d ok %d failed %d stopped %q, want %d ok; errors %v %v", rep.Calls, rep.OK, rep.Failed, rep.Stopped, calls, rep.Errors, rep.Samples)
@@ -92,13 +94,13 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 	lead := devLeader(t, d, nil, 10*time.Second)
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	ctx := context.Background()
-	opts := func(network string, conns, depth, calls int, base string) benchMonOptions {
-		return benchMonOptions{Addr: vip, Net: network, Conns: conns, Depth: depth, Calls: calls,
+	opts := func(network string, conns, depth, calls int, base string) bench.MonOptions {
+		return bench.MonOptions{Addr: vip, Net: network, Conns: conns, Depth: depth, Calls: calls,
 			MonBase: netip.MustParseAddr(base), MyName: "127.0.0.1", Privileged: true, Timeout: 5 * time.Second}
 	}
 	want := 0
 
-	rep, err := runBenchMon(ctx, opts("tcp", 4, 1, 200, "127.1.0.1"))
+	rep, err := bench.RunMon(ctx, opts("tcp", 4, 1, 200, "127.1.0.1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +121,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 	// UDP, 3 sockets with 2 calls outstanding each, after a warmup.
 	uo := opts("udp", 3, 2, 150, "127.2.0.1")
 	uo.Warmup = 30
-	rep, err = runBenchMon(ctx, uo)
+	rep, err = bench.RunMon(ctx, uo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +137,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 	// Half SM_UNMON: each caller unmonitors a name it monitored before.
 	mo := opts("tcp", 2, 2, 200, "127.3.0.1")
 	mo.Unmon = true
-	rep, err = runBenchMon(ctx, mo)
+	rep, err = bench.RunMon(ctx, mo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,12 +165,12 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		t.Fatalf("bench mon: %v\n%s", err, errOut.String())
 	}
-	var got benchMonReport
+	var got bench.MonReport
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatalf("--json output: %v\n%s", err, out.String())
 	}
 	if got.OK != 50 || got.Calls != 50 || got.PortFrom != "given" || got.Proto != "tcp" || got.Target != vip ||
-		len(got.Hist) == 0 || got.Latency.P99MS <= 0 || got.Errors["stat_fail"] != 0 || len(got.Errors) != benchErrKinds {
+		len(got.Hist) == 0 || got.Latency.P99MS <= 0 || got.Errors["stat_fail"] != 0 || len(got.Errors) != 9 { // 9: every error kind bench mon counts
 		t.Errorf("--json report: %s", out.String())
 	}
 	want += 50
@@ -193,34 +195,14 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 	}
 }
 
-// fakeNSM is an NSM server whose answer depends on the mon_name's last
-// octet: 1 mod 4 stat_fail, 2 SYSTEM_ERR, 3 no reply; SM_UNMON is
-// PROC_UNAVAIL.
-func fakeNSM(t *testing.T) string {
-	t.Helper()
-	h := oncrpc.HandlerFunc(func(_ context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
-		switch c.Proc {
-		case nsm.ProcNull:
-			return nil
-		case nsm.ProcMon:
-			var m nsm.Mon
-			if err := m.UnmarshalXDR(c.Args); err != nil {
-				return oncrpc.ErrGarbageArgs
-			}
-			ip, err := netip.ParseAddr(m.ID.MonName)
-			if err != nil {
-				return oncrpc.ErrGarbageArgs
-			}
-			r := nsm.SMStatRes{Res: nsm.StatSucc, State: 7}
-			switch ip.As4()[3] % 4 {
-			case 1:
-				r = nsm.SMStatRes{Res: nsm.StatFail, State: -1}
-			case 2:
-				return oncrpc.ErrSystemErr
-			case 3:
-				return oncrpc.ErrNoReply
-			}
-			r.MarshalXDR(res)
+// TestBenchMonCommandFailsOnFailedCalls: calls the server refuses are
+// counted in the --json report and make the command exit non-zero. The
+// server is a real ONC RPC server that answers NULL and refuses every
+// other procedure (PROC_UNAVAIL), standing in for a broken NSM.
+func TestBenchMonCommandFailsOnFailedCalls(t *testing.T) {
+	t.Parallel()
+	h := oncrpc.HandlerFunc(func(_ context.Context, c *oncrpc.Call, _ *oncrpc.Writer) error {
+		if c.Proc == nsm.ProcNull {
 			return nil
 		}
 		return oncrpc.ErrProcUnavail
@@ -236,94 +218,24 @@ func fakeNSM(t *testing.T) string {
 		defer cancel()
 		srv.Shutdown(ctx)
 	})
-	return ln.Addr().String()
-}
+	addr := ln.Addr().String()
 
-// TestBenchMonCountsErrors: refusals, RPC errors and timeouts are counted
-// by kind, not timed when unanswered, and fail the command.
-func TestBenchMonCountsErrors(t *testing.T) {
-	t.Parallel()
-	addr := fakeNSM(t)
-	o := benchMonOptions{Addr: addr, Net: "tcp", Conns: 2, Depth: 2, Calls: 40, MonBase: netip.MustParseAddr("127.1.0.1"),
-		MyName: "127.0.0.1", Timeout: 300 * time.Millisecond}
-	rep, err := runBenchMon(context.Background(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Names 127.1.0.1 … 127.1.0.40: ten of each last octet mod 4.
-	if rep.Calls != 40 || rep.OK != 10 || rep.Failed != 30 || rep.Errors["stat_fail"] != 10 ||
-		rep.Errors["system_err"] != 10 || rep.Errors["timeout"] != 10 {
-		t.Fatalf("calls %d ok %d failed %d errors %v", rep.Calls, rep.OK, rep.Failed, rep.Errors)
-	}
-	if rep.Latency.N != 20 { // answered: 10 ok + 10 stat_fail
-		t.Errorf("%d latencies, want 20 (timeouts and RPC errors are not timed)", rep.Latency.N)
-	}
-	if !strings.Contains(rep.Samples["stat_fail"], "stat_fail") || !strings.Contains(rep.Samples["timeout"], "timed out") {
-		t.Errorf("samples %v", rep.Samples)
-	}
-	var table bytes.Buffer
-	if err := printBenchMon(&table, rep); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{"30 failed", "stat_fail", "system_err", "timeout"} {
-		if !strings.Contains(table.String(), s) {
-			t.Errorf("table lacks %q:\n%s", s, table.String())
-		}
-	}
-
-	// SM_UNMON refused as PROC_UNAVAIL; the command exits non-zero.
 	cmd := benchMonCmd()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(io.Discard)
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	cmd.SetArgs([]string{"--addr", addr, "-n", "8", "--mon-base", "127.1.0.4", "--unmon", "--timeout", "300ms", "--json"})
+	cmd.SetArgs([]string{"--addr", addr, "-n", "8", "--mon-base", "127.1.0.4", "--timeout", "300ms", "--json"})
 	err = cmd.ExecuteContext(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "calls failed") {
 		t.Fatalf("bench mon against a refusing server: %v", err)
 	}
-	var got benchMonReport
+	var got bench.MonReport
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Procs) != 2 || got.Procs[1].Calls == 0 || got.Procs[1].Errors["proc_unavail"] != got.Procs[1].Calls || got.Errors["proc_unavail"] != got.Procs[1].Calls {
-		t.Errorf("SM_UNMON of a monitored name: %+v", got.Procs)
-	}
-}
-
-func TestBenchMonOptionsStayInLoopback(t *testing.T) {
-	for _, c := range []struct {
-		base  string
-		calls int
-		ok    bool
-	}{
-		{"127.1.0.1", 1000, true},
-		{"127.255.255.250", 6, true},
-		{"127.255.255.250", 7, false},
-		{"10.0.0.1", 1, false},
-		{"::1", 1, false},
-	} {
-		o := benchMonOptions{Net: "tcp", Conns: 1, Depth: 1, Calls: c.calls, MonBase: netip.MustParseAddr(c.base)}
-		if err := o.check(); (err == nil) != c.ok {
-			t.Errorf("--mon-base %s -n %d: %v, want ok=%v", c.base, c.calls, err, c.ok)
-		}
-	}
-	if got := benchName(0x7f010203); got != "127.1.2.3" {
-		t.Errorf("benchName = %s", got)
-	}
-}
-
-func TestBenchHistogram(t *testing.T) {
-	h := benchHistogram([]float64{0.1, 0.1, 0.105, 0.5, 1, 1.01, 30})
-	total := 0
-	for i, b := range h {
-		total += b.Count
-		if i > 0 && b.FromMS < h[i-1].ToMS-1e-12 {
-			t.Errorf("buckets overlap: %+v", h)
-		}
-	}
-	if total != 7 || h[0].Count != 2 || h[0].ToMS < 0.1 || h[0].FromMS >= 0.1 {
-		t.Errorf("histogram %+v", h)
+	if got.Failed != got.Calls || got.Calls != 8 || got.Errors["proc_unavail"] != 8 {
+		t.Errorf("report of a refusing server: %d of %d failed, errors %v", got.Failed, got.Calls, got.Errors)
 	}
 }
 
@@ -343,11 +255,11 @@ func TestBenchFailoverTransfer(t *testing.T) {
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		t.Fatalf("bench failover: %v\n%s", err, errOut.String())
 	}
-	got := benchFailoverReport{drillReport: &drillReport{}}
+	got := bench.FailoverReport{Report: &drill.Report{}}
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatalf("--json: %v\n%s", err, out.String())
 	}
-	if got.Fault != drillTransfer || len(got.Runs) != 2 || got.Failover.N != 2 || got.Failover.Name != "new_sm_state" ||
+	if got.Fault != drill.FaultTransfer || len(got.Runs) != 2 || got.Failover.N != 2 || got.Failover.Name != "new_sm_state" ||
 		got.Failover.P50MS <= 0 || got.Failover.MaxMS < got.Failover.P50MS || got.Cluster != "given (--admin)" {
 		t.Errorf("report %s", out.String())
 	}
@@ -356,7 +268,7 @@ func TestBenchFailoverTransfer(t *testing.T) {
 			t.Errorf("run %d: sm_state %d -> %d", r.Run, r.OldState, r.NewState)
 		}
 	}
-	checkSVG(t, svg, 1+2*msCount)
+	checkSVG(t, svg, 1+2*drill.MilestoneCount)
 }
 
 // TestBenchFailoverOwnClusterKill: without --admin each kill gets a fresh
@@ -366,14 +278,14 @@ func TestBenchFailoverOwnClusterKill(t *testing.T) {
 		t.Skip("starts two clusters")
 	}
 	t.Parallel()
-	rep, err := runBenchFailover(context.Background(), benchFailoverOptions{
-		Drill: drillOptions{Fault: drillKill, Runs: 2, Timeout: 10 * time.Second, Poll: 10 * time.Millisecond},
-		Nodes: 3, VIP: "127.0.0.132", DataDir: t.TempDir(), LogLevel: "none", LogTo: io.Discard,
+	rep, err := bench.RunFailover(context.Background(), bench.FailoverOptions{
+		Drill: drill.Options{Fault: drill.FaultKill, Runs: 2, Timeout: 10 * time.Second, Poll: 10 * time.Millisecond},
+		Nodes: 3, VIP: "127.0.0.132", DataDir: t.TempDir(), LogLevel: "none", LogTo: io.Discard, Start: startBenchCluster,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Runs) != 2 || rep.Stopped != "" || rep.failed() != 0 || rep.Failover.N != 2 {
+	if len(rep.Runs) != 2 || rep.Stopped != "" || rep.Failed() != 0 || rep.Failover.N != 2 {
 		t.Fatalf("runs %+v stopped %q", rep.Runs, rep.Stopped)
 	}
 	for i, r := range rep.Runs {
@@ -382,7 +294,7 @@ func TestBenchFailoverOwnClusterKill(t *testing.T) {
 		}
 	}
 	var table bytes.Buffer
-	if err := printBenchFailover(&table, rep); err != nil {
+	if err := bench.PrintFailover(&table, rep); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(table.String(), "kill → VIP answers SM_STAT with the new state: p50 ") {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/bench"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/nsmd/nsmd/nsm"
@@ -25,7 +26,7 @@ import (
 // portFreeOn finds a port free for TCP and UDP on every ip.
 func portFreeOn(t testing.TB, ips ...string) int {
 	t.Helper()
-	ports, err := freePortsOn(ips, 1)
+	ports, err := bench.FreePortsOn(ips, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,14 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/config"
 )
 
 // checkDrillRun: every milestone reached, at positive and ordered times,
 // a new leader, and the state raised by exactly 2.
-func checkDrillRun(t *testing.T, r drillRun) {
+func checkDrillRun(t *testing.T, r drill.Failover) {
 	t.Helper()
-	if !r.complete() {
+	if !r.Complete() {
 		t.Fatalf("run %d incomplete: %+v", r.Run, r)
 	}
 	var prev time.Duration
@@ -49,7 +50,7 @@ func checkDrillHTML(t *testing.T, path string) {
 	}
 	s := string(b)
 	want := []string{"<svg", "</svg>", "fault (", "node1", "node2", "node3"}
-	for _, def := range drillMilestoneDefs() {
+	for _, def := range drill.MilestoneDefs() {
 		want = append(want, def.Label, def.Name)
 	}
 	for _, w := range want {
@@ -71,8 +72,8 @@ func TestDrillTransfer(t *testing.T) {
 	d, _ := startTestDev(t, "127.0.0.120")
 	devLeader(t, d, nil, 10*time.Second)
 	var progress bytes.Buffer
-	rep, err := runDrill(context.Background(), drillOptions{
-		Admins: []string{d.agents[0].AdminURL()}, Fault: drillTransfer,
+	rep, err := drill.Run(context.Background(), drill.Options{
+		Admins: []string{d.agents[0].AdminURL()}, Fault: drill.FaultTransfer,
 		Runs: 2, Timeout: 10 * time.Second, Progress: &progress,
 	})
 	if err != nil {
@@ -95,21 +96,21 @@ func TestDrillTransfer(t *testing.T) {
 	if rep.Runs[1].OldLeader != rep.Runs[0].NewLeader || rep.Runs[1].OldState != rep.Runs[0].NewState {
 		t.Errorf("run 2 started from %s/%d, want run 1's result %s/%d", rep.Runs[1].OldLeader, rep.Runs[1].OldState, rep.Runs[0].NewLeader, rep.Runs[0].NewState)
 	}
-	if len(rep.Stats) != msCount || rep.Stats[0].N != 2 || rep.Stats[0].MinMS > rep.Stats[0].MaxMS {
+	if len(rep.Stats) != drill.MilestoneCount || rep.Stats[0].N != 2 || rep.Stats[0].MinMS > rep.Stats[0].MaxMS {
 		t.Errorf("stats %+v", rep.Stats)
 	}
-	for _, def := range drillMilestoneDefs() {
+	for _, def := range drill.MilestoneDefs() {
 		if !strings.Contains(progress.String(), def.Label) {
 			t.Errorf("progress lacks a line for %q:\n%s", def.Label, progress.String())
 		}
 	}
 	html := filepath.Join(t.TempDir(), "drill.html")
-	if err := writeDrillReportFile(html, rep); err != nil {
+	if err := drill.WriteReportFile(html, rep); err != nil {
 		t.Fatal(err)
 	}
 	checkDrillHTML(t, html)
 	var table bytes.Buffer
-	if err := printDrill(&table, rep); err != nil {
+	if err := drill.Print(&table, rep); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"RUN 1", "RUN 2", "P50", "new leader elected"} {
@@ -132,11 +133,11 @@ func TestDrillTransfer(t *testing.T) {
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		t.Fatalf("nsmd drill: %v\n%s", err, errOut.String())
 	}
-	var got drillReport
+	var got drill.Report
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatalf("--json output: %v\n%s", err, out.String())
 	}
-	if len(got.Runs) != 1 || !got.Runs[0].complete() || got.Runs[0].Milestones[3].AfterMS <= 0 || got.Fault != drillTransfer {
+	if len(got.Runs) != 1 || !got.Runs[0].Complete() || got.Runs[0].Milestones[3].AfterMS <= 0 || got.Fault != drill.FaultTransfer {
 		t.Errorf("--json report %+v", got)
 	}
 	checkDrillHTML(t, html2)
@@ -150,10 +151,10 @@ func TestDrillKill(t *testing.T) {
 	d, o := startTestDev(t, "127.0.0.121")
 	devLeader(t, d, nil, 10*time.Second)
 	var progress bytes.Buffer
-	rep, err := runDrill(context.Background(), drillOptions{
+	rep, err := drill.Run(context.Background(), drill.Options{
 		Admins: []string{d.agents[0].AdminURL(), d.agents[1].AdminURL(), d.agents[2].AdminURL()},
 		VIP:    fmt.Sprintf("%s:%d", o.VIP, o.NSMPort),
-		Fault:  drillKill, Runs: 2, Timeout: 4 * time.Second, Poll: 10 * time.Millisecond, Progress: &progress, TTY: true,
+		Fault:  drill.FaultKill, Runs: 2, Timeout: 4 * time.Second, Poll: 10 * time.Millisecond, Progress: &progress, TTY: true,
 	})
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, progress.String())
@@ -179,7 +180,7 @@ func TestDrillKill(t *testing.T) {
 		}
 	}
 	html := filepath.Join(t.TempDir(), "kill.html")
-	if err := writeDrillReportFile(html, rep); err != nil {
+	if err := drill.WriteReportFile(html, rep); err != nil {
 		t.Fatal(err)
 	}
 	checkDrillHTML(t, html)
@@ -205,67 +206,11 @@ func TestDrillKillRefused(t *testing.T) {
 	}
 	t.Cleanup(func() { d.Close() })
 	devLeader(t, d, nil, 10*time.Second)
-	_, err = runDrill(context.Background(), drillOptions{
-		Admins: []string{d.agents[0].AdminURL()}, Fault: drillKill, Timeout: 5 * time.Second,
+	_, err = drill.Run(context.Background(), drill.Options{
+		Admins: []string{d.agents[0].AdminURL()}, Fault: drill.FaultKill, Timeout: 5 * time.Second,
 	})
 	if err == nil || !strings.Contains(err.Error(), "drill_crash") {
 		t.Fatalf("drill against a node without drill_crash: %v", err)
-	}
-}
-
-// TestDrillReportManyRuns: more than 12 runs are drawn as one lane per
-// milestone; unreached milestones and stops are shown.
-func TestDrillReportManyRuns(t *testing.T) {
-	rep := &drillReport{Date: time.Now(), Fault: drillKillCmd, VIP: "127.0.0.100:6620", Asked: 20,
-		Nodes:   []drillNode{{ID: "a<b>", Voter: true}, {ID: "node2"}},
-		Stopped: "stopping after run 13: <no quorum>"}
-	for i := range 13 {
-		r := drillRun{Run: i + 1, OldLeader: "a<b>", NewLeader: "node2", OldState: 3, NewState: 5}
-		for j, def := range drillMilestoneDefs() {
-			after := time.Duration(100*(i+1)+10*j) * time.Millisecond
-			r.Milestones = append(r.Milestones, drillMilestone{Name: def.Name, Label: def.Label, Reached: i != 5 || j < 3, After: after, AfterMS: float64(after.Milliseconds())})
-		}
-		if i == 5 {
-			r.Err = "notify fan-out complete not reached within 1s"
-		}
-		rep.Runs = append(rep.Runs, r)
-	}
-	rep.Stats = drillStats(rep.Runs)
-	if st := rep.Stats[msNotify]; st.N != 12 || st.MinMS != 130 || st.MaxMS != 1330 || st.P50MS != 730 {
-		t.Errorf("notify stats %+v", st)
-	}
-	if rep.failed() != 1 {
-		t.Errorf("failed() = %d, want 1", rep.failed())
-	}
-	var b bytes.Buffer
-	if err := writeDrillReport(&b, rep); err != nil {
-		t.Fatal(err)
-	}
-	s := b.String()
-	if strings.Count(s, "<circle") != 13*4-1 || !strings.Contains(s, "p50 ") {
-		t.Errorf("many-runs timeline: %d dots, want 51", strings.Count(s, "<circle"))
-	}
-	if strings.Contains(s, "a<b>") || strings.Contains(s, "<no quorum>") || !strings.Contains(s, "a&lt;b&gt;") {
-		t.Error("names are not escaped")
-	}
-	var table bytes.Buffer
-	if err := printDrill(&table, rep); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(table.String(), "FAILED") || !strings.Contains(table.String(), "stopped early") {
-		t.Errorf("summary:\n%s", table.String())
-	}
-}
-
-func TestNiceStepAndPercentile(t *testing.T) {
-	for _, c := range []struct{ max, step float64 }{{1000, 100}, {730, 100}, {1450, 200}, {95, 10}, {4.2, 0.5}, {0, 1}} {
-		if got := niceStep(c.max); got != c.step {
-			t.Errorf("niceStep(%v) = %v, want %v", c.max, got, c.step)
-		}
-	}
-	v := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
-	if percentile(v, 0.5) != 5 || percentile(v, 0.9) != 9 || percentile(v[:1], 0.9) != 1 {
-		t.Error("percentile")
 	}
 }
 
@@ -291,10 +236,10 @@ func TestDrillKillRunsOnDevRestart(t *testing.T) {
 	t.Cleanup(func() { d.Close() })
 	devLeader(t, d, nil, 10*time.Second)
 	var progress bytes.Buffer
-	rep, err := runDrill(context.Background(), drillOptions{
+	rep, err := drill.Run(context.Background(), drill.Options{
 		Admins: []string{d.agent(0).AdminURL(), d.agent(1).AdminURL(), d.agent(2).AdminURL()},
 		VIP:    fmt.Sprintf("%s:%d", o.VIP, o.NSMPort),
-		Fault:  drillKill, Runs: 3, Timeout: 15 * time.Second, Poll: 10 * time.Millisecond, Progress: &progress,
+		Fault:  drill.FaultKill, Runs: 3, Timeout: 15 * time.Second, Poll: 10 * time.Millisecond, Progress: &progress,
 	})
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, progress.String())
@@ -312,7 +257,7 @@ func TestDrillKillRunsOnDevRestart(t *testing.T) {
 		checkDrillRun(t, r)
 		killed[r.OldLeader] = true
 	}
-	for _, st := range drillStats(rep.Runs) {
+	for _, st := range drill.Stats(rep.Runs) {
 		if st.N != 3 || st.P50MS <= 0 || st.MaxMS < st.P50MS {
 			t.Errorf("milestone %s over the runs: %+v, want 3 runs with p50 ≤ max", st.Name, st)
 		}

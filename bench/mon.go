@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -17,8 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/cobra"
-
+	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -30,8 +29,8 @@ const (
 	benchMyProc = 16
 )
 
-type benchMonOptions struct {
-	Addr     string // host:port (see benchTarget)
+type MonOptions struct {
+	Addr     string // host:port (see Target)
 	Net      string // "tcp" | "udp"
 	Conns    int
 	Depth    int           // outstanding calls per connection
@@ -101,8 +100,8 @@ const (
 
 func benchProcNames() [benchProcs]string { return [benchProcs]string{"SM_MON", "SM_UNMON"} }
 
-// benchLatency summarises latencies in milliseconds (nearest rank).
-type benchLatency struct {
+// Latency summarises latencies in milliseconds (nearest rank).
+type Latency struct {
 	N      int     `json:"n"`
 	MinMS  float64 `json:"min_ms"`
 	MeanMS float64 `json:"mean_ms"`
@@ -113,25 +112,25 @@ type benchLatency struct {
 	MaxMS  float64 `json:"max_ms"`
 }
 
-type benchProcStats struct {
+type ProcStats struct {
 	Proc     string         `json:"proc"`
 	Calls    int            `json:"calls"`
 	OK       int            `json:"ok"`
 	Errors   map[string]int `json:"errors,omitempty"`
 	PerSec   float64        `json:"ok_per_s"`
-	Latency  benchLatency   `json:"latency"`
+	Latency  Latency        `json:"latency"`
 	sortedMS []float64
 }
 
-// benchBucket is one bar of the latency histogram: calls that took more
+// Bucket is one bar of the latency histogram: calls that took more
 // than FromMS and at most ToMS (log buckets, 10 per decade).
-type benchBucket struct {
+type Bucket struct {
 	FromMS float64 `json:"from_ms"`
 	ToMS   float64 `json:"to_ms"`
 	Count  int     `json:"count"`
 }
 
-type benchMonReport struct {
+type MonReport struct {
 	Date       time.Time `json:"date"`
 	Target     string    `json:"target"`
 	PortFrom   string    `json:"port_from"` // "given" | "portmapper"
@@ -157,9 +156,9 @@ type benchMonReport struct {
 	ElapsedS float64           `json:"elapsed_s"`
 	CallsPS  float64           `json:"calls_per_s"`
 	OKPS     float64           `json:"ok_per_s"`
-	Latency  benchLatency      `json:"latency"` // every call that got an answer (ok or stat_fail)
-	Procs    []benchProcStats  `json:"procs"`
-	Hist     []benchBucket     `json:"histogram"`
+	Latency  Latency           `json:"latency"` // every call that got an answer (ok or stat_fail)
+	Procs    []ProcStats       `json:"procs"`
+	Hist     []Bucket          `json:"histogram"`
 	Stopped  string            `json:"stopped,omitempty"` // why the run ended early
 
 	sortedMS []float64
@@ -180,7 +179,7 @@ type benchWorker struct {
 
 // benchMonRun is one bench mon in progress.
 type benchMonRun struct {
-	o       benchMonOptions
+	o       MonOptions
 	clients []*oncrpc.Client
 	base    uint32 // MonBase as a number
 	space   uint32 // names available from base to 127.255.255.255
@@ -191,7 +190,7 @@ type benchMonRun struct {
 	my      nsm.MyID
 }
 
-func (o *benchMonOptions) check() error {
+func (o *MonOptions) check() error {
 	switch o.Net {
 	case "tcp", "udp":
 	default:
@@ -222,10 +221,10 @@ func (o *benchMonOptions) check() error {
 	return nil
 }
 
-// runBenchMon dials the connections, makes the warmup calls, then the
+// RunMon dials the connections, makes the warmup calls, then the
 // measured ones, and summarises them. An error means the run could not
 // start (bad options, no server); failed calls are counted in the report.
-func runBenchMon(ctx context.Context, o benchMonOptions) (*benchMonReport, error) {
+func RunMon(ctx context.Context, o MonOptions) (*MonReport, error) {
 	if err := o.check(); err != nil {
 		return nil, fmt.Errorf("bench mon: %w", err)
 	}
@@ -233,7 +232,7 @@ func runBenchMon(ctx context.Context, o benchMonOptions) (*benchMonReport, error
 	b := &benchMonRun{o: o, base: binary.BigEndian.Uint32(b4[:]),
 		my: nsm.MyID{MyName: o.MyName, Prog: benchMyProg, Vers: benchMyVers, Proc: benchMyProc}}
 	b.space = 0x7fffffff - b.base + 1
-	rep := &benchMonReport{Date: time.Now().UTC(), Target: o.Addr, Proto: o.Net, Conns: o.Conns, Depth: o.Depth,
+	rep := &MonReport{Date: time.Now().UTC(), Target: o.Addr, Proto: o.Net, Conns: o.Conns, Depth: o.Depth,
 		Unmon: o.Unmon, MonFirst: o.MonBase.String(), MyName: o.MyName, Warmup: o.Warmup, Asked: o.Calls}
 	if o.Calls == 0 {
 		rep.AskedS = o.Duration.Seconds()
@@ -466,8 +465,8 @@ func (b *benchMonRun) progress(start time.Time, calls int, d time.Duration, labe
 }
 
 // latencySummary summarises ascending millisecond latencies.
-func latencySummary(sorted []float64) benchLatency {
-	l := benchLatency{N: len(sorted)}
+func latencySummary(sorted []float64) Latency {
+	l := Latency{N: len(sorted)}
 	if len(sorted) == 0 {
 		return l
 	}
@@ -476,19 +475,19 @@ func latencySummary(sorted []float64) benchLatency {
 		sum += v
 	}
 	l.MinMS, l.MeanMS, l.MaxMS = sorted[0], sum/float64(len(sorted)), sorted[len(sorted)-1]
-	l.P50MS, l.P90MS = percentile(sorted, 0.5), percentile(sorted, 0.9)
-	l.P99MS, l.P999MS = percentile(sorted, 0.99), percentile(sorted, 0.999)
+	l.P50MS, l.P90MS = drill.Percentile(sorted, 0.5), drill.Percentile(sorted, 0.9)
+	l.P99MS, l.P999MS = drill.Percentile(sorted, 0.99), drill.Percentile(sorted, 0.999)
 	return l
 }
 
 // benchHistogram buckets ascending latencies (ms) 10 to a decade.
-func benchHistogram(sorted []float64) []benchBucket {
-	var out []benchBucket
+func benchHistogram(sorted []float64) []Bucket {
+	var out []Bucket
 	for _, v := range sorted {
 		k := math.Ceil(10*math.Log10(max(v, 1e-6)) - 1e-9)
 		to := math.Pow(10, k/10)
 		if len(out) == 0 || out[len(out)-1].ToMS != to {
-			out = append(out, benchBucket{FromMS: math.Pow(10, (k-1)/10), ToMS: to})
+			out = append(out, Bucket{FromMS: math.Pow(10, (k-1)/10), ToMS: to})
 		}
 		out[len(out)-1].Count++
 	}
@@ -496,7 +495,7 @@ func benchHistogram(sorted []float64) []benchBucket {
 }
 
 // summarise merges the workers into the report.
-func (rep *benchMonReport) summarise(workers []*benchWorker, elapsed time.Duration) {
+func (rep *MonReport) summarise(workers []*benchWorker, elapsed time.Duration) {
 	rep.ElapsedS = elapsed.Seconds()
 	rep.Errors = map[string]int{}
 	names := benchErrNames()
@@ -504,7 +503,7 @@ func (rep *benchMonReport) summarise(workers []*benchWorker, elapsed time.Durati
 		rep.Errors[n] = 0
 	}
 	for p, pname := range benchProcNames() {
-		ps := benchProcStats{Proc: pname, Errors: map[string]int{}}
+		ps := ProcStats{Proc: pname, Errors: map[string]int{}}
 		for _, w := range workers {
 			ps.Calls += w.calls[p]
 			ps.OK += w.ok[p]
@@ -562,8 +561,8 @@ func benchRPCErrors(errs map[string]int) int {
 	return n
 }
 
-// printBenchMon writes the human summary.
-func printBenchMon(w io.Writer, rep *benchMonReport) error {
+// PrintMon writes the human summary.
+func PrintMon(w io.Writer, rep *MonReport) error {
 	procs := "SM_MON"
 	if rep.Unmon {
 		procs = "SM_MON + SM_UNMON"
@@ -585,10 +584,10 @@ func printBenchMon(w io.Writer, rep *benchMonReport) error {
 	fmt.Fprintf(w, "\n\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "PROC\tCALLS\tOK\tSTAT_FAIL\tRPC_ERR\tTIMEOUT\tOK/S\tP50\tP90\tP99\tMAX\t")
-	row := func(name string, calls, ok int, errs map[string]int, perSec float64, l benchLatency) {
+	row := func(name string, calls, ok int, errs map[string]int, perSec float64, l Latency) {
 		lat := []string{"-", "-", "-", "-"}
 		if l.N > 0 {
-			lat = []string{fmtMS(l.P50MS), fmtMS(l.P90MS), fmtMS(l.P99MS), fmtMS(l.MaxMS)}
+			lat = []string{drill.FormatMS(l.P50MS), drill.FormatMS(l.P90MS), drill.FormatMS(l.P99MS), drill.FormatMS(l.MaxMS)}
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t%s\t", name, calls, ok, errs["stat_fail"], benchRPCErrors(errs), errs["timeout"], perSec, strings.Join(lat, "\t"))
 		fmt.Fprintln(tw)
@@ -602,9 +601,9 @@ func printBenchMon(w io.Writer, rep *benchMonReport) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\n%d calls in %s: %.0f calls/s, %.0f ok/s", rep.Calls, fmtDur(time.Duration(rep.ElapsedS*float64(time.Second))), rep.CallsPS, rep.OKPS)
+	fmt.Fprintf(w, "\n%d calls in %s: %.0f calls/s, %.0f ok/s", rep.Calls, drill.FormatDuration(time.Duration(rep.ElapsedS*float64(time.Second))), rep.CallsPS, rep.OKPS)
 	if rep.Latency.N > 0 {
-		fmt.Fprintf(w, "; latency mean %s, p99.9 %s", fmtMS(rep.Latency.MeanMS), fmtMS(rep.Latency.P999MS))
+		fmt.Fprintf(w, "; latency mean %s, p99.9 %s", drill.FormatMS(rep.Latency.MeanMS), drill.FormatMS(rep.Latency.P999MS))
 	}
 	fmt.Fprintln(w)
 	if rep.Failed > 0 {
@@ -619,96 +618,4 @@ func printBenchMon(w io.Writer, rep *benchMonReport) error {
 		fmt.Fprintf(w, "\nstopped early: %s\n", rep.Stopped)
 	}
 	return nil
-}
-
-func benchMonCmd() *cobra.Command {
-	var (
-		o              benchMonOptions
-		addr, monBase  string
-		source, plot   string
-		asJSON, noPriv bool
-	)
-	cmd := &cobra.Command{
-		Use:   "mon --addr HOST[:PORT] -c CONNS -n CALLS",
-		Short: "SM_MON load against any NSM server (nsmd or rpc.statd): throughput, latency, errors",
-		Long: `mon sends SM_MON calls with distinct mon_names (127.x.y.z literals counting
-up from --mon-base, so they never leave the loopback network even if the
-server later notifies them), my_id 100021/3/16 as Linux lockd does, and a
-random 16-byte priv per call, from privileged source ports when allowed.
-With --unmon every other call of a caller is SM_UNMON of a name it
-monitored earlier in the run. Each of the -c connections carries --depth
-callers, each with one call outstanding.
-
-Without a port in --addr the port comes from the portmapper on HOST:111.
-rpc.statd accepts SM_MON only from 127.0.0.1: run it on the same host.
-
-The latency of a call is from its send to its answer; calls that time out
-are counted, not timed. Failed calls make the exit status non-zero after
-the report.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			var err error
-			if o.MonBase, err = netip.ParseAddr(monBase); err != nil {
-				return fmt.Errorf("--mon-base: %w", err)
-			}
-			if source != "" {
-				if o.Source, err = netip.ParseAddr(source); err != nil {
-					return fmt.Errorf("--source: %w", err)
-				}
-			}
-			if cmd.Flags().Changed("duration") && !cmd.Flags().Changed("calls") {
-				o.Calls = 0
-			}
-			o.Privileged = !noPriv
-			hostport, from, err := benchTarget(ctx, addr, o.Net, 3*time.Second)
-			if err != nil {
-				return fmt.Errorf("bench mon: %w", err)
-			}
-			o.Addr = hostport
-			o.Progress = cmd.ErrOrStderr()
-			o.TTY = isTerminal(o.Progress)
-			rep, err := runBenchMon(ctx, o)
-			if err != nil {
-				return err
-			}
-			rep.PortFrom = from
-			out := cmd.OutOrStdout()
-			if err := printResult(out, asJSON, rep, func(w io.Writer) error { return printBenchMon(w, rep) }); err != nil {
-				return err
-			}
-			if plot != "" {
-				if err := writeSVGFile(plot, benchLatencySVG(rep)); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.ErrOrStderr(), "latency histogram written to %s\n", plot)
-			}
-			if rep.Failed > 0 {
-				return fmt.Errorf("bench mon: %d of %d calls failed", rep.Failed, rep.Calls)
-			}
-			if rep.Stopped != "" {
-				return fmt.Errorf("bench mon: %s", rep.Stopped)
-			}
-			return nil
-		},
-	}
-	f := cmd.Flags()
-	f.StringVar(&addr, "addr", "127.0.0.1", "NSM server: HOST:PORT, or HOST to ask its portmapper")
-	f.StringVar(&o.Net, "proto", "tcp", "tcp | udp")
-	f.IntVarP(&o.Conns, "conns", "c", 1, "connections (TCP) or sockets (UDP)")
-	f.IntVar(&o.Depth, "depth", 1, "outstanding calls per connection")
-	f.IntVarP(&o.Calls, "calls", "n", 1000, "measured calls (all connections together)")
-	f.DurationVar(&o.Duration, "duration", 0, "measure for this long instead of -n")
-	f.IntVar(&o.Warmup, "warmup", 0, "calls made before measuring (not counted)")
-	f.BoolVar(&o.Unmon, "unmon", false, "make half of the calls SM_UNMON of names monitored earlier in the run")
-	f.StringVar(&monBase, "mon-base", "127.1.0.1", "first mon_name (an address in 127.0.0.0/8; later ones count up)")
-	f.StringVar(&o.MyName, "my-name", "127.0.0.1", "my_name of the lock manager registering")
-	f.BoolVar(&noPriv, "no-privileged", false, "do not bind source ports below 1024")
-	f.StringVar(&source, "source", "", "source address (default: chosen by the kernel; 127.0.0.1 to a loopback server)")
-	f.DurationVar(&o.Timeout, "timeout", 5*time.Second, "per call (UDP: including retransmits)")
-	f.DurationVar(&o.Retransmit, "retransmit", 500*time.Millisecond, "UDP: first retransmit interval")
-	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
-	f.StringVar(&plot, "plot", "", "write a latency histogram to this SVG file")
-	cmd.MarkFlagsMutuallyExclusive("calls", "duration")
-	return cmd
 }

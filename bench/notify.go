@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -6,13 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -22,8 +20,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/spf13/cobra"
 
+	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -31,7 +29,7 @@ import (
 
 // nsmd bench notify measures the SM_NOTIFY fan-out after a takeover. The
 // parent process creates a network namespace of its own and re-executes
-// itself inside it (bench_notify_linux.go); the child stands up the fake
+// itself inside it (notify_linux.go); the child stands up the fake
 // client hosts and a 3-node in-process cluster there, and hands its report
 // back on file descriptor 3 as JSON. The parent prints it.
 //
@@ -42,20 +40,20 @@ import (
 // 127.0.0.1-3 and the VIP 127.0.0.100, as nsmd dev does.
 
 const (
-	benchNotifyChildEnv = "NSMD_BENCH_NOTIFY_CHILD" // JSON benchNotifyOptions for the child
-	benchNotifyVIP      = "127.0.0.100"
-	benchNotifyMyName   = "bench-client"
-	benchNotifyMaxHosts = 200_000
-	benchFaultKill      = "kill"
-	benchFaultTransfer  = "transfer"
+	NotifyChildEnv = "NSMD_BENCH_NOTIFY_CHILD" // JSON NotifyOptions for the child
+	notifyVIP      = "127.0.0.100"
+	notifyMyName   = "bench-client"
+	notifyMaxHosts = 200_000
+	FaultKill      = "kill"
+	FaultTransfer  = "transfer"
 	// A dead host is silent (a port 111 that reads and drops everything:
 	// a host that is down) or refused (nothing bound: the kernel answers
 	// ICMP port unreachable, as an up host without rpcbind does).
-	benchDeadSilent  = "silent"
-	benchDeadRefused = "refused"
+	DeadSilent  = "silent"
+	DeadRefused = "refused"
 )
 
-type benchNotifyOptions struct {
+type NotifyOptions struct {
 	Hosts           int           `json:"hosts"`
 	DeadPct         float64       `json:"dead_pct"`
 	DeadMode        string        `json:"dead_mode"`
@@ -70,23 +68,23 @@ type benchNotifyOptions struct {
 	sharedPort      bool          // set in the child: the statd shares port 111
 }
 
-// benchNotifySpareFDs is the open-file budget for everything but the fake
+// notifySpareFDs is the open-file budget for everything but the fake
 // hosts' sockets (the cluster's listeners, raft and client connections).
-const benchNotifySpareFDs = 2048
+const notifySpareFDs = 2048
 
-func (o *benchNotifyOptions) validate() error {
+func (o *NotifyOptions) Validate() error {
 	var errs []error
-	if o.Hosts < 1 || o.Hosts > benchNotifyMaxHosts {
-		errs = append(errs, fmt.Errorf("--hosts must be 1..%d, not %d", benchNotifyMaxHosts, o.Hosts))
+	if o.Hosts < 1 || o.Hosts > notifyMaxHosts {
+		errs = append(errs, fmt.Errorf("--hosts must be 1..%d, not %d", notifyMaxHosts, o.Hosts))
 	}
 	if o.DeadPct < 0 || o.DeadPct >= 100 {
 		errs = append(errs, fmt.Errorf("--dead-pct must be in [0, 100), not %v", o.DeadPct))
 	}
-	if o.DeadMode != benchDeadSilent && o.DeadMode != benchDeadRefused {
-		errs = append(errs, fmt.Errorf("--dead-mode must be %s or %s, not %q", benchDeadSilent, benchDeadRefused, o.DeadMode))
+	if o.DeadMode != DeadSilent && o.DeadMode != DeadRefused {
+		errs = append(errs, fmt.Errorf("--dead-mode must be %s or %s, not %q", DeadSilent, DeadRefused, o.DeadMode))
 	}
-	if o.Fault != benchFaultKill && o.Fault != benchFaultTransfer {
-		errs = append(errs, fmt.Errorf("--fault must be %s or %s, not %q", benchFaultKill, benchFaultTransfer, o.Fault))
+	if o.Fault != FaultKill && o.Fault != FaultTransfer {
+		errs = append(errs, fmt.Errorf("--fault must be %s or %s, not %q", FaultKill, FaultTransfer, o.Fault))
 	}
 	if o.Timeout <= 0 || o.SMNotifyTimeout <= 0 {
 		errs = append(errs, errors.New("--timeout and --sm-notify-timeout must be positive"))
@@ -97,8 +95,8 @@ func (o *benchNotifyOptions) validate() error {
 	return errors.Join(errs...)
 }
 
-// benchNotifyPhase is one fan-out as the fake hosts saw it.
-type benchNotifyPhase struct {
+// NotifyPhase is one fan-out as the fake hosts saw it.
+type NotifyPhase struct {
 	Name     string `json:"name"` // nsmd | sm-notify
 	Live     int    `json:"live"`
 	Notified int    `json:"notified"` // live hosts that got SM_NOTIFY with the new state
@@ -122,25 +120,25 @@ type benchNotifyPhase struct {
 	ProgressEvery []int `json:"progress_per_second"` // notified count at each whole second
 	// Curve is the cumulative count of notified hosts over time (at most
 	// ~400 points), for the plot.
-	Curve []benchNotifyPoint `json:"curve"`
-	Note  string             `json:"note,omitempty"`
+	Curve []NotifyPoint `json:"curve"`
+	Note  string        `json:"note,omitempty"`
 }
 
-type benchNotifyPoint struct {
+type NotifyPoint struct {
 	MS    float64 `json:"ms"`
 	Count int     `json:"n"`
 }
 
-// benchNotifySends is what the new leader's notifier sent (its metrics),
+// NotifySends is what the new leader's notifier sent (its metrics),
 // to live and dead hosts alike.
-type benchNotifySends struct {
+type NotifySends struct {
 	GetportFirst int64 `json:"getport_first"`
 	GetportRetry int64 `json:"getport_retry"`
 	NotifyFirst  int64 `json:"notify_first"`
 	NotifyRetry  int64 `json:"notify_retry"`
 }
 
-type benchNotifyReport struct {
+type NotifyReport struct {
 	Hosts       int     `json:"hosts"`
 	Live        int     `json:"live"`
 	Dead        int     `json:"dead"`
@@ -156,10 +154,10 @@ type benchNotifyReport struct {
 	NotifyName  string  `json:"notify_name"`
 	FaultToTkMS float64 `json:"fault_to_takeover_ms"` // fault → takeover command stamped by the new leader
 	// EarlyNotify counts SM_NOTIFYs the hosts got before the fault (should be 0).
-	EarlyNotify int64             `json:"early_notify"`
-	NSMD        benchNotifyPhase  `json:"nsmd"`
-	Sends       benchNotifySends  `json:"nsmd_sends"`
-	SMNotify    *benchNotifyPhase `json:"sm_notify,omitempty"`
+	EarlyNotify int64        `json:"early_notify"`
+	NSMD        NotifyPhase  `json:"nsmd"`
+	Sends       NotifySends  `json:"nsmd_sends"`
+	SMNotify    *NotifyPhase `json:"sm_notify,omitempty"`
 	// Ratio is sm-notify's completion over nsmd's (a lower bound when
 	// sm-notify did not reach every live host).
 	Ratio      float64 `json:"ratio,omitempty"`
@@ -168,123 +166,28 @@ type benchNotifyReport struct {
 	Started    string  `json:"started"`
 }
 
-func benchNotifyCmd() *cobra.Command {
-	o := benchNotifyOptions{}
-	var asJSON, child bool
-	var plot string
-	cmd := &cobra.Command{
-		Use:   "notify",
-		Short: "Measure the SM_NOTIFY fan-out after a takeover (N fake client hosts in a private network namespace)",
-		Long: `notify creates a network namespace (nsmd-bench-<pid>, removed at exit), and in
-it stands up N fake client hosts — each a statd and a portmapper on port 111
-at its own 127.x.y.z address on the namespace's lo — and a 3-node nsmd
-cluster in this process with the VIP 127.0.0.100. It registers every host
-(SM_MON from 127.0.0.1 through the VIP, mon_name = the host's address),
-makes the leader fail (--fault kill: crash it in-process; transfer: a
-leadership transfer), and reports the time from the new leader's takeover
-until every live host has SM_NOTIFY with the new state: a progress line per
-second on stderr, then per-host p50/p90/p99/max, and retransmissions.
---dead-pct makes that share of the hosts dead: registered and retried, but
-never answering. With --dead-mode silent (the default) a dead host's port
-111 drops every datagram, as a host that is down does; with refused nothing
-listens there and the kernel answers ICMP port unreachable. Note on refused:
-all the fake hosts share one kernel, and on Linux ≥ 6.14 a UDP datagram to
-a port with no matching socket scans every socket bound to that port (the
-fallback lookup by port alone), so each datagram to a dead host costs the
-sender a walk over the thousands of live hosts' port-111 sockets — an
-artifact of the simulation that real dead hosts do not impose.
-
---sm-notify then runs the real sm-notify on the same host list (an
-rpc.statd state directory written for it) and reports the ratio.
-
-Needs root (network namespaces, port 111).`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.validate(); err != nil {
-				return err
-			}
-			if child {
-				return benchNotifyChildMain(cmd.Context(), os.Stderr)
-			}
-			if os.Geteuid() != 0 {
-				return errors.New("bench notify needs root: it creates a network namespace and binds port 111 on many addresses")
-			}
-			if o.SMNotify {
-				if _, err := exec.LookPath(o.SMNotifyPath); err != nil {
-					return fmt.Errorf("--sm-notify: %w (install nfs-common, or give --sm-notify-path)", err)
-				}
-			}
-			if o.CPUProfile != "" {
-				abs, err := filepath.Abs(o.CPUProfile)
-				if err != nil {
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				o.CPUProfile = abs
-			}
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("cannot find my own executable to re-run in the namespace: %w", err)
-			}
-			args := append(strings.Fields(cmd.CommandPath())[1:], "--netns-child")
-			rep, err := benchNotifyNetns(cmd.Context(), o, exe, args, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			if plot != "" {
-				if err := os.WriteFile(plot, []byte(benchNotifySVG(rep)), 0o644); err != nil {
-					return fmt.Errorf("--plot: %w", err)
-				}
-			}
-			if asJSON {
-				return printResult(cmd.OutOrStdout(), true, rep, nil)
-			}
-			printBenchNotify(cmd.OutOrStdout(), rep)
-			if plot != "" {
-				fmt.Fprintf(cmd.OutOrStdout(), "plot: %s\n", plot)
-			}
-			return nil
-		},
-	}
-	f := cmd.Flags()
-	f.IntVar(&o.Hosts, "hosts", 1000, "fake client hosts to register and notify")
-	f.Float64Var(&o.DeadPct, "dead-pct", 0, "percentage of the hosts that never answer (registered, spread evenly over the list)")
-	f.StringVar(&o.DeadMode, "dead-mode", benchDeadSilent, "how a dead host does not answer: silent (its port 111 drops everything, like a host that is down) | refused (nothing listens: ICMP port unreachable; see the note in --help)")
-	f.StringVar(&o.Fault, "fault", benchFaultKill, "how the leader goes: kill (in-process crash, like SIGKILL) | transfer (leadership transfer)")
-	f.BoolVar(&o.SMNotify, "sm-notify", false, "also run the real sm-notify on the same host list and print the ratio")
-	f.StringVar(&o.SMNotifyPath, "sm-notify-path", "/usr/sbin/sm-notify", "the sm-notify to run")
-	f.DurationVar(&o.SMNotifyTimeout, "sm-notify-timeout", 3*time.Minute, "stop waiting for sm-notify after this")
-	f.DurationVar(&o.Timeout, "timeout", time.Minute, "stop waiting for nsmd's fan-out after this (from the takeover)")
-	f.IntVar(&o.Conns, "conns", 16, "TCP connections used to register the hosts (each pipelines 64 calls)")
-	f.StringVar(&o.LogLevel, "log-level", "off", "the in-process cluster's log level: off | error | warn | info | debug")
-	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
-	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the fan-out (fault to last live host, whole process: cluster and fake hosts) to this file")
-	f.StringVar(&plot, "plot", "", "write an SVG timeline (notified hosts over time) to this file")
-	f.BoolVar(&child, "netns-child", false, "internal: the process inside the namespace")
-	f.MarkHidden("netns-child")
-	return cmd
-}
-
-// benchNotifyChildMain is the process inside the namespace: options from
-// the environment, report as JSON on fd 3.
-func benchNotifyChildMain(ctx context.Context, progress io.Writer) error {
-	raw := os.Getenv(benchNotifyChildEnv)
+// NotifyChild is the process inside the namespace (NotifyInNetns runs it
+// with NotifyChildEnv set): options from the environment, the cluster
+// from start, the report as JSON on fd 3.
+func NotifyChild(ctx context.Context, start StartCluster, progress io.Writer) error {
+	raw := os.Getenv(NotifyChildEnv)
 	if raw == "" {
-		return fmt.Errorf("internal: %s is not set (run nsmd bench notify without --netns-child)", benchNotifyChildEnv)
+		return fmt.Errorf("internal: %s is not set (run nsmd bench notify without --netns-child)", NotifyChildEnv)
 	}
-	var o benchNotifyOptions
+	var o NotifyOptions
 	if err := json.Unmarshal([]byte(raw), &o); err != nil {
-		return fmt.Errorf("internal: %s: %w", benchNotifyChildEnv, err)
+		return fmt.Errorf("internal: %s: %w", NotifyChildEnv, err)
 	}
-	if err := benchNotifyCheckPrivateNetns(); err != nil {
+	if err := notifyCheckPrivateNetns(); err != nil {
 		return err
 	}
-	live := len(benchNotifyLive(o.Hosts, o.DeadPct))
+	live := len(notifyLive(o.Hosts, o.DeadPct))
 	deadSockets := 0
-	if o.DeadMode == benchDeadSilent {
+	if o.DeadMode == DeadSilent {
 		deadSockets = o.Hosts - live
 	}
-	two, one := uint64(2*live+deadSockets+benchNotifySpareFDs), uint64(live+deadSockets+benchNotifySpareFDs)
-	limit, err := benchNotifyRaiseNofile(two)
+	two, one := uint64(2*live+deadSockets+notifySpareFDs), uint64(live+deadSockets+notifySpareFDs)
+	limit, err := notifyRaiseNofile(two)
 	if err != nil {
 		return err
 	}
@@ -293,14 +196,14 @@ func benchNotifyChildMain(ctx context.Context, progress io.Writer) error {
 	// statd answers on port 111 too (GETPORT says so).
 	o.sharedPort = limit < two
 	if limit < one {
-		return fmt.Errorf("the open-file limit %d is too low for %d hosts (%d sockets, plus %d); lower --hosts", limit, o.Hosts, one-benchNotifySpareFDs, benchNotifySpareFDs)
+		return fmt.Errorf("the open-file limit %d is too low for %d hosts (%d sockets, plus %d); lower --hosts", limit, o.Hosts, one-notifySpareFDs, notifySpareFDs)
 	}
 	out := os.NewFile(3, "report")
 	if out == nil {
 		return errors.New("internal: no report pipe on fd 3")
 	}
 	defer out.Close()
-	rep, err := runBenchNotify(ctx, o, progress)
+	rep, err := runNotify(ctx, o, start, progress)
 	if err != nil {
 		return err
 	}
@@ -310,24 +213,24 @@ func benchNotifyChildMain(ctx context.Context, progress io.Writer) error {
 
 // ---- host addresses ------------------------------------------------------------
 
-// benchNotifyAddr is host i's address: 127.x.y.z with x ≥ 1 and z in 1..250.
-func benchNotifyAddr(i int) netip.Addr {
+// notifyAddr is host i's address: 127.x.y.z with x ≥ 1 and z in 1..250.
+func notifyAddr(i int) netip.Addr {
 	b := i / 250
 	return netip.AddrFrom4([4]byte{127, byte(1 + b/256), byte(b % 256), byte(i%250 + 1)})
 }
 
-// benchNotifyDead reports whether host i of a list with deadPct % dead
+// notifyDead reports whether host i of a list with deadPct % dead
 // hosts is dead: exactly round-down(n·pct/100) of the first n hosts are,
 // spread evenly over the list.
-func benchNotifyDead(i int, deadPct float64) bool {
+func notifyDead(i int, deadPct float64) bool {
 	q := int64(math.Round(deadPct * 100)) // per 10,000
 	return (int64(i)+1)*q/10000 > int64(i)*q/10000
 }
 
-func benchNotifyLive(hosts int, deadPct float64) []int {
+func notifyLive(hosts int, deadPct float64) []int {
 	var live []int
 	for i := range hosts {
-		if !benchNotifyDead(i, deadPct) {
+		if !notifyDead(i, deadPct) {
 			live = append(live, i)
 		}
 	}
@@ -371,9 +274,9 @@ func startBenchHosts(n int, deadPct float64, deadMode string, shared bool) (*ben
 	h.minState.Store(math.MaxInt32) // nothing counts until a phase starts
 	for i := range h.hosts {
 		hh := &h.hosts[i]
-		hh.addr, hh.dead = benchNotifyAddr(i), benchNotifyDead(i, deadPct)
+		hh.addr, hh.dead = notifyAddr(i), notifyDead(i, deadPct)
 		if hh.dead {
-			if deadMode == benchDeadSilent {
+			if deadMode == DeadSilent {
 				pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, oncrpc.PmapPort)))
 				if err != nil {
 					h.Close()
@@ -566,8 +469,8 @@ func (h *benchHosts) wait(ctx context.Context, label string, live int, start tim
 }
 
 // result summarises the phase from ref (the reference instant).
-func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool, capAt time.Duration) benchNotifyPhase {
-	p := benchNotifyPhase{Name: name, Live: live, TimedOut: timedOut,
+func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool, capAt time.Duration) NotifyPhase {
+	p := NotifyPhase{Name: name, Live: live, TimedOut: timedOut,
 		NotifyRx: h.notifyRx.Load(), GetportRx: h.getportRx.Load(),
 		WrongSource: h.wrongSource.Load(), WrongMonName: h.wrongName.Load(), DeadRx: h.deadRx.Load()}
 	var ms []float64
@@ -580,14 +483,14 @@ func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool,
 	p.Notified = len(ms)
 	if len(ms) > 0 {
 		p.FirstMS, p.MaxMS = ms[0], ms[len(ms)-1]
-		p.P50MS, p.P90MS, p.P99MS = percentile(ms, 0.5), percentile(ms, 0.9), percentile(ms, 0.99)
+		p.P50MS, p.P90MS, p.P99MS = drill.Percentile(ms, 0.5), drill.Percentile(ms, 0.9), drill.Percentile(ms, 0.99)
 		p.CompleteMS = p.MaxMS
 		step := max(1, len(ms)/400)
 		for i := 0; i < len(ms); i += step {
-			p.Curve = append(p.Curve, benchNotifyPoint{MS: ms[i], Count: i + 1})
+			p.Curve = append(p.Curve, NotifyPoint{MS: ms[i], Count: i + 1})
 		}
 		if last := len(ms) - 1; last%step != 0 {
-			p.Curve = append(p.Curve, benchNotifyPoint{MS: ms[last], Count: last + 1})
+			p.Curve = append(p.Curve, NotifyPoint{MS: ms[last], Count: last + 1})
 		}
 	}
 	if p.Notified < live {
@@ -598,11 +501,11 @@ func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool,
 
 // ---- the run inside the namespace ----------------------------------------------
 
-func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Writer) (*benchNotifyReport, error) {
-	rep := &benchNotifyReport{Hosts: o.Hosts, DeadMode: o.DeadMode, Fault: o.Fault, Nodes: 3, CPUs: benchNotifyCPUs(), Started: time.Now().UTC().Format(time.RFC3339)}
-	live := len(benchNotifyLive(o.Hosts, o.DeadPct))
+func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progress io.Writer) (*NotifyReport, error) {
+	rep := &NotifyReport{Hosts: o.Hosts, DeadMode: o.DeadMode, Fault: o.Fault, Nodes: 3, CPUs: notifyCPUs(), Started: time.Now().UTC().Format(time.RFC3339)}
+	live := len(notifyLive(o.Hosts, o.DeadPct))
 	rep.Live, rep.Dead = live, o.Hosts-live
-	vip := netip.MustParseAddr(benchNotifyVIP)
+	vip := netip.MustParseAddr(notifyVIP)
 
 	tSetup := time.Now()
 	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.DeadMode, o.sharedPort)
@@ -621,14 +524,11 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	dopts := devOptions{Nodes: rep.Nodes, DataDir: dir, VIP: benchNotifyVIP, NSMPort: 6620, RaftPort: 7300, GossipPort: 7946, LogLevel: o.LogLevel}
-	log := slog.New(slog.DiscardHandler)
+	spec := ClusterSpec{Nodes: rep.Nodes, DataDir: dir, VIP: notifyVIP, NSMPort: 6620, RaftPort: 7300, GossipPort: 7946, LogLevel: o.LogLevel, LogTo: progress}
 	if o.LogLevel == "off" {
-		dopts.LogLevel = "error"
-	} else {
-		log = newLogger(progress, o.LogLevel, "text")
+		spec.LogLevel = ""
 	}
-	d, err := startDev(dopts, agentOptions{Logger: log})
+	d, err := start(spec)
 	if err != nil {
 		return nil, fmt.Errorf("start the cluster: %w", err)
 	}
@@ -638,20 +538,20 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 			closed = true
 			// Crash every node first: a graceful close hands leadership
 			// over, and the next leader would start another fan-out.
-			for _, a := range d.agents {
-				a.kill()
+			for _, n := range d.Nodes() {
+				n.Kill()
 			}
 			d.Close()
 		}
 	}
 	defer closeCluster()
-	rep.NotifyName = d.agents[0].cfg.EffectiveNotifyName()
-	leader, err := benchWaitLeader(ctx, d, nil, 30*time.Second)
+	rep.NotifyName = d.Nodes()[0].NotifyName()
+	leader, err := benchWaitLeader(ctx, d, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	rep.OldState = leader.node.FSM().State()
-	vipAddr := net.JoinHostPort(benchNotifyVIP, strconv.Itoa(dopts.NSMPort))
+	rep.OldState = leader.State()
+	vipAddr := net.JoinHostPort(notifyVIP, strconv.Itoa(spec.NSMPort))
 
 	// Register every host through the VIP, as the server's lockd would.
 	tReg := time.Now()
@@ -659,8 +559,8 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 		return nil, err
 	}
 	if err := benchWaitCond(ctx, 60*time.Second, "every node to apply the registrations", func() bool {
-		for _, a := range d.agents {
-			if a.node.FSM().Len() != o.Hosts {
+		for _, n := range d.Nodes() {
+			if n.Registrations() != o.Hosts {
 				return false
 			}
 		}
@@ -685,21 +585,19 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 
 	// The fault.
 	t0 := time.Now()
-	var skip *agent
 	switch o.Fault {
-	case benchFaultKill:
-		leader.kill()
-		skip = leader
-	case benchFaultTransfer:
-		if err := leader.node.Raft().LeadershipTransfer().Error(); err != nil {
+	case FaultKill:
+		leader.Kill()
+	case FaultTransfer:
+		if err := leader.TransferLeadership(); err != nil {
 			return nil, fmt.Errorf("leadership transfer: %w", err)
 		}
 	}
-	var nl *agent
+	var nl Node
 	if err := benchWaitCond(ctx, 30*time.Second, "a new leader's takeover", func() bool {
-		for _, a := range d.agents {
-			if a != skip && a != leader && a.node.Leading() && a.node.FSM().State() > rep.OldState {
-				nl = a
+		for _, n := range d.Nodes() {
+			if n.ID() != leader.ID() && n.Leading() && n.State() > rep.OldState {
+				nl = n
 				return true
 			}
 		}
@@ -707,23 +605,23 @@ func runBenchNotify(ctx context.Context, o benchNotifyOptions, progress io.Write
 	}); err != nil {
 		return nil, err
 	}
-	tk := nl.node.LastTakeover()
-	rep.NewState = nl.node.FSM().State()
-	rep.FaultToTkMS = float64(tk.At.Sub(t0)) / float64(time.Millisecond)
+	tk := nl.LastTakeover()
+	rep.NewState = nl.State()
+	rep.FaultToTkMS = float64(tk.Sub(t0)) / float64(time.Millisecond)
 	fmt.Fprintf(progress, "bench notify: %s took over %v after the %s (sm_state %d → %d); notifying\n",
-		nl.cfg.NodeID, tk.At.Sub(t0).Round(time.Millisecond), o.Fault, rep.OldState, rep.NewState)
+		nl.ID(), tk.Sub(t0).Round(time.Millisecond), o.Fault, rep.OldState, rep.NewState)
 
 	var perSecond []int
-	all := hosts.wait(ctx, "nsmd", live, tk.At, tk.At.Add(o.Timeout), allNotified, nil, progress, &perSecond)
+	all := hosts.wait(ctx, "nsmd", live, tk, tk.Add(o.Timeout), allNotified, nil, progress, &perSecond)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	rep.NSMD = hosts.result("nsmd", tk.At, live, !all, o.Timeout)
+	rep.NSMD = hosts.result("nsmd", tk, live, !all, o.Timeout)
 	rep.NSMD.ProgressEvery = perSecond
 	if o.CPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
-	rep.Sends = benchNotifySendsOf(nl)
+	rep.Sends = notifySendsOf(nl)
 	closeCluster() // stops the notifier (still retrying the dead hosts)
 
 	if o.SMNotify {
@@ -754,7 +652,7 @@ func benchStartCPUProfile(path string) (stop func(), err error) {
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
-func benchNotifyCPUs() int {
+func notifyCPUs() int {
 	n, _ := strconv.Atoi(strings.TrimSpace(func() string {
 		b, err := exec.Command("nproc").Output()
 		if err != nil {
@@ -783,12 +681,12 @@ func benchWaitCond(ctx context.Context, timeout time.Duration, what string, cond
 	return nil
 }
 
-func benchWaitLeader(ctx context.Context, d *devCluster, skip *agent, timeout time.Duration) (*agent, error) {
-	var lead *agent
+func benchWaitLeader(ctx context.Context, d Cluster, timeout time.Duration) (Node, error) {
+	var lead Node
 	err := benchWaitCond(ctx, timeout, "a leader holding the VIP", func() bool {
-		for _, a := range d.agents {
-			if a != skip && a.node.Leading() && a.VIPHeld() {
-				lead = a
+		for _, n := range d.Nodes() {
+			if n.Leading() && n.VIPHeld() {
+				lead = n
 				return true
 			}
 		}
@@ -817,8 +715,8 @@ func benchRegister(ctx context.Context, addr string, hosts, conns int) error {
 					if i >= hosts {
 						return
 					}
-					mon := nsm.Mon{ID: nsm.MonID{MonName: benchNotifyAddr(i).String(),
-						My: nsm.MyID{MyName: benchNotifyMyName, Prog: 100021, Vers: 3, Proc: 16}}}
+					mon := nsm.Mon{ID: nsm.MonID{MonName: notifyAddr(i).String(),
+						My: nsm.MyID{MyName: notifyMyName, Prog: 100021, Vers: 3, Proc: 16}}}
 					var res nsm.SMStatRes
 					if err := c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil {
 						errs <- fmt.Errorf("SM_MON %s: %w", mon.ID.MonName, err)
@@ -837,10 +735,10 @@ func benchRegister(ctx context.Context, addr string, hosts, conns int) error {
 	return <-errs // nil when none
 }
 
-// benchNotifySendsOf reads the notifier's send counters from a's metrics.
-func benchNotifySendsOf(a *agent) benchNotifySends {
-	var s benchNotifySends
-	mfs, err := a.reg.Gather()
+// notifySendsOf reads the notifier's send counters from n's metrics.
+func notifySendsOf(n Node) NotifySends {
+	var s NotifySends
+	mfs, err := n.Metrics().Gather()
 	if err != nil {
 		return s
 	}
@@ -879,7 +777,7 @@ func counterValue(m *dto.Metric) float64 {
 // benchRunSMNotify runs the real sm-notify on the same hosts: an rpc.statd
 // state directory with one record per host, then `sm-notify -d -f -P DIR
 // -v VIP`, timed from its start until every live host has its SM_NOTIFY.
-func benchRunSMNotify(ctx context.Context, o benchNotifyOptions, hosts *benchHosts, live int, state int32, progress io.Writer) (*benchNotifyPhase, error) {
+func benchRunSMNotify(ctx context.Context, o NotifyOptions, hosts *benchHosts, live int, state int32, progress io.Writer) (*NotifyPhase, error) {
 	dir, err := os.MkdirTemp("", "nsmd-bench-sm-notify-")
 	if err != nil {
 		return nil, err
@@ -889,21 +787,21 @@ func benchRunSMNotify(ctx context.Context, o benchNotifyOptions, hosts *benchHos
 	for i := range o.Hosts {
 		sd.Records = append(sd.Records, nsm.StatdRecord{
 			Callback: netip.AddrFrom4([4]byte{127, 0, 0, 1}),
-			My:       fsm.MyID{MyName: benchNotifyMyName, Prog: 100021, Vers: 3, Proc: 16},
-			MonName:  benchNotifyAddr(i).String(),
+			My:       fsm.MyID{MyName: notifyMyName, Prog: 100021, Vers: 3, Proc: 16},
+			MonName:  notifyAddr(i).String(),
 		})
 	}
 	if err := nsm.WriteStatdDir(dir, sd); err != nil {
 		return nil, err
 	}
-	if err := benchNotifyHosts(dir); err != nil {
+	if err := notifyHosts(dir); err != nil {
 		return nil, err
 	}
-	allNotified := hosts.phase(math.MinInt32, netip.MustParseAddr(benchNotifyVIP), benchNotifyVIP, live)
+	allNotified := hosts.phase(math.MinInt32, netip.MustParseAddr(notifyVIP), notifyVIP, live)
 	var tail benchTail
-	cmd := exec.Command(o.SMNotifyPath, "-d", "-f", "-P", dir, "-v", benchNotifyVIP)
+	cmd := exec.Command(o.SMNotifyPath, "-d", "-f", "-P", dir, "-v", notifyVIP)
 	cmd.Stdout, cmd.Stderr = &tail, &tail
-	cmd.SysProcAttr = benchNotifyChildAttr() // dies with us
+	cmd.SysProcAttr = notifyChildAttr() // dies with us
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start sm-notify: %w", err)
@@ -971,20 +869,20 @@ func (t *benchTail) String() string {
 
 // ---- output ------------------------------------------------------------------------
 
-func printBenchNotify(w io.Writer, r *benchNotifyReport) {
+func PrintNotify(w io.Writer, r *NotifyReport) {
 	fmt.Fprintf(w, "nsmd bench notify: %d hosts (%d live, %d dead: %s), fault %s, %d nodes in one process, %d CPUs, netns %s\n",
 		r.Hosts, r.Live, r.Dead, r.DeadMode, r.Fault, r.Nodes, r.CPUs, r.Netns)
 	fmt.Fprintf(w, "  each fake host: portmapper on its 127.x.y.z:111, statd on %s\n", r.StatdPort)
-	fmt.Fprintf(w, "  registration: %d SM_MON committed in %s (%.0f/s)\n", r.Hosts, fmtMS(r.RegisterMS), r.RegisterPS)
-	fmt.Fprintf(w, "  %s → takeover: %s (sm_state %d → %d, notify name %s)\n", r.Fault, fmtMS(r.FaultToTkMS), r.OldState, r.NewState, r.NotifyName)
+	fmt.Fprintf(w, "  registration: %d SM_MON committed in %s (%.0f/s)\n", r.Hosts, drill.FormatMS(r.RegisterMS), r.RegisterPS)
+	fmt.Fprintf(w, "  %s → takeover: %s (sm_state %d → %d, notify name %s)\n", r.Fault, drill.FormatMS(r.FaultToTkMS), r.OldState, r.NewState, r.NotifyName)
 	fmt.Fprintf(w, "\n  %-10s %13s %10s %9s %9s %9s %9s %9s %11s %11s\n", "", "notified", "all done", "first", "p50", "p90", "p99", "max", "NOTIFY rx", "GETPORT rx")
-	row := func(label string, p *benchNotifyPhase) {
-		done := fmtMS(p.CompleteMS)
+	row := func(label string, p *NotifyPhase) {
+		done := drill.FormatMS(p.CompleteMS)
 		if p.Notified < p.Live {
 			done = ">" + done
 		}
 		fmt.Fprintf(w, "  %-10s %13s %10s %9s %9s %9s %9s %9s %11d %11d\n", label, fmt.Sprintf("%d/%d", p.Notified, p.Live),
-			done, fmtMS(p.FirstMS), fmtMS(p.P50MS), fmtMS(p.P90MS), fmtMS(p.P99MS), fmtMS(p.MaxMS), p.NotifyRx, p.GetportRx)
+			done, drill.FormatMS(p.FirstMS), drill.FormatMS(p.P50MS), drill.FormatMS(p.P90MS), drill.FormatMS(p.P99MS), drill.FormatMS(p.MaxMS), p.NotifyRx, p.GetportRx)
 	}
 	row("nsmd", &r.NSMD)
 	if r.SMNotify != nil {
@@ -996,7 +894,7 @@ func printBenchNotify(w io.Writer, r *benchNotifyReport) {
 		s.GetportFirst, s.GetportRetry, s.NotifyFirst, s.NotifyRetry)
 	fmt.Fprintf(w, "  live hosts received duplicates: SM_NOTIFY %d, GETPORT %d; wrong source %d, wrong mon_name %d; SM_NOTIFY before the fault %d\n",
 		max(0, r.NSMD.NotifyRx-int64(r.NSMD.Notified)), max(0, r.NSMD.GetportRx-int64(r.NSMD.Notified)), r.NSMD.WrongSource, r.NSMD.WrongMonName, r.EarlyNotify)
-	if r.Dead > 0 && r.DeadMode == benchDeadSilent {
+	if r.Dead > 0 && r.DeadMode == DeadSilent {
 		fmt.Fprintf(w, "  dead hosts received %d datagrams until the last live host was notified\n", r.NSMD.DeadRx)
 	}
 	if r.SMNotify != nil {
@@ -1013,11 +911,11 @@ func printBenchNotify(w io.Writer, r *benchNotifyReport) {
 	}
 }
 
-// benchNotifySVG draws the cumulative number of notified live hosts over
+// NotifySVG draws the cumulative number of notified live hosts over
 // time (log time axis), one line per phase.
-func benchNotifySVG(r *benchNotifyReport) string {
+func NotifySVG(r *NotifyReport) string {
 	const W, H, left, right, top, bottom = 760, 380, 70, 20, 40, 50
-	phases := []*benchNotifyPhase{&r.NSMD}
+	phases := []*NotifyPhase{&r.NSMD}
 	colors := []string{"#1f77b4", "#d62728"}
 	if r.SMNotify != nil {
 		phases = append(phases, r.SMNotify)
@@ -1044,7 +942,7 @@ func benchNotifySVG(r *benchNotifyReport) string {
 	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">SM_NOTIFY fan-out: %d hosts (%d live, %d dead), fault %s</text>`+"\n", left, r.Hosts, r.Live, r.Dead, r.Fault)
 	for d := lo; d <= hi; d *= 10 {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x(d), top, x(d), H-bottom)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x(d), H-bottom+16, fmtMS(d))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x(d), H-bottom+16, drill.FormatMS(d))
 	}
 	for _, f := range []float64{0, 0.25, 0.5, 0.75, 1} {
 		n := int(f * float64(r.Live))
@@ -1060,7 +958,7 @@ func benchNotifySVG(r *benchNotifyReport) string {
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(c.MS), y(c.Count)))
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", colors[i], strings.Join(pts, " "))
-		label := fmt.Sprintf("%s: %d/%d, last %s", p.Name, p.Notified, p.Live, fmtMS(p.MaxMS))
+		label := fmt.Sprintf("%s: %d/%d, last %s", p.Name, p.Notified, p.Live, drill.FormatMS(p.MaxMS))
 		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="%s">%s</text>`+"\n", left+10, top+16+16*i, colors[i], label)
 	}
 	b.WriteString("</svg>\n")

@@ -1,27 +1,19 @@
-package main
+package bench
 
 import (
 	"fmt"
 	"html"
 	"math"
-	"os"
 	"strings"
+
+	"github.com/nsmd/nsmd/bench/drill"
 )
 
-// writeSVGFile writes one standalone SVG document (as drawn by
-// drillTimelineSVG or benchLatencySVG) to path.
-func writeSVGFile(path, svg string) error {
-	if err := os.WriteFile(path, []byte(`<?xml version="1.0" encoding="UTF-8"?>`+"\n"+svg+"\n"), 0o644); err != nil {
-		return fmt.Errorf("plot: %w", err)
-	}
-	return nil
-}
-
-// benchLatencySVG draws the latency histogram of a bench mon run: log
+// LatencySVG draws the latency histogram of a bench mon run: log
 // buckets (10 per decade) on a logarithmic time axis, call counts on a
 // linear one, and marks at p50, p90, p99 and the maximum. Styling, axis
-// steps and labels are the drill timeline's (drill_report.go).
-func benchLatencySVG(rep *benchMonReport) string {
+// steps and labels are the drill timeline's (bench/drill/report.go).
+func LatencySVG(rep *MonReport) string {
 	const (
 		width  = 960.0
 		height = 420.0
@@ -57,7 +49,7 @@ func benchLatencySVG(rep *benchMonReport) string {
 	for _, h := range rep.Hist {
 		maxCount = max(maxCount, h.Count)
 	}
-	step := niceStep(float64(maxCount))
+	step := drill.NiceStep(float64(maxCount))
 	yMax := math.Ceil(float64(maxCount)/step) * step
 	plotW, plotH := width-left-right, height-top-bottom
 	x := func(ms float64) float64 { return left + (math.Log10(ms)-lo)/(hi-lo)*plotW }
@@ -79,18 +71,18 @@ func benchLatencySVG(rep *benchMonReport) string {
 				stroke = "#ccc"
 			}
 			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s"/>`+"\n", xx, top, xx, top+plotH+4, stroke)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">%s</text>`+"\n", xx, top+plotH+18, html.EscapeString(fmtMS(ms)))
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">%s</text>`+"\n", xx, top+plotH+18, html.EscapeString(drill.FormatMS(ms)))
 		}
 	}
 	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">latency (log scale)</text>`+"\n", left+plotW/2, height-8)
 	fmt.Fprintf(&b, `<text x="16" y="%.1f" text-anchor="middle" fill="#555" transform="rotate(-90 16 %.1f)">calls</text>`+"\n", top+plotH/2, top+plotH/2)
 
-	colors := drillColors()
+	colors := drill.Colors()
 	for _, h := range rep.Hist {
 		x0, x1 := x(h.FromMS), x(h.ToMS)
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" opacity="0.85"><title>%s–%s: %d calls</title></rect>`+"\n",
 			x0+0.5, y(float64(h.Count)), max(x1-x0-1, 1), y(0)-y(float64(h.Count)), colors[0],
-			html.EscapeString(fmtMS(h.FromMS)), html.EscapeString(fmtMS(h.ToMS)), h.Count)
+			html.EscapeString(drill.FormatMS(h.FromMS)), html.EscapeString(drill.FormatMS(h.ToMS)), h.Count)
 	}
 	marks := []struct {
 		label string
@@ -101,7 +93,7 @@ func benchLatencySVG(rep *benchMonReport) string {
 		xx := x(max(m.ms, math.Pow(10, lo)))
 		color := m.color
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="2" stroke-dasharray="4 3"/>`+"\n", xx, top-4, xx, top+plotH, color)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="%s">%s %s</text>`+"\n", xx, top-8-float64(i%2)*12, color, m.label, html.EscapeString(fmtMS(m.ms)))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="%s">%s %s</text>`+"\n", xx, top-8-float64(i%2)*12, color, m.label, html.EscapeString(drill.FormatMS(m.ms)))
 	}
 	b.WriteString("</svg>")
 	return b.String()

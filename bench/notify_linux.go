@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -13,12 +13,12 @@ import (
 	"time"
 )
 
-// benchNotifyNetns creates the namespace nsmd-bench-<pid>, runs exe args
+// NotifyInNetns creates the namespace nsmd-bench-<pid>, runs exe args
 // inside it (with a private mount namespace and a tmpfs on /run, which
 // sm-notify writes to) and returns the report the child writes on fd 3.
 // The namespace is deleted when it returns, also on error or when ctx ends
 // (the child is then stopped by its pid: SIGTERM, SIGKILL after 10 s).
-func benchNotifyNetns(ctx context.Context, o benchNotifyOptions, exe string, args []string, stderr io.Writer) (*benchNotifyReport, error) {
+func NotifyInNetns(ctx context.Context, o NotifyOptions, exe string, args []string, stderr io.Writer) (*NotifyReport, error) {
 	raw, err := json.Marshal(o)
 	if err != nil {
 		return nil, err
@@ -50,7 +50,7 @@ func benchNotifyNetns(ctx context.Context, o benchNotifyOptions, exe string, arg
 	if err != nil {
 		return nil, fmt.Errorf("cannot tell my network namespace: %w", err)
 	}
-	cmd.Env = append(os.Environ(), benchNotifyChildEnv+"="+string(raw), "NSMD_BENCH_NETNS="+ns, benchNotifyParentNetnsEnv+"="+parentNS)
+	cmd.Env = append(os.Environ(), NotifyChildEnv+"="+string(raw), "NSMD_BENCH_NETNS="+ns, notifyParentNetnsEnv+"="+parentNS)
 	cmd.ExtraFiles = []*os.File{pw} // fd 3
 	// If we die without cleaning up, the child is told to (SIGTERM).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -62,12 +62,12 @@ func benchNotifyNetns(ctx context.Context, o benchNotifyOptions, exe string, arg
 	pw.Close()
 
 	type decoded struct {
-		rep *benchNotifyReport
+		rep *NotifyReport
 		err error
 	}
 	got := make(chan decoded, 1)
 	go func() { // ends at EOF: when the child exits
-		var rep benchNotifyReport
+		var rep NotifyReport
 		b, err := io.ReadAll(pr)
 		switch {
 		case err != nil:
@@ -107,28 +107,28 @@ func benchNotifyNetns(ctx context.Context, o benchNotifyOptions, exe string, arg
 	return d.rep, nil
 }
 
-// benchNotifyParentNetnsEnv carries the parent's network namespace
+// notifyParentNetnsEnv carries the parent's network namespace
 // (/proc/self/ns/net) to the child, which must be in another one.
-const benchNotifyParentNetnsEnv = "NSMD_BENCH_PARENT_NETNS"
+const notifyParentNetnsEnv = "NSMD_BENCH_PARENT_NETNS"
 
-// benchNotifyCheckPrivateNetns refuses to run the child in the parent's
+// notifyCheckPrivateNetns refuses to run the child in the parent's
 // network namespace (it binds port 111 on thousands of addresses).
-func benchNotifyCheckPrivateNetns() error {
+func notifyCheckPrivateNetns() error {
 	self, err := os.Readlink("/proc/self/ns/net")
 	if err != nil {
 		return fmt.Errorf("cannot tell my network namespace: %w", err)
 	}
-	parent := os.Getenv(benchNotifyParentNetnsEnv)
+	parent := os.Getenv(notifyParentNetnsEnv)
 	if parent == "" || self == parent {
 		return errors.New("internal: the bench child must run in a network namespace of its own, started by nsmd bench notify")
 	}
 	return nil
 }
 
-// benchNotifyRaiseNofile raises RLIMIT_NOFILE towards want: past the hard
+// notifyRaiseNofile raises RLIMIT_NOFILE towards want: past the hard
 // limit when allowed (CAP_SYS_RESOURCE), else to the hard limit. It
 // returns the soft limit in force.
-func benchNotifyRaiseNofile(want uint64) (uint64, error) {
+func notifyRaiseNofile(want uint64) (uint64, error) {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return 0, fmt.Errorf("getrlimit: %w", err)
@@ -147,18 +147,18 @@ func benchNotifyRaiseNofile(want uint64) (uint64, error) {
 	return lim.Max, nil
 }
 
-// benchNotifyHosts bind-mounts a hosts file naming the VIP over /etc/hosts
+// notifyHosts bind-mounts a hosts file naming the VIP over /etc/hosts
 // in this process's private mount namespace (the child's: unshare --mount
 // --propagation private), so sm-notify -v can resolve the VIP both ways
 // (it refuses a my_name without a reverse mapping). The host's /etc/hosts
 // is not touched.
-func benchNotifyHosts(dir string) error {
+func notifyHosts(dir string) error {
 	old, err := os.ReadFile("/etc/hosts")
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	path := dir + "/hosts"
-	content := string(old) + "\n" + benchNotifyVIP + " nsmd-bench-vip\n"
+	content := string(old) + "\n" + notifyVIP + " nsmd-bench-vip\n"
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		return err
 	}
@@ -168,8 +168,8 @@ func benchNotifyHosts(dir string) error {
 	return nil
 }
 
-// benchNotifyChildAttr makes a process we start (sm-notify) get SIGKILL if
+// notifyChildAttr makes a process we start (sm-notify) get SIGKILL if
 // we die first.
-func benchNotifyChildAttr() *syscall.SysProcAttr {
+func notifyChildAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

@@ -1,4 +1,4 @@
-package main
+package drill
 
 import (
 	"fmt"
@@ -11,13 +11,13 @@ import (
 	"time"
 )
 
-// writeDrillReportFile writes the drill's self-contained HTML report.
-func writeDrillReportFile(path string, rep *drillReport) error {
+// WriteReportFile writes the drill's self-contained HTML report.
+func WriteReportFile(path string, rep *Report) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("drill report: %w", err)
 	}
-	if err := writeDrillReport(f, rep); err != nil {
+	if err := WriteReport(f, rep); err != nil {
 		f.Close()
 		return fmt.Errorf("drill report %s: %w", path, err)
 	}
@@ -27,33 +27,33 @@ func writeDrillReportFile(path string, rep *drillReport) error {
 	return nil
 }
 
-// writeDrillReport renders the report: cluster info, runs, the milestone
+// WriteReport renders the report: cluster info, runs, the milestone
 // table, the distribution and a timeline as inline SVG. No external assets.
-func writeDrillReport(w io.Writer, rep *drillReport) error {
+func WriteReport(w io.Writer, rep *Report) error {
 	t, err := template.New("drill").Funcs(template.FuncMap{
-		"dur":   fmtDur,
-		"ms":    fmtMS,
-		"fault": faultLabel,
+		"dur":   FormatDuration,
+		"ms":    FormatMS,
+		"fault": FaultLabel,
 		"date":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
 		"clock": func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
-	}).Parse(drillReportHTML)
+	}).Parse(reportHTML)
 	if err != nil {
 		return err
 	}
 	return t.Execute(w, struct {
-		R        *drillReport
-		Defs     [msCount]drillMilestoneDef
+		R        *Report
+		Defs     [MilestoneCount]MilestoneDef
 		Timeline template.HTML
-	}{rep, drillMilestoneDefs(), template.HTML(drillTimelineSVG(rep))})
+	}{rep, MilestoneDefs(), template.HTML(TimelineSVG(rep))})
 }
 
-// drillColors: one per milestone.
-func drillColors() [msCount]string {
-	return [msCount]string{"#4e79a7", "#f28e2b", "#59a14f", "#b07aa1"}
+// Colors: one per milestone.
+func Colors() [MilestoneCount]string {
+	return [MilestoneCount]string{"#4e79a7", "#f28e2b", "#59a14f", "#b07aa1"}
 }
 
-// niceStep picks a 1/2/5×10^k axis step giving at most 10 ticks up to maxMS.
-func niceStep(maxMS float64) float64 {
+// NiceStep picks a 1/2/5×10^k axis step giving at most 10 ticks up to maxMS.
+func NiceStep(maxMS float64) float64 {
 	if maxMS <= 0 {
 		return 1
 	}
@@ -67,10 +67,10 @@ func niceStep(maxMS float64) float64 {
 	return 10 * p
 }
 
-// drillTimelineSVG draws the fault at 0 and each milestone's time. Up to 12
+// TimelineSVG draws the fault at 0 and each milestone's time. Up to 12
 // runs get one lane per run and milestone (a bar from the fault); more get
 // one lane per milestone with a dot per run and a mark at the median.
-func drillTimelineSVG(rep *drillReport) string {
+func TimelineSVG(rep *Report) string {
 	const (
 		width  = 960.0
 		left   = 240.0
@@ -80,8 +80,8 @@ func drillTimelineSVG(rep *drillReport) string {
 		header = 20.0
 		bottom = 30.0
 	)
-	colors := drillColors()
-	defs := drillMilestoneDefs()
+	colors := Colors()
+	defs := MilestoneDefs()
 	maxMS := 0.0
 	for _, r := range rep.Runs {
 		for _, m := range r.Milestones {
@@ -93,7 +93,7 @@ func drillTimelineSVG(rep *drillReport) string {
 	if maxMS == 0 {
 		maxMS = 1000
 	}
-	step := niceStep(maxMS)
+	step := NiceStep(maxMS)
 	axisMax := math.Ceil(maxMS/step) * step
 	plotW := width - left - right
 	x := func(ms float64) float64 { return left + ms/axisMax*plotW }
@@ -101,9 +101,9 @@ func drillTimelineSVG(rep *drillReport) string {
 	perRun := len(rep.Runs) <= 12
 	height := top + bottom
 	if perRun {
-		height += float64(len(rep.Runs)) * (header + msCount*laneH)
+		height += float64(len(rep.Runs)) * (header + MilestoneCount*laneH)
 	} else {
-		height += msCount * laneH
+		height += MilestoneCount * laneH
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12" role="img" aria-label="failover timeline">`+"\n", width, height, width, height)
@@ -112,7 +112,7 @@ func drillTimelineSVG(rep *drillReport) string {
 	for v := 0.0; v <= axisMax+step/2; v += step {
 		xx := x(v)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", xx, top-6, xx, height-bottom+4)
-		label := html.EscapeString(fmtMS(v))
+		label := html.EscapeString(FormatMS(v))
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">%s</text>`+"\n", xx, top-10, label)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">%s</text>`+"\n", xx, height-bottom+18, label)
 	}
@@ -141,8 +141,8 @@ func drillTimelineSVG(rep *drillReport) string {
 				lane(defs[i].Label, colors[i], false)
 				if m.Reached {
 					fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" opacity="0.85"><title>%s: %s</title></rect>`+"\n",
-						x(0), y+4, max(x(m.AfterMS)-x(0), 1), laneH-8, colors[i], html.EscapeString(defs[i].Label), html.EscapeString(fmtDur(m.After)))
-					fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text>`+"\n", x(m.AfterMS)+5, y+laneH/2+4, html.EscapeString(fmtDur(m.After)))
+						x(0), y+4, max(x(m.AfterMS)-x(0), 1), laneH-8, colors[i], html.EscapeString(defs[i].Label), html.EscapeString(FormatDuration(m.After)))
+					fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text>`+"\n", x(m.AfterMS)+5, y+laneH/2+4, html.EscapeString(FormatDuration(m.After)))
 				} else {
 					fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" fill="#999">not reached</text>`+"\n", x(0)+5, y+laneH/2+4)
 				}
@@ -155,13 +155,13 @@ func drillTimelineSVG(rep *drillReport) string {
 			for _, r := range rep.Runs {
 				if m := r.Milestones[i]; m.Reached {
 					fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s" opacity="0.5"><title>run %d: %s</title></circle>`+"\n",
-						x(m.AfterMS), y+laneH/2, colors[i], r.Run, html.EscapeString(fmtDur(m.After)))
+						x(m.AfterMS), y+laneH/2, colors[i], r.Run, html.EscapeString(FormatDuration(m.After)))
 				}
 			}
 			if st.N > 0 {
 				fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#000" stroke-width="2"><title>p50 %s</title></line>`+"\n",
-					x(st.P50MS), y+2, x(st.P50MS), y+laneH-2, html.EscapeString(fmtMS(st.P50MS)))
-				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">p50 %s</text>`+"\n", x(st.MaxMS)+8, y+laneH/2+4, html.EscapeString(fmtMS(st.P50MS)))
+					x(st.P50MS), y+2, x(st.P50MS), y+laneH-2, html.EscapeString(FormatMS(st.P50MS)))
+				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">p50 %s</text>`+"\n", x(st.MaxMS)+8, y+laneH/2+4, html.EscapeString(FormatMS(st.P50MS)))
 			}
 			y += laneH
 		}
@@ -170,7 +170,7 @@ func drillTimelineSVG(rep *drillReport) string {
 	return b.String()
 }
 
-const drillReportHTML = `<!DOCTYPE html>
+const reportHTML = `<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
