@@ -249,7 +249,7 @@ func TestDrillKillRunsOnDevRestart(t *testing.T) {
 	}
 	killed := map[string]bool{}
 	for _, r := range rep.Runs {
-		if !r.complete() {
+		if !r.Complete() {
 			// A stalled election: say where every goroutine was.
 			buf := make([]byte, 8<<20)
 			t.Logf("run %d incomplete; goroutines:\n%s", r.Run, buf[:runtime.Stack(buf, true)])
