@@ -68,14 +68,18 @@ func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, ch
 	t.Helper()
 	nodes := make([]*tcpNode, len(dirs))
 	voters := map[string]string{}
+	var lns []net.Listener // held until every port is chosen: a closed one can be handed out again
 	for i := range nodes {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
+		lns = append(lns, ln)
 		nodes[i] = &tcpNode{id: fmt.Sprintf("n%d", i+1), addr: ln.Addr().String()}
-		ln.Close()
 		voters[nodes[i].id] = nodes[i].addr
+	}
+	for _, ln := range lns {
+		ln.Close()
 	}
 	took := make(chan takeoverEvent, 64)
 	for i, tn := range nodes {

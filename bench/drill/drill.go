@@ -128,6 +128,7 @@ type status struct {
 	VIP      string `json:"vip"`
 	VIPHeld  bool   `json:"vip_held"`
 	NSMAddr  string `json:"nsm_addr"`
+	Applied  uint64 `json:"applied_index"`
 	Notify   struct {
 		Pending int   `json:"pending"`
 		Done    int   `json:"done"`
@@ -562,6 +563,14 @@ func (d *runner) healthy(answers []answer) (Node, bool, string) {
 	l := leaders[0]
 	if l.s.VIP != "" && !l.s.VIPHeld {
 		return Node{}, false, fmt.Sprintf("leader %s does not hold the VIP yet", l.node.ID)
+	}
+	// Every node that answers has caught up: a node just restarted that
+	// is still behind the leader's log cannot win the next election, and
+	// killing the leader then tests a degraded cluster, not a failover.
+	for _, a := range answers {
+		if a.err == nil && a.s.Applied < l.s.Applied {
+			return Node{}, false, fmt.Sprintf("%s has applied index %d, the leader %d: catching up", a.node.ID, a.s.Applied, l.s.Applied)
+		}
 	}
 	if len(d.down) > 0 && d.votersUp()-1 <= d.voters/2 {
 		return Node{}, false, "waiting for a killed node to come back"
