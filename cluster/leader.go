@@ -100,7 +100,11 @@ func (n *Node) lead(ctx context.Context) {
 	default:
 	}
 	t := n.takeover("leader_elected")
+	asked := n.mono()
 	res, err := n.applyLocal(ctx, t) // never forwarded: a deposed leader's takeover is void
+	if err == nil {
+		n.leaseAt.Store(asked) // committed: a quorum heard from us since asked (Ready's lease)
+	}
 	if err != nil {
 		n.log.Warn("takeover not committed", "err", err)
 		n.fault("takeover", err)

@@ -258,6 +258,7 @@ type Node struct {
 	timeline      Timeline
 
 	started      time.Time
+	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)
 	handoffs     atomic.Uint64 // leadership hand-offs made as a witness
 	standingDown atomic.Bool   // OnFollower is running after leadership ended
 
@@ -414,7 +415,8 @@ func (n *Node) Start() {
 	if n.member != nil {
 		n.member.start(n.ctx)
 	}
-	n.wg.Add(6)
+	n.wg.Add(7)
+	go func() { defer n.wg.Done(); n.leaseLoop() }()
 	go func() { defer n.wg.Done(); n.disk.run(n.ctx.Done(), n.cfg.DiskProbeInterval) }()
 	go func() { defer n.wg.Done(); n.observeLeader() }()
 	go func() { defer n.wg.Done(); n.commitLoop() }()

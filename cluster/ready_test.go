@@ -461,3 +461,27 @@ func TestReadyNowhereWhileAWitnessLeads(t *testing.T) {
 	}
 	c.allReady(ev.state, c.nodes...)
 }
+
+// TestCutOffLeaderStopsBeingReadyWithinItsLease: a leader cut off from
+// both followers keeps raft's leader role for a while (until its lease
+// check), and a process resumed from SIGSTOP keeps it until raft notices;
+// Ready must not wait for either: it needs a quorum's confirmation within
+// the lease (leaseLoop). Asserted: the cut-off leader is not Ready within
+// two leases of the cut, and it is never Ready once another node has
+// taken over.
+func TestCutOffLeaderStopsBeingReadyWithinItsLease(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	c.waitTakeover(5 * time.Second)
+	li, l := c.leader(5 * time.Second)
+	waitCond(t, time.Second, "the leader is ready", l.n.Ready)
+	lease := l.n.cfg.LeaderLeaseTimeout
+	cut := time.Now()
+	c.partition(li)
+	waitCond(t, 2*lease+50*time.Millisecond, "the cut-off leader stops being ready", func() bool { return !l.n.Ready() })
+	t.Logf("cut-off leader not ready %v after the cut (lease %v); raft still says leader: %v", time.Since(cut).Round(time.Millisecond), lease, l.n.raft.State() == raft.Leader)
+	ev := c.waitTakeover(5 * time.Second)
+	if l.n.Ready() {
+		t.Fatalf("old leader %s ready after %s took over", l.id, ev.node)
+	}
+	c.heal()
+}

@@ -557,7 +557,10 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 	case "transfer":
 		out, err := nsCmd(leader.host.ns, nsmdBin, append([]string{"transfer-leadership", "--admin", leader.admin, "--json"}, c.pki.cliArgs()...)...)
 		if err != nil {
-			t.Fatalf("transfer-leadership: %v %s", err, out)
+			// raft gives up a transfer whose target does not catch up
+			// within an election timeout (a follower just healed from a
+			// cut): the leader stays, which the checks cover as well.
+			return fmt.Sprintf("transfer-leadership from %s refused: %v %s", leader.id, err, out)
 		}
 		return "transfer-leadership from " + leader.id
 	case "disk-full-leader", "disk-full-follower":
