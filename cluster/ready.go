@@ -85,7 +85,12 @@ func (n *Node) leaseLoop() {
 		asked := n.mono()
 		f := n.raft.VerifyLeader()
 		done := make(chan error, 1)
-		go func() { done <- f.Error() }() // resolves at the latest when raft shuts down
+		// The future resolves once a quorum answered or leadership is
+		// lost; but one queued just as raft shuts down is never answered
+		// (raft does not drain verifyCh), so the loop must not wait on it
+		// past ctx: in that one race this waiter stays blocked, holding
+		// nothing, in a process that is shutting the node down.
+		go func() { done <- f.Error() }()
 		select {
 		case <-n.ctx.Done():
 			return
