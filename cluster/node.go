@@ -41,6 +41,9 @@ var (
 	ErrNotLeader = errors.New("cluster: not the leader")
 	// ErrClosed means the node is shutting down.
 	ErrClosed = errors.New("cluster: node closed")
+	// ErrNotReadyYet means this node does not know the current sm_state
+	// (Ready is false).
+	ErrNotReadyYet = errors.New("cluster: current sm_state not known here yet")
 )
 
 // Config configures a Node. Zero durations take the defaults noted.

@@ -54,6 +54,11 @@ type Registry interface {
 	PeerRebooted(ctx context.Context, ev fsm.PeerRebooted) error
 	// State is the local sm_state (a local read).
 	State() int32
+	// ReadState is the sm_state to answer SM_STAT with: the current
+	// incarnation's, as the leader confirms it (a follower asks it), so
+	// that no client sees the state go back after another saw it rise.
+	// An error means: no answer now (the caller retransmits).
+	ReadState(ctx context.Context) (int32, error)
 	// Ready reports whether this node knows the current incarnation's
 	// sm_state: State is odd and no older than the current leader's
 	// takeover. Until then SM_STAT, SM_MON, SM_UNMON, SM_UNMON_ALL and

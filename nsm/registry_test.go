@@ -119,6 +119,8 @@ func (m *mapRegistry) PeerRebooted(_ context.Context, ev fsm.PeerRebooted) error
 	return nil
 }
 
+func (m *mapRegistry) ReadState(context.Context) (int32, error) { return m.State(), nil }
+
 func (m *mapRegistry) State() int32 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
