@@ -311,7 +311,7 @@ func (n *Node) ReadState(ctx context.Context) (int32, error) {
 
 // leaderNSMAddr finds the current leader and its NSM address.
 func (n *Node) leaderNSMAddr() (id, addr string) {
-	_, lid := n.raft.LeaderWithID()
+	laddr, lid := n.raft.LeaderWithID()
 	if lid == "" {
 		return "", ""
 	}
@@ -321,7 +321,18 @@ func (n *Node) leaderNSMAddr() (id, addr string) {
 			return id, a
 		}
 	}
-	return id, n.cfg.PeerNSMAddrs[id]
+	if a := n.cfg.PeerNSMAddrs[id]; a != "" {
+		return id, a
+	}
+	// Not known yet: a restarted node that gossip has not reached (a seed
+	// with nothing to join) knows the leader only from raft. Nodes of one
+	// cluster normally share the NSM port: try ours at the leader's host.
+	host, _, err := net.SplitHostPort(string(laddr))
+	_, port, perr := net.SplitHostPort(n.cfg.NSMAddr)
+	if err == nil && perr == nil && port != "0" {
+		return id, net.JoinHostPort(host, port)
+	}
+	return id, ""
 }
 
 // leaderChanged returns a channel closed at the next leader change.

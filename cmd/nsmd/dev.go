@@ -69,8 +69,12 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 		}
 		c.GossipPort = o.GossipPort
 		c.BootstrapExpect = o.Nodes // the cluster forms once all of them see each other
-		if i > 0 {
-			c.Join = []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(o.GossipPort))}
+		// Every node joins the others (retrying until one answers), so a
+		// node restarted after a crash drill finds the cluster again.
+		for j := range o.Nodes {
+			if j != i {
+				c.Join = append(c.Join, net.JoinHostPort(fmt.Sprintf("127.0.0.%d", j+1), strconv.Itoa(o.GossipPort)))
+			}
 		}
 		c.VIPMode = config.VIPLoopback
 		c.VIP = o.VIP + "/32"
