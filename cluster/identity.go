@@ -20,12 +20,13 @@ import (
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/nsmd/nsmd/cluster/pki"
 )
 
 // DefaultClusterID is the cluster id of a node not given one, and of a
@@ -64,27 +65,14 @@ func (md nodeMeta) clusterOf() string {
 // at most one line per reason, peer and interval, saying how many were
 // suppressed since the last one.
 type joinRefusals struct {
-	log      *slog.Logger
-	counter  *prometheus.CounterVec
-	now      func() time.Time
-	interval time.Duration
-
-	mu   sync.Mutex
-	seen map[string]*refusalSeen
+	log     *slog.Logger
+	counter *prometheus.CounterVec
+	limit   *pki.LogLimiter // keyed by reason + " " + peer
 }
-
-type refusalSeen struct {
-	last       time.Time
-	suppressed int
-}
-
-// maxRefusalPeers bounds the rate limiter's memory: past it, entries older
-// than the interval are dropped, and if none is, the map starts over.
-const maxRefusalPeers = 4096
 
 func newJoinRefusals(log *slog.Logger, now func() time.Time) *joinRefusals {
 	r := &joinRefusals{
-		log: log, now: now, interval: time.Minute, seen: map[string]*refusalSeen{},
+		log: log, limit: pki.NewLogLimiter(now, time.Minute),
 		counter: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_cluster_join_refused_total",
 			Help: "Gossip members or messages refused, by reason: cluster_id (another cluster), gossip_key (cannot decrypt: another key or none), metadata (not an nsmd member).",
@@ -100,31 +88,10 @@ func newJoinRefusals(log *slog.Logger, now func() time.Time) *joinRefusals {
 // this reason less than an interval ago. peer is the rate-limit key.
 func (r *joinRefusals) observe(reason, peer, msg string, attrs ...any) {
 	r.counter.WithLabelValues(reason).Inc()
-	key := reason + " " + peer
-	r.mu.Lock()
-	now := r.now()
-	e := r.seen[key]
-	if e != nil && now.Sub(e.last) < r.interval {
-		e.suppressed++
-		r.mu.Unlock()
+	ok, suppressed := r.limit.Allow(reason + " " + peer)
+	if !ok {
 		return
 	}
-	suppressed := 0
-	if e != nil {
-		suppressed = e.suppressed
-	}
-	if len(r.seen) >= maxRefusalPeers {
-		for k, v := range r.seen {
-			if now.Sub(v.last) >= r.interval {
-				delete(r.seen, k)
-			}
-		}
-		if len(r.seen) >= maxRefusalPeers {
-			clear(r.seen)
-		}
-	}
-	r.seen[key] = &refusalSeen{last: now}
-	r.mu.Unlock()
 	attrs = append(attrs, "reason", reason, "suppressed_since_last", suppressed)
 	r.log.Warn(msg, attrs...)
 }

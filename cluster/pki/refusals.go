@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,28 +18,15 @@ import (
 // per listener, peer address and Interval (with the number suppressed
 // since), so a peer that retries in a loop cannot flood the log.
 type Refusals struct {
-	log      *slog.Logger
-	counter  *prometheus.CounterVec
-	interval time.Duration
-	now      func() time.Time
-
-	mu   sync.Mutex
-	seen map[string]*refusalLog // listener + " " + peer IP
+	log     *slog.Logger
+	counter *prometheus.CounterVec
+	limit   *LogLimiter // keyed by listener + " " + peer IP
 }
-
-type refusalLog struct {
-	last       time.Time
-	suppressed int
-}
-
-// maxTracked bounds the rate limiter's memory: past it, entries older
-// than Interval are dropped, and if none is, the map starts over.
-const maxTracked = 4096
 
 // NewRefusals registers the metric on reg (nil: not registered).
 func NewRefusals(log *slog.Logger, reg prometheus.Registerer) (*Refusals, error) {
 	r := &Refusals{
-		log: log, interval: time.Minute, now: time.Now, seen: map[string]*refusalLog{},
+		log: log, limit: NewLogLimiter(time.Now, time.Minute),
 		counter: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_tls_handshake_failures_total",
 			Help: "TLS handshakes refused, by listener (raft, admin, raft_dial) and reason (plaintext, no_certificate, unknown_authority, expired, invalid_certificate, wrong_name, timeout, other).",
@@ -63,9 +49,7 @@ func NewRefusals(log *slog.Logger, reg prometheus.Registerer) (*Refusals, error)
 
 // SetClock replaces the clock and the log interval (tests).
 func (r *Refusals) SetClock(now func() time.Time, interval time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.now, r.interval = now, interval
+	r.limit.SetClock(now, interval)
 }
 
 // Observe records one failed handshake with peer on listener.
@@ -76,33 +60,12 @@ func (r *Refusals) Observe(listener string, peer net.Addr, err error) {
 	reason := Reason(err)
 	r.counter.WithLabelValues(listener, reason).Inc()
 	host := peerHost(peer)
-	key := listener + " " + host
-	r.mu.Lock()
-	now := r.now()
-	e := r.seen[key]
-	if e != nil && now.Sub(e.last) < r.interval {
-		e.suppressed++
-		r.mu.Unlock()
+	ok, suppressed := r.limit.Allow(listener + " " + host)
+	if !ok {
 		return
 	}
-	suppressed := 0
-	if e != nil {
-		suppressed = e.suppressed
-	}
-	if len(r.seen) >= maxTracked {
-		for k, v := range r.seen {
-			if now.Sub(v.last) >= r.interval {
-				delete(r.seen, k)
-			}
-		}
-		if len(r.seen) >= maxTracked {
-			clear(r.seen)
-		}
-	}
-	r.seen[key] = &refusalLog{last: now}
-	r.mu.Unlock()
 	r.log.Warn("TLS handshake refused", "listener", listener, "peer", host, "reason", reason,
-		"err", err, "suppressed_since_last", suppressed, "next_log_after", r.interval)
+		"err", err, "suppressed_since_last", suppressed, "next_log_after", r.limit.Interval())
 }
 
 // Count is the metric's value for listener and reason (tests, status).
