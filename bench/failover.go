@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
@@ -162,18 +163,33 @@ func ownClusterDrill(ctx context.Context, o FailoverOptions) (*drill.Report, err
 
 // FreePortsOn finds n distinct ports, each free for TCP and UDP on
 // every ip (the own cluster of bench failover; cmd/nsmd's tests use it too).
+// It draws them below the kernel's ephemeral range: a port found free in
+// that range can be taken by any outgoing connection before the caller
+// binds it (CI saw "address already in use" for a dev node's raft port).
 func FreePortsOn(ips []string, n int) ([]int, error) {
+	lo, hi := 20000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var first, last int
+		if _, err := fmt.Sscan(string(b), &first, &last); err == nil && first < hi {
+			hi = first
+		}
+	}
 	var out []int
-	for range 200 {
+	for range 500 {
 		if len(out) == n {
 			return out, nil
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
+		var p int
+		if hi-lo >= 1000 {
+			p = lo + rand.IntN(hi-lo)
+		} else { // an unusual ephemeral range: let the kernel choose
+			ln, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
+			if err != nil {
+				return nil, fmt.Errorf("find a free port: %w", err)
+			}
+			p = ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
 		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
 		free := true
 		for _, ip := range ips {
 			addr := net.JoinHostPort(ip, strconv.Itoa(p))
