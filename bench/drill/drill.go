@@ -124,6 +124,7 @@ type status struct {
 	NodeID   string `json:"node_id"`
 	Role     string `json:"role"`
 	LeaderID string `json:"leader_id"`
+	Term     uint64 `json:"term"`
 	SMState  int32  `json:"sm_state"`
 	VIP      string `json:"vip"`
 	VIPHeld  bool   `json:"vip_held"`
@@ -693,6 +694,7 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 		return r, err
 	}
 	r.OldState = s.SMState
+	oldTerm := s.Term
 
 	t0 := time.Now()
 	r.FaultAt = t0.UTC()
@@ -732,11 +734,14 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 		switch stage {
 		case MilestoneLeader, MilestoneNotify:
 			newState := r.NewState
-			answers := d.statuses(ctx, leader.ID, func(s status) bool {
-				return s.Role == "leader" && (stage == MilestoneLeader || notifyDone(s, newState))
+			// A leader of a newer term: the killed node itself may win it
+			// once restarted (nsmd dev, systemd), with its log intact.
+			newLeader := func(s status) bool { return s.Role == "leader" && s.Term > oldTerm }
+			answers := d.statuses(ctx, "", func(s status) bool {
+				return newLeader(s) && (stage == MilestoneLeader || notifyDone(s, newState))
 			})
 			for _, a := range answers {
-				if a.err != nil || a.s.Role != "leader" {
+				if a.err != nil || !newLeader(a.s) {
 					continue
 				}
 				if stage == MilestoneLeader {

@@ -254,7 +254,12 @@ func TestDrillKillRunsOnDevRestart(t *testing.T) {
 			buf := make([]byte, 8<<20)
 			t.Logf("run %d incomplete; goroutines:\n%s", r.Run, buf[:runtime.Stack(buf, true)])
 		}
-		checkDrillRun(t, r)
+		// The killed leader, restarted 300 ms later with its whole log,
+		// may win the next term itself: a new term and sm_state +2 either way.
+		if !r.Complete() || r.NewLeader == "" || r.NewState != r.OldState+2 {
+			t.Fatalf("run %d: %s -> %q, sm_state %d -> %d, complete %v", r.Run, r.OldLeader, r.NewLeader, r.OldState, r.NewState, r.Complete())
+		}
+		t.Logf("run %d: %s -> %s, %d -> %d", r.Run, r.OldLeader, r.NewLeader, r.OldState, r.NewState)
 		killed[r.OldLeader] = true
 	}
 	for _, st := range drill.Stats(rep.Runs) {
