@@ -3,13 +3,13 @@ package bench
 import (
 	"bytes"
 	"context"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/nsm/nsmtest"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -45,18 +45,7 @@ func fakeNSM(t *testing.T) string {
 		}
 		return oncrpc.ErrProcUnavail
 	})
-	srv := oncrpc.NewServer(oncrpc.Programs{nsm.Program: h}, oncrpc.ServerConfig{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.ServeTCP(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
-	return ln.Addr().String()
+	return nsmtest.ServeNSM(t, h)
 }
 
 // TestBenchMonCountsErrors: refusals, RPC errors and timeouts are counted

@@ -98,8 +98,16 @@ func (l *lockedBuffer) String() string {
 // log printed if the test failed.
 func startNsmd(t *testing.T, args ...string) *proc {
 	t.Helper()
+	return startNsmdEnv(t, nil, args...)
+}
+
+// startNsmdEnv is startNsmd with extra environment variables for this
+// process only.
+func startNsmdEnv(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, args: args, log: &lockedBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(nsmdBin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start nsmd: %v", err)

@@ -3,8 +3,6 @@ package e2e
 import (
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -70,27 +68,6 @@ func listenNotify(t *testing.T) (string, <-chan sdMessage) {
 	}()
 	t.Cleanup(func() { conn.Close(); <-done })
 	return path, msgs
-}
-
-// startNsmdEnv is startNsmd with extra environment variables for this
-// process only.
-func startNsmdEnv(t *testing.T, env []string, args ...string) *proc {
-	t.Helper()
-	p := &proc{t: t, args: args, log: &lockedBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(nsmdBin, args...)
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start nsmd: %v", err)
-	}
-	go func() { p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.kill(syscall.SIGKILL)
-		if t.Failed() {
-			t.Logf("nsmd %s log:\n%s", strings.Join(args, " "), p.log.String())
-		}
-	})
-	return p
 }
 
 // readyz says whether GET /readyz on admin answers 200.

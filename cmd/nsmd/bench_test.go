@@ -19,6 +19,7 @@ import (
 	"github.com/nsmd/nsmd/bench"
 	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/nsm/nsmtest"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -207,18 +208,7 @@ func TestBenchMonCommandFailsOnFailedCalls(t *testing.T) {
 		}
 		return oncrpc.ErrProcUnavail
 	})
-	srv := oncrpc.NewServer(oncrpc.Programs{nsm.Program: h}, oncrpc.ServerConfig{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.ServeTCP(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
-	addr := ln.Addr().String()
+	addr := nsmtest.ServeNSM(t, h)
 
 	cmd := benchMonCmd()
 	var out bytes.Buffer
@@ -226,7 +216,7 @@ func TestBenchMonCommandFailsOnFailedCalls(t *testing.T) {
 	cmd.SetErr(io.Discard)
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	cmd.SetArgs([]string{"--addr", addr, "-n", "8", "--mon-base", "127.1.0.4", "--timeout", "300ms", "--json"})
-	err = cmd.ExecuteContext(context.Background())
+	err := cmd.ExecuteContext(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "calls failed") {
 		t.Fatalf("bench mon against a refusing server: %v", err)
 	}
