@@ -102,11 +102,12 @@ func needVMImage(t *testing.T) *vmImage {
 var vmPrograms = []string{
 	"/usr/sbin/rpcbind", "/usr/sbin/rpc.mountd", "/usr/sbin/exportfs", "/usr/sbin/rpc.nfsd",
 	"/usr/sbin/rpc.statd", "/usr/sbin/sm-notify", "/usr/sbin/mount.nfs",
+	"/usr/sbin/nfsdcld",
 }
 
 // vmModules are loaded in order at boot (dependencies resolved by modprobe
 // --show-depends against the unpacked tree).
-var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd", "nfsv3"}
+var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd", "nfsv3", "nfsv4"}
 
 func buildVMImage() (*vmImage, string, error) {
 	qemu, err := exec.LookPath("qemu-system-x86_64")

@@ -1,32 +1,256 @@
 package nlm
 
-import "time"
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
 
-// Grace is the lock manager's grace window: after a server incarnation
-// starts (a takeover), only lock reclaims are granted until Until, so that
-// clients notified through NSM can reclaim the locks they held before
-// anyone else takes them. A zero Grace is never active.
-type Grace struct {
-	Until time.Time
+// Manager names one of the kernel's lock managers that keep a grace period
+// after a server (re)start: while any of them is in grace, Linux grants no
+// new lock from either protocol, only reclaims (fs/nfs_common/grace.c:
+// locks_in_grace is true while any registered manager is in grace).
+type Manager string
+
+// The kernel's lock managers.
+const (
+	// NLM is lockd (NFSv2/v3 locks); its grace starts with lockd and lasts
+	// nlm_grace_period seconds.
+	NLM Manager = "nlm"
+	// NFSv4 is nfsd's NFSv4 state manager; its grace lasts nfsv4gracetime
+	// seconds unless every client in the tracking database finished
+	// reclaiming (RECLAIM_COMPLETE) sooner.
+	NFSv4 Manager = "nfsv4"
+)
+
+// Managers lists every kernel lock manager, in a fixed order.
+var Managers = []Manager{NLM, NFSv4}
+
+// ErrNoManager means the kernel does not offer the control file of that
+// lock manager: no lockd or nfsd loaded, or a kernel older than the file.
+var ErrNoManager = errors.New("nlm: kernel lock manager not present")
+
+// KernelGrace reads and ends the kernel lock managers' grace periods
+// through procfs: /proc/fs/lockd/nlm_end_grace (lockd, Linux ≥ 3.19) and
+// /proc/fs/nfsd/v4_end_grace (nfsd, where /proc/fs/nfsd is the nfsd
+// filesystem). Reading either gives "Y" once that grace is over and "N"
+// while it lasts; writing "Y" ends it at once (for nfsd this also makes
+// nfsd tell its client-tracking daemon, cld.GraceDone).
+type KernelGrace struct {
+	// Proc is the procfs root; "" means /proc. Tests point it at a
+	// directory of plain files.
+	Proc string
 }
 
-// NewGrace opens a grace window of period starting at start.
-func NewGrace(start time.Time, period time.Duration) Grace {
-	if period <= 0 {
-		return Grace{}
+func (k KernelGrace) path(m Manager) string {
+	root := k.Proc
+	if root == "" {
+		root = "/proc"
 	}
-	return Grace{Until: start.Add(period)}
-}
-
-// Active reports whether now is inside the window.
-func (g Grace) Active(now time.Time) bool {
-	return !g.Until.IsZero() && now.Before(g.Until)
-}
-
-// Remaining is how long the window still lasts at now (0 when over).
-func (g Grace) Remaining(now time.Time) time.Duration {
-	if !g.Active(now) {
-		return 0
+	switch m {
+	case NLM:
+		return filepath.Join(root, "fs", "lockd", "nlm_end_grace")
+	case NFSv4:
+		return filepath.Join(root, "fs", "nfsd", "v4_end_grace")
 	}
-	return g.Until.Sub(now)
+	return ""
+}
+
+// InGrace reports whether manager m is in its grace period now. A missing
+// control file gives ErrNoManager.
+func (k KernelGrace) InGrace(m Manager) (bool, error) {
+	p := k.path(m)
+	if p == "" {
+		return false, fmt.Errorf("nlm: unknown lock manager %q", m)
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("%w: %s: no %s", ErrNoManager, m, p)
+	}
+	if err != nil {
+		return false, fmt.Errorf("nlm: read %s grace state: %w", m, err)
+	}
+	switch strings.TrimSpace(string(b)) {
+	case "N":
+		return true, nil
+	case "Y":
+		return false, nil
+	}
+	return false, fmt.Errorf("nlm: %s: unexpected content %q", p, b)
+}
+
+// End ends manager m's grace period now. Ending a grace that is already
+// over is harmless.
+func (k KernelGrace) End(m Manager) error {
+	p := k.path(m)
+	if p == "" {
+		return fmt.Errorf("nlm: unknown lock manager %q", m)
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %s: no %s", ErrNoManager, m, p)
+	}
+	if err != nil {
+		return fmt.Errorf("nlm: end %s grace: %w", m, err)
+	}
+	_, err = f.Write([]byte("Y"))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("nlm: end %s grace: write %s: %w", m, p, err)
+	}
+	return nil
+}
+
+// Reasons a grace period ended (GraceEnd.Reason).
+const (
+	// ReasonNothingToReclaim: no client of that lock manager could hold a
+	// lock to reclaim (no monitored host; no NFSv4 client record).
+	ReasonNothingToReclaim = "nothing_to_reclaim"
+	// ReasonAllReclaimed: every client that could reclaim came back and
+	// reclaims were quiet for the settle time.
+	ReasonAllReclaimed = "all_reclaimed"
+	// ReasonKernel: the kernel ended it itself — its timer ran out, or (for
+	// NFSv4) every recorded client sent RECLAIM_COMPLETE.
+	ReasonKernel = "kernel"
+)
+
+// ReclaimPlan is what a new server incarnation expects to be reclaimed,
+// fixed when it starts serving.
+type ReclaimPlan struct {
+	// NLMHosts are the hosts monitored when the takeover committed: each
+	// was sent SM_NOTIFY, and one that held NLM locks reclaims them, which
+	// makes this server's lockd monitor it again (SM_MON).
+	NLMHosts []string
+	// V4Clients are the NFSv4 client records of the recovery epoch: the
+	// clients that may reclaim. Each that does re-creates its record in the
+	// new epoch (a Cld_Create upcall: an NFSv4.1+ client's RECLAIM_COMPLETE,
+	// an NFSv4.0 client's first confirmed reclaim).
+	V4Clients []string
+	// Settle is how long reclaims must have been quiet after the last
+	// expected client came back before grace may end.
+	Settle time.Duration
+}
+
+// Reclaims applies nsmd's grace rule to one server incarnation (DESIGN.md,
+// "When grace ends"): a lock manager's grace may end early when every
+// client of it that could hold a lock has come back and no reclaim has been
+// seen for Settle — or at once when there is no such client. Until then the
+// kernel's own timer (the configured grace) stays in charge. It is safe for
+// concurrent use.
+type Reclaims struct {
+	settle time.Duration
+
+	mu   sync.Mutex
+	want map[Manager]map[string]bool // expected client → came back
+	left map[Manager]int             // expected and not yet back
+	// last is when the last reclaim activity was seen: an expected client
+	// coming back, or any new lock (during grace only reclaims get locks).
+	last time.Time
+	// back is when the last expected client of each manager came back.
+	back map[Manager]time.Time
+}
+
+// NewReclaims starts tracking plan at now.
+func NewReclaims(plan ReclaimPlan, now time.Time) *Reclaims {
+	r := &Reclaims{
+		settle: plan.Settle,
+		want:   map[Manager]map[string]bool{NLM: {}, NFSv4: {}},
+		left:   map[Manager]int{},
+		back:   map[Manager]time.Time{},
+		last:   now,
+	}
+	for m, names := range map[Manager][]string{NLM: plan.NLMHosts, NFSv4: plan.V4Clients} {
+		for _, n := range names {
+			if !r.want[m][n] {
+				r.want[m][n] = false
+			}
+		}
+		r.left[m] = len(r.want[m])
+		if r.left[m] == 0 {
+			r.back[m] = now
+		}
+	}
+	return r
+}
+
+// Back records that client name of manager m came back at t (an SM_MON for
+// that host from this server's lockd; a Cld_Create for that NFSv4 client).
+// A client that was not expected still counts as reclaim activity.
+func (r *Reclaims) Back(m Manager, name string, t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.activity(t)
+	done, expected := r.want[m][name]
+	if !expected || done {
+		return
+	}
+	r.want[m][name] = true
+	if r.left[m]--; r.left[m] == 0 {
+		r.back[m] = t
+	}
+}
+
+// Activity records reclaim activity at t (a new lock appeared while in grace).
+func (r *Reclaims) Activity(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.activity(t)
+}
+
+func (r *Reclaims) activity(t time.Time) {
+	if t.After(r.last) {
+		r.last = t
+	}
+}
+
+// MayEnd reports whether manager m's grace may end at now, and why; when
+// it may not yet, wait is how long at least until it might (0: unknown,
+// waiting for clients).
+func (r *Reclaims) MayEnd(m Manager, now time.Time) (ok bool, reason string, wait time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.want[m]) == 0 {
+		return true, ReasonNothingToReclaim, 0
+	}
+	if r.left[m] > 0 {
+		return false, "", 0
+	}
+	quiet := now.Sub(r.last)
+	if quiet >= r.settle {
+		return true, ReasonAllReclaimed, 0
+	}
+	return false, "", r.settle - quiet
+}
+
+// Missing lists up to max expected clients of m that have not come back,
+// sorted (for status and logs).
+func (r *Reclaims) Missing(m Manager, max int) []string {
+	r.mu.Lock()
+	var out []string
+	for n, back := range r.want[m] {
+		if !back {
+			out = append(out, n)
+		}
+	}
+	r.mu.Unlock()
+	slices.Sort(out)
+	if max >= 0 && len(out) > max {
+		out = out[:max]
+	}
+	return out
+}
+
+// Progress returns how many expected clients of m came back, of how many.
+func (r *Reclaims) Progress(m Manager) (back, expected int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.want[m]) - r.left[m], len(r.want[m])
 }

@@ -5,34 +5,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nsmd/nsmd/oncrpc"
 )
-
-func TestGraceWindow(t *testing.T) {
-	start := time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC)
-	g := NewGrace(start, 90*time.Second)
-	cases := []struct {
-		at     time.Duration
-		active bool
-		left   time.Duration
-	}{
-		{0, true, 90 * time.Second},
-		{89 * time.Second, true, time.Second},
-		{90 * time.Second, false, 0},
-		{time.Hour, false, 0},
-	}
-	for _, tc := range cases {
-		now := start.Add(tc.at)
-		if g.Active(now) != tc.active || g.Remaining(now) != tc.left {
-			t.Errorf("at +%v: active %v remaining %v, want %v %v", tc.at, g.Active(now), g.Remaining(now), tc.active, tc.left)
-		}
-	}
-	if (Grace{}).Active(start) || NewGrace(start, 0).Active(start) {
-		t.Error("zero grace active")
-	}
-}
 
 // Byte vector for the NSM callback argument (sm_inter.x "status").
 func TestStatusWireFormat(t *testing.T) {

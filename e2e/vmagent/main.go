@@ -11,6 +11,12 @@
 //	                       "locked FILE", hold it until killed
 //	vmagent trylock FILE   F_SETLK once: exit 0 ("locked", released on exit),
 //	                       3 when another owner holds it ("denied"), 1 on error
+//	vmagent contend NAME HOLD FILE...
+//	                       the lock-safety workload (contend.go): until
+//	                       SIGTERM, take a blocking write lock on each FILE
+//	                       in turn, bump the sequence number in it under the
+//	                       lock, hold it HOLD, check nobody else wrote, and
+//	                       print one line per critical section
 //
 // Request {"cmd": "...", "timeout_ms": N, "detach": bool}: run `sh -c cmd`.
 // Without detach the answer comes when it exits (rc, combined output). With
@@ -76,6 +82,8 @@ func main() {
 			<-sig // held until the process is told to stop, or killed
 			return
 		}
+	case "contend":
+		err = contend(os.Args[2:])
 	case "trylock":
 		err = lock(os.Args[2], false)
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {

@@ -1,0 +1,124 @@
+//go:build linux
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// contend is the lock-safety workload of the real-kernel drills. Each
+// worker (one per client VM, named NAME) loops over FILEs: F_SETLKW on the
+// whole file; read "SEQ WRITER"; write "SEQ+1 NAME"; fsync; hold for HOLD;
+// read again and require exactly what it wrote (another writer inside the
+// critical section shows up here); unlock. One line per section:
+//
+//	CS <file> <seq read> <seq written> <lock wait ms> <unix ms at unlock>
+//
+// and one line per problem, which the test treats as a failure:
+//
+//	OVERLAP <file> <what we wrote> <what we read back>
+//	ERROR <file> <operation> <error>     (EIO after a lost lock, ENOLCK …)
+//
+// The test joins every worker's CS lines: per file, the sequence numbers
+// written must be 1, 2, 3 … with no gap and no repeat — two holders at once
+// would both read N and write N+1. SIGTERM ends the loop after the current
+// section; the last line is "DONE <sections> <problems>".
+func contend(args []string) error {
+	if len(args) < 3 {
+		return errors.New("usage: vmagent contend NAME HOLD FILE...")
+	}
+	name := args[0]
+	hold, err := time.ParseDuration(args[1])
+	if err != nil {
+		return fmt.Errorf("HOLD: %w", err)
+	}
+	files := args[2:]
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	fmt.Println("contending", name, strings.Join(files, " "))
+	sections, problems := 0, 0
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			fmt.Println("DONE", sections, problems)
+			return nil
+		default:
+		}
+		f := files[i%len(files)]
+		if err := section(name, f, hold); err != nil {
+			problems++
+			fmt.Println(err)
+			time.Sleep(200 * time.Millisecond) // do not spin on a dead file
+			continue
+		}
+		sections++
+	}
+}
+
+// section runs one critical section on path; a non-nil error is the
+// OVERLAP/ERROR line to print.
+func section(name, path string, hold time.Duration) error {
+	fail := func(op string, err error) error { return fmt.Errorf("ERROR %s %s %v", path, op, err) }
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return fail("open", err)
+	}
+	defer f.Close() // closing drops the lock too
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+	asked := time.Now()
+	for {
+		err = unix.FcntlFlock(f.Fd(), unix.F_SETLKW, &lk)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		return fail("lock", err)
+	}
+	waited := time.Since(asked)
+	buf := make([]byte, 256)
+	n, err := f.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fail("read", err)
+	}
+	seq := 0
+	if fields := strings.Fields(string(buf[:n])); len(fields) >= 1 {
+		if seq, err = strconv.Atoi(fields[0]); err != nil {
+			return fail("parse", fmt.Errorf("%q: %w", buf[:n], err))
+		}
+	}
+	mine := fmt.Sprintf("%d %s\n", seq+1, name)
+	if _, err := f.WriteAt([]byte(mine), 0); err != nil {
+		return fail("write", err)
+	}
+	if err := f.Truncate(int64(len(mine))); err != nil {
+		return fail("truncate", err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail("fsync", err)
+	}
+	time.Sleep(hold)
+	n, err = f.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fail("reread", err)
+	}
+	if string(buf[:n]) != mine {
+		return fmt.Errorf("OVERLAP %s %q %q", path, mine, buf[:n])
+	}
+	lk.Type = unix.F_UNLCK
+	if err := unix.FcntlFlock(f.Fd(), unix.F_SETLK, &lk); err != nil {
+		return fail("unlock", err)
+	}
+	fmt.Printf("CS %s %d %d %d %d\n", path, seq, seq+1, waited.Milliseconds(), time.Now().UnixMilli())
+	return nil
+}
