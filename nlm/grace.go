@@ -149,52 +149,58 @@ type Reclaims struct {
 	settle time.Duration
 
 	mu   sync.Mutex
-	want map[Manager]map[string]bool // expected client → came back
-	left map[Manager]int             // expected and not yet back
-	// last is when the last reclaim activity was seen: an expected client
-	// coming back, or any new lock (during grace only reclaims get locks).
+	want map[Manager]map[string]bool // expected clients
+	seen map[Manager]map[string]bool // clients that came back (expected or not)
+	left map[Manager]int             // expected and not seen yet
+	// last is when the last reclaim activity was seen: a client coming
+	// back, or any new lock (during grace only reclaims get locks).
 	last time.Time
-	// back is when the last expected client of each manager came back.
-	back map[Manager]time.Time
 }
 
 // NewReclaims starts tracking plan at now.
 func NewReclaims(plan ReclaimPlan, now time.Time) *Reclaims {
 	r := &Reclaims{
 		settle: plan.Settle,
-		want:   map[Manager]map[string]bool{NLM: {}, NFSv4: {}},
+		want:   map[Manager]map[string]bool{},
+		seen:   map[Manager]map[string]bool{NLM: {}, NFSv4: {}},
 		left:   map[Manager]int{},
-		back:   map[Manager]time.Time{},
 		last:   now,
 	}
-	for m, names := range map[Manager][]string{NLM: plan.NLMHosts, NFSv4: plan.V4Clients} {
-		for _, n := range names {
-			if !r.want[m][n] {
-				r.want[m][n] = false
-			}
-		}
-		r.left[m] = len(r.want[m])
-		if r.left[m] == 0 {
-			r.back[m] = now
-		}
-	}
+	r.expect(NLM, plan.NLMHosts)
+	r.expect(NFSv4, plan.V4Clients)
 	return r
 }
 
+// expect sets the expected clients of m; those already seen count as back.
+func (r *Reclaims) expect(m Manager, names []string) {
+	want := make(map[string]bool, len(names))
+	left := 0
+	for _, n := range names {
+		if want[n] {
+			continue
+		}
+		want[n] = true
+		if !r.seen[m][n] {
+			left++
+		}
+	}
+	r.want[m], r.left[m] = want, left
+}
+
 // Back records that client name of manager m came back at t (an SM_MON for
-// that host from this server's lockd; a Cld_Create for that NFSv4 client).
-// A client that was not expected still counts as reclaim activity.
+// that host from this server's lockd; a Cld_Create for that NFSv4 client,
+// or an NFSv4.0 client confirmed by nfsd). The first time a client comes
+// back is reclaim activity, expected client or not; a repeat is not.
 func (r *Reclaims) Back(m Manager, name string, t time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.activity(t)
-	done, expected := r.want[m][name]
-	if !expected || done {
+	if r.seen[m][name] {
 		return
 	}
-	r.want[m][name] = true
-	if r.left[m]--; r.left[m] == 0 {
-		r.back[m] = t
+	r.seen[m][name] = true
+	r.activity(t)
+	if r.want[m][name] {
+		r.left[m]--
 	}
 }
 
@@ -235,8 +241,8 @@ func (r *Reclaims) MayEnd(m Manager, now time.Time) (ok bool, reason string, wai
 func (r *Reclaims) Missing(m Manager, max int) []string {
 	r.mu.Lock()
 	var out []string
-	for n, back := range r.want[m] {
-		if !back {
+	for n := range r.want[m] {
+		if !r.seen[m][n] {
 			out = append(out, n)
 		}
 	}

@@ -107,14 +107,14 @@ func TestReclaimsWaitsForEveryClientAndSettle(t *testing.T) {
 			t.Fatal("NFSv4 grace may end before its client came back")
 		}
 		r.Back(NFSv4, "Linux NFSv4.2 c3", at(7*time.Second))
-		r.Back(NFSv4, "Linux NFSv4.2 c3", at(8*time.Second)) // a repeat is activity only
+		r.Back(NFSv4, "Linux NFSv4.2 c3", at(8*time.Second)) // a repeat: not activity
 		if b, e := r.Progress(NFSv4); b != 1 || e != 1 {
 			t.Fatalf("progress %d/%d", b, e)
 		}
-		if ok, _, _ := r.MayEnd(NFSv4, at(9*time.Second)); ok {
+		if ok, _, _ := r.MayEnd(NFSv4, at(8*time.Second)); ok {
 			t.Fatal("NFSv4 may end 1s after the last activity (settle 2s)")
 		}
-		if ok, _, _ := r.MayEnd(NFSv4, at(10*time.Second)); !ok {
+		if ok, _, _ := r.MayEnd(NFSv4, at(9*time.Second)); !ok {
 			t.Fatal("NFSv4 may not end after its client came back and 2s of quiet")
 		}
 	}

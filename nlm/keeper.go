@@ -1,0 +1,287 @@
+package nlm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// KeeperConfig configures a Keeper.
+type KeeperConfig struct {
+	// Proc is the procfs root ("" = /proc).
+	Proc string
+	// Settle is how long reclaims must be quiet, after the last expected
+	// client came back, before a grace period is ended (default 3 s).
+	Settle time.Duration
+	// Poll is how often the kernel's state is read (default 200 ms).
+	Poll time.Duration
+	// OnEnd, when set, is called once per lock manager when its grace
+	// ended (by the Keeper or by the kernel). It must not block.
+	OnEnd  func(m Manager, reason string, after time.Duration)
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// Keeper ends the kernel's grace periods of one server incarnation as soon
+// as the rule of Reclaims allows, and reports how and when each ended. One
+// Keeper serves one leadership term: it is built when the takeover
+// committed, learns the NFSv4 clients that may reclaim when nfsd's
+// GraceStart is answered, is told every client that comes back, and Run
+// polls the kernel until both grace periods are over.
+type Keeper struct {
+	cfg     KeeperConfig
+	kernel  KernelGrace
+	log     *slog.Logger
+	started time.Time
+	r       *Reclaims
+
+	mu      sync.Mutex
+	v4Known bool // ExpectV4 was called: nfsd's GraceStart was answered
+	ended   map[Manager]GraceEnd
+	locks   int // POSIX locks last seen in /proc/locks (-1: not read yet)
+	lastErr string
+}
+
+// GraceEnd is how one lock manager's grace period ended.
+type GraceEnd struct {
+	At     time.Time     `json:"at"`
+	After  time.Duration `json:"-"`
+	Reason string        `json:"reason"`
+}
+
+// NewKeeper starts tracking a server incarnation that began at started,
+// expecting the hosts in nlmHosts (monitored at takeover) to reclaim.
+func NewKeeper(cfg KeeperConfig, nlmHosts []string, started time.Time) *Keeper {
+	if cfg.Settle <= 0 {
+		cfg.Settle = 3 * time.Second
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 200 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Keeper{
+		cfg:     cfg,
+		kernel:  KernelGrace{Proc: cfg.Proc},
+		log:     cfg.Logger.With("component", "grace"),
+		started: started,
+		r:       NewReclaims(ReclaimPlan{NLMHosts: nlmHosts, Settle: cfg.Settle}, started),
+		ended:   map[Manager]GraceEnd{},
+		locks:   -1,
+	}
+}
+
+// ExpectV4 sets the NFSv4 clients that may reclaim (the recovery epoch's
+// records nfsd was given at GraceStart). Until it is called, the NFSv4
+// grace is left to the kernel.
+func (k *Keeper) ExpectV4(names []string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.v4Known = true
+	k.r.mu.Lock()
+	k.r.expect(NFSv4, names)
+	k.r.mu.Unlock()
+}
+
+// Back records that an expected client came back (see Reclaims.Back).
+func (k *Keeper) Back(m Manager, name string) { k.r.Back(m, name, k.cfg.Now()) }
+
+// Run polls the kernel and ends each grace period when the rule allows,
+// until both are over or ctx ends.
+func (k *Keeper) Run(ctx context.Context) {
+	t := time.NewTicker(k.cfg.Poll)
+	defer t.Stop()
+	for {
+		if k.step() {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// step does one round; true once every present manager's grace is over.
+func (k *Keeper) step() bool {
+	now := k.cfg.Now()
+	k.sampleLocks(now)
+	k.sampleV40Clients(now)
+	done := true
+	for _, m := range Managers {
+		if !k.stepManager(m, now) {
+			done = false
+		}
+	}
+	return done
+}
+
+// stepManager ends m's grace if it may; true when m is done (its grace is
+// over, or it does not run here).
+func (k *Keeper) stepManager(m Manager, now time.Time) bool {
+	if k.endedAlready(m) {
+		return true
+	}
+	in, err := k.kernel.InGrace(m)
+	if errors.Is(err, ErrNoManager) {
+		return true // not running here: nothing to end
+	}
+	if err != nil {
+		k.setErr(err)
+		return false
+	}
+	if !in {
+		k.markEnded(m, ReasonKernel, now)
+		return true
+	}
+	if m == NFSv4 && !k.v4Expected() {
+		return false // nfsd's GraceStart not answered yet: the kernel decides
+	}
+	ok, reason, _ := k.r.MayEnd(m, now)
+	if !ok {
+		return false
+	}
+	if err := k.kernel.End(m); err != nil {
+		// nfsd answers EBUSY while it is still starting (tracking not up
+		// yet) or once grace ended meanwhile: look again next round.
+		k.setErr(err)
+		return false
+	}
+	k.markEnded(m, reason, now)
+	return true
+}
+
+func (k *Keeper) v4Expected() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.v4Known
+}
+
+func (k *Keeper) endedAlready(m Manager) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, ok := k.ended[m]
+	return ok
+}
+
+func (k *Keeper) markEnded(m Manager, reason string, now time.Time) {
+	e := GraceEnd{At: now, After: now.Sub(k.started), Reason: reason}
+	k.mu.Lock()
+	k.ended[m] = e
+	k.mu.Unlock()
+	back, want := k.r.Progress(m)
+	k.log.Info("grace ended", "manager", m, "reason", reason, "after", e.After.Round(time.Millisecond),
+		"clients_back", back, "clients_expected", want)
+	if k.cfg.OnEnd != nil {
+		k.cfg.OnEnd(m, reason, e.After)
+	}
+}
+
+func (k *Keeper) setErr(err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lastErr != err.Error() {
+		k.log.Warn("grace control", "err", err)
+	}
+	k.lastErr = err.Error()
+}
+
+// sampleLocks counts the POSIX locks in /proc/locks: during grace only
+// reclaims are granted, so a new one is reclaim activity.
+func (k *Keeper) sampleLocks(now time.Time) {
+	root := k.cfg.Proc
+	if root == "" {
+		root = "/proc"
+	}
+	b, err := os.ReadFile(filepath.Join(root, "locks"))
+	if err != nil {
+		return
+	}
+	n := 0
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if f := bytes.Fields(sc.Bytes()); len(f) > 1 && string(f[1]) == "POSIX" {
+			n++
+		}
+	}
+	k.mu.Lock()
+	grew := k.locks >= 0 && n > k.locks
+	k.locks = n
+	k.mu.Unlock()
+	if grew {
+		k.r.Activity(now)
+	}
+}
+
+// sampleV40Clients counts an NFSv4.0 client as back once nfsd lists it
+// confirmed: NFSv4.0 has no RECLAIM_COMPLETE, and its reclaims send no
+// Create upcall (a reclaimed open needs no OPEN_CONFIRM).
+func (k *Keeper) sampleV40Clients(now time.Time) {
+	if !k.v4Expected() {
+		return
+	}
+	cs, err := NFSdClients(k.cfg.Proc)
+	if err != nil {
+		return
+	}
+	for _, c := range cs {
+		if c.Minor == 0 && c.Confirmed() {
+			k.r.Back(NFSv4, c.Name, now)
+		}
+	}
+}
+
+// GraceStatus is the state of both grace periods of the current (or
+// last) server incarnation, for GET /v1/status.
+type GraceStatus struct {
+	Started time.Time     `json:"started"`
+	Settle  string        `json:"settle"`
+	NLM     ManagerStatus `json:"nlm"`
+	NFSv4   ManagerStatus `json:"nfsv4"`
+	Error   string        `json:"error,omitempty"`
+}
+
+// ManagerStatus is one lock manager's grace.
+type ManagerStatus struct {
+	// Expected is how many clients could reclaim; Back how many came back;
+	// Missing names some that have not (at most 8).
+	Expected int       `json:"expected"`
+	Back     int       `json:"back"`
+	Missing  []string  `json:"missing,omitempty"`
+	Ended    *GraceEnd `json:"ended,omitempty"`
+	// Seconds is how long after the takeover it ended (0 while in grace).
+	Seconds float64 `json:"seconds,omitempty"`
+}
+
+// Status reports both grace periods.
+func (k *Keeper) Status() GraceStatus {
+	s := GraceStatus{Started: k.started.UTC(), Settle: k.cfg.Settle.String()}
+	k.mu.Lock()
+	s.Error = k.lastErr
+	ended := map[Manager]GraceEnd{}
+	for m, e := range k.ended {
+		ended[m] = e
+	}
+	k.mu.Unlock()
+	for m, ms := range map[Manager]*ManagerStatus{NLM: &s.NLM, NFSv4: &s.NFSv4} {
+		ms.Back, ms.Expected = k.r.Progress(m)
+		ms.Missing = k.r.Missing(m, 8)
+		if e, ok := ended[m]; ok {
+			e.At = e.At.UTC()
+			ms.Ended = &e
+			ms.Seconds = e.After.Seconds()
+		}
+	}
+	return s
+}
