@@ -36,7 +36,8 @@ const (
 	kindTakeover      = 4
 	kindPeerRebooted  = 5
 
-	minCommandLen = 5 // kind + the shortest body (UnregisterAll with "")
+	minCommandLen  = 5  // kind + the shortest body (UnregisterAll with "")
+	minRegisterLen = 33 // kind + the shortest registration
 )
 
 // Encode encodes a batch of commands as one log entry (versioned binary).
@@ -92,9 +93,11 @@ func Decode(b []byte) ([]Command, error) {
 }
 
 // decodeApply decodes an entry as Decode does, for FSM.Apply: a Register
-// comes back in its stored form, regs[i] with cmds[i] nil, its strings
+// comes back in its stored form, with cmds[i] nil and the stored forms in
+// regs in entry order (the k-th nil command is regs[k]), its strings
 // shared through in (interned MyName/Node), so applying it needs no
-// Registration and no re-packing of its addresses.
+// Registration and no re-packing of its addresses. regs holds only the
+// registrations, so what it allocates is bounded by the entry's length.
 func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error) {
 	if len(b) == 0 {
 		return nil, nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
@@ -111,11 +114,11 @@ func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error)
 		return nil, nil, fmt.Errorf("%w: %w", ErrBadCommand, d.err)
 	}
 	cmds = make([]Command, n)
-	regs = make([]rec, n)
+	regs = make([]rec, 0, min(n, uint64(len(d.b)/minRegisterLen)))
 	for i := range n {
 		if len(d.b) > 0 && d.b[0] == kindRegister {
 			d.b = d.b[1:]
-			regs[i] = d.rec(in)
+			regs = append(regs, d.rec(in))
 		} else {
 			cmds[i] = d.command()
 		}

@@ -82,6 +82,10 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		}
 		equalCommands(t, got, []Command{c})
 	}
+	// decodeApply sizes its registrations by the shortest one's length.
+	if b, err := Encode(Register{}); err != nil || len(b)-2 != minRegisterLen {
+		t.Fatalf("shortest Register is %d bytes (%v), minRegisterLen is %d", len(b)-2, err, minRegisterLen)
+	}
 	// Zero time ↔ 0, and decoded times are UTC.
 	b, _ = Encode(Takeover{})
 	got, _ = Decode(b)
@@ -188,10 +192,18 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
+		k := 0
 		for i := range acmds {
 			if acmds[i] == nil {
-				acmds[i] = Register{Reg: regs[i].registration()}
+				if k >= len(regs) {
+					t.Fatalf("decodeApply: %d registrations for more nil commands", len(regs))
+				}
+				acmds[i] = Register{Reg: regs[k].registration()}
+				k++
 			}
+		}
+		if k != len(regs) {
+			t.Fatalf("decodeApply: %d registrations for %d nil commands", len(regs), k)
 		}
 		if a, err := Encode(acmds...); err != nil || !bytes.Equal(a, b) {
 			t.Fatalf("decodeApply's commands re-encode differently (%v):\n in %x\nout %x", err, b, a)

@@ -129,9 +129,11 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	}
 	res := make([]Result, len(cmds))
 	f.mu.Lock()
+	k := 0
 	for i, c := range cmds {
 		if c == nil { // a Register, decoded in stored form
-			f.store(regs[i])
+			f.store(regs[k])
+			k++
 			res[i] = Result{State: f.st.sm}
 			continue
 		}
@@ -140,9 +142,11 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	f.applied = l.Index
 	f.mu.Unlock()
 	if f.observer != nil {
+		k = 0
 		for i, c := range cmds {
 			if c == nil {
-				c = Register{Reg: regs[i].registration()}
+				c = Register{Reg: regs[k].registration()}
+				k++
 			}
 			f.observer(l.Index, c, res[i])
 		}
