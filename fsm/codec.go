@@ -341,6 +341,15 @@ func (d *decoder) strBytes(max int, what string) []byte {
 
 func (d *decoder) str(max int, what string) string { return string(d.strBytes(max, what)) }
 
+// clientName reads an NFSv4 client name: 1…MaxClientNameLen bytes.
+func (d *decoder) clientName() string {
+	b := d.strBytes(MaxClientNameLen, "client name")
+	if d.err == nil && len(b) == 0 {
+		d.fail("empty client name")
+	}
+	return string(b)
+}
+
 func (d *decoder) addr() ip {
 	var p ip
 	p.n = d.u8()

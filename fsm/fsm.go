@@ -53,18 +53,33 @@ type state struct {
 	// lastTerm is the raft term of the log entry that carried last (0
 	// before the first Takeover, or after a version-1 snapshot).
 	lastTerm uint64
+
+	// NFSv4 client tracking (nfsdcld's database): the records of the
+	// current epoch and of the recovery epoch, by name. v4Current ≥ 1;
+	// v4Recovery is 0 (not in grace, v4rec empty) or v4Current-1.
+	v4cur      *btree.BTreeG[v4Rec]
+	v4rec      *btree.BTreeG[v4Rec]
+	v4Current  uint64
+	v4Recovery uint64
+	v4Both     int // names in both v4cur and v4rec; derived, not snapshotted
 }
 
 func newState() state {
 	return state{
-		regs:   btree.NewG(btreeDegree, lessRec),
-		seen:   btree.NewG(btreeDegree, lessSeen),
-		byAddr: btree.NewG(btreeDegree, lessAddrRef),
+		regs:      btree.NewG(btreeDegree, lessRec),
+		seen:      btree.NewG(btreeDegree, lessSeen),
+		byAddr:    btree.NewG(btreeDegree, lessAddrRef),
+		v4cur:     newV4Tree(),
+		v4rec:     newV4Tree(),
+		v4Current: 1,
 	}
 }
 
+func newV4Tree() *btree.BTreeG[v4Rec] { return btree.NewG(btreeDegree, lessV4) }
+
 // New returns an empty FSM: no registrations, sm_state 0 (the first
-// Takeover makes it 1).
+// Takeover makes it 1), NFSv4 client-tracking epochs current 1 and
+// recovery 0 (not in grace), no client records.
 func New(opts Options) *FSM {
 	return &FSM{observer: opts.Observer, st: newState(), names: newStrTable()}
 }
@@ -352,7 +367,24 @@ func (s *state) clone() state {
 	c.regs = s.regs.Clone()
 	c.seen = s.seen.Clone()
 	c.byAddr = nil
+	c.v4cur = s.v4cur.Clone()
+	c.v4rec = s.v4rec.Clone()
 	return c
+}
+
+// countBoth returns the number of names held by both a and b.
+func countBoth(a, b *btree.BTreeG[v4Rec]) int {
+	if a.Len() > b.Len() {
+		a, b = b, a
+	}
+	n := 0
+	a.Ascend(func(r v4Rec) bool {
+		if b.Has(r) {
+			n++
+		}
+		return true
+	})
+	return n
 }
 
 // view takes a consistent O(1) copy-on-write view for long reads.
@@ -511,4 +543,50 @@ func (f *FSM) LastSeen(monName string) (int32, bool) {
 	defer f.mu.RUnlock()
 	r, ok := f.st.seen.Get(seenRec{name: monName})
 	return r.state, ok
+}
+
+// Epochs returns the NFSv4 client-tracking epochs: current (≥ 1) and
+// recovery, which is 0 when not in grace and current-1 during a grace
+// period (between a GraceStart and its GraceDone).
+func (f *FSM) Epochs() (current, recovery uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.v4Current, f.st.v4Recovery
+}
+
+// V4Clients returns the NFSv4 client records of the current epoch, or of
+// the recovery epoch when recovery is true (none when not in grace),
+// sorted by name. It walks a copy-on-write clone without holding the lock.
+func (f *FSM) V4Clients(recovery bool) []V4Client {
+	f.mu.Lock() // Clone mutates the source tree
+	t := f.st.v4cur
+	if recovery {
+		t = f.st.v4rec
+	}
+	t = t.Clone()
+	f.mu.Unlock()
+	out := make([]V4Client, 0, t.Len())
+	t.Ascend(func(r v4Rec) bool {
+		out = append(out, V4Client{Name: r.name, PrincHash: r.princ})
+		return true
+	})
+	return out
+}
+
+// V4Counts returns the number of NFSv4 client records of the current and
+// of the recovery epoch, and how many names are in both (the clients that
+// reclaimed, or were created again, during the grace period).
+func (f *FSM) V4Counts() (current, recovery, reclaimed int) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.v4cur.Len(), f.st.v4rec.Len(), f.st.v4Both
+}
+
+// HasV4Client reports whether the current epoch and the recovery epoch
+// hold a record for this client name.
+func (f *FSM) HasV4Client(name string) (inCurrent, inRecovery bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	k := v4Rec{name: name}
+	return f.st.v4cur.Has(k), f.st.v4rec.Has(k)
 }

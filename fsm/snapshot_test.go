@@ -71,18 +71,19 @@ func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
 		"header only":     b[:9],
 		"truncated":       b[:len(b)/2],
 		"no checksum":     b[:len(b)-4],
-		"no trailer":      b[:len(b)-20],
+		"no trailer":      b[:len(b)-36],
 		"flipped middle":  flip(len(b) / 2),
 		"flipped counts":  flip(len(b) - 6),
 		"flipped crc":     flip(len(b) - 1),
 		"trailing byte":   append(slices.Clone(b), 0),
 		"huge frame":      append(append(slices.Clone(b[:9]), 0xff, 0xff, 0xff, 0xff), b[13:]...),
 		"no scalars":      binary.BigEndian.AppendUint32(slices.Clone(b[:9]), 0),
-		"version too new": func() []byte { c := slices.Clone(b); c[8] = 3; return c }(),
+		"version too new": func() []byte { c := slices.Clone(b); c[8] = 4; return c }(),
 		"version 0":       func() []byte { c := slices.Clone(b); c[8] = 0; return c }(),
-		// A version-2 stream labelled version 1 (checksum recomputed): its
-		// scalars frame has a trailing byte, the takeover term.
-		"v2 body as v1": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 1; return c }()),
+		// A version-3 stream labelled version 1 or 2 (checksum recomputed):
+		// its scalars frame has trailing bytes (takeover term, v4 epochs).
+		"v3 body as v1": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 1; return c }()),
+		"v3 body as v2": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 2; return c }()),
 	}
 	for name, data := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -247,9 +248,9 @@ func readV1Fixture(t testing.TB) []byte {
 }
 
 // TestVersion1SnapshotIsStillRead: a snapshot written by the version-1
-// writer restores to the state it was taken from, with takeover term 0;
-// persisting it again writes version 2, byte for byte what the same state
-// built by Apply persists to.
+// writer restores to the state it was taken from, with takeover term 0
+// and v4 epochs 1, 0; persisting it again writes version 3, byte for byte
+// what the same state built by Apply persists to.
 func TestVersion1SnapshotIsStillRead(t *testing.T) {
 	v1 := readV1Fixture(t)
 	if v1[len(snapMagic)] != 1 {
@@ -273,11 +274,14 @@ func TestVersion1SnapshotIsStillRead(t *testing.T) {
 	if s, ok := got.LastSeen("a"); !ok || s != 7 {
 		t.Errorf("last seen of a: %d %v, want 7", s, ok)
 	}
-	v2 := persist(t, got)
-	if v2[len(snapMagic)] != snapVersion {
-		t.Fatalf("persisted version %d, want %d", v2[len(snapMagic)], snapVersion)
+	again := persist(t, got)
+	if again[len(snapMagic)] != snapVersion {
+		t.Fatalf("persisted version %d, want %d", again[len(snapMagic)], snapVersion)
 	}
-	if !bytes.Equal(v2, persist(t, want)) {
+	if cur, rec := got.Epochs(); cur != 1 || rec != 0 {
+		t.Errorf("v4 epochs after a v1 snapshot: %d, %d; want 1, 0", cur, rec)
+	}
+	if !bytes.Equal(again, persist(t, want)) {
 		t.Fatal("a v1 snapshot re-persisted differs from the same state built by Apply")
 	}
 }
@@ -296,8 +300,10 @@ func readV2Fixture(t testing.TB) []byte {
 }
 
 // TestVersion2SnapshotIsStillRead: a snapshot written by the version-2
-// writer restores to the state it was taken from, takeover term included;
-// persisting it again gives what the same state built by Apply persists to.
+// writer restores to the state it was taken from, takeover term included,
+// with the NFSv4 epochs of a new FSM (1, 0) and no client records;
+// persisting it again (version 3) gives what the same state built by
+// Apply persists to.
 func TestVersion2SnapshotIsStillRead(t *testing.T) {
 	v2 := readV2Fixture(t)
 	if v2[len(snapMagic)] != 2 {
@@ -320,7 +326,17 @@ func TestVersion2SnapshotIsStillRead(t *testing.T) {
 	if tg := got.Targets(); len(tg) != 3 || len(tg[2].Addrs) != 1 || tg[2].Addrs[0] != netip.MustParseAddr("2001:db8::c") {
 		t.Errorf("targets %v", tg)
 	}
-	if !bytes.Equal(persist(t, got), persist(t, want)) {
+	if cur, rec := got.Epochs(); cur != 1 || rec != 0 {
+		t.Errorf("v4 epochs after a v2 snapshot: %d, %d; want 1, 0", cur, rec)
+	}
+	if c, r, b := got.V4Counts(); c != 0 || r != 0 || b != 0 {
+		t.Errorf("v4 counts after a v2 snapshot: %d %d %d", c, r, b)
+	}
+	again := persist(t, got)
+	if again[len(snapMagic)] != snapVersion {
+		t.Fatalf("persisted version %d, want %d", again[len(snapMagic)], snapVersion)
+	}
+	if !bytes.Equal(again, persist(t, want)) {
 		t.Fatal("a v2 snapshot re-persisted differs from the same state built by Apply")
 	}
 }
@@ -365,6 +381,14 @@ func TestTakeoverTermIsTheTermOfItsEntry(t *testing.T) {
 	}
 }
 
+// v4FSM is tinyFSM during an NFSv4 grace period, with client records in
+// both epochs (one reclaimed), one with a principal hash.
+func v4FSM(t testing.TB) *FSM {
+	f := tinyFSM(t)
+	setV4(f, 3, 2, []V4Client{{Name: "c1", PrincHash: "\x01\x02"}, {Name: "c3"}}, []V4Client{{Name: "c1"}, {Name: "c2"}})
+	return f
+}
+
 // fixCRC returns b with its trailing checksum recomputed, so that the
 // fuzzer's mutations reach the parser instead of stopping at the CRC.
 func fixCRC(b []byte) []byte {
@@ -385,8 +409,10 @@ func FuzzRestore(f *testing.F) {
 	f.Add(persist(f, termFSM(f)))
 	f.Add(readV1Fixture(f))
 	f.Add(readV2Fixture(f))
+	f.Add(persist(f, v4FSM(f)))
 	f.Add([]byte("NSMDSNP1\x01"))
 	f.Add([]byte("NSMDSNP1\x02"))
+	f.Add([]byte("NSMDSNP1\x03"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, in := range [][]byte{b, fixCRC(b)} {
 			x := New(Options{})
@@ -404,6 +430,14 @@ func FuzzRestore(f *testing.F) {
 				x.TakeoverTerm() != y.TakeoverTerm() {
 				t.Fatal("accepted snapshot does not round-trip")
 			}
+			xc, xr := x.Epochs()
+			yc, yr := y.Epochs()
+			xn, xm, xb := x.V4Counts()
+			yn, ym, yb := y.V4Counts()
+			if xc != yc || xr != yr || xn != yn || xm != ym || xb != yb {
+				t.Fatalf("v4 state does not round-trip: epochs %d,%d → %d,%d; counts %d,%d,%d → %d,%d,%d", xc, xr, yc, yr, xn, xm, xb, yn, ym, yb)
+			}
+			checkV4Invariants(t, x)
 		}
 	})
 }

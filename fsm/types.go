@@ -103,6 +103,13 @@ type Target struct {
 	Addrs   []netip.Addr
 }
 
+// V4Client is one NFSv4 client-tracking record (a row of nfsdcld's
+// database): the client's opaque id and the hash of its principal.
+type V4Client struct {
+	Name      string // opaque client id bytes, 1…MaxClientNameLen
+	PrincHash string // principal hash bytes, 0…MaxPrincHashLen (empty: none)
+}
+
 // Limits of the command and snapshot encodings. Encode refuses, and Decode
 // and Restore reject, anything beyond them.
 const (
@@ -110,6 +117,9 @@ const (
 	MaxReasonLen = 256   // Takeover.Reason
 	MaxAddrs     = 16    // Registration.Addrs
 	MaxBatch     = 65536 // commands in one log entry
+
+	MaxClientNameLen = 1024 // V4Client.Name (NFS4_OPAQUE_LIMIT); never empty
+	MaxPrincHashLen  = 32   // V4Client.PrincHash (a SHA-256 digest)
 )
 
 var (
