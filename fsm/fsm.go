@@ -224,8 +224,69 @@ func (f *FSM) apply(c Command, term uint64) Result {
 			}
 		}
 		return res
+	case ClientCreate:
+		s.v4Put(v4Rec{name: c.Name, princ: c.PrincHash})
+		return Result{State: s.sm}
+	case ClientRemove:
+		n := 0
+		if _, ok := s.v4cur.Delete(v4Rec{name: c.Name}); ok {
+			n = 1
+			if s.v4rec.Has(v4Rec{name: c.Name}) {
+				s.v4Both--
+			}
+		}
+		return Result{State: s.sm, Removed: n}
+	case ClientCheck:
+		if s.v4Recovery == 0 {
+			s.graceStart()
+		}
+		r, ok := s.v4rec.Get(v4Rec{name: c.Name})
+		if ok {
+			s.v4Put(r)
+		}
+		return Result{State: s.sm, Accepted: ok}
+	case GraceStart:
+		return Result{State: s.sm, Removed: s.graceStart()}
+	case GraceDone:
+		if s.v4Recovery == 0 {
+			s.graceStart()
+		}
+		s.v4rec = newV4Tree()
+		s.v4Recovery = 0
+		s.v4Both = 0
+		return Result{State: s.sm}
 	}
 	return Result{State: s.sm} // unreachable: Decode yields only the types above
+}
+
+// v4Put inserts or replaces a current-epoch client record.
+func (s *state) v4Put(r v4Rec) {
+	if _, replaced := s.v4cur.ReplaceOrInsert(r); !replaced && s.v4rec.Has(r) {
+		s.v4Both++
+	}
+}
+
+// graceStart applies a GraceStart and returns the number of current-epoch
+// records it discarded. At the top of the uint64 range the current epoch
+// stays at math.MaxUint64 (recovery becomes math.MaxUint64-1, keeping
+// recovery = current-1); only a crafted snapshot gets there.
+func (s *state) graceStart() int {
+	s.v4Both = 0
+	if s.v4Recovery == 0 {
+		if s.v4Current == math.MaxUint64 {
+			s.v4Recovery = s.v4Current - 1
+		} else {
+			s.v4Recovery = s.v4Current
+			s.v4Current++
+		}
+		s.v4rec, s.v4cur = s.v4cur, newV4Tree()
+		return 0
+	}
+	n := s.v4cur.Len()
+	if n > 0 {
+		s.v4cur = newV4Tree()
+	}
+	return n
 }
 
 // nextState is the smallest odd number greater than cur and ≥ min. At the

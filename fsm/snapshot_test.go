@@ -129,8 +129,8 @@ func TestSnapshotIsCopyOnWrite(t *testing.T) {
 }
 
 // TestDeterminismAcrossReplicasAndRestore: replicas fed the same entries
-// agree at every step (DESIGN.md invariant 6), and so does one restored
-// from a mid-way snapshot.
+// (NSM and NFSv4 client-tracking commands) agree at every step (DESIGN.md
+// invariant 1), and so does one restored from a mid-way snapshot.
 func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
 		g := newGen(seed)
@@ -140,6 +140,7 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 		}
 		a, b := New(Options{}), New(Options{})
 		var c *FSM
+		v4Records := 0 // entries after which a holds client records
 		for i, cmds := range entries {
 			idx, term := uint64(i+1), uint64(1+i/37) // a new raft term now and then
 			ra := applyTermOK(t, a, idx, term, cmds...)
@@ -147,10 +148,13 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 			if c != nil {
 				rc := applyTermOK(t, c, idx, term, cmds...)
 				for j := range ra {
-					if ra[j].State != rc[j].State || ra[j].Accepted != rc[j].Accepted || len(ra[j].Matched) != len(rc[j].Matched) {
+					if ra[j].State != rc[j].State || ra[j].Accepted != rc[j].Accepted || ra[j].Removed != rc[j].Removed || len(ra[j].Matched) != len(rc[j].Matched) {
 						t.Fatalf("seed %d entry %d: results differ after restore", seed, i)
 					}
 				}
+			}
+			if n, m, _ := a.V4Counts(); n+m > 0 {
+				v4Records++
 			}
 			da := a.Digest()
 			if da != b.Digest() {
@@ -169,9 +173,13 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 		if a.Len() == 0 || a.State() < 3 || a.TakeoverTerm() < 2 {
 			t.Fatalf("seed %d: stream too weak (len %d, state %d, takeover term %d)", seed, a.Len(), a.State(), a.TakeoverTerm())
 		}
+		if cur, _ := a.Epochs(); cur < 5 || v4Records == 0 {
+			t.Fatalf("seed %d: stream too weak for NFSv4 tracking (epoch %d, %d records seen)", seed, cur, v4Records)
+		}
 		if c.TakeoverTerm() != a.TakeoverTerm() {
 			t.Fatalf("seed %d: restored replica's takeover term %d, want %d", seed, c.TakeoverTerm(), a.TakeoverTerm())
 		}
+		checkV4Invariants(t, c)
 	}
 }
 
