@@ -17,16 +17,30 @@ import (
 //	UnregisterAll (3) = myid
 //	Takeover      (4) = str(node) min_state:varint time(grace_until) str(reason) time(at)
 //	PeerRebooted  (5) = str(mon_name) addr(from) state:varint time(at)
+//	ClientCreate  (6) = cname str(princ_hash)
+//	ClientRemove  (7) = cname
+//	ClientCheck   (8) = cname
+//	GraceStart    (9) =                 (no body)
+//	GraceDone    (10) =                 (no body)
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
 //	myid     = str(my_name) prog:uvarint vers:uvarint proc:uvarint
-//	str(x)   = len:uvarint bytes        (len ≤ 1024; reason ≤ 256)
+//	str(x)   = len:uvarint bytes        (len ≤ 1024; reason ≤ 256; princ_hash ≤ 32)
+//	cname    = str(name), 1…1024 bytes (an empty client name is refused)
 //	addr     = len:u8 (0, 4 or 16) bytes
 //	time     = Unix nanoseconds, int64 big-endian, 0 = zero time
 //	varint   = zigzag signed varint, within int32
 //
 // Addresses in Addrs must be valid; zones are not encoded.
+//
+// Kinds 6–10 (NFSv4 client tracking) extend version 1 compatibly: an entry
+// without them has the same bytes as before, so the version stays 1. A
+// build that predates them refuses an entry carrying one as an unknown
+// kind (ErrBadCommand) and applies none of it, so its state would diverge
+// from upgraded nodes': every node of a cluster must run a build that
+// knows them before any is proposed, i.e. before NFSv4 client tracking is
+// used.
 const (
 	entryVersion = 1
 
@@ -35,15 +49,22 @@ const (
 	kindUnregisterAll = 3
 	kindTakeover      = 4
 	kindPeerRebooted  = 5
+	kindClientCreate  = 6
+	kindClientRemove  = 7
+	kindClientCheck   = 8
+	kindGraceStart    = 9
+	kindGraceDone     = 10
 
-	minCommandLen = 5 // kind + the shortest body (UnregisterAll with "")
+	minCommandLen  = 1  // kind + the shortest body (GraceStart, GraceDone: none)
+	minRegisterLen = 33 // kind + the shortest registration
 )
 
 // Encode encodes a batch of commands as one log entry (versioned binary).
 // It refuses (ErrBadCommand) an empty batch, more than MaxBatch commands,
 // nil or foreign Command values, strings or address lists beyond their
-// limits, invalid addresses in Addrs and times outside the int64
-// nanosecond range, so that whatever it returns Decode accepts.
+// limits, empty client names, invalid addresses in Addrs and times
+// outside the int64 nanosecond range, so that whatever it returns Decode
+// accepts.
 func Encode(cmds ...Command) ([]byte, error) {
 	if len(cmds) == 0 || len(cmds) > MaxBatch {
 		return nil, fmt.Errorf("%w: batch of %d commands (want 1…%d)", ErrBadCommand, len(cmds), MaxBatch)
@@ -92,9 +113,11 @@ func Decode(b []byte) ([]Command, error) {
 }
 
 // decodeApply decodes an entry as Decode does, for FSM.Apply: a Register
-// comes back in its stored form, regs[i] with cmds[i] nil, its strings
+// comes back in its stored form, with cmds[i] nil and the stored forms in
+// regs in entry order (the k-th nil command is regs[k]), its strings
 // shared through in (interned MyName/Node), so applying it needs no
-// Registration and no re-packing of its addresses.
+// Registration and no re-packing of its addresses. regs holds only the
+// registrations, so what it allocates is bounded by the entry's length.
 func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error) {
 	if len(b) == 0 {
 		return nil, nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
@@ -111,11 +134,11 @@ func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error)
 		return nil, nil, fmt.Errorf("%w: %w", ErrBadCommand, d.err)
 	}
 	cmds = make([]Command, n)
-	regs = make([]rec, n)
+	regs = make([]rec, 0, min(n, uint64(len(d.b)/minRegisterLen)))
 	for i := range n {
 		if len(d.b) > 0 && d.b[0] == kindRegister {
 			d.b = d.b[1:]
-			regs[i] = d.rec(in)
+			regs = append(regs, d.rec(in))
 		} else {
 			cmds[i] = d.command()
 		}
@@ -157,6 +180,24 @@ func (e *encoder) command(c Command) error {
 		e.addr(ipOf(c.From))
 		e.b = binary.AppendVarint(e.b, int64(c.State))
 		return e.time(c.At, "at")
+	case ClientCreate:
+		e.b = append(e.b, kindClientCreate)
+		if err := e.clientName(c.Name); err != nil {
+			return err
+		}
+		return e.str(c.PrincHash, MaxPrincHashLen, "principal hash")
+	case ClientRemove:
+		e.b = append(e.b, kindClientRemove)
+		return e.clientName(c.Name)
+	case ClientCheck:
+		e.b = append(e.b, kindClientCheck)
+		return e.clientName(c.Name)
+	case GraceStart:
+		e.b = append(e.b, kindGraceStart)
+		return nil
+	case GraceDone:
+		e.b = append(e.b, kindGraceDone)
+		return nil
 	case nil:
 		return fmt.Errorf("nil command")
 	default:
@@ -231,6 +272,13 @@ func (e *encoder) myID(m MyID) error {
 	e.b = binary.AppendUvarint(e.b, uint64(m.Vers))
 	e.b = binary.AppendUvarint(e.b, uint64(m.Proc))
 	return nil
+}
+
+func (e *encoder) clientName(s string) error {
+	if s == "" {
+		return fmt.Errorf("empty client name")
+	}
+	return e.str(s, MaxClientNameLen, "client name")
 }
 
 func (e *encoder) str(s string, max int, what string) error {
@@ -338,6 +386,15 @@ func (d *decoder) strBytes(max int, what string) []byte {
 
 func (d *decoder) str(max int, what string) string { return string(d.strBytes(max, what)) }
 
+// clientName reads an NFSv4 client name: 1…MaxClientNameLen bytes.
+func (d *decoder) clientName() string {
+	b := d.strBytes(MaxClientNameLen, "client name")
+	if d.err == nil && len(b) == 0 {
+		d.fail("empty client name")
+	}
+	return string(b)
+}
+
 func (d *decoder) addr() ip {
 	var p ip
 	p.n = d.u8()
@@ -377,6 +434,16 @@ func (d *decoder) command() Command {
 		return d.takeover()
 	case kindPeerRebooted:
 		return PeerRebooted{MonName: d.str(MaxNameLen, "mon_name"), From: d.addr().addr(), State: d.i32(), At: d.time()}
+	case kindClientCreate:
+		return ClientCreate{Name: d.clientName(), PrincHash: d.str(MaxPrincHashLen, "principal hash")}
+	case kindClientRemove:
+		return ClientRemove{Name: d.clientName()}
+	case kindClientCheck:
+		return ClientCheck{Name: d.clientName()}
+	case kindGraceStart:
+		return GraceStart{}
+	case kindGraceDone:
+		return GraceDone{}
 	default:
 		if d.err == nil {
 			d.fail("unknown command kind %d", k)

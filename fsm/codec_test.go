@@ -23,6 +23,12 @@ func sampleCommands() []Command {
 		Takeover{},
 		PeerRebooted{MonName: "client.example.com", From: netip.MustParseAddr("10.1.2.3"), State: 1 << 30, At: time.Date(1700, 1, 1, 0, 0, 0, 0, time.FixedZone("x", 3600))},
 		PeerRebooted{State: -1},
+		ClientCreate{Name: "Linux NFSv4.2 client.example.com\x00\xff", PrincHash: strings.Repeat("\xab", MaxPrincHashLen)},
+		ClientCreate{Name: strings.Repeat("c", MaxClientNameLen)},
+		ClientRemove{Name: "c"},
+		ClientCheck{Name: "\x00"},
+		GraceStart{},
+		GraceDone{},
 	}
 }
 
@@ -82,6 +88,10 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 		}
 		equalCommands(t, got, []Command{c})
 	}
+	// decodeApply sizes its registrations by the shortest one's length.
+	if b, err := Encode(Register{}); err != nil || len(b)-2 != minRegisterLen {
+		t.Fatalf("shortest Register is %d bytes (%v), minRegisterLen is %d", len(b)-2, err, minRegisterLen)
+	}
 	// Zero time ↔ 0, and decoded times are UTC.
 	b, _ = Encode(Takeover{})
 	got, _ = Decode(b)
@@ -103,15 +113,24 @@ func TestEncodeRefusesWhatDecodeWouldReject(t *testing.T) {
 	}
 	long := strings.Repeat("x", MaxNameLen+1)
 	tests := map[string][]Command{
-		"empty batch":       nil,
-		"nil command":       {nil},
-		"long mon_name":     {Register{Reg: Registration{ID: MonID{MonName: long}}}},
-		"long my_name":      {UnregisterAll{My: MyID{MyName: long}}},
-		"long node":         {Takeover{Node: long}},
-		"long reason":       {Takeover{Reason: strings.Repeat("r", MaxReasonLen+1)}},
-		"too many addrs":    {Register{Reg: Registration{Addrs: many}}},
-		"invalid addr":      {Register{Reg: Registration{Addrs: []netip.Addr{{}}}}},
-		"time out of range": {PeerRebooted{At: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)}},
+		"empty batch":          nil,
+		"nil command":          {nil},
+		"long mon_name":        {Register{Reg: Registration{ID: MonID{MonName: long}}}},
+		"long my_name":         {UnregisterAll{My: MyID{MyName: long}}},
+		"long node":            {Takeover{Node: long}},
+		"long reason":          {Takeover{Reason: strings.Repeat("r", MaxReasonLen+1)}},
+		"too many addrs":       {Register{Reg: Registration{Addrs: many}}},
+		"invalid addr":         {Register{Reg: Registration{Addrs: []netip.Addr{{}}}}},
+		"time out of range":    {PeerRebooted{At: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)}},
+		"create: empty name":   {ClientCreate{PrincHash: "p"}},
+		"create: long name":    {ClientCreate{Name: strings.Repeat("c", MaxClientNameLen+1)}},
+		"create: long princ":   {ClientCreate{Name: "c", PrincHash: strings.Repeat("p", MaxPrincHashLen+1)}},
+		"remove: empty name":   {ClientRemove{}},
+		"remove: long name":    {ClientRemove{Name: strings.Repeat("c", MaxClientNameLen+1)}},
+		"check: empty name":    {ClientCheck{}},
+		"check: long name":     {ClientCheck{Name: strings.Repeat("c", MaxClientNameLen+1)}},
+		"bad one among good":   {GraceStart{}, ClientCreate{Name: "a"}, ClientRemove{}, GraceDone{}},
+		"pointer to a command": {&GraceStart{}},
 	}
 	for name, cmds := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -137,7 +156,20 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 		"count beyond MaxBatch":  {1, 0x81, 0x80, 0x04, 3, 0, 0, 0, 0},
 		"non-minimal varint":     {1, 0x81, 0x00, 3, 0, 0, 0, 0},
 		"overlong varint":        {1, 1, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
-		"unknown kind":           {1, 1, 6, 0, 0, 0, 0},
+		"unknown kind":           {1, 1, 11, 0, 0, 0, 0},
+		"kind 0":                 {1, 1, 0},
+		"create: empty name":     {1, 1, 6, 0, 0},
+		"create: no princ":       {1, 1, 6, 1, 'a'},
+		"create: princ of 33":    append([]byte{1, 1, 6, 1, 'a', 33}, make([]byte, 33)...),
+		"create: name of 1025":   append([]byte{1, 1, 6, 0x81, 0x08}, make([]byte, 1025+1)...),
+		"create: princ beyond":   {1, 1, 6, 1, 'a', 2, 'p'},
+		"remove: empty name":     {1, 1, 7, 0},
+		"remove: name beyond":    {1, 1, 7, 2, 'a'},
+		"check: empty name":      {1, 1, 8, 0},
+		"check: no name":         {1, 1, 8},
+		"grace start: trailing":  {1, 1, 9, 0},
+		"grace done: one short":  {1, 2, 10},
+		"v4 batch, bad last":     {1, 3, 9, 6, 1, 'a', 0, 7, 0},
 		"prog beyond 32 bits":    {1, 1, 3, 0, 0x80, 0x80, 0x80, 0x80, 0x10, 0, 0},
 		"string beyond data":     {1, 1, 3, 5, 'a', 0, 0, 0},
 		"mon_name beyond 1024":   append([]byte{1, 1, 2, 0x81, 0x08}, make([]byte, 1025+4)...),
@@ -188,10 +220,18 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
+		k := 0
 		for i := range acmds {
 			if acmds[i] == nil {
-				acmds[i] = Register{Reg: regs[i].registration()}
+				if k >= len(regs) {
+					t.Fatalf("decodeApply: %d registrations for more nil commands", len(regs))
+				}
+				acmds[i] = Register{Reg: regs[k].registration()}
+				k++
 			}
+		}
+		if k != len(regs) {
+			t.Fatalf("decodeApply: %d registrations for %d nil commands", len(regs), k)
 		}
 		if a, err := Encode(acmds...); err != nil || !bytes.Equal(a, b) {
 			t.Fatalf("decodeApply's commands re-encode differently (%v):\n in %x\nout %x", err, b, a)
@@ -205,5 +245,6 @@ func FuzzDecode(f *testing.F) {
 		}
 		f := New(Options{})
 		applyOK(t, f, 1, cmds...)
+		checkV4Invariants(t, f)
 	})
 }

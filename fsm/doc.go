@@ -1,12 +1,15 @@
 // Package fsm is nsmd's replicated state machine: the monitored-host
 // registrations (accepted SM_MON calls), the server's sm_state, the last
-// state seen from each monitored peer and the NLM grace window. *FSM
-// implements raft.FSM.
+// state seen from each monitored peer and the NLM grace window; and the
+// kernel's NFSv4 client-tracking database, kept with the semantics of
+// nfs-utils' nfsdcld. *FSM implements raft.FSM.
 //
 // # Commands
 //
 // A state change is a Command: Register, Unregister, UnregisterAll,
-// Takeover or PeerRebooted. One raft log entry carries a batch of commands
+// Takeover or PeerRebooted for NSM; ClientCreate, ClientRemove,
+// ClientCheck, GraceStart or GraceDone (one per nfsdcld upcall) for NFSv4
+// client tracking. One raft log entry carries a batch of commands
 // (group commit), encoded by Encode in a compact, versioned binary format;
 // Apply decodes the whole batch, applies it atomically and returns one
 // Result per command. A malformed entry is rejected as a whole with an
@@ -18,6 +21,20 @@
 // sm_state at a Takeover (smallest odd number above the current one and at
 // least Takeover.MinState), so sm_state is odd after the first takeover,
 // strictly increasing and never reused.
+//
+// # NFSv4 client tracking
+//
+// Two epochs: current (1 in a new FSM, never decreasing) and recovery (0
+// when not in grace, else current-1); two record sets {name, principal
+// hash}: the current epoch's and, during a grace period, the recovery
+// epoch's. GraceStart opens a grace period: the current records become
+// the recovery records and the current epoch advances with no records
+// (already in grace, it only empties the current records). A client may
+// reclaim iff the recovery epoch holds it; GraceDone drops the recovery
+// records, so a client that did not reclaim, or was not created again,
+// during the grace period is gone. The kinds of these commands extend
+// the entry format compatibly, but nodes built before them refuse such
+// entries: a cluster must finish upgrading before NFSv4 tracking is used.
 //
 // # Usage
 //
@@ -33,7 +50,8 @@
 //	}
 //
 // Reads (State, TakeoverTerm, Get, Registrations, Targets, WouldAccept,
-// Digest …) are safe to call concurrently with Apply. Snapshot is O(1): it
+// Epochs, V4Clients, V4Counts, HasV4Client, Digest …) are safe to call
+// concurrently with Apply. Snapshot is O(1): it
 // takes a copy-on-write clone of the state; Persist streams it without
 // holding any lock. See DESIGN.md in this directory for the reasoning and the
 // snapshot format.

@@ -53,18 +53,33 @@ type state struct {
 	// lastTerm is the raft term of the log entry that carried last (0
 	// before the first Takeover, or after a version-1 snapshot).
 	lastTerm uint64
+
+	// NFSv4 client tracking (nfsdcld's database): the records of the
+	// current epoch and of the recovery epoch, by name. v4Current ≥ 1;
+	// v4Recovery is 0 (not in grace, v4rec empty) or v4Current-1.
+	v4cur      *btree.BTreeG[v4Rec]
+	v4rec      *btree.BTreeG[v4Rec]
+	v4Current  uint64
+	v4Recovery uint64
+	v4Both     int // names in both v4cur and v4rec; derived, not snapshotted
 }
 
 func newState() state {
 	return state{
-		regs:   btree.NewG(btreeDegree, lessRec),
-		seen:   btree.NewG(btreeDegree, lessSeen),
-		byAddr: btree.NewG(btreeDegree, lessAddrRef),
+		regs:      btree.NewG(btreeDegree, lessRec),
+		seen:      btree.NewG(btreeDegree, lessSeen),
+		byAddr:    btree.NewG(btreeDegree, lessAddrRef),
+		v4cur:     newV4Tree(),
+		v4rec:     newV4Tree(),
+		v4Current: 1,
 	}
 }
 
+func newV4Tree() *btree.BTreeG[v4Rec] { return btree.NewG(btreeDegree, lessV4) }
+
 // New returns an empty FSM: no registrations, sm_state 0 (the first
-// Takeover makes it 1).
+// Takeover makes it 1), NFSv4 client-tracking epochs current 1 and
+// recovery 0 (not in grace), no client records.
 func New(opts Options) *FSM {
 	return &FSM{observer: opts.Observer, st: newState(), names: newStrTable()}
 }
@@ -129,9 +144,11 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	}
 	res := make([]Result, len(cmds))
 	f.mu.Lock()
+	k := 0
 	for i, c := range cmds {
 		if c == nil { // a Register, decoded in stored form
-			f.store(regs[i])
+			f.store(regs[k])
+			k++
 			res[i] = Result{State: f.st.sm}
 			continue
 		}
@@ -140,9 +157,11 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	f.applied = l.Index
 	f.mu.Unlock()
 	if f.observer != nil {
+		k = 0
 		for i, c := range cmds {
 			if c == nil {
-				c = Register{Reg: regs[i].registration()}
+				c = Register{Reg: regs[k].registration()}
+				k++
 			}
 			f.observer(l.Index, c, res[i])
 		}
@@ -205,8 +224,69 @@ func (f *FSM) apply(c Command, term uint64) Result {
 			}
 		}
 		return res
+	case ClientCreate:
+		s.v4Put(v4Rec{name: c.Name, princ: c.PrincHash})
+		return Result{State: s.sm}
+	case ClientRemove:
+		n := 0
+		if _, ok := s.v4cur.Delete(v4Rec{name: c.Name}); ok {
+			n = 1
+			if s.v4rec.Has(v4Rec{name: c.Name}) {
+				s.v4Both--
+			}
+		}
+		return Result{State: s.sm, Removed: n}
+	case ClientCheck:
+		if s.v4Recovery == 0 {
+			s.graceStart()
+		}
+		r, ok := s.v4rec.Get(v4Rec{name: c.Name})
+		if ok {
+			s.v4Put(r)
+		}
+		return Result{State: s.sm, Accepted: ok}
+	case GraceStart:
+		return Result{State: s.sm, Removed: s.graceStart()}
+	case GraceDone:
+		if s.v4Recovery == 0 {
+			s.graceStart()
+		}
+		s.v4rec = newV4Tree()
+		s.v4Recovery = 0
+		s.v4Both = 0
+		return Result{State: s.sm}
 	}
 	return Result{State: s.sm} // unreachable: Decode yields only the types above
+}
+
+// v4Put inserts or replaces a current-epoch client record.
+func (s *state) v4Put(r v4Rec) {
+	if _, replaced := s.v4cur.ReplaceOrInsert(r); !replaced && s.v4rec.Has(r) {
+		s.v4Both++
+	}
+}
+
+// graceStart applies a GraceStart and returns the number of current-epoch
+// records it discarded. At the top of the uint64 range the current epoch
+// stays at math.MaxUint64 (recovery becomes math.MaxUint64-1, keeping
+// recovery = current-1); only a crafted snapshot gets there.
+func (s *state) graceStart() int {
+	s.v4Both = 0
+	if s.v4Recovery == 0 {
+		if s.v4Current == math.MaxUint64 {
+			s.v4Recovery = s.v4Current - 1
+		} else {
+			s.v4Recovery = s.v4Current
+			s.v4Current++
+		}
+		s.v4rec, s.v4cur = s.v4cur, newV4Tree()
+		return 0
+	}
+	n := s.v4cur.Len()
+	if n > 0 {
+		s.v4cur = newV4Tree()
+	}
+	return n
 }
 
 // nextState is the smallest odd number greater than cur and ≥ min. At the
@@ -348,7 +428,24 @@ func (s *state) clone() state {
 	c.regs = s.regs.Clone()
 	c.seen = s.seen.Clone()
 	c.byAddr = nil
+	c.v4cur = s.v4cur.Clone()
+	c.v4rec = s.v4rec.Clone()
 	return c
+}
+
+// countBoth returns the number of names held by both a and b.
+func countBoth(a, b *btree.BTreeG[v4Rec]) int {
+	if a.Len() > b.Len() {
+		a, b = b, a
+	}
+	n := 0
+	a.Ascend(func(r v4Rec) bool {
+		if b.Has(r) {
+			n++
+		}
+		return true
+	})
+	return n
 }
 
 // view takes a consistent O(1) copy-on-write view for long reads.
@@ -507,4 +604,50 @@ func (f *FSM) LastSeen(monName string) (int32, bool) {
 	defer f.mu.RUnlock()
 	r, ok := f.st.seen.Get(seenRec{name: monName})
 	return r.state, ok
+}
+
+// Epochs returns the NFSv4 client-tracking epochs: current (≥ 1) and
+// recovery, which is 0 when not in grace and current-1 during a grace
+// period (between a GraceStart and its GraceDone).
+func (f *FSM) Epochs() (current, recovery uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.v4Current, f.st.v4Recovery
+}
+
+// V4Clients returns the NFSv4 client records of the current epoch, or of
+// the recovery epoch when recovery is true (none when not in grace),
+// sorted by name. It walks a copy-on-write clone without holding the lock.
+func (f *FSM) V4Clients(recovery bool) []V4Client {
+	f.mu.Lock() // Clone mutates the source tree
+	t := f.st.v4cur
+	if recovery {
+		t = f.st.v4rec
+	}
+	t = t.Clone()
+	f.mu.Unlock()
+	out := make([]V4Client, 0, t.Len())
+	t.Ascend(func(r v4Rec) bool {
+		out = append(out, V4Client{Name: r.name, PrincHash: r.princ})
+		return true
+	})
+	return out
+}
+
+// V4Counts returns the number of NFSv4 client records of the current and
+// of the recovery epoch, and how many names are in both (the clients that
+// reclaimed, or were created again, during the grace period).
+func (f *FSM) V4Counts() (current, recovery, reclaimed int) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.v4cur.Len(), f.st.v4rec.Len(), f.st.v4Both
+}
+
+// HasV4Client reports whether the current epoch and the recovery epoch
+// hold a record for this client name.
+func (f *FSM) HasV4Client(name string) (inCurrent, inRecovery bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	k := v4Rec{name: name}
+	return f.st.v4cur.Has(k), f.st.v4rec.Has(k)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -324,10 +325,27 @@ func TestObserverSeesEveryCommandInOrderAfterApply(t *testing.T) {
 	f = New(Options{Observer: func(i uint64, c Command, r Result) {
 		got = append(got, seen{i, c, r, f.State()}) // reads must not deadlock
 	}})
-	cmds := []Command{Register{Reg: mkReg("a", lockd, "n1")}, Takeover{}, PeerRebooted{MonName: "a", State: 1}}
+	cmds := []Command{Register{Reg: mkReg("a", lockd, "n1")}, Takeover{}, PeerRebooted{MonName: "a", State: 1},
+		ClientCreate{Name: "c1", PrincHash: "p"}, ClientCheck{Name: "c1"}, ClientCreate{Name: "c2"}, GraceStart{}, ClientRemove{Name: "c2"}, GraceDone{}}
 	applyOK(t, f, 42, cmds...)
-	if len(got) != 3 {
-		t.Fatalf("observer called %d times", len(got))
+	if len(got) != len(cmds) {
+		t.Fatalf("observer called %d times for %d commands", len(got), len(cmds))
+	}
+	for i, s := range got {
+		if !reflect.DeepEqual(s.cmd, cmds[i]) {
+			t.Fatalf("observer call %d got %#v, want %#v", i, s.cmd, cmds[i])
+		}
+		if s.state != 1 {
+			t.Fatalf("observer call %d: FSM state %d, want the state after the whole entry", i, s.state)
+		}
+	}
+	// Results: the Check started grace and reclaimed c1; the restart in
+	// grace discarded that reclaim and c2, created during grace; then
+	// removing c2 found nothing.
+	for i, want := range map[int]Result{4: {State: 1, Accepted: true}, 6: {State: 1, Removed: 2}, 7: {State: 1}} {
+		if r := got[i].res; r.State != want.State || r.Accepted != want.Accepted || r.Removed != want.Removed {
+			t.Fatalf("observer call %d (%T): result %+v, want %+v", i, got[i].cmd, r, want)
+		}
 	}
 	for i, s := range got {
 		if s.index != 42 {
@@ -441,6 +459,11 @@ func TestConcurrentReadsDuringApply(t *testing.T) {
 				_ = f.Targets()
 				_ = f.WouldAccept("host01.example.net", netip.MustParseAddr("10.0.0.1"), 1)
 				_ = f.Digest()
+				_, _ = f.Epochs()
+				_ = f.V4Clients(false)
+				_ = f.V4Clients(true)
+				_, _, _ = f.V4Counts()
+				_, _ = f.HasV4Client("client-1")
 			}
 		}()
 	}

@@ -107,8 +107,12 @@ func (g *gen) when() time.Time {
 	return time.Unix(1_800_000_000+int64(g.r.IntN(1000)), int64(g.r.IntN(1e9))).UTC()
 }
 
+// command draws a command: NSM commands five times in six, NFSv4
+// client-tracking commands (v4Command) otherwise.
 func (g *gen) command() Command {
-	switch n := g.r.IntN(100); {
+	switch n := g.r.IntN(120); {
+	case n >= 100:
+		return v4Command(g.r)
 	case n < 50:
 		reg := Registration{
 			ID:       MonID{MonName: g.host(), My: g.my()},

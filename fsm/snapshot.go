@@ -14,33 +14,45 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// Snapshot format, version 2:
+// Snapshot format, version 3:
 //
-//	magic "NSMDSNP1", version:u8(=2)
+//	magic "NSMDSNP1", version:u8(=3)
 //	frame*       each: length:u32 big-endian (1…maxFrame), payload; payload[0] is a section tag:
 //	  1 scalars  sm_state:varint grace:time takeover applied_index:uvarint
-//	             takeover_term:uvarint                                        (exactly one, first)
+//	             takeover_term:uvarint v4_current:uvarint v4_recovery:uvarint (exactly one, first)
 //	  2 seen     (str(mon_name) state:varint)*        strictly ascending by mon_name
 //	  3 regs     registration*                        strictly ascending by MonID
+//	  4 v4cur    (str(name) str(princ_hash))*         strictly ascending by name
+//	  5 v4rec    (str(name) str(princ_hash))*         strictly ascending by name
 //	end          length 0
-//	trailer      seen_count:u64 reg_count:u64 crc32c:u32 (Castagnoli, over every byte before it)
+//	trailer      seen_count:u64 reg_count:u64 v4cur_count:u64 v4rec_count:u64
+//	             crc32c:u32 (Castagnoli, over every byte before it)
 //
-// Tags never go backwards; a frame holds whole entries only. Field
-// encodings are those of the log entry (codec.go); takeover is the
-// Takeover command body, takeover_term the raft term of the entry that
-// carried it (TakeoverTerm). The stream is canonical: equal state (and
-// index) gives equal bytes, so Digest hashes it with the index set to 0.
+// Tags never go backwards; a frame holds whole entries only; a section
+// without entries has no frame. Field encodings are those of the log entry
+// (codec.go); takeover is the Takeover command body, takeover_term the raft
+// term of the entry that carried it (TakeoverTerm). v4_current/v4_recovery
+// are the NFSv4 client-tracking epochs (current ≥ 1; recovery 0 or
+// current-1); v4cur/v4rec the client records of those epochs (name
+// 1…MaxClientNameLen bytes, princ_hash ≤ MaxPrincHashLen; no v4rec entry
+// when v4_recovery is 0). The stream is canonical: equal state (and index)
+// gives equal bytes, so Digest hashes it with the index set to 0.
 //
-// Version 1 is version 2 without takeover_term; Restore still reads it
-// (takeover term 0) and Persist writes version 2 only.
+// Version 2 is version 3 without the v4 epochs, sections 4 and 5 and their
+// trailer counts; version 1 is version 2 without takeover_term. Restore
+// still reads both (takeover term 0 for version 1; v4 epochs 1 and 0, no
+// client records) and Persist writes version 3 only.
 const (
 	snapMagic    = "NSMDSNP1"
-	snapVersion  = 2 // written; snapVersion1 is still read
+	snapVersion  = 3 // written; snapVersion1 and snapVersion2 are still read
 	snapVersion1 = 1
+	snapVersion2 = 2
 
 	tagScalars = 1
 	tagSeen    = 2
 	tagRegs    = 3
+	tagV4Cur   = 4
+	tagV4Rec   = 5
 
 	frameTarget = 64 << 10 // flush a frame once it holds this much
 	maxFrame    = 1 << 20  // the reader's cap on one frame
@@ -76,8 +88,9 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 func (s *snapshot) Release() {}
 
 // Digest is a hash of the whole replicated state (registrations, sm_state,
-// last-seen states, grace, last takeover and its term), equal on nodes
-// that applied the same entries; AppliedIndex is not part of it.
+// last-seen states, grace, last takeover and its term, the NFSv4
+// client-tracking epochs and records), equal on nodes that applied the
+// same entries; AppliedIndex is not part of it.
 func (f *FSM) Digest() [32]byte {
 	st, _ := f.view()
 	h := sha256.New()
@@ -148,6 +161,8 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 	}
 	e.b = binary.AppendUvarint(e.b, index)
 	e.b = binary.AppendUvarint(e.b, st.lastTerm)
+	e.b = binary.AppendUvarint(e.b, st.v4Current)
+	e.b = binary.AppendUvarint(e.b, st.v4Recovery)
 	w.flush()
 
 	w.begin(tagSeen)
@@ -168,10 +183,15 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 	})
 	w.flush()
 
-	var tr [20]byte
+	w.v4Section(tagV4Cur, st.v4cur)
+	w.v4Section(tagV4Rec, st.v4rec)
+
+	var tr [36]byte
 	binary.BigEndian.PutUint64(tr[4:], uint64(st.seen.Len()))
 	binary.BigEndian.PutUint64(tr[12:], uint64(st.regs.Len()))
-	w.write(tr[:20]) // end frame (length 0) and counts
+	binary.BigEndian.PutUint64(tr[20:], uint64(st.v4cur.Len()))
+	binary.BigEndian.PutUint64(tr[28:], uint64(st.v4rec.Len()))
+	w.write(tr[:]) // end frame (length 0) and counts
 	crc := binary.BigEndian.AppendUint32(nil, w.crc)
 	if w.err == nil {
 		_, w.err = w.w.Write(crc)
@@ -180,6 +200,21 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 		return w.err
 	}
 	return w.w.Flush()
+}
+
+// v4Section writes the client records of t as section tag.
+func (w *snapWriter) v4Section(tag byte, t *btree.BTreeG[v4Rec]) {
+	w.begin(tag)
+	e := &w.frame
+	t.Ascend(func(r v4Rec) bool {
+		e.b = binary.AppendUvarint(e.b, uint64(len(r.name)))
+		e.b = append(e.b, r.name...)
+		e.b = binary.AppendUvarint(e.b, uint64(len(r.princ)))
+		e.b = append(e.b, r.princ...)
+		w.maybeFlush(tag)
+		return w.err == nil
+	})
+	w.flush()
 }
 
 // Restore implements raft.FSM. It reads the whole snapshot into fresh
@@ -320,7 +355,12 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 		return state{}, 0, corrupt("bad magic %q", hdr[:len(snapMagic)])
 	}
 	version := hdr[len(snapMagic)]
-	if version != snapVersion && version != snapVersion1 {
+	lastTag := tagV4Rec
+	switch version {
+	case snapVersion:
+	case snapVersion1, snapVersion2:
+		lastTag = tagRegs
+	default:
 		return state{}, 0, fmt.Errorf("%w: snapshot version %d", ErrVersion, version)
 	}
 
@@ -333,6 +373,7 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	var prevSeen seenRec
 	var prevReg rec
 	nSeen, nRegs := 0, 0
+	v4 := [2]v4Reader{{t: bulk[v4Rec]{t: st.v4cur}}, {t: bulk[v4Rec]{t: st.v4rec}}}
 	section := 0
 	for {
 		lb, err := r.read(4)
@@ -351,7 +392,7 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 			return state{}, 0, err
 		}
 		tag := int(p[0])
-		if tag < section || (section == 0) != (tag == tagScalars) || tag > tagRegs {
+		if tag < section || (section == 0) != (tag == tagScalars) || tag > lastTag {
 			return state{}, 0, corrupt("frame tag %d after section %d", tag, section)
 		}
 		section = tag
@@ -362,8 +403,14 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 			st.grace = d.time()
 			st.last = d.takeover()
 			index = d.uvarint()
-			if version >= 2 {
+			if version >= snapVersion2 {
 				st.lastTerm = d.uvarint()
+			}
+			if version >= snapVersion {
+				st.v4Current, st.v4Recovery = d.uvarint(), d.uvarint()
+				if d.err == nil && (st.v4Current == 0 || st.v4Recovery != 0 && st.v4Recovery != st.v4Current-1) {
+					d.fail("v4 epochs current %d, recovery %d (want current ≥ 1, recovery 0 or current-1)", st.v4Current, st.v4Recovery)
+				}
 			}
 			if d.err == nil && len(d.b) != 0 {
 				d.fail("%d trailing bytes", len(d.b))
@@ -399,6 +446,11 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 					nRegs++
 				}
 			}
+		case tagV4Cur, tagV4Rec:
+			if tag == tagV4Rec && st.v4Recovery == 0 && len(d.b) > 0 {
+				d.fail("recovery-epoch client records while not in grace")
+			}
+			v4[tag-tagV4Cur].read(&d)
 		}
 		if d.err != nil {
 			return state{}, 0, corrupt("section %d: %v", tag, d.err)
@@ -408,16 +460,25 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 		return state{}, 0, corrupt("no scalars section")
 	}
 	seen.flush()
+	v4[0].t.flush()
+	v4[1].t.flush()
 
-	tr, err := r.read(16)
+	type count struct {
+		what string
+		n    int
+	}
+	counts := []count{{"last-seen entries", nSeen}, {"registrations", nRegs}}
+	if version >= snapVersion {
+		counts = append(counts, count{"current-epoch client records", v4[0].n}, count{"recovery-epoch client records", v4[1].n})
+	}
+	tr, err := r.read(8 * len(counts))
 	if err != nil {
 		return state{}, 0, err
 	}
-	if c := binary.BigEndian.Uint64(tr); c != uint64(nSeen) {
-		return state{}, 0, corrupt("trailer counts %d last-seen entries, read %d", c, nSeen)
-	}
-	if c := binary.BigEndian.Uint64(tr[8:]); c != uint64(nRegs) {
-		return state{}, 0, corrupt("trailer counts %d registrations, read %d", c, nRegs)
+	for i, c := range counts {
+		if n := binary.BigEndian.Uint64(tr[8*i:]); n != uint64(c.n) {
+			return state{}, 0, corrupt("trailer counts %d %s, read %d", n, c.what, c.n)
+		}
 	}
 	want := r.crc
 	cb, err := r.read(4)
@@ -447,7 +508,32 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	if bad != nil {
 		return state{}, 0, bad
 	}
+	st.v4Both = countBoth(st.v4cur, st.v4rec)
 	return st, index, nil
+}
+
+// v4Reader reads one section of client records into a B-tree, checking
+// the order across the section's frames.
+type v4Reader struct {
+	t    bulk[v4Rec]
+	prev string
+	n    int
+}
+
+func (v *v4Reader) read(d *decoder) {
+	for len(d.b) > 0 && d.err == nil {
+		r := v4Rec{name: d.clientName(), princ: d.str(MaxPrincHashLen, "principal hash")}
+		if d.err != nil {
+			return
+		}
+		if v.n > 0 && r.name <= v.prev {
+			d.fail("client records out of order at %q", r.name)
+			return
+		}
+		v.t.add(r)
+		v.prev = r.name
+		v.n++
+	}
 }
 
 // buildAddrIndex builds the address index from one (address, host) pair

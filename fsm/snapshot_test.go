@@ -71,18 +71,19 @@ func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
 		"header only":     b[:9],
 		"truncated":       b[:len(b)/2],
 		"no checksum":     b[:len(b)-4],
-		"no trailer":      b[:len(b)-20],
+		"no trailer":      b[:len(b)-36],
 		"flipped middle":  flip(len(b) / 2),
 		"flipped counts":  flip(len(b) - 6),
 		"flipped crc":     flip(len(b) - 1),
 		"trailing byte":   append(slices.Clone(b), 0),
 		"huge frame":      append(append(slices.Clone(b[:9]), 0xff, 0xff, 0xff, 0xff), b[13:]...),
 		"no scalars":      binary.BigEndian.AppendUint32(slices.Clone(b[:9]), 0),
-		"version too new": func() []byte { c := slices.Clone(b); c[8] = 3; return c }(),
+		"version too new": func() []byte { c := slices.Clone(b); c[8] = 4; return c }(),
 		"version 0":       func() []byte { c := slices.Clone(b); c[8] = 0; return c }(),
-		// A version-2 stream labelled version 1 (checksum recomputed): its
-		// scalars frame has a trailing byte, the takeover term.
-		"v2 body as v1": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 1; return c }()),
+		// A version-3 stream labelled version 1 or 2 (checksum recomputed):
+		// its scalars frame has trailing bytes (takeover term, v4 epochs).
+		"v3 body as v1": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 1; return c }()),
+		"v3 body as v2": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 2; return c }()),
 	}
 	for name, data := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -128,8 +129,8 @@ func TestSnapshotIsCopyOnWrite(t *testing.T) {
 }
 
 // TestDeterminismAcrossReplicasAndRestore: replicas fed the same entries
-// agree at every step (DESIGN.md invariant 6), and so does one restored
-// from a mid-way snapshot.
+// (NSM and NFSv4 client-tracking commands) agree at every step (DESIGN.md
+// invariant 1), and so does one restored from a mid-way snapshot.
 func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
 		g := newGen(seed)
@@ -139,6 +140,7 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 		}
 		a, b := New(Options{}), New(Options{})
 		var c *FSM
+		v4Records := 0 // entries after which a holds client records
 		for i, cmds := range entries {
 			idx, term := uint64(i+1), uint64(1+i/37) // a new raft term now and then
 			ra := applyTermOK(t, a, idx, term, cmds...)
@@ -146,10 +148,13 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 			if c != nil {
 				rc := applyTermOK(t, c, idx, term, cmds...)
 				for j := range ra {
-					if ra[j].State != rc[j].State || ra[j].Accepted != rc[j].Accepted || len(ra[j].Matched) != len(rc[j].Matched) {
+					if ra[j].State != rc[j].State || ra[j].Accepted != rc[j].Accepted || ra[j].Removed != rc[j].Removed || len(ra[j].Matched) != len(rc[j].Matched) {
 						t.Fatalf("seed %d entry %d: results differ after restore", seed, i)
 					}
 				}
+			}
+			if n, m, _ := a.V4Counts(); n+m > 0 {
+				v4Records++
 			}
 			da := a.Digest()
 			if da != b.Digest() {
@@ -168,9 +173,13 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 		if a.Len() == 0 || a.State() < 3 || a.TakeoverTerm() < 2 {
 			t.Fatalf("seed %d: stream too weak (len %d, state %d, takeover term %d)", seed, a.Len(), a.State(), a.TakeoverTerm())
 		}
+		if cur, _ := a.Epochs(); cur < 5 || v4Records == 0 {
+			t.Fatalf("seed %d: stream too weak for NFSv4 tracking (epoch %d, %d records seen)", seed, cur, v4Records)
+		}
 		if c.TakeoverTerm() != a.TakeoverTerm() {
 			t.Fatalf("seed %d: restored replica's takeover term %d, want %d", seed, c.TakeoverTerm(), a.TakeoverTerm())
 		}
+		checkV4Invariants(t, c)
 	}
 }
 
@@ -223,6 +232,16 @@ func termFSM(t testing.TB) *FSM {
 	return f
 }
 
+// tinyV2FSM is tinyFSM followed by a takeover and a registration in
+// entries of raft terms that need multi-byte varints (the state of the
+// version-2 fixture).
+func tinyV2FSM(t testing.TB) *FSM {
+	f := tinyFSM(t)
+	applyTermOK(t, f, 9, 300, Takeover{Node: "n2", GraceUntil: time.Unix(1_800_000_190, 0), Reason: "leader_elected", At: time.Unix(1_800_000_100, 0)})
+	applyTermOK(t, f, 10, 301, Register{Reg: Registration{ID: MonID{MonName: "c", My: MyID{"m", 1, 2, 3}}, Node: "n2", Addrs: []netip.Addr{netip.MustParseAddr("2001:db8::c")}}})
+	return f
+}
+
 // v1Fixture is tinyFSM as the version-1 writer persisted it (generated
 // before the format moved to version 2; never regenerate it).
 const v1Fixture = "testdata/snapshot-v1-tiny.bin"
@@ -237,9 +256,9 @@ func readV1Fixture(t testing.TB) []byte {
 }
 
 // TestVersion1SnapshotIsStillRead: a snapshot written by the version-1
-// writer restores to the state it was taken from, with takeover term 0;
-// persisting it again writes version 2, byte for byte what the same state
-// built by Apply persists to.
+// writer restores to the state it was taken from, with takeover term 0
+// and v4 epochs 1, 0; persisting it again writes version 3, byte for byte
+// what the same state built by Apply persists to.
 func TestVersion1SnapshotIsStillRead(t *testing.T) {
 	v1 := readV1Fixture(t)
 	if v1[len(snapMagic)] != 1 {
@@ -263,12 +282,70 @@ func TestVersion1SnapshotIsStillRead(t *testing.T) {
 	if s, ok := got.LastSeen("a"); !ok || s != 7 {
 		t.Errorf("last seen of a: %d %v, want 7", s, ok)
 	}
-	v2 := persist(t, got)
-	if v2[len(snapMagic)] != snapVersion {
-		t.Fatalf("persisted version %d, want %d", v2[len(snapMagic)], snapVersion)
+	again := persist(t, got)
+	if again[len(snapMagic)] != snapVersion {
+		t.Fatalf("persisted version %d, want %d", again[len(snapMagic)], snapVersion)
 	}
-	if !bytes.Equal(v2, persist(t, want)) {
+	if cur, rec := got.Epochs(); cur != 1 || rec != 0 {
+		t.Errorf("v4 epochs after a v1 snapshot: %d, %d; want 1, 0", cur, rec)
+	}
+	if !bytes.Equal(again, persist(t, want)) {
 		t.Fatal("a v1 snapshot re-persisted differs from the same state built by Apply")
+	}
+}
+
+// v2Fixture is tinyV2FSM as the version-2 writer persisted it (generated
+// before the format moved to version 3; never regenerate it).
+const v2Fixture = "testdata/snapshot-v2-tiny.bin"
+
+func readV2Fixture(t testing.TB) []byte {
+	t.Helper()
+	b, err := os.ReadFile(v2Fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestVersion2SnapshotIsStillRead: a snapshot written by the version-2
+// writer restores to the state it was taken from, takeover term included,
+// with the NFSv4 epochs of a new FSM (1, 0) and no client records;
+// persisting it again (version 3) gives what the same state built by
+// Apply persists to.
+func TestVersion2SnapshotIsStillRead(t *testing.T) {
+	v2 := readV2Fixture(t)
+	if v2[len(snapMagic)] != 2 {
+		t.Fatalf("fixture is version %d, want 2", v2[len(snapMagic)])
+	}
+	want := tinyV2FSM(t)
+	got := New(Options{})
+	applyTermOK(t, got, 1, 4, Takeover{MinState: 99}, Register{Reg: mkReg("old", lockd, "n")}) // replaced by Restore
+	if err := restoreFrom(got, v2); err != nil {
+		t.Fatal(err)
+	}
+	if got.Digest() != want.Digest() || got.AppliedIndex() != 10 || got.State() != 7 || got.TakeoverTerm() != 300 ||
+		got.Len() != 3 || got.Hosts() != 3 || got.LastTakeover() != want.LastTakeover() {
+		t.Fatalf("v2 snapshot restored to index/state/term/len/hosts %d/%d/%d/%d/%d, takeover %+v; want 10/7/300/3/3, %+v",
+			got.AppliedIndex(), got.State(), got.TakeoverTerm(), got.Len(), got.Hosts(), got.LastTakeover(), want.LastTakeover())
+	}
+	if s, ok := got.LastSeen("a"); !ok || s != 7 {
+		t.Errorf("last seen of a: %d %v, want 7", s, ok)
+	}
+	if tg := got.Targets(); len(tg) != 3 || len(tg[2].Addrs) != 1 || tg[2].Addrs[0] != netip.MustParseAddr("2001:db8::c") {
+		t.Errorf("targets %v", tg)
+	}
+	if cur, rec := got.Epochs(); cur != 1 || rec != 0 {
+		t.Errorf("v4 epochs after a v2 snapshot: %d, %d; want 1, 0", cur, rec)
+	}
+	if c, r, b := got.V4Counts(); c != 0 || r != 0 || b != 0 {
+		t.Errorf("v4 counts after a v2 snapshot: %d %d %d", c, r, b)
+	}
+	again := persist(t, got)
+	if again[len(snapMagic)] != snapVersion {
+		t.Fatalf("persisted version %d, want %d", again[len(snapMagic)], snapVersion)
+	}
+	if !bytes.Equal(again, persist(t, want)) {
+		t.Fatal("a v2 snapshot re-persisted differs from the same state built by Apply")
 	}
 }
 
@@ -312,6 +389,14 @@ func TestTakeoverTermIsTheTermOfItsEntry(t *testing.T) {
 	}
 }
 
+// v4FSM is tinyFSM during an NFSv4 grace period, with client records in
+// both epochs (one reclaimed), one with a principal hash.
+func v4FSM(t testing.TB) *FSM {
+	f := tinyFSM(t)
+	setV4(f, 3, 2, []V4Client{{Name: "c1", PrincHash: "\x01\x02"}, {Name: "c3"}}, []V4Client{{Name: "c1"}, {Name: "c2"}})
+	return f
+}
+
 // fixCRC returns b with its trailing checksum recomputed, so that the
 // fuzzer's mutations reach the parser instead of stopping at the CRC.
 func fixCRC(b []byte) []byte {
@@ -331,8 +416,11 @@ func FuzzRestore(f *testing.F) {
 	f.Add(persist(f, tinyFSM(f)))
 	f.Add(persist(f, termFSM(f)))
 	f.Add(readV1Fixture(f))
+	f.Add(readV2Fixture(f))
+	f.Add(persist(f, v4FSM(f)))
 	f.Add([]byte("NSMDSNP1\x01"))
 	f.Add([]byte("NSMDSNP1\x02"))
+	f.Add([]byte("NSMDSNP1\x03"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, in := range [][]byte{b, fixCRC(b)} {
 			x := New(Options{})
@@ -350,6 +438,14 @@ func FuzzRestore(f *testing.F) {
 				x.TakeoverTerm() != y.TakeoverTerm() {
 				t.Fatal("accepted snapshot does not round-trip")
 			}
+			xc, xr := x.Epochs()
+			yc, yr := y.Epochs()
+			xn, xm, xb := x.V4Counts()
+			yn, ym, yb := y.V4Counts()
+			if xc != yc || xr != yr || xn != yn || xm != ym || xb != yb {
+				t.Fatalf("v4 state does not round-trip: epochs %d,%d → %d,%d; counts %d,%d,%d → %d,%d,%d", xc, xr, yc, yr, xn, xm, xb, yn, ym, yb)
+			}
+			checkV4Invariants(t, x)
 		}
 	})
 }

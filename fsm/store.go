@@ -193,6 +193,14 @@ type seenRec struct {
 
 func lessSeen(x, y seenRec) bool { return x.name < y.name }
 
+// v4Rec is the stored form of a V4Client.
+type v4Rec struct {
+	name  string
+	princ string
+}
+
+func lessV4(x, y v4Rec) bool { return x.name < y.name }
+
 // nanosOf and timeOf map times to Unix nanoseconds and back; the zero
 // time is 0. Callers check the range with timeOK first.
 func nanosOf(t time.Time) int64 {

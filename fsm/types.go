@@ -83,17 +83,71 @@ type PeerRebooted struct {
 	At      time.Time
 }
 
+// The NFSv4 client-tracking commands below keep nfsdcld's database (the
+// kernel's nfsdcld upcalls, one command each) with nfsdcld's semantics.
+// The records of the current epoch are the clients that may reclaim
+// after the next restart; during a grace period (recovery epoch ≠ 0) the
+// records of the previous epoch say who may reclaim now.
+
+// ClientCreate records a client in the current epoch (Create upcall): it
+// inserts Name, or replaces the principal hash of an existing record.
+type ClientCreate struct {
+	Name      string // opaque client id, 1…MaxClientNameLen bytes
+	PrincHash string // 0…MaxPrincHashLen bytes; empty: no principal
+}
+
+// ClientRemove deletes Name's record from the current epoch (Remove
+// upcall; the recovery epoch keeps its record). Result.Removed is 1 if
+// there was one, else 0.
+type ClientRemove struct{ Name string }
+
+// ClientCheck asks whether Name may reclaim (Check upcall, sent by old
+// kernels only). Outside a grace period it first starts one, as a
+// GraceStart would (an old kernel sends no GraceStart). Then, if the
+// recovery epoch holds Name, Name's record is copied into the current
+// epoch (principal hash included) and Result.Accepted is true; otherwise
+// Accepted is false and nothing else changes.
+type ClientCheck struct{ Name string }
+
+// GraceStart starts a grace period (GraceStart upcall, at nfsd start).
+// Outside grace: the recovery epoch becomes the current one, the current
+// epoch advances by one, the current records become the recovery records
+// and the current epoch starts empty. Already in grace (nfsd restarted,
+// or another node took over, during the grace period): the epochs and
+// the recovery records stay, the current records are discarded;
+// Result.Removed is the number discarded (0 outside grace).
+type GraceStart struct{}
+
+// GraceDone ends the grace period (GraceDone upcall): the recovery
+// records are dropped and the recovery epoch becomes 0, so a client that
+// did not reclaim (or was not created again) during the grace period is
+// forgotten. Outside grace it first starts one, as a GraceStart would
+// (an old kernel that sent no GraceStart), so then every record is
+// dropped and the current epoch advances.
+type GraceDone struct{}
+
 func (Register) isCommand()      {}
 func (Unregister) isCommand()    {}
 func (UnregisterAll) isCommand() {}
 func (Takeover) isCommand()      {}
 func (PeerRebooted) isCommand()  {}
+func (ClientCreate) isCommand()  {}
+func (ClientRemove) isCommand()  {}
+func (ClientCheck) isCommand()   {}
+func (GraceStart) isCommand()    {}
+func (GraceDone) isCommand()     {}
 
 // Result is what Apply did with one command.
 type Result struct {
-	State    int32          // sm_state after the command
-	Removed  int            // Unregister/UnregisterAll: registrations removed
-	Accepted bool           // PeerRebooted: state was new and some registration matched
+	State int32 // sm_state after the command
+	// Removed: Unregister/UnregisterAll: registrations removed;
+	// ClientRemove: 1 if the current epoch held the name, else 0;
+	// GraceStart: current-epoch records discarded (restart during grace).
+	Removed int
+	// Accepted: PeerRebooted: the state was new and some registration
+	// matched; ClientCheck: the recovery epoch holds the name (the client
+	// may reclaim).
+	Accepted bool
 	Matched  []Registration // PeerRebooted: registrations to call back (when Accepted)
 }
 
@@ -103,6 +157,13 @@ type Target struct {
 	Addrs   []netip.Addr
 }
 
+// V4Client is one NFSv4 client-tracking record (a row of nfsdcld's
+// database): the client's opaque id and the hash of its principal.
+type V4Client struct {
+	Name      string // opaque client id bytes, 1…MaxClientNameLen
+	PrincHash string // principal hash bytes, 0…MaxPrincHashLen (empty: none)
+}
+
 // Limits of the command and snapshot encodings. Encode refuses, and Decode
 // and Restore reject, anything beyond them.
 const (
@@ -110,6 +171,9 @@ const (
 	MaxReasonLen = 256   // Takeover.Reason
 	MaxAddrs     = 16    // Registration.Addrs
 	MaxBatch     = 65536 // commands in one log entry
+
+	MaxClientNameLen = 1024 // V4Client.Name (NFS4_OPAQUE_LIMIT); never empty
+	MaxPrincHashLen  = 32   // V4Client.PrincHash (a SHA-256 digest)
 )
 
 var (
