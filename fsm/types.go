@@ -178,9 +178,10 @@ const (
 
 var (
 	// ErrBadCommand means a log entry or a command could not be decoded or
-	// encoded: unknown kind, a length beyond its limit, truncated input,
-	// trailing bytes, an unrepresentable time. Apply returns it (wrapped)
-	// for a malformed entry and changes no state.
+	// encoded: unknown kind, a length beyond its limit, an empty NFSv4
+	// client name, truncated input, trailing bytes, an unrepresentable
+	// time. Apply returns it (wrapped) for a malformed entry and changes
+	// no state.
 	ErrBadCommand = errors.New("fsm: malformed command")
 	// ErrVersion means a log entry or snapshot was written by a format
 	// version this build does not know.
