@@ -62,6 +62,7 @@ type dirWatch struct {
 // watchEvents sums up the events read from a dirWatch.
 type watchEvents struct {
 	created bool // a file named pipeName appeared
+	removed bool // the file named pipeName went (nfsd stopped: its pipe is destroyed)
 	invalid bool // the watch ended (directory removed, unmounted) or events were lost
 }
 
@@ -70,7 +71,7 @@ func newDirWatch(dir string) (*dirWatch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inotify_init1: %w", err)
 	}
-	const mask = unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+	const mask = unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
 	if _, err := unix.InotifyAddWatch(fd, dir, mask); err != nil {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "inotify_add_watch", Path: dir, Err: err}
@@ -104,6 +105,9 @@ func (w *dirWatch) drain() (watchEvents, error) {
 		err = parseInotify(w.buf[:n], func(mask uint32, name string) {
 			if mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 && name == pipeName {
 				ev.created = true
+			}
+			if mask&(unix.IN_DELETE|unix.IN_MOVED_FROM) != 0 && name == pipeName {
+				ev.removed = true
 			}
 			if mask&(unix.IN_IGNORED|unix.IN_UNMOUNT|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_Q_OVERFLOW) != 0 {
 				ev.invalid = true

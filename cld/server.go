@@ -301,7 +301,7 @@ func (s *Server) watch(ctx context.Context, w *dirWatch) (retry bool) {
 		p, err := s.cfg.OpenPipe(s.path)
 		switch {
 		case err == nil:
-			gone, serr := s.serve(ctx, p)
+			gone, invalid, serr := s.serveWatched(ctx, w, p)
 			if !gone {
 				// Shutdown: answer what is in flight, then close.
 				s.handlers.Wait()
@@ -313,6 +313,9 @@ func (s *Server) watch(ctx context.Context, w *dirWatch) (retry bool) {
 			// answers have nowhere to go.
 			p.Close()
 			s.pipeClosed()
+			if invalid {
+				return false
+			}
 			if serr != nil {
 				s.setState(StateError, fmt.Sprintf("reading %s: %v", s.path, serr))
 				timeout = s.cfg.RetryInterval
@@ -343,10 +346,53 @@ func (s *Server) watch(ctx context.Context, w *dirWatch) (retry bool) {
 	}
 }
 
+// errPipeReplaced ends the reads of a pipe whose file left the directory.
+var errPipeReplaced = errors.New("cld: the pipe file was removed or replaced")
+
+// serveWatched serves p while watching the directory: the kernel destroys
+// a pipe without waking a reader blocked in poll when no upcall is queued
+// (rpc_close_pipes wakes the wait queue only when it purges messages), so
+// a stopped nfsd is seen in the directory (the file removed, or a new
+// one created) rather than on the pipe. invalid: the watch itself ended.
+func (s *Server) serveWatched(ctx context.Context, w *dirWatch, p *Pipe) (gone, invalid bool, err error) {
+	rctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	var watchDone sync.WaitGroup
+	watchDone.Add(1)
+	go func() {
+		defer watchDone.Done()
+		for {
+			ev, err := w.wait(rctx, -1)
+			switch {
+			case rctx.Err() != nil:
+				return
+			case err != nil:
+				s.log.Warn("cld: watching the pipe's directory", "dir", w.dir, "err", err)
+				invalid = true
+				stop(errPipeReplaced)
+				return
+			case ev.invalid:
+				invalid = true
+				stop(errPipeReplaced)
+				return
+			case ev.removed:
+				// Not ev.created: the creation of the pipe being served
+				// may come in after it was opened.
+				stop(errPipeReplaced)
+				return
+			}
+		}
+	}()
+	gone, err = s.serve(ctx, rctx, p)
+	stop(nil)
+	watchDone.Wait()
+	return gone, invalid, err
+}
+
 // serve reads upcalls from p until ctx is done (gone false) or the pipe
 // goes (gone true; err set when reading failed otherwise than by the
-// pipe's end).
-func (s *Server) serve(ctx context.Context, p *Pipe) (gone bool, err error) {
+// pipe's end): read errors, or rctx ended by its directory watch.
+func (s *Server) serve(ctx, rctx context.Context, p *Pipe) (gone bool, err error) {
 	s.pipeOpened()
 	buf := make([]byte, readBufSize)
 	for {
@@ -354,14 +400,23 @@ func (s *Server) serve(ctx context.Context, p *Pipe) (gone bool, err error) {
 		case s.sem <- struct{}{}:
 		case <-ctx.Done():
 			return false, nil
+		case <-rctx.Done():
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			s.log.Info("cld: nfsd removed its client-tracking pipe", "pipe", s.path)
+			return true, nil
 		}
-		n, err := p.ReadMsg(ctx, buf)
+		n, err := p.ReadMsg(rctx, buf)
 		read := time.Now()
 		if err != nil {
 			<-s.sem
 			switch {
 			case ctx.Err() != nil:
 				return false, nil
+			case errors.Is(context.Cause(rctx), errPipeReplaced):
+				s.log.Info("cld: nfsd removed its client-tracking pipe", "pipe", s.path)
+				return true, nil
 			case errors.Is(err, ErrPipeGone):
 				s.log.Info("cld: nfsd removed its client-tracking pipe", "pipe", s.path)
 				return true, nil

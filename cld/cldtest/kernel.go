@@ -24,8 +24,13 @@
 //     for another command than GraceStart or with an empty name.
 //   - upcalls sent while no daemon has the pipe open are queued and
 //     delivered at the next open.
-//   - nfsd stop (Stop): the file is removed and the pipe destroyed (the
-//     daemon's end reads POLLHUP); pending upcalls fail.
+//   - nfsd stop (Stop): the file is removed (an inotify IN_DELETE) and the
+//     pipe destroyed; pending upcalls fail. As in the kernel, destroying
+//     a pipe with nothing queued wakes no reader (rpc_close_pipes wakes
+//     the wait queue only when it purges messages): a daemon blocked in
+//     poll on the old pipe learns of the stop only from the directory.
+//     The daemon's end of a stopped pipe stays open, and reads nothing
+//     more, until Close.
 //
 // Where it differs: a rejected downcall is recorded, not returned to the
 // writer as -EINVAL (a socketpair write cannot fail that way); when the
@@ -103,13 +108,15 @@ type Kernel struct {
 	pending    map[uint32]*Call
 	opened     chan struct{} // closed at the next open
 	rejected   []string
+	dead       []*conn // kernel ends of stopped pipes: silent until Close
 
 	wg sync.WaitGroup // one reader goroutine per open
 }
 
 type conn struct {
-	f   *os.File // the kernel's end
-	wmu sync.Mutex
+	f    *os.File // the kernel's end
+	wmu  sync.Mutex
+	dead bool // its pipe was stopped: whatever the daemon writes is dropped (mu)
 }
 
 // New makes dir play rpc_pipefs: it creates dir/nfsd, where Start
@@ -318,15 +325,24 @@ func (k *Kernel) Stop() {
 	cn := k.conn
 	k.conn, k.queue = nil, nil
 	k.failAllLocked(ErrNFSDStopped)
-	k.mu.Unlock()
 	if cn != nil {
-		cn.f.Close()
+		cn.dead = true
+		k.dead = append(k.dead, cn)
 	}
+	k.mu.Unlock()
 }
 
-// Close stops nfsd and waits for the fake's goroutines.
+// Close stops nfsd, closes the ends of stopped pipes and waits for the
+// fake's goroutines.
 func (k *Kernel) Close() {
 	k.Stop()
+	k.mu.Lock()
+	dead := k.dead
+	k.dead = nil
+	k.mu.Unlock()
+	for _, cn := range dead {
+		cn.f.Close()
+	}
 	k.wg.Wait()
 }
 
@@ -487,14 +503,17 @@ func (k *Kernel) readLoop(cn *conn) {
 			cn.f.Close()
 			return
 		}
-		k.downcall(buf[:n])
+		k.downcall(cn, buf[:n])
 	}
 }
 
 // downcall handles one message from the daemon as cld_pipe_downcall does.
-func (k *Kernel) downcall(b []byte) {
+func (k *Kernel) downcall(cn *conn, b []byte) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if cn.dead {
+		return // a write to a destroyed pipe: EPIPE for the writer, nothing here
+	}
 	if len(b) < 8 {
 		k.rejectLocked("downcall of %d bytes, shorter than a header", len(b))
 		return

@@ -165,7 +165,8 @@ func TestFakeCollectsRecordsAndRejectsBadOnes(t *testing.T) {
 
 // TestFakeQueuesUntilOpenAndFailsOnStop: upcalls sent before a daemon
 // opens the pipe reach it at the open; nfsd's stop fails what is pending
-// and removes the file.
+// and removes the file, and — like the kernel — does not wake a reader of
+// the destroyed pipe: it reads nothing until the fake is closed.
 func TestFakeQueuesUntilOpenAndFailsOnStop(t *testing.T) {
 	k := newKernel(t)
 	if _, err := k.Send(cld.Msg{Cmd: cld.GraceDone}); !errors.Is(err, ErrNFSDStopped) {
@@ -189,10 +190,16 @@ func TestFakeQueuesUntilOpenAndFailsOnStop(t *testing.T) {
 	if _, err := os.Stat(k.PipePath()); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("pipe file after stop: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := d.p.ReadMsg(ctx, make([]byte, 4096)); !errors.Is(err, cld.ErrPipeGone) {
-		t.Fatalf("daemon read after stop: %v, want ErrPipeGone", err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if n, err := d.p.ReadMsg(ctx, make([]byte, 4096)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("daemon read after stop: %d bytes, %v; want nothing (a canceled wait)", n, err)
+	}
+	k.Close()
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	if _, err := d.p.ReadMsg(rctx, make([]byte, 4096)); !errors.Is(err, cld.ErrPipeGone) {
+		t.Fatalf("daemon read after the fake closed: %v, want ErrPipeGone", err)
 	}
 }
 
