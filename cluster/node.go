@@ -135,6 +135,11 @@ type Config struct {
 	// committed (and after a previous holder's lifetime ran out) and
 	// released first when leadership ends.
 	VIP FloatingAddr
+	// Observer, when set, is called on every node for every applied
+	// command, after the entry is applied (fsm.Options.Observer: it must
+	// not block). Entries replayed from the log at start-up are included:
+	// index ≤ BootIndex() tells them apart.
+	Observer func(index uint64, cmd fsm.Command, res fsm.Result)
 	// OnFault, when set, is told about faults the node cannot fix itself
 	// (the VIP cannot be taken, a takeover did not commit). Must not block.
 	OnFault func(reason string, err error)
@@ -489,6 +494,9 @@ func (n *Node) closeStores() {
 // were already in the log at start-up are replays: their callbacks went
 // out before the restart, and a second one could drop reclaimed locks.
 func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
+	if n.cfg.Observer != nil {
+		n.cfg.Observer(index, cmd, res)
+	}
 	ev, ok := cmd.(fsm.PeerRebooted)
 	if !ok || !res.Accepted || index <= n.bootIndex {
 		return
@@ -502,6 +510,10 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 		}
 	}
 }
+
+// BootIndex is the last log index present when the node started: applied
+// entries up to it are replays.
+func (n *Node) BootIndex() uint64 { return n.bootIndex }
 
 // FSM exposes the local state machine for reads.
 func (n *Node) FSM() *fsm.FSM { return n.fsm }

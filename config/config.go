@@ -43,6 +43,19 @@ const (
 	VIPNone     = "none"     // no floating address
 )
 
+// NFSv4 client-tracking modes (nfsv4_tracking).
+const (
+	TrackingAuto = "auto" // on when this kernel has nfsd
+	TrackingOn   = "on"
+	TrackingOff  = "off"
+)
+
+// Grace-end modes (grace_end).
+const (
+	GraceEndAuto  = "auto"  // end the kernel's grace once every client that could reclaim has
+	GraceEndTimer = "timer" // leave it to the kernel's timer
+)
+
 // rpcbind modes.
 const (
 	RpcbindRegister = "register" // register 100024 with the local rpcbind
@@ -89,6 +102,10 @@ type Config struct {
 	PmapPort        int
 	NSMMaxConns     int
 	NSMMaxConnsHost int
+	NFSv4Tracking   string
+	RPCPipefs       string
+	GraceEnd        string
+	GraceSettle     time.Duration
 
 	// Raft timing (LAN defaults).
 	HeartbeatTimeout   time.Duration
@@ -121,6 +138,10 @@ func Default() Config {
 		PmapPort:           111,
 		NSMMaxConns:        1024,
 		NSMMaxConnsHost:    64,
+		NFSv4Tracking:      TrackingAuto,
+		RPCPipefs:          "/var/lib/nfs/rpc_pipefs",
+		GraceEnd:           GraceEndAuto,
+		GraceSettle:        3 * time.Second,
 		HookTimeout:        30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
@@ -214,6 +235,10 @@ func (c *Config) bindings() []binding {
 		list("trusted_callers", "CIDRs allowed to SM_MON besides loopback, comma separated", &c.TrustedCallers),
 		duration("grace_period", "NLM grace period opened at every takeover", &c.GracePeriod),
 		duration("notify_window", "how long to keep retrying SM_NOTIFY to a host", &c.NotifyWindow),
+		str("nfsv4_tracking", "auto | on | off: serve the kernel's NFSv4 client-tracking upcall (what nfsdcld does) from the replicated table, so NFSv4 clients reclaim on any node; auto: when this kernel has nfsd", &c.NFSv4Tracking),
+		str("rpc_pipefs", "where rpc_pipefs is (or is mounted): the tracking pipe is <rpc_pipefs>/nfsd/cld", &c.RPCPipefs),
+		str("grace_end", "auto | timer: auto ends lockd's and nfsd's grace as soon as every client that could reclaim has come back and reclaims are quiet for grace_settle; timer leaves it to the kernel", &c.GraceEnd),
+		duration("grace_settle", "grace_end auto: how long reclaims must be quiet after the last client came back", &c.GraceSettle),
 		str("rpcbind", "register | embedded | off", &c.Rpcbind),
 		str("gossip_key_file", "file with a base64 16/24/32-byte gossip encryption key", &c.GossipKeyFile),
 		str("tls_ca", "PEM file with the cluster CA: raft and the admin API use mutual TLS (nsmd tls init makes one)", &c.TLSCA),
@@ -414,6 +439,22 @@ func (c *Config) Validate() error {
 	}
 	if c.NotifyWindow <= 0 {
 		bad("notify_window", "must be positive")
+	}
+	switch c.NFSv4Tracking {
+	case TrackingAuto, TrackingOn, TrackingOff:
+	default:
+		bad("nfsv4_tracking", "%q is not one of auto, on, off", c.NFSv4Tracking)
+	}
+	if c.NFSv4Tracking != TrackingOff && !filepath.IsAbs(c.RPCPipefs) {
+		bad("rpc_pipefs", "%q must be an absolute path", c.RPCPipefs)
+	}
+	switch c.GraceEnd {
+	case GraceEndAuto, GraceEndTimer:
+	default:
+		bad("grace_end", "%q is not one of auto, timer", c.GraceEnd)
+	}
+	if c.GraceSettle < 0 {
+		bad("grace_settle", "must not be negative")
 	}
 	switch c.Rpcbind {
 	case RpcbindRegister, RpcbindEmbedded, RpcbindOff:

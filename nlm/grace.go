@@ -76,7 +76,8 @@ func (k KernelGrace) InGrace(m Manager) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("nlm: read %s grace state: %w", m, err)
 	}
-	switch strings.TrimSpace(string(b)) {
+	// lockd's file reads "Y\n" or "N\n" and a NUL.
+	switch strings.TrimRight(string(b), " \n\x00") {
 	case "N":
 		return true, nil
 	case "Y":

@@ -31,7 +31,7 @@ func fakeProc(t *testing.T, lockd, nfsd string) string {
 }
 
 func TestKernelGraceReadsAndEnds(t *testing.T) {
-	k := KernelGrace{Proc: fakeProc(t, "N\n", "Y\n")}
+	k := KernelGrace{Proc: fakeProc(t, "N\n\x00", "Y\n")} // lockd's read ends in a NUL
 	if in, err := k.InGrace(NLM); err != nil || !in {
 		t.Fatalf("lockd: in grace %v, %v; want true", in, err)
 	}

@@ -44,7 +44,8 @@ type Keeper struct {
 	mu      sync.Mutex
 	v4Known bool // ExpectV4 was called: nfsd's GraceStart was answered
 	ended   map[Manager]GraceEnd
-	locks   int // POSIX locks last seen in /proc/locks (-1: not read yet)
+	absent  map[Manager]bool // its control file is missing: not running here
+	locks   int              // POSIX locks last seen in /proc/locks (-1: not read yet)
 	lastErr string
 }
 
@@ -77,6 +78,7 @@ func NewKeeper(cfg KeeperConfig, nlmHosts []string, started time.Time) *Keeper {
 		started: started,
 		r:       NewReclaims(ReclaimPlan{NLMHosts: nlmHosts, Settle: cfg.Settle}, started),
 		ended:   map[Manager]GraceEnd{},
+		absent:  map[Manager]bool{},
 		locks:   -1,
 	}
 }
@@ -134,6 +136,9 @@ func (k *Keeper) stepManager(m Manager, now time.Time) bool {
 		return true
 	}
 	in, err := k.kernel.InGrace(m)
+	k.mu.Lock()
+	k.absent[m] = errors.Is(err, ErrNoManager)
+	k.mu.Unlock()
 	if errors.Is(err, ErrNoManager) {
 		return true // not running here: nothing to end
 	}
@@ -262,6 +267,8 @@ type ManagerStatus struct {
 	Ended    *GraceEnd `json:"ended,omitempty"`
 	// Seconds is how long after the takeover it ended (0 while in grace).
 	Seconds float64 `json:"seconds,omitempty"`
+	// Absent: this lock manager does not run here (no lockd, or no nfsd).
+	Absent bool `json:"absent,omitempty"`
 }
 
 // Status reports both grace periods.
@@ -273,10 +280,15 @@ func (k *Keeper) Status() GraceStatus {
 	for m, e := range k.ended {
 		ended[m] = e
 	}
+	absent := map[Manager]bool{}
+	for m, a := range k.absent {
+		absent[m] = a
+	}
 	k.mu.Unlock()
 	for m, ms := range map[Manager]*ManagerStatus{NLM: &s.NLM, NFSv4: &s.NFSv4} {
 		ms.Back, ms.Expected = k.r.Progress(m)
 		ms.Missing = k.r.Missing(m, 8)
+		ms.Absent = absent[m]
 		if e, ok := ended[m]; ok {
 			e.At = e.At.UTC()
 			ms.Ended = &e

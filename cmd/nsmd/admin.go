@@ -16,6 +16,7 @@ import (
 
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nlm"
 )
 
 // Status is the body of GET /v1/status (DESIGN.md, outside contract).
@@ -58,6 +59,12 @@ type Status struct {
 	Insecure []string `json:"insecure,omitempty"`
 	// LastHookFailure is the most recent failed hook script, if any.
 	LastHookFailure *HookFailure `json:"last_hook_failure,omitempty"`
+	// NFSv4 is the NFSv4 client-tracking table and pipe.
+	NFSv4 NFSv4Status `json:"nfsv4"`
+	// Grace is the kernel grace periods of this node's last takeover:
+	// how many clients could reclaim, how many came back, when and why
+	// each grace ended (absent on a node that never took over).
+	Grace *nlm.GraceStatus `json:"grace,omitempty"`
 }
 
 // NotifyProgress is the SM_NOTIFY fan-out progress of the current leader term.
@@ -122,6 +129,8 @@ func (a *agent) status() Status {
 	s.Notify.Pending, s.Notify.Done, s.Notify.Failed = a.node.NotifyProgress()
 	s.Notify.State, s.Notify.Targets = a.node.NotifyRun()
 	s.LastHookFailure = a.hooks.lastFailure()
+	s.NFSv4 = a.v4.status()
+	s.Grace = a.v4.graceStatus()
 	if tl := a.node.LastTimeline(); !tl.Elected.IsZero() {
 		s.Takeover = &tl
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/fsm"
@@ -38,6 +39,9 @@ type agentOptions struct {
 	// TuneCluster, when set, adjusts the cluster config before the node
 	// starts (measurement tests compare raft and storage settings).
 	TuneCluster func(*cluster.Config)
+	// TuneTracking, when set, adjusts the NFSv4 client-tracking server of
+	// node id (tests put a fake kernel's pipe there: cld/cldtest).
+	TuneTracking func(id string, c *cld.Config)
 }
 
 // agent is one running node: raft, the NSM server, rpcbind registration,
@@ -60,6 +64,8 @@ type agent struct {
 
 	crashFn    func(*agent)
 	hooks      *hookRunner
+	v4         *nfsv4
+	v4cancel   context.CancelFunc
 	netlinkVIP *cluster.NetlinkVIP // closed (address dropped) on shutdown
 	sec        security
 	connEvents *prometheus.CounterVec
@@ -71,6 +77,10 @@ type agent struct {
 // leave; its sockets (and so its loopback VIP) close.
 func (a *agent) kill() {
 	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
+	if a.v4cancel != nil {
+		a.v4cancel()
+		a.v4.wait()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	a.server.Shutdown(ctx)
@@ -150,6 +160,10 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		return a, err
 	}
 	a.hooks = newHookRunner(cfg, log, a.reg)
+	if a.v4, err = newNFSv4(a, opts.TuneTracking); err != nil {
+		return a, err
+	}
+	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
 	a.hooks.start(context.Background())
 	if opts.RaftMetrics {
 		if err := cluster.BridgeRaftMetrics(a.reg); err != nil {
@@ -191,6 +205,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		Notifier:           notifier,
 		Deliverer:          nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
 		OnFault:            a.onFault,
+		Observer:           a.v4.observe,
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
 		StandDownWait:      standDownWait(cfg),
@@ -241,6 +256,9 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 		}
 	}
 	a.node.Start()
+	v4ctx, cancel := context.WithCancel(context.Background())
+	a.v4cancel = cancel
+	a.v4.start(v4ctx)
 	log.Info("nsmd node started", "cluster_id", cfg.ClusterID, "version", build.Gossip(), "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode,
 		"tls", a.sec.tls != nil, "insecure", len(a.sec.exposures) > 0)
 	return a, nil
@@ -350,6 +368,7 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
+	a.v4.takeover(ctx)
 	done := a.hooks.leader(ctx, t, state)
 	select {
 	case <-done:
@@ -359,6 +378,7 @@ func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 	if a.cfg.OnLeader != "" {
 		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
 	}
+	a.v4.serving(ctx)
 }
 
 // onFollower runs the on_follower hook and returns when it has run
@@ -479,6 +499,12 @@ func (a *agent) Close() error {
 		errs = append(errs, a.node.Close())
 	}
 	a.hooks.stop() // after node.Close: the on_follower hook of a shutdown still runs
+	if a.v4cancel != nil {
+		// After the hooks: the on_follower hook stops nfsd, whose last
+		// upcalls (refused: no longer leading) still get their answers.
+		a.v4cancel()
+		a.v4.wait()
+	}
 	if a.netlinkVIP != nil {
 		errs = append(errs, a.netlinkVIP.Close())
 	}

@@ -79,6 +79,9 @@ func startDev(o devOptions, opts agentOptions) (*devCluster, error) {
 		c.VIPMode = config.VIPLoopback
 		c.VIP = o.VIP + "/32"
 		c.Rpcbind = config.RpcbindOff
+		// The nodes of one process share one kernel: none of them may
+		// take this machine's nfsd tracking pipe.
+		c.NFSv4Tracking = config.TrackingOff
 		c.DrillCrash = true // nsmd drill --kill works out of the box
 		c.LogLevel = o.LogLevel
 		if o.Tune != nil {

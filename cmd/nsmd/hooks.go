@@ -89,6 +89,10 @@ type hookRunner struct {
 	vip     string
 	scripts map[string]string // event → absolute path; "" = none
 	timeout time.Duration
+	// fixedEnv is passed to every script besides the event's NSMD_*
+	// variables: settings the hooks need (notify name, grace, NFSv4
+	// tracking). Set before start.
+	fixedEnv []string
 
 	runs     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
@@ -117,6 +121,10 @@ func newHookRunner(cfg config.Config, log *slog.Logger, reg prometheus.Registere
 			hookEventFault:    cfg.OnFault,
 		},
 		timeout: cfg.HookTimeout,
+		fixedEnv: []string{
+			"NSMD_NOTIFY_NAME=" + cfg.EffectiveNotifyName(),
+			fmt.Sprintf("NSMD_GRACE_SECONDS=%d", int64(cfg.GracePeriod/time.Second)),
+		},
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_hook_runs_total",
 			Help: "Hook script runs, by hook (on_leader, on_follower, on_fault) and result (ok, failed, timeout, dropped).",
@@ -350,6 +358,7 @@ func (h *hookRunner) execScript(ctx context.Context, job hookJob) (string, error
 		"NSMD_ROLE="+job.env.Role,
 		"NSMD_REASON="+job.env.Reason,
 	)
+	cmd.Env = append(cmd.Env, h.fixedEnv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error {
 		// The script and everything it started: the group has its pid.

@@ -275,13 +275,13 @@ func TestUnitVerifiesAndIsHardened(t *testing.T) {
 			set[k] = append(set[k], v)
 		}
 	}
-	caps := "CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE"
+	caps := "CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE CAP_DAC_OVERRIDE"
 	for k, want := range map[string]string{
 		"Type": "notify", "User": "nsmd", "AmbientCapabilities": caps, "CapabilityBoundingSet": caps,
 		"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
 		"StateDirectory": "nsmd", "Restart": "on-failure", "WatchdogSec": "10s",
 		"RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK AF_PACKET",
-		"Conflicts":               "rpc-statd.service rpc-statd-notify.service",
+		"Conflicts":               "rpc-statd.service rpc-statd-notify.service nfsdcld.service",
 		"ExecStart":               "/usr/sbin/nsmd agent --config /etc/nsmd/nsmd.yaml",
 	} {
 		if !slices.Equal(set[k], []string{want}) {

@@ -61,7 +61,9 @@
     }
     const self = [s.ready ? 'ready' : 'NOT ready (sm_state of this incarnation unknown here)',
       'raft ' + s.raft_state, 'applied ' + s.applied_index, s.tls ? 'TLS' : 'no TLS'];
-    if (s.version) self.push('version ' + s.version);
+    if (s.version && s.version.version) {
+      self.push('version ' + s.version.version + (s.version.revision ? ' (' + s.version.revision.slice(0, 12) + (s.version.modified ? ', modified' : '') + ')' : ''));
+    }
     if (s.disk && s.disk.writable === false) self.push('DISK NOT WRITABLE');
     if (s.insecure && s.insecure.length) self.push('insecure: ' + s.insecure.join('; '));
     if (s.last_hook_failure) self.push('last hook failure: ' + JSON.stringify(s.last_hook_failure));
@@ -75,6 +77,25 @@
       m.version || '',
       m.nsm_addr || '',
       m.raft_addr || '')));
+
+    const v4 = s.nfsv4 || {};
+    let tracking = v4.tracking
+      ? 'served (pipe ' + ((v4.pipe && v4.pipe.state) || '?') + (v4.pipe && v4.pipe.error ? ': ' + v4.pipe.error : '') + ')'
+      : 'not served (' + (v4.tracking_off_why || 'off') + ')';
+    tracking += ' · epoch ' + (v4.current_epoch ?? '?') + ' · ' + (v4.clients ?? 0) + ' client records';
+    if (v4.recovery_epoch) tracking += ' · in grace: ' + (v4.reclaimed ?? 0) + ' of ' + (v4.reclaimable ?? 0) + ' clients reclaimed';
+    setText('nfsv4', tracking);
+    const g = s.grace;
+    const mgr = (name, m) => {
+      if (!m) return name + ' ?';
+      if (m.absent) return name + ' not running here';
+      const back = m.back + ' of ' + m.expected + ' clients back';
+      if (m.ended) return name + ' ended after ' + (m.seconds || 0).toFixed(1) + ' s (' + m.ended.reason + ', ' + back + ')';
+      return name + ' open (' + back + (m.missing && m.missing.length ? ', waiting for ' + m.missing.join(', ') : '') + ')';
+    };
+    setText('kgrace', g
+      ? mgr('lockd', g.nlm) + ' · ' + mgr('nfsd', g.nfsv4) + (g.error ? ' · ' + g.error : '')
+      : 'this node has not served since it started');
 
     const n = s.notify || {};
     const total = n.targets || 0;
