@@ -18,24 +18,19 @@ import (
 	"time"
 )
 
-// The HA NFS server pair with a witness, on real Linux kernels.
+// The HA NFS server pair with a witness, on real Linux kernels: the
+// topology and its helpers (the drills are in nfs4_vm_linux_test.go).
 //
 //	s1, s2   server VMs: kernel nfsd + lockd, the real rpcbind, rpc.mountd,
-//	         exportfs, rpc.nfsd, and nsmd as their only statd; one shared
-//	         raw ext4 disk (/dev/vda) that only the leader mounts, through
-//	         the shipped deploy/hooks/nfsd-ha; a local disk for /var/lib/nsmd
+//	         exportfs, rpc.nfsd, and nsmd as their only statd and NFSv4
+//	         client-tracking daemon; one shared raw ext4 disk (/dev/vda)
+//	         that only the leader mounts, through the shipped
+//	         deploy/hooks/nfsd-ha; a local disk for /var/lib/nsmd
 //	w        the witness: nsmd --witness in a namespace on the same bridge,
 //	         started with the servers' flags (VIP and hooks included)
-//	c1, c2   client VMs: the kernel NFS client, the real rpcbind and
+//	clients  client VMs: the kernel NFS client, the real rpcbind and
 //	         rpc.statd (/var/lib/nfs on a disk of their own, so a reboot
-//	         keeps it), mounting VIP:/srv/nfs with vers=3
-//
-// Drills, in one boot of the topology: SIGKILL of the active server's QEMU
-// (c1's lock is reclaimed on the other server, c2 is refused it and gets
-// another file once grace ends), a planned transfer back to the restarted
-// server with the lock held, and a crash + reboot of the client c1 holding
-// the lock (its sm-notify reaches the VIP, nsmd calls lockd back, the lock
-// is freed and c2's waiting lock is granted).
+//	         keeps it), mounting VIP:/srv/nfs
 
 const (
 	pairVIP    = topoNet + ".100"
@@ -55,6 +50,7 @@ type pairNode struct {
 	ip    netip.Addr
 	vm    *testVM // nil for the witness
 	admin string
+	pid   int // nsmd's pid in the VM
 }
 
 type pairTopo struct {
@@ -72,6 +68,13 @@ type pairTopo struct {
 	wmu  sync.Mutex
 	wcmd *exec.Cmd
 	wlog string
+
+	// grace, when set, is the grace the servers' nfsd-ha.conf says
+	// (rewritten at every server start: /etc is on the initramfs).
+	grace     int
+	confExtra []string
+	// serverArgs are more nsmd flags for the servers (from their next start).
+	serverArgs []string
 }
 
 // nsmdArgs are the flags every member gets, the witness too (it must
@@ -112,13 +115,23 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 func (p *pairTopo) startServer(n *pairNode) {
 	p.t.Helper()
 	q := make([]string, 0, 64)
-	for _, a := range p.nsmdArgs(n, "/var/lib/nsmd") {
+	for _, a := range append(p.nsmdArgs(n, "/var/lib/nsmd"), p.serverArgs...) {
 		q = append(q, shellQuote(a))
 	}
 	p.installTLS(n)
-	n.vm.sh(10*time.Second, "rpcbind -w")
+	if p.grace > 0 {
+		p.writeConf(n)
+	}
+	n.vm.sh(10*time.Second, "pidof rpcbind >/dev/null || rpcbind -w")
 	env := fmt.Sprintf("NFS_HA_DEVICE=/dev/vda NFS_HA_MOUNT=%s NFS_HA_GRACE=%d NFS_HA_CLIENTS=%s.0/24", pairExport, pairGrace, topoNet)
-	n.vm.start(5*time.Second, fmt.Sprintf("echo started; exec env %s nsmd %s >>/var/lib/nsmd/nsmd.log 2>&1", env, strings.Join(q, " ")))
+	_, n.pid = n.vm.start(5*time.Second, fmt.Sprintf("echo started; exec env %s nsmd %s >>/var/lib/nsmd/nsmd.log 2>&1", env, strings.Join(q, " ")))
+}
+
+// stopServer stops nsmd in server VM n (SIGTERM: a leader hands
+// leadership over first) and waits for it to exit.
+func (p *pairTopo) stopServer(n *pairNode) {
+	p.t.Helper()
+	n.vm.sh(100*time.Second, fmt.Sprintf("kill %d; while kill -0 %d 2>/dev/null; do sleep 0.1; done", n.pid, n.pid))
 }
 
 // vmTLSDir holds a server VM's certificates, gossip key and admin token
@@ -241,239 +254,6 @@ func inode(t *testing.T, v *testVM, path string) string {
 	return strings.TrimSpace(v.sh(5*time.Second, "stat -c %i "+path))
 }
 
-func TestHAPairKernelNFSWithWitness(t *testing.T) {
-	img := needVMImage(t)
-	p := &pairTopo{t: t, img: img, dir: t.TempDir()}
-	p.tp = newTopology(t, 1, 0)
-	p.w = p.tp.nodes[0]
-	p.wlog = filepath.Join(p.dir, "witness.log")
-	p.witness = &pairNode{id: "w", ip: p.w.ip, admin: net.JoinHostPort(p.w.ip.String(), strconv.Itoa(adminPort))}
-	p.pki = newClusterPKI(t, map[string]string{"w": p.w.ip.String(), "s1": topoNet + ".12", "s2": topoNet + ".13"})
-	p.http = httpIn(p.w.ns, p.pki.clientTLS(t))
-
-	shared := filepath.Join(p.dir, "shared.img")
-	makeDisk(t, shared, 64)
-	idx := 0
-	vmFor := func(name string, ip string, disks []string, extra string) *testVM {
-		idx++
-		return newVM(t, img, p.tp, p.w, vmSpec{name: name, ip: netip.MustParseAddr(ip), disks: disks, extra: extra}, idx)
-	}
-	for i := range 2 {
-		name := fmt.Sprintf("s%d", i+1)
-		local := filepath.Join(p.dir, name+"-local.img")
-		makeDisk(t, local, 32)
-		ip := fmt.Sprintf("%s.%d", topoNet, 12+i)
-		v := vmFor(name, ip, []string{shared, local}, "vm.disk=/dev/vdb:/var/lib/nsmd")
-		p.servers = append(p.servers, &pairNode{id: name, ip: netip.MustParseAddr(ip), vm: v, admin: net.JoinHostPort(ip, strconv.Itoa(adminPort))})
-	}
-	for i := range 2 {
-		name := fmt.Sprintf("c%d", i+1)
-		disk := filepath.Join(p.dir, name+"-varnfs.img")
-		makeDisk(t, disk, 16)
-		p.clients = append(p.clients, vmFor(name, fmt.Sprintf("%s.%d", topoNet, 21+i), []string{disk}, "vm.disk=/dev/vda:/var/lib/nfs"))
-	}
-	all := append([]*testVM{p.servers[0].vm, p.servers[1].vm}, p.clients...)
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, v := range all {
-				t.Logf("== %s console (last lines):\n%s", v.name, tail(v.console.String(), 30))
-			}
-			if b, err := os.ReadFile(p.wlog); err == nil {
-				t.Logf("== witness log (last lines):\n%s", tail(string(b), 40))
-			}
-		}
-		for _, v := range all {
-			v.kill()
-		}
-	})
-
-	// Boot all four at once.
-	bootStart := time.Now()
-	for _, v := range all {
-		v.boot()
-	}
-	for _, v := range all {
-		d := v.waitReady()
-		t.Logf("%s booted in %v", v.name, d.Round(10*time.Millisecond))
-	}
-	t.Logf("all VMs up %v after the first qemu start", time.Since(bootStart).Round(10*time.Millisecond))
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, n := range p.servers {
-				if _, out, err := n.vm.try(5*time.Second, "tail -n 60 /var/lib/nsmd/nsmd.log; dmesg | tail -n 20"); err == nil {
-					t.Logf("== %s nsmd log and dmesg:\n%s", n.id, out)
-				}
-			}
-		}
-	})
-
-	// The cluster: witness first, then both servers.
-	p.startWitness()
-	for _, n := range p.servers {
-		p.startServer(n)
-	}
-	leader, st := p.waitServing(60*time.Second, 1, p.servers...)
-	t.Logf("serving: %s (sm_state %d, term %d)", leader.id, st.SMState, st.Term)
-
-	// Clients: rpcbind, statd, mount the VIP with NFSv3.
-	for _, c := range p.clients {
-		c.sh(20*time.Second, clientBoot)
-		c.sh(60*time.Second, fmt.Sprintf("mkdir -p /mnt/nfs && mount.nfs %s:%s /mnt/nfs -o vers=3,proto=tcp,hard,timeo=20", pairVIP, pairExport))
-	}
-	c1, c2 := p.clients[0], p.clients[1]
-
-	// c1 takes a lock (the server may still be in grace: the kernel waits).
-	line, _ := c1.start(60*time.Second, "vmagent lock /mnt/nfs/a")
-	if !strings.HasPrefix(line, "locked") {
-		t.Fatalf("c1 lock: %q", line)
-	}
-	if rc, out, err := c2.try(30*time.Second, "vmagent trylock /mnt/nfs/a"); err != nil || rc != 3 {
-		t.Fatalf("c2 got c1's lock: rc %d %q %v", rc, out, err)
-	}
-	inoA := inode(t, leader.vm, pairExport+"/a")
-	if l, err := locksOn(leader.vm); err != nil || l[inoA] != 1 {
-		t.Fatalf("%s /proc/locks: %v %v (want one lock on inode %s)", leader.id, l, err, inoA)
-	}
-	// The server's lockd monitors both clients through nsmd (SM_MON from
-	// the kernel, my_name = the VM's hostname, prog 100021).
-	regs, err := p.registrations(leader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range p.clients {
-		if regs[c.ip.String()] != leader.id+"/100021" {
-			t.Fatalf("registrations on %s: %v (want %s monitored by %s's lockd)", leader.id, regs, c.ip, leader.id)
-		}
-	}
-
-	// Drill 1: power cut of the active server.
-	other := p.servers[0]
-	if other == leader {
-		other = p.servers[1]
-	}
-	t0 := time.Now()
-	leader.vm.kill()
-	var reclaimed time.Duration
-	waitFor(t, 60*time.Second, "c1's lock reclaimed on "+other.id, func() (bool, string) {
-		l, err := locksOn(other.vm)
-		if err != nil {
-			return false, err.Error()
-		}
-		if len(l) > 0 {
-			reclaimed = time.Since(t0)
-			return true, ""
-		}
-		return false, fmt.Sprint(l)
-	})
-	st2, _ := p.status(other)
-	t.Logf("DRILL kill %s: lock reclaimed on %s %.1fs after the kill (sm_state %d -> %d)", leader.id, other.id, reclaimed.Seconds(), st.SMState, st2.SMState)
-	if rc, out, err := c2.try(30*time.Second, "vmagent trylock /mnt/nfs/a"); err != nil || rc != 3 {
-		t.Fatalf("after failover c2 got c1's lock: rc %d %q %v", rc, out, err)
-	}
-	tb := time.Now()
-	if rc, out, err := c2.try(60*time.Second, "vmagent trylock /mnt/nfs/b"); err != nil || rc != 0 {
-		t.Fatalf("after failover c2 cannot lock a free file: rc %d %q %v", rc, out, err)
-	}
-	t.Logf("c2 locked a free file %.1fs after the kill (asked %.1fs after)", time.Since(t0).Seconds(), tb.Sub(t0).Seconds())
-
-	// The killed server boots again and rejoins as a follower (its raft
-	// state is on its local disk; the shared disk stays unmounted there).
-	killed := leader
-	killed.vm.boot()
-	killed.vm.waitReady()
-	p.startServer(killed)
-	p.waitFollowing(killed, st2.SMState, 60*time.Second)
-	if out := killed.vm.sh(5*time.Second, "/usr/lib/nsmd/hooks/nfsd-ha status"); !strings.Contains(out, "not mounted") {
-		t.Fatalf("%s mounted the shared disk as a follower: %s", killed.id, out)
-	}
-
-	// Drill 2: planned transfer back, with the lock held.
-	t0 = time.Now()
-	resp, err := p.http.Post("https://"+other.admin+"/v1/leadership/transfer?to="+killed.id, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("transfer to %s: %s", killed.id, resp.Status)
-	}
-	at := waitLock(t, killed.vm, inoA, 60*time.Second, "c1's lock reclaimed on "+killed.id+" after the transfer")
-	st3, _ := p.status(killed)
-	t.Logf("DRILL transfer %s -> %s: lock reclaimed %.1fs after the request (sm_state %d -> %d)", other.id, killed.id, at.Sub(t0).Seconds(), st2.SMState, st3.SMState)
-	if out := other.vm.sh(5*time.Second, "/usr/lib/nsmd/hooks/nfsd-ha status"); !strings.Contains(out, "not mounted") {
-		t.Fatalf("%s still has the shared disk after the transfer: %s", other.id, out)
-	}
-	// The shipped hook refuses to mount on a node without the VIP, even
-	// when told it leads: the disk is mounted on killed right now.
-	rc, out, err := other.vm.try(10*time.Second, fmt.Sprintf("NSMD_EVENT=leader NSMD_ROLE=leader NSMD_VIP=%s/%d NFS_HA_DEVICE=/dev/vda NFS_HA_MOUNT=%s /usr/lib/nsmd/hooks/nfsd-ha", pairVIP, topoBits, pairExport))
-	if err != nil || rc == 0 || !strings.Contains(out, "refusing to mount") {
-		t.Fatalf("nfsd-ha on %s without the VIP: rc %d %q %v (want a refusal)", other.id, rc, out, err)
-	}
-	if out := other.vm.sh(5*time.Second, "/usr/lib/nsmd/hooks/nfsd-ha status"); !strings.Contains(out, "not mounted") {
-		t.Fatalf("%s mounted the shared disk without the VIP: %s", other.id, out)
-	}
-	leader = killed
-
-	// Drill 3: the client holding the lock crashes and boots again. c2
-	// waits for the lock meanwhile; c1's sm-notify (run by its statd at
-	// start) tells nsmd on the VIP, nsmd calls lockd back, lockd frees
-	// c1's lock and grants c2's.
-	_, waiter := c2.start(2*time.Second, "vmagent lock /mnt/nfs/a")
-	c1.kill()
-	tBoot := time.Now()
-	c1.boot()
-	c1.waitReady()
-	c1.sh(20*time.Second, clientBoot)
-	t.Cleanup(func() {
-		if !t.Failed() {
-			return
-		}
-		for _, d := range []struct {
-			v   *testVM
-			cmd string
-		}{
-			{c1, "ls -la /var/lib/nfs /var/lib/nfs/sm /var/lib/nfs/sm.bak; od -An -tx4 /var/lib/nfs/state; cat /var/lib/nfs/sm/* /var/lib/nfs/sm.bak/* 2>&1; dmesg | tail -n 15"},
-			{c2, "cat /proc/locks; dmesg | tail -n 15"},
-			{leader.vm, "cat /proc/locks; grep -i -E 'notify|reboot|callback|deliver' /var/lib/nsmd/nsmd.log | tail -n 30; dmesg | tail -n 15"},
-		} {
-			if _, out, err := d.v.try(10*time.Second, d.cmd); err == nil {
-				t.Logf("== %s: %s\n%s", d.v.name, d.cmd, out)
-			}
-		}
-	})
-	var granted time.Time
-	waitFor(t, 60*time.Second, "c2's waiting lock granted after c1's reboot", func() (bool, string) {
-		rc, out, err := c2.try(5*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", waiter))
-		if err != nil || rc != 0 {
-			return false, fmt.Sprint(rc, out, err)
-		}
-		if strings.Contains(out, "locked") {
-			granted = time.Now()
-			return true, ""
-		}
-		return false, out
-	})
-	t.Logf("DRILL client reboot: c2 got c1's lock %.1fs after c1's power-on", granted.Sub(tBoot).Seconds())
-
-	// The witness, started with the servers' VIP and hook flags, never
-	// held the VIP or ran a hook, and said once that it ignores them.
-	ws, err := p.status(p.witness)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ws.Role != "witness" || ws.VIPHeld {
-		t.Fatalf("witness status: %s", ws)
-	}
-	wlog, _ := os.ReadFile(p.wlog)
-	if n := strings.Count(string(wlog), "ignoring settings a witness never uses"); n != 1 {
-		t.Fatalf("witness warned %d times about the ignored VIP/hook settings, want once", n)
-	}
-	if strings.Contains(string(wlog), "running hook") || strings.Contains(string(wlog), "VIP acquired") {
-		t.Fatal("the witness ran a hook or took the VIP")
-	}
-	t.Logf("witness: %d hand-offs during the drills", strings.Count(string(wlog), "witness handed leadership over"))
-}
-
 // registrations is GET /v1/registrations of n (mon_name → my_name).
 func (p *pairTopo) registrations(n *pairNode) (map[string]string, error) {
 	var page struct {
@@ -496,25 +276,6 @@ func (p *pairTopo) registrations(n *pairNode) (map[string]string, error) {
 		out[r.MonName] = fmt.Sprintf("%s/%d", r.MyName, r.MyProg)
 	}
 	return out, nil
-}
-
-// waitLock waits until server v's /proc/locks shows a write lock on ino
-// and returns when it was first seen.
-func waitLock(t *testing.T, v *testVM, ino string, timeout time.Duration, what string) time.Time {
-	t.Helper()
-	var at time.Time
-	waitFor(t, timeout, what, func() (bool, string) {
-		l, err := locksOn(v)
-		if err != nil {
-			return false, err.Error()
-		}
-		if l[ino] > 0 {
-			at = time.Now()
-			return true, ""
-		}
-		return false, fmt.Sprintf("%s /proc/locks by inode: %v", v.name, l)
-	})
-	return at
 }
 
 // waitFollowing waits until n answers as a follower of a leader with

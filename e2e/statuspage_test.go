@@ -322,6 +322,22 @@ func TestStatusPageInChromium(t *testing.T) {
 		}
 	})
 
+	t.Run("EveryFieldRendersAsText", func(t *testing.T) {
+		tab := openTab(t, browser, "http://"+lead.admin+"/")
+		// The version is an object in the JSON: the page shows its string.
+		self := waitText(t, tab, "self", 10*time.Second, "this node's line with its version", func(s string) bool { return strings.Contains(s, "version ") })
+		if strings.Contains(self, "[object Object]") || strings.Contains(self, "undefined") {
+			t.Errorf("#self = %q", self)
+		}
+		// These nodes run without a kernel nfsd: tracking off, and said so.
+		for id, want := range map[string]string{"nfsv4": "not served (", "kgrace": "lockd "} {
+			got := waitText(t, tab, id, 10*time.Second, "#"+id, func(s string) bool { return s != "–" })
+			if !strings.Contains(got, want) || strings.Contains(got, "[object Object]") || strings.Contains(got, "undefined") {
+				t.Errorf("#%s = %q, want it to contain %q", id, got, want)
+			}
+		}
+	})
+
 	t.Run("FollowsFailoverWithoutReload", func(t *testing.T) {
 		onFollower := openTab(t, browser, "http://"+follower.admin+"/")
 		onLeader := openTab(t, browser, "http://"+lead.admin+"/")

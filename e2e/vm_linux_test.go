@@ -214,6 +214,9 @@ func buildVMImage() (*vmImage, string, error) {
 		}
 	}
 
+	// The positive control of the NFSv4 drills (test tooling, not shipped).
+	cw.addData("usr/local/bin/nfsdcld-control", []byte(nfsdcldControlHook), 0o755)
+
 	// Configuration files the RPC programs read.
 	for _, f := range []string{"/etc/netconfig", "/etc/services", "/etc/rpc", "/etc/protocols"} {
 		if err := cw.addFile(strings.TrimPrefix(f, "/"), f, 0o644); err != nil {
@@ -286,6 +289,33 @@ chown statd /var/lib/nfs /var/lib/nfs/sm /var/lib/nfs/sm.bak
 [ -f /var/lib/nfs/etab ] || : > /var/lib/nfs/etab
 [ -f /var/lib/nfs/rmtab ] || : > /var/lib/nfs/rmtab
 echo "vm: $VMHOST up at $VMIP"
+`
+
+// nfsdcldControlHook is the positive control of the NFSv4 drills, used
+// as on_leader and on_follower with nsmd's own tracking off: the stock
+// nfsdcld with its database on the shared disk (what Pacemaker's nfsserver
+// agent does), and the shipped hook for everything else (one scope).
+const nfsdcldControlHook = `#!/bin/sh
+export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+. /etc/nsmd/nfsd-ha.conf
+case "$NSMD_EVENT" in
+leader)
+	mkdir -p /var/lib/nfs/rpc_pipefs
+	grep -qs ' /var/lib/nfs/rpc_pipefs ' /proc/mounts || mount -t rpc_pipefs sunrpc /var/lib/nfs/rpc_pipefs || exit 1
+	mkdir -p "$NFS_HA_MOUNT"
+	grep -qs " $NFS_HA_MOUNT " /proc/mounts || mount -t ext4 "$NFS_HA_DEVICE" "$NFS_HA_MOUNT" || exit 1
+	mkdir -p "$NFS_HA_MOUNT/.nfsdcld"
+	nfsdcld -F -s "$NFS_HA_MOUNT/.nfsdcld" >> /run/nfsdcld.log 2>&1 &
+	echo $! > /run/nfsdcld.pid
+	exec env NFS_HA_UNSAFE_NODE_LOCAL_TRACKING=yes /usr/lib/nsmd/hooks/nfsd-ha
+	;;
+follower)
+	[ -e /proc/fs/nfsd/threads ] && rpc.nfsd 0
+	[ -f /run/nfsdcld.pid ] && kill "$(cat /run/nfsdcld.pid)" && rm -f /run/nfsdcld.pid
+	exec /usr/lib/nsmd/hooks/nfsd-ha
+	;;
+esac
+exec /usr/lib/nsmd/hooks/nfsd-ha
 `
 
 // isStatic reports whether the ELF file at p has no program interpreter.

@@ -250,6 +250,8 @@ func (k *Keeper) sampleV40Clients(now time.Time) {
 // GraceStatus is the state of both grace periods of the current (or
 // last) server incarnation, for GET /v1/status.
 type GraceStatus struct {
+	// SMState is the sm_state of the incarnation (set by the caller).
+	SMState int32         `json:"sm_state,omitempty"`
 	Started time.Time     `json:"started"`
 	Settle  string        `json:"settle"`
 	NLM     ManagerStatus `json:"nlm"`

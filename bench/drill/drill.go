@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/nlm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -137,6 +138,7 @@ type status struct {
 		Targets int   `json:"targets"`
 		State   int32 `json:"state"`
 	} `json:"notify"`
+	Grace *nlm.GraceStatus `json:"grace"`
 }
 
 type Node struct {
@@ -163,7 +165,19 @@ type Failover struct {
 	NewState   int32       `json:"new_sm_state,omitempty"`
 	Milestones []Milestone `json:"milestones"`
 	FaultNote  string      `json:"fault_note,omitempty"` // e.g. the fault call's answer was lost
-	Err        string      `json:"error,omitempty"`
+	// Grace is how the new leader's kernel grace periods ended (absent
+	// when the run failed before; each manager "not running" on nodes
+	// without kernel nfsd, like nsmd dev).
+	Grace []GraceEnd `json:"grace,omitempty"`
+	Err   string     `json:"error,omitempty"`
+}
+
+// GraceEnd is one kernel lock manager's grace after a failover.
+type GraceEnd struct {
+	Manager string  `json:"manager"` // nlm (lockd) or nfsv4 (nfsd)
+	Running bool    `json:"running"`
+	Reason  string  `json:"reason,omitempty"`
+	AfterMS float64 `json:"after_ms,omitempty"` // since the fault, as first seen
 }
 
 // complete: every milestone was reached.
@@ -815,6 +829,9 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 	if d.o.TTY {
 		d.progressf("\r\033[Krun %d/%d: %s\n", n, d.o.Runs, d.ttyLine(&r, stage))
 	}
+	if r.Err == "" {
+		d.waitGrace(ctx, &r, t0, deadline)
+	}
 	if r.Err != "" {
 		d.progressf("run %d: %s\n", n, r.Err)
 	}
@@ -824,6 +841,67 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 		}
 	}
 	return r, nil
+}
+
+// waitGrace polls the new leader until its kernel grace periods of the new
+// incarnation are over (or do not run there), and records when and why
+// each ended; past the deadline it records what it saw.
+func (d *runner) waitGrace(ctx context.Context, r *Failover, t0, deadline time.Time) {
+	tick := time.NewTicker(d.o.Poll)
+	defer tick.Stop()
+	seen := map[nlm.Manager]*GraceEnd{}
+	for {
+		for _, a := range d.statuses(ctx, "", func(s status) bool { return s.NodeID == r.NewLeader }) {
+			g := a.s.Grace
+			if a.err != nil || a.s.NodeID != r.NewLeader || g == nil || g.SMState < r.NewState {
+				continue
+			}
+			for m, ms := range map[nlm.Manager]nlm.ManagerStatus{nlm.NLM: g.NLM, nlm.NFSv4: g.NFSv4} {
+				if seen[m] != nil {
+					continue
+				}
+				switch {
+				case ms.Absent:
+					seen[m] = &GraceEnd{Manager: string(m)}
+				case ms.Ended != nil:
+					seen[m] = &GraceEnd{Manager: string(m), Running: true, Reason: ms.Ended.Reason,
+						AfterMS: float64(a.at.Sub(t0).Microseconds()) / 1000}
+				}
+			}
+		}
+		if len(seen) == len(nlm.Managers) || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+	for _, m := range nlm.Managers {
+		if e := seen[m]; e != nil {
+			r.Grace = append(r.Grace, *e)
+		} else {
+			r.Grace = append(r.Grace, GraceEnd{Manager: string(m), Running: true, Reason: "still in grace at the timeout"})
+		}
+	}
+}
+
+// graceLine describes how a run's kernel grace periods ended.
+func graceLine(r Failover) string {
+	var parts []string
+	for _, g := range r.Grace {
+		name := map[string]string{"nlm": "lockd", "nfsv4": "nfsd"}[g.Manager]
+		switch {
+		case !g.Running:
+			parts = append(parts, name+" not running")
+		case g.AfterMS > 0:
+			parts = append(parts, fmt.Sprintf("%s ended %s after the fault (%s)", name, FormatMS(g.AfterMS), g.Reason))
+		default:
+			parts = append(parts, name+" "+g.Reason)
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // notifyDone: the leader's fan-out for the new state has settled every
@@ -924,6 +1002,9 @@ func Print(w io.Writer, rep *Report) error {
 		fmt.Fprintf(w, "run %d at %s: leader %s -> %s, sm_state %d -> %d", r.Run, r.FaultAt.Local().Format("15:04:05"), r.OldLeader, dash(r.NewLeader), r.OldState, r.NewState)
 		if r.Err != "" {
 			fmt.Fprintf(w, "  FAILED: %s", r.Err)
+		}
+		if len(r.Grace) > 0 {
+			fmt.Fprintf(w, "; kernel grace: %s", graceLine(r))
 		}
 		fmt.Fprintln(w)
 	}

@@ -368,7 +368,7 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
-	a.v4.takeover(ctx)
+	a.v4.takeover(state)
 	done := a.hooks.leader(ctx, t, state)
 	select {
 	case <-done:

@@ -22,6 +22,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/nsmd/nsmd/cld"
+	"github.com/nsmd/nsmd/cld/cldtest"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/nsm"
@@ -81,6 +83,7 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 		{"holders summed across clusters", "sum by (job, cluster) (nsmd_vip_held)", "sum(nsmd_vip_held)"},
 		{"grace for", "expr: max by (job, cluster) (nsmd_grace_active) == 1\n        for: 15m", "expr: max by (job, cluster) (nsmd_grace_active) == 1\n        for: 1m"},
 		{"disk for", "expr: nsmd_disk_writable == 0\n        for: 1m", "expr: nsmd_disk_writable == 0\n        for: 0s"},
+		{"tracking threshold", "expr: nsmd_cld_tracking_error == 1", "expr: nsmd_cld_tracking_error == 0"},
 		{"backlog on any node", "nsmd_notify_targets{state=\"pending\"} > 0 and on (job, instance) nsmd_is_leader == 1", "nsmd_notify_targets{state=\"pending\"} > 0"},
 	} {
 		if !strings.Contains(string(rules), m.old) {
@@ -339,10 +342,26 @@ func startMonitoredDev(t *testing.T, vip string) (*devCluster, devOptions, *http
 			c.TLSCert = filepath.Join(dir, c.NodeID+".pem")
 			c.TLSKey = filepath.Join(dir, c.NodeID+"-key.pem")
 			c.GossipKeyFile = filepath.Join(dir, "gossip.key")
+			// NFSv4 tracking on, each node facing a fake kernel's pipe
+			// (cld/cldtest), so that its metrics are exported too.
+			c.NFSv4Tracking = config.TrackingOn
+			c.RPCPipefs = filepath.Join(dir, "pipefs-"+c.NodeID)
 		},
 	}
+	kernels := map[string]*cldtest.Kernel{}
+	for _, id := range []string{"node1", "node2", "node3"} {
+		k, err := cldtest.New(filepath.Join(dir, "pipefs-"+id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(k.Close)
+		kernels[id] = k
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := startDev(o, agentOptions{Logger: log, TuneCluster: func(c *cluster.Config) { c.DiskProbeInterval = 50 * time.Millisecond }})
+	d, err := startDev(o, agentOptions{Logger: log, TuneCluster: func(c *cluster.Config) { c.DiskProbeInterval = 50 * time.Millisecond },
+		TuneTracking: func(id string, c *cld.Config) {
+			c.OpenPipe, c.IsPipefs, c.MountPipefs = kernels[id].OpenPipe, kernels[id].IsPipefs, false
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,6 +47,7 @@ type nfsv4 struct {
 	graceStartAt    time.Time
 	keeper          *nlm.Keeper // the current (or last) term's
 	keeperFrom      uint64      // applied index when keeper began: later entries count
+	keeperState     int32       // its sm_state
 	fileWritten     string
 
 	wg sync.WaitGroup
@@ -210,7 +211,7 @@ func (v *nfsv4) hookEnv() []string {
 // takeover starts a new term's grace keeper, before on_leader runs: every
 // host monitored now was sent (or will be sent) SM_NOTIFY, and each that
 // held NLM locks comes back through this node's lockd.
-func (v *nfsv4) takeover(ctx context.Context) {
+func (v *nfsv4) takeover(state int32) {
 	targets := v.a.node.FSM().Targets()
 	hosts := make([]string, len(targets))
 	for i, t := range targets {
@@ -225,7 +226,7 @@ func (v *nfsv4) takeover(ctx context.Context) {
 		},
 	}, hosts, time.Now())
 	v.mu.Lock()
-	v.keeper, v.keeperFrom = k, v.a.node.FSM().AppliedIndex()
+	v.keeper, v.keeperFrom, v.keeperState = k, v.a.node.FSM().AppliedIndex(), state
 	v.mu.Unlock()
 }
 
@@ -266,12 +267,13 @@ func (v *nfsv4) observe(index uint64, cmd fsm.Command, _ fsm.Result) {
 // graceStatus is the current (or last) term's grace, nil before any.
 func (v *nfsv4) graceStatus() *nlm.GraceStatus {
 	v.mu.Lock()
-	k := v.keeper
+	k, state := v.keeper, v.keeperState
 	v.mu.Unlock()
 	if k == nil {
 		return nil
 	}
 	s := k.Status()
+	s.SMState = state
 	if !v.graceAuto {
 		s.Error = "grace_end is timer: nsmd does not end grace"
 	}
@@ -406,4 +408,51 @@ func (s trackingStore) carryV40(ctx context.Context, f *fsm.FSM) error {
 		s.v.log.Info("NFSv4.0 client reclaimed: record carried into the new epoch", "client", c.Name)
 	}
 	return nil
+}
+
+// describe is the one-line summary of nsmd status and the status page.
+func (s NFSv4Status) describe() string {
+	var b strings.Builder
+	if s.Tracking {
+		state := "?"
+		if s.Pipe != nil {
+			state = s.Pipe.State
+			if s.Pipe.Err != "" {
+				state += ": " + s.Pipe.Err
+			}
+		}
+		fmt.Fprintf(&b, "tracking served (pipe %s)", state)
+	} else {
+		fmt.Fprintf(&b, "tracking not served (%s)", s.TrackingWhy)
+	}
+	fmt.Fprintf(&b, ", epoch %d, %d client records", s.CurrentEpoch, s.Clients)
+	if s.RecoveryEpoch != 0 {
+		fmt.Fprintf(&b, ", in grace: %d of %d clients reclaimed", s.Reclaimed, s.Reclaimable)
+	}
+	return b.String()
+}
+
+// describeGrace summarises the kernel grace periods of a node's last
+// takeover.
+func describeGrace(g *nlm.GraceStatus) string {
+	if g == nil {
+		return "this node has not served since it started"
+	}
+	one := func(name string, m nlm.ManagerStatus) string {
+		back := fmt.Sprintf("%d of %d clients back", m.Back, m.Expected)
+		switch {
+		case m.Absent:
+			return name + " not running"
+		case m.Ended != nil:
+			return fmt.Sprintf("%s ended after %.1fs (%s, %s)", name, m.Seconds, m.Ended.Reason, back)
+		case len(m.Missing) > 0:
+			return fmt.Sprintf("%s open (%s; waiting for %s)", name, back, strings.Join(m.Missing, ", "))
+		}
+		return fmt.Sprintf("%s open (%s)", name, back)
+	}
+	out := fmt.Sprintf("sm_state %d: %s; %s", g.SMState, one("lockd", g.NLM), one("nfsd", g.NFSv4))
+	if g.Error != "" {
+		out += "; " + g.Error
+	}
+	return out
 }

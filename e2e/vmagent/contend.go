@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strconv"
@@ -20,7 +21,10 @@ import (
 // worker (one per client VM, named NAME) loops over FILEs: F_SETLKW on the
 // whole file; read "SEQ WRITER"; write "SEQ+1 NAME"; fsync; hold for HOLD;
 // read again and require exactly what it wrote (another writer inside the
-// critical section shows up here); unlock. One line per section:
+// critical section shows up here); unlock; pause up to GAP (random), so a
+// client whose blocked lock polls (NFSv4.0 has no lock callback: its
+// client retries with a backoff up to 30 s) finds the file free now and
+// then. One line per section:
 //
 //	CS <file> <seq read> <seq written> <lock wait ms> <unix ms at unlock>
 //
@@ -34,15 +38,19 @@ import (
 // would both read N and write N+1. SIGTERM ends the loop after the current
 // section; the last line is "DONE <sections> <problems>".
 func contend(args []string) error {
-	if len(args) < 3 {
-		return errors.New("usage: vmagent contend NAME HOLD FILE...")
+	if len(args) < 4 {
+		return errors.New("usage: vmagent contend NAME HOLD GAP FILE...")
 	}
 	name := args[0]
 	hold, err := time.ParseDuration(args[1])
 	if err != nil {
 		return fmt.Errorf("HOLD: %w", err)
 	}
-	files := args[2:]
+	gap, err := time.ParseDuration(args[2])
+	if err != nil || gap <= 0 {
+		return fmt.Errorf("GAP: %q: want a positive duration", args[2])
+	}
+	files := args[3:]
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	fmt.Println("contending", name, strings.Join(files, " "))
@@ -62,6 +70,7 @@ func contend(args []string) error {
 			continue
 		}
 		sections++
+		time.Sleep(rand.N(gap))
 	}
 }
 
@@ -121,4 +130,47 @@ func section(name, path string, hold time.Duration) error {
 	}
 	fmt.Printf("CS %s %d %d %d %d\n", path, seq, seq+1, waited.Milliseconds(), time.Now().UnixMilli())
 	return nil
+}
+
+// firstLock starts a lock attempt on a new file every interval until one
+// is granted; it prints "granted FILE" then and returns (the other
+// attempts die with the process).
+func firstLock(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: vmagent firstlock DIR EVERY")
+	}
+	every, err := time.ParseDuration(args[1])
+	if err != nil {
+		return fmt.Errorf("EVERY: %w", err)
+	}
+	granted := make(chan string, 1)
+	failed := make(chan error, 1)
+	fmt.Println("probing", args[0])
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		path := fmt.Sprintf("%s/free-%d-%d", args[0], os.Getpid(), i)
+		go func() {
+			f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+			if err != nil {
+				failed <- fmt.Errorf("open %s: %w", path, err)
+				return
+			}
+			// f stays open: the lock lives until the process exits.
+			lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
+			if err := unix.FcntlFlock(f.Fd(), unix.F_SETLK, &lk); err != nil {
+				failed <- fmt.Errorf("lock %s: %w", path, err)
+				return
+			}
+			granted <- path
+		}()
+		select {
+		case p := <-granted:
+			fmt.Println("granted", p)
+			return nil
+		case err := <-failed:
+			fmt.Println("attempt failed:", err)
+		case <-t.C:
+		}
+	}
 }

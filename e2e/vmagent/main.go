@@ -11,12 +11,19 @@
 //	                       "locked FILE", hold it until killed
 //	vmagent trylock FILE   F_SETLK once: exit 0 ("locked", released on exit),
 //	                       3 when another owner holds it ("denied"), 1 on error
-//	vmagent contend NAME HOLD FILE...
+//	vmagent contend NAME HOLD GAP FILE...
 //	                       the lock-safety workload (contend.go): until
 //	                       SIGTERM, take a blocking write lock on each FILE
 //	                       in turn, bump the sequence number in it under the
-//	                       lock, hold it HOLD, check nobody else wrote, and
-//	                       print one line per critical section
+//	                       lock, hold it HOLD, check nobody else wrote, pause
+//	                       up to GAP, and print one line per critical section
+//	vmagent firstlock DIR EVERY
+//	                       every EVERY, a new attempt (open + F_SETLK) on a
+//	                       fresh file in DIR, each in its own thread: the
+//	                       first that gets its lock prints "granted FILE"
+//	                       and the process exits (the time a new lock is
+//	                       first granted after a failover, despite the
+//	                       client's own backoff while the server is in grace)
 //
 // Request {"cmd": "...", "timeout_ms": N, "detach": bool}: run `sh -c cmd`.
 // Without detach the answer comes when it exits (rc, combined output). With
@@ -84,6 +91,8 @@ func main() {
 		}
 	case "contend":
 		err = contend(os.Args[2:])
+	case "firstlock":
+		err = firstLock(os.Args[2:])
 	case "trylock":
 		err = lock(os.Args[2], false)
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {

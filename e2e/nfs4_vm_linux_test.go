@@ -1,0 +1,854 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Locks across failovers on every NFS version, with real kernels: the HA
+// pair + witness of pair_vm_linux_test.go, and three client VMs mounting
+// the VIP with NFSv3, NFSv4.0 and NFSv4.2. nsmd serves the servers' NFSv4
+// client tracking (the kernel's cld upcall) from its replicated table, the
+// shipped nfsd-ha hook starts nfsd in one server scope with a short lease,
+// and nsmd ends lockd's and nfsd's grace once every client is back.
+//
+// Each client holds a lock on a file of its own through every drill (the
+// same process, from the first drill to the last). A drill is a fault
+// (SIGKILL of the active server's VM, or a planned transfer) at a given
+// grace; it measures, per client, the seconds from the fault to its lock
+// on the survivor's /proc/locks, to the end of each grace, and to the
+// first new lock on a free file, and checks that another client is refused
+// every held lock before and after and that no client kernel logs a lost
+// lock. Then the lock-safety workload runs across more failovers, and a
+// negative control runs the same drill with the kernel's own node-local
+// NFSv4 tracking, which must lose the NFSv4 locks — and be caught.
+
+const (
+	v4Lease     = 10 // NFS_HA_LEASE: the kernel's minimum
+	v4Export    = pairExport
+	v4ProbeDir  = "/mnt/nfs/probe"
+	drillPoll   = 250 * time.Millisecond
+	holdersFile = "held"
+)
+
+// nfsClient is one client VM and the lock it holds through every drill.
+type nfsClient struct {
+	vm     *testVM
+	vers   string
+	file   string // the file it holds locked (path on the client)
+	ino    string // its inode on the shared disk
+	holder int    // pid of `vmagent lock` in the client VM
+}
+
+// v4Status is the part of GET /v1/status these drills read.
+type v4Status struct {
+	Role    string `json:"role"`
+	SMState int32  `json:"sm_state"`
+	VIPHeld bool   `json:"vip_held"`
+	NFSv4   struct {
+		Tracking      bool   `json:"tracking"`
+		CurrentEpoch  uint64 `json:"current_epoch"`
+		RecoveryEpoch uint64 `json:"recovery_epoch"`
+		Clients       int    `json:"clients"`
+		Reclaimable   int    `json:"reclaimable"`
+		Reclaimed     int    `json:"reclaimed"`
+		Pipe          *struct {
+			State string `json:"state"`
+		} `json:"pipe"`
+	} `json:"nfsv4"`
+	Grace *struct {
+		SMState int32     `json:"sm_state"`
+		Started time.Time `json:"started"`
+		NLM     graceView `json:"nlm"`
+		NFSv4   graceView `json:"nfsv4"`
+	} `json:"grace"`
+}
+
+type graceView struct {
+	Expected int      `json:"expected"`
+	Back     int      `json:"back"`
+	Missing  []string `json:"missing"`
+	Ended    *struct {
+		Reason string `json:"reason"`
+	} `json:"ended"`
+	Seconds float64 `json:"seconds"`
+}
+
+func (p *pairTopo) v4status(n *pairNode) (v4Status, error) {
+	var s v4Status
+	resp, err := p.http.Get("https://" + n.admin + "/v1/status")
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return s, fmt.Errorf("%s: %s", n.id, resp.Status)
+	}
+	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
+
+// haConf sets the grace (and more nfsd-ha settings) of both servers: the
+// hook reads its file at every run, so it applies from the next takeover.
+func (p *pairTopo) haConf(grace int, extra ...string) {
+	p.t.Helper()
+	p.grace, p.confExtra = grace, extra
+	for _, n := range p.servers {
+		p.writeConf(n)
+	}
+}
+
+// writeConf writes server n's /etc/nsmd/nfsd-ha.conf.
+func (p *pairTopo) writeConf(n *pairNode) {
+	p.t.Helper()
+	conf := fmt.Sprintf("NFS_HA_DEVICE=/dev/vda\nNFS_HA_MOUNT=%s\nNFS_HA_GRACE=%d\nNFS_HA_LEASE=%d\nNFS_HA_CLIENTS=%s.0/24\n", v4Export, p.grace, v4Lease, topoNet)
+	for _, e := range p.confExtra {
+		conf += e + "\n"
+	}
+	if rc, out, err := n.vm.try(10*time.Second, "mkdir -p /etc/nsmd && printf '%s' "+shellQuote(conf)+" > /etc/nsmd/nfsd-ha.conf"); err != nil || rc != 0 {
+		p.t.Fatalf("%s: write nfsd-ha.conf: rc %d %v %s", n.id, rc, err, out)
+	}
+}
+
+// drillResult is what one drill measured, in seconds after the fault.
+type drillResult struct {
+	name      string
+	grace     int
+	reclaimed map[string]float64 // by client version
+	nlmEnd    float64
+	v4End     float64
+	nlmWhy    string
+	v4Why     string
+	newLock   float64
+}
+
+func (r drillResult) row() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| %-8s | %3ds |", r.name, r.grace)
+	for _, v := range []string{"3", "4.0", "4.2"} {
+		if at, ok := r.reclaimed[v]; ok {
+			fmt.Fprintf(&b, " %5.1f |", at)
+		} else {
+			fmt.Fprint(&b, "  LOST |")
+		}
+	}
+	fmt.Fprintf(&b, " %5.1f (%s) | %5.1f (%s) | %5.1f |", r.nlmEnd, r.nlmWhy, r.v4End, r.v4Why, r.newLock)
+	return b.String()
+}
+
+// other returns the server that is not n.
+func (p *pairTopo) other(n *pairNode) *pairNode {
+	if n == p.servers[0] {
+		return p.servers[1]
+	}
+	return p.servers[0]
+}
+
+// contenderOf is the client that tries to take c's lock: one of another
+// NFS version (the NFSv4.2 client, or for it the NFSv3 client).
+func contenderOf(cs []*nfsClient, c *nfsClient) *nfsClient {
+	want := "4.2"
+	if c.vers == "4.2" {
+		want = "3"
+	}
+	for _, o := range cs {
+		if o.vers == want {
+			return o
+		}
+	}
+	return nil
+}
+
+// checkHeld asserts every client's lock is held by it alone: another
+// client's F_SETLK is refused, and the holder process still runs without
+// having reported an error.
+func checkHeld(t *testing.T, cs []*nfsClient, when string) {
+	t.Helper()
+	for _, c := range cs {
+		o := contenderOf(cs, c)
+		rc, out, err := o.vm.try(60*time.Second, "vmagent trylock "+c.file)
+		if err != nil || rc != 3 {
+			t.Fatalf("%s: %s (NFS %s) got %s's lock on %s (NFS %s): rc %d %q %v", when, o.vm.name, o.vers, c.vm.name, c.file, c.vers, rc, out, err)
+		}
+		rc, out, err = c.vm.try(5*time.Second, fmt.Sprintf("kill -0 %d && cat /run/vmagent/%d.log", c.holder, c.holder))
+		if err != nil || rc != 0 || strings.Contains(out, "vmagent:") {
+			t.Fatalf("%s: %s's lock holder (pid %d) died or failed: rc %d %q %v", when, c.vm.name, c.holder, rc, out, err)
+		}
+	}
+}
+
+// clientKernelErrors is what a client kernel logs when it lost a lock or
+// could not reclaim one.
+var clientKernelErrors = []string{"lost ", "failed to reclaim", "spurious grace", "server_scope mismatch", "unhandled error"}
+
+func checkClientKernels(t *testing.T, cs []*nfsClient, when string) {
+	t.Helper()
+	for _, c := range cs {
+		_, out, err := c.vm.try(5*time.Second, "dmesg")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			for _, bad := range clientKernelErrors {
+				if strings.Contains(line, bad) && (strings.Contains(line, "NFS") || strings.Contains(line, "lockd")) {
+					t.Fatalf("%s: client %s (NFS %s) kernel: %s", when, c.vm.name, c.vers, line)
+				}
+			}
+		}
+	}
+}
+
+// waitGraceOver waits until server v's lockd and nfsd are both out of
+// grace (a drill starts from a server that grants new locks).
+func waitGraceOver(t *testing.T, v *testVM, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, timeout, v.name+" out of grace", func() (bool, string) {
+		rc, out, err := v.try(5*time.Second, "tr -d '\\0' < /proc/fs/lockd/nlm_end_grace; cat /proc/fs/nfsd/v4_end_grace")
+		time.Sleep(drillPoll)
+		return err == nil && rc == 0 && strings.Join(strings.Fields(out), "") == "YY", strings.TrimSpace(out)
+	})
+}
+
+// lockDrill runs one fault against the serving leader and measures it.
+//
+// A control drill (stock tracking) may lose locks: it measures what it
+// can and reports a lock that never came back as LOST instead of failing.
+func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, prober *testVM, control bool) (drillResult, *pairNode) {
+	t := p.t
+	t.Helper()
+	leader, st := p.waitServing(120*time.Second, 1, p.servers...)
+	other := p.other(leader)
+	p.waitFollowing(other, st.SMState, 120*time.Second)
+	waitGraceOver(t, leader.vm, 150*time.Second)
+	if !control {
+		checkHeld(t, cs, name+" before")
+	}
+	res := drillResult{name: name, grace: grace, reclaimed: map[string]float64{}}
+
+	t0 := time.Now()
+	switch fault {
+	case "kill":
+		leader.vm.kill()
+	case "transfer":
+		resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("transfer to %s: %s", other.id, resp.Status)
+		}
+	}
+	// The first new lock: a prober on a client starts a fresh attempt on a
+	// new file every 500 ms (each attempt waits out the client's own
+	// backoff while the server is in grace).
+	_, probe := prober.start(5*time.Second, "mkdir -p "+v4ProbeDir+" 2>/dev/null; vmagent firstlock "+v4ProbeDir+" 500ms")
+
+	since := func() float64 { return time.Since(t0).Seconds() }
+	timeout := time.Duration(grace)*time.Second + 90*time.Second
+	var sawGrace [2]bool  // lockd, nfsd: seen in grace on the survivor
+	var ended [2]float64  // when seen over after that
+	var reasons [2]string // nsmd's reason, or "timer"
+	waitFor(t, timeout, name+": every lock reclaimed, both graces over, a new lock granted", func() (bool, string) {
+		var seen []string
+		if l, err := locksOn(other.vm); err == nil {
+			for _, c := range cs {
+				if _, done := res.reclaimed[c.vers]; !done && l[c.ino] > 0 {
+					res.reclaimed[c.vers] = since()
+				}
+			}
+			seen = append(seen, fmt.Sprintf("locks %v", l))
+		}
+		// Each grace's end: the survivor's kernel files go from N (in
+		// grace) to Y; the reason is nsmd's, from the status of this
+		// failover's incarnation (newer than the one before the fault).
+		var why [2]string
+		if s, err := p.v4status(other); err == nil && s.Grace != nil && s.Grace.SMState > st.SMState {
+			for i, m := range []graceView{s.Grace.NLM, s.Grace.NFSv4} {
+				if m.Ended != nil {
+					why[i] = m.Ended.Reason
+				}
+			}
+			seen = append(seen, fmt.Sprintf("grace nlm %d/%d v4 %d/%d missing %v", s.Grace.NLM.Back, s.Grace.NLM.Expected, s.Grace.NFSv4.Back, s.Grace.NFSv4.Expected, s.Grace.NFSv4.Missing))
+		}
+		if rc, out, err := other.vm.try(5*time.Second, "tr -d '\\0' < /proc/fs/lockd/nlm_end_grace; cat /proc/fs/nfsd/v4_end_grace"); err == nil && rc == 0 {
+			f := strings.Fields(out)
+			for i := 0; i < 2 && i < len(f); i++ {
+				if f[i] == "N" {
+					sawGrace[i] = true
+				}
+				if (f[i] == "Y" && sawGrace[i]) || why[i] != "" {
+					if ended[i] == 0 {
+						ended[i] = since()
+					}
+				}
+			}
+			seen = append(seen, "kernel grace "+strings.Join(f, "/"))
+		}
+		for i, end := range ended {
+			switch {
+			case why[i] != "":
+				reasons[i] = why[i]
+			case end > 0 && reasons[i] == "" && since()-end > 3:
+				reasons[i] = "kernel" // nsmd did not end it (grace_end timer): the kernel did
+			}
+		}
+		res.nlmEnd, res.nlmWhy, res.v4End, res.v4Why = ended[0], reasons[0], ended[1], reasons[1]
+		if res.newLock == 0 {
+			if rc, out, err := prober.try(5*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", probe)); err == nil && rc == 0 && strings.Contains(out, "granted") {
+				res.newLock = since()
+			}
+		}
+		over := res.nlmWhy != "" && res.v4Why != "" && res.newLock > 0
+		done := over && len(res.reclaimed) == len(cs)
+		if control && over && since() > max(res.nlmEnd, res.v4End)+5 {
+			done = true // graces are over: a lock not back now never comes back
+		}
+		time.Sleep(drillPoll)
+		return done, strings.Join(seen, "; ") + fmt.Sprintf(" reclaimed %v new lock %.1f", res.reclaimed, res.newLock)
+	})
+	prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/free-*", probe, v4ProbeDir))
+	t.Logf("DRILL %s", res.row())
+	if !control {
+		checkHeld(t, cs, name+" after")
+		checkClientKernels(t, cs, name)
+	}
+
+	if fault == "kill" { // the killed server boots again and follows
+		leader.vm.boot()
+		leader.vm.waitReady()
+		p.startServer(leader)
+		p.waitFollowing(leader, st.SMState+2, 120*time.Second)
+	}
+	return res, other
+}
+
+func TestHAPairKeepsLocksOnEveryNFSVersion(t *testing.T) {
+	img := needVMImage(t)
+	p := &pairTopo{t: t, img: img, dir: t.TempDir()}
+	p.tp = newTopology(t, 1, 0)
+	p.w = p.tp.nodes[0]
+	p.wlog = filepath.Join(p.dir, "witness.log")
+	p.witness = &pairNode{id: "w", ip: p.w.ip, admin: net.JoinHostPort(p.w.ip.String(), strconv.Itoa(adminPort))}
+	p.pki = newClusterPKI(t, map[string]string{"w": p.w.ip.String(), "s1": topoNet + ".12", "s2": topoNet + ".13"})
+	p.http = httpIn(p.w.ns, p.pki.clientTLS(t))
+
+	shared := filepath.Join(p.dir, "shared.img")
+	makeDisk(t, shared, 64)
+	idx := 0
+	vmFor := func(name string, ip string, disks []string, extra string) *testVM {
+		idx++
+		return newVM(t, img, p.tp, p.w, vmSpec{name: name, ip: netip.MustParseAddr(ip), disks: disks, extra: extra}, idx)
+	}
+	for i := range 2 {
+		name := fmt.Sprintf("s%d", i+1)
+		local := filepath.Join(p.dir, name+"-local.img")
+		makeDisk(t, local, 32)
+		ip := fmt.Sprintf("%s.%d", topoNet, 12+i)
+		v := vmFor(name, ip, []string{shared, local}, "vm.disk=/dev/vdb:/var/lib/nsmd")
+		p.servers = append(p.servers, &pairNode{id: name, ip: netip.MustParseAddr(ip), vm: v, admin: net.JoinHostPort(ip, strconv.Itoa(adminPort))})
+	}
+	var cs []*nfsClient
+	for i, vers := range []string{"3", "4.0", "4.2"} {
+		name := "c" + strings.ReplaceAll(vers, ".", "")
+		disk := filepath.Join(p.dir, name+"-varnfs.img")
+		makeDisk(t, disk, 16)
+		v := vmFor(name, fmt.Sprintf("%s.%d", topoNet, 21+i), []string{disk}, "vm.disk=/dev/vda:/var/lib/nfs")
+		cs = append(cs, &nfsClient{vm: v, vers: vers, file: "/mnt/nfs/" + holdersFile + "-" + name})
+	}
+	all := []*testVM{p.servers[0].vm, p.servers[1].vm}
+	for _, c := range cs {
+		all = append(all, c.vm)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, v := range all {
+				t.Logf("== %s console (last lines):\n%s", v.name, tail(v.console.String(), 20))
+				if _, out, err := v.try(5*time.Second, "dmesg | tail -n 25"); err == nil {
+					t.Logf("== %s dmesg:\n%s", v.name, out)
+				}
+			}
+			for _, n := range p.servers {
+				if _, out, err := n.vm.try(10*time.Second, "grep -E 'nfsv4|grace|cld|hook|takeover|notif|leadership|VIP' /var/lib/nsmd/nsmd.log | grep -v 'component=gossip' | tail -n 150; cat /proc/locks; cat /proc/fs/nfsd/v4_end_grace /proc/fs/lockd/nlm_end_grace; for f in /proc/fs/nfsd/clients/*/info; do cat $f; done"); err == nil {
+					t.Logf("== %s nsmd log (tracking, grace, hooks):\n%s", n.id, out)
+				}
+				if st, err := p.v4status(n); err == nil {
+					b, _ := json.Marshal(st)
+					t.Logf("== %s status: %s", n.id, b)
+				}
+			}
+			if b, err := os.ReadFile(p.wlog); err == nil {
+				t.Logf("== witness log (last lines):\n%s", tail(string(b), 30))
+			}
+		}
+		for _, v := range all {
+			v.kill()
+		}
+	})
+	bootStart := time.Now()
+	for _, v := range all {
+		v.boot()
+	}
+	for _, v := range all {
+		v.waitReady()
+	}
+	t.Logf("%d VMs up %v after the first qemu start", len(all), time.Since(bootStart).Round(10*time.Millisecond))
+
+	p.startWitness()
+	p.haConf(90)
+	for _, n := range p.servers {
+		p.startServer(n)
+	}
+	leader, st := p.waitServing(90*time.Second, 1, p.servers...)
+	t.Logf("serving: %s (sm_state %d)", leader.id, st.SMState)
+	s, err := p.v4status(leader)
+	if err != nil || !s.NFSv4.Tracking || s.NFSv4.Pipe == nil {
+		t.Fatalf("%s does not serve NFSv4 client tracking: %+v %v", leader.id, s.NFSv4, err)
+	}
+
+	for _, c := range cs {
+		c.vm.sh(20*time.Second, clientBoot)
+		c.vm.sh(60*time.Second, fmt.Sprintf("mkdir -p /mnt/nfs && mount.nfs %s:%s /mnt/nfs -o vers=%s,proto=tcp,hard,timeo=20", pairVIP, v4Export, c.vers))
+		line, pid := c.vm.start(40*time.Second, "vmagent lock "+c.file)
+		if !strings.HasPrefix(line, "locked") {
+			t.Fatalf("%s lock: %q", c.vm.name, line)
+		}
+		c.holder = pid
+		c.ino = inode(t, leader.vm, v4Export+"/"+filepath.Base(c.file))
+	}
+	if l, err := locksOn(leader.vm); err != nil || len(l) != len(cs) {
+		t.Fatalf("%s /proc/locks: %v %v (want one lock per client)", leader.id, l, err)
+	}
+	// The server's lockd monitors the NFSv3 client through nsmd (SM_MON
+	// from the kernel: my_name the VM's hostname, prog 100021).
+	regs, err := p.registrations(leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := regs[cs[0].vm.ip.String()]; got != leader.id+"/100021" {
+		t.Fatalf("registrations on %s: %v (want %s monitored by %s's lockd)", leader.id, regs, cs[0].vm.ip, leader.id)
+	}
+	s, _ = p.v4status(leader)
+	t.Logf("NFSv4 table on %s: epoch %d, %d client records", leader.id, s.NFSv4.CurrentEpoch, s.NFSv4.Clients)
+	if s.NFSv4.Clients != 2 {
+		t.Fatalf("NFSv4 client records on %s: %d, want 2 (the NFSv4.0 and NFSv4.2 clients)", leader.id, s.NFSv4.Clients)
+	}
+	prober := cs[2].vm // the NFSv4.2 client probes for the first new lock
+
+	drills := []struct {
+		name, fault string
+		grace       int
+	}{
+		{"kill", "kill", 90},
+		{"transfer", "transfer", 90},
+		{"kill", "kill", 10},
+		{"transfer", "transfer", 10},
+	}
+	// NSMD_E2E_V4_QUICK=1 (debugging the later phases): one drill, a
+	// workload of one failover.
+	quick := os.Getenv("NSMD_E2E_V4_QUICK") == "1"
+	if quick {
+		drills = drills[1:2]
+	}
+	var results []drillResult
+	for _, d := range drills {
+		if d.grace != p.grace {
+			p.haConf(d.grace)
+		}
+		r, _ := p.lockDrill(d.name, d.fault, d.grace, cs, prober, false)
+		results = append(results, r)
+	}
+
+	var tbl strings.Builder
+	tbl.WriteString("\n| fault    | grace | v3 lock | v4.0 lock | v4.2 lock | lockd grace end | nfsd grace end | new lock |\n")
+	for _, r := range results {
+		tbl.WriteString(r.row() + "\n")
+	}
+	t.Logf("lock downtime with nsmd, seconds after the fault:%s", tbl.String())
+
+	failovers := envInt(t, "NSMD_E2E_LOCK_FAILOVERS", 5)
+	if quick {
+		failovers = 1
+	}
+	p.lockWorkload(cs, failovers)
+	p.clientReboot(cs)
+	p.checkWitness()
+	p.checkHookRefusesWithoutVIP()
+
+	// The positive control from the same run: the stock nfsdcld with its
+	// database on the shared disk and one scope (what Pacemaker's
+	// nfsserver agent does), nsmd's own tracking and grace control off.
+	p.serverArgs = []string{"--nfsv4-tracking", "off", "--grace-end", "timer",
+		"--on-leader", "/usr/local/bin/nfsdcld-control", "--on-follower", "/usr/local/bin/nfsdcld-control"}
+	p.haConf(10)
+	p.restartServers()
+	// The switch itself costs the NFSv4 clients their locks (nfsdcld's
+	// database starts empty: README, "Switching from nfsdcld"): take them
+	// again, and forget what the client kernels logged about it.
+	p.retakeLocks(cs)
+	var control []drillResult
+	for _, grace := range []int{10, 90} {
+		p.haConf(grace)
+		r, _ := p.lockDrill("kill", "kill", grace, cs, prober, true)
+		r.name = "nfsdcld"
+		control = append(control, r)
+	}
+	tbl.WriteString("the stock nfsdcld on the shared disk, same run (kill):\n")
+	for _, r := range control {
+		tbl.WriteString(r.row() + "\n")
+	}
+	t.Logf("lock downtime, seconds after the fault:%s", tbl.String())
+
+	p.serverArgs = []string{"--nfsv4-tracking", "off"}
+	p.retakeLocks(cs) // what the control lost, and its clients' kernel logs
+	p.negativeControl(cs)
+}
+
+// retakeLocks starts a new lock holder on every client (the old one is
+// killed) once the leader is out of grace, and clears the client kernels'
+// logs.
+func (p *pairTopo) retakeLocks(cs []*nfsClient) {
+	t := p.t
+	t.Helper()
+	leader, _ := p.waitServing(120*time.Second, 1, p.servers...)
+	waitGraceOver(t, leader.vm, 150*time.Second)
+	for _, c := range cs {
+		c.vm.sh(10*time.Second, fmt.Sprintf("kill %d; dmesg -c >/dev/null; true", c.holder))
+	}
+	for _, c := range cs {
+		line, pid := c.vm.start(60*time.Second, "vmagent lock "+c.file)
+		if !strings.HasPrefix(line, "locked") {
+			t.Fatalf("%s lock again: %q", c.vm.name, line)
+		}
+		c.holder = pid
+	}
+}
+
+// restartServers restarts nsmd on both servers with p.serverArgs, the
+// follower first, then the leader (SIGTERM: it hands leadership over).
+func (p *pairTopo) restartServers() {
+	p.t.Helper()
+	leader, st := p.waitServing(120*time.Second, 1, p.servers...)
+	other := p.other(leader)
+	for _, n := range []*pairNode{other, leader} {
+		p.stopServer(n)
+		p.startServer(n)
+		p.waitFollowing(n, st.SMState, 120*time.Second)
+	}
+}
+
+// clientReboot: the NFSv3 client holding a lock crashes and boots again
+// while the NFSv4.2 client waits for that lock; the rebooted client's
+// sm-notify reaches nsmd on the VIP, nsmd calls lockd back, lockd frees
+// the dead client's lock and the waiter gets it. The crashed client then
+// mounts again and takes its lock back (for the drills that follow).
+func (p *pairTopo) clientReboot(cs []*nfsClient) {
+	t := p.t
+	t.Helper()
+	var c3, c42 *nfsClient
+	for _, c := range cs {
+		switch c.vers {
+		case "3":
+			c3 = c
+		case "4.2":
+			c42 = c
+		}
+	}
+	_, waiter := c42.vm.start(2*time.Second, "vmagent lock "+c3.file)
+	c3.vm.kill()
+	tBoot := time.Now()
+	c3.vm.boot()
+	c3.vm.waitReady()
+	c3.vm.sh(20*time.Second, clientBoot)
+	var granted time.Time
+	waitFor(t, 90*time.Second, "the waiting NFSv4.2 client to get the rebooted NFSv3 client's lock", func() (bool, string) {
+		rc, out, err := c42.vm.try(5*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", waiter))
+		if err != nil || rc != 0 {
+			return false, fmt.Sprint(rc, out, err)
+		}
+		if strings.Contains(out, "locked") {
+			granted = time.Now()
+			return true, ""
+		}
+		time.Sleep(drillPoll)
+		return false, out
+	})
+	t.Logf("DRILL client reboot: %s got %s's lock %.1fs after %s's power-on", c42.vm.name, c3.vm.name, granted.Sub(tBoot).Seconds(), c3.vm.name)
+	c42.vm.sh(5*time.Second, fmt.Sprintf("kill %d", waiter))
+	c3.vm.sh(60*time.Second, fmt.Sprintf("mkdir -p /mnt/nfs && mount.nfs %s:%s /mnt/nfs -o vers=3,proto=tcp,hard,timeo=20", pairVIP, v4Export))
+	line, pid := c3.vm.start(60*time.Second, "vmagent lock "+c3.file)
+	if !strings.HasPrefix(line, "locked") {
+		t.Fatalf("%s lock again: %q", c3.vm.name, line)
+	}
+	c3.holder = pid
+}
+
+// checkWitness: the witness, started with the servers' flags (VIP and
+// hooks included), never held the VIP or ran a hook, said once that it
+// ignores them, and serves no NFSv4 tracking.
+func (p *pairTopo) checkWitness() {
+	t := p.t
+	t.Helper()
+	ws, err := p.status(p.witness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws.Role != "witness" || ws.VIPHeld {
+		t.Fatalf("witness status: %s", ws)
+	}
+	if v, err := p.v4status(p.witness); err != nil || v.NFSv4.Tracking {
+		t.Fatalf("witness NFSv4 tracking: %+v %v", v.NFSv4, err)
+	}
+	wlog, _ := os.ReadFile(p.wlog)
+	if n := strings.Count(string(wlog), "ignoring settings a witness never uses"); n != 1 {
+		t.Fatalf("witness warned %d times about the ignored VIP/hook settings, want once", n)
+	}
+	if strings.Contains(string(wlog), "running hook") || strings.Contains(string(wlog), "VIP acquired") {
+		t.Fatal("the witness ran a hook or took the VIP")
+	}
+	t.Logf("witness: %d hand-offs during the drills", strings.Count(string(wlog), "witness handed leadership over"))
+}
+
+// checkHookRefusesWithoutVIP: the shipped hook refuses to mount on a node
+// without the VIP even when told it leads, and to start nfsd with NFSv4
+// when nsmd does not serve the tracking.
+func (p *pairTopo) checkHookRefusesWithoutVIP() {
+	t := p.t
+	t.Helper()
+	leader, _ := p.waitServing(120*time.Second, 1, p.servers...)
+	other := p.other(leader)
+	env := fmt.Sprintf("NSMD_EVENT=leader NSMD_ROLE=leader NSMD_VIP=%s/%d NFS_HA_DEVICE=/dev/vda NFS_HA_MOUNT=%s", pairVIP, topoBits, v4Export)
+	rc, out, err := other.vm.try(10*time.Second, env+" /usr/lib/nsmd/hooks/nfsd-ha")
+	if err != nil || rc == 0 || !strings.Contains(out, "refusing to mount") {
+		t.Fatalf("nfsd-ha on %s without the VIP: rc %d %q %v (want a refusal)", other.id, rc, out, err)
+	}
+	if out := other.vm.sh(5*time.Second, "/usr/lib/nsmd/hooks/nfsd-ha status"); !strings.Contains(out, "not mounted") {
+		t.Fatalf("%s mounted the shared disk without the VIP: %s", other.id, out)
+	}
+	// On the leader itself (it holds the VIP), with nsmd's tracking said
+	// to be off: no nfsd with NFSv4. The shared disk is mounted here
+	// already, and nfsd runs: the refusal comes before anything changes.
+	rc, out, err = leader.vm.try(10*time.Second, env+" NSMD_NFSV4_TRACKING=off /usr/lib/nsmd/hooks/nfsd-ha")
+	if err != nil || rc == 0 || !strings.Contains(out, "refusing to serve NFSv4") {
+		t.Fatalf("nfsd-ha on %s with tracking off: rc %d %q %v (want a refusal)", leader.id, rc, out, err)
+	}
+	if th := strings.TrimSpace(leader.vm.sh(5*time.Second, "cat /proc/fs/nfsd/threads")); th == "0" {
+		t.Fatalf("the refused hook stopped nfsd on %s", leader.id)
+	}
+}
+
+// envInt reads a positive integer setting of the e2e tier (def if unset).
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+// workFiles are the files every client contends for.
+var workFiles = []string{"/mnt/nfs/w1", "/mnt/nfs/w2"}
+
+// section is one critical section a worker reported.
+type section struct {
+	file        string
+	read, wrote int
+	worker      string
+}
+
+// workerLog reads worker pid's output on client c: its sections, and the
+// OVERLAP/ERROR lines (problems).
+func workerLog(t *testing.T, c *nfsClient, pid int) (secs []section, problems []string, done bool) {
+	t.Helper()
+	rc, out, err := c.vm.try(10*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", pid))
+	if err != nil || rc != 0 {
+		t.Fatalf("%s worker log: rc %d %v", c.vm.name, rc, err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 4 && f[0] == "CS":
+			r, _ := strconv.Atoi(f[2])
+			w, _ := strconv.Atoi(f[3])
+			secs = append(secs, section{file: f[1], read: r, wrote: w, worker: c.vm.name})
+		case len(f) > 0 && (f[0] == "OVERLAP" || f[0] == "ERROR"):
+			problems = append(problems, c.vm.name+": "+line)
+		case len(f) > 0 && f[0] == "DONE":
+			done = true
+		}
+	}
+	return secs, problems, done
+}
+
+// lockWorkload: every client contends for workFiles with blocking locks,
+// writing its name and the file's next sequence number under the lock and
+// checking nobody else wrote meanwhile, while the servers fail over
+// `failovers` times (transfers and kills alternating). The checker: no
+// OVERLAP or ERROR line (EIO, ENOLCK: a lost lock), every worker makes
+// progress after every failover, and per file the sequence numbers
+// written are 1…N, each once, each written by the holder that read N−1 —
+// two holders at once would both read N and write N+1.
+func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
+	t := p.t
+	t.Helper()
+	pids := map[*nfsClient]int{}
+	for _, c := range cs {
+		line, pid := c.vm.start(60*time.Second, "vmagent contend "+c.vm.name+" 100ms 1s "+strings.Join(workFiles, " "))
+		if !strings.HasPrefix(line, "contending") {
+			t.Fatalf("%s worker: %q", c.vm.name, line)
+		}
+		pids[c] = pid
+	}
+	progress := func() map[*nfsClient]int {
+		n := map[*nfsClient]int{}
+		for _, c := range cs {
+			secs, problems, _ := workerLog(t, c, pids[c])
+			if len(problems) > 0 {
+				t.Fatalf("lock-safety workload: %s", strings.Join(problems, "; "))
+			}
+			n[c] = len(secs)
+		}
+		return n
+	}
+	waitProgress := func(what string, timeout time.Duration) {
+		before := progress()
+		waitFor(t, timeout, what, func() (bool, string) {
+			now := progress()
+			var seen []string
+			ok := true
+			for _, c := range cs {
+				if now[c] <= before[c] {
+					ok = false
+				}
+				seen = append(seen, fmt.Sprintf("%s %d→%d", c.vm.name, before[c], now[c]))
+			}
+			time.Sleep(500 * time.Millisecond)
+			return ok, strings.Join(seen, ", ")
+		})
+	}
+	waitProgress("every worker in a critical section", 120*time.Second)
+	start := time.Now()
+	for i := range failovers {
+		leader, st := p.waitServing(120*time.Second, 1, p.servers...)
+		other := p.other(leader)
+		p.waitFollowing(other, st.SMState, 120*time.Second)
+		fault := []string{"transfer", "kill"}[i%2]
+		t0 := time.Now()
+		if fault == "kill" {
+			leader.vm.kill()
+		} else {
+			resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		waitProgress(fmt.Sprintf("failover %d (%s of %s): every worker past it", i+1, fault, leader.id), 180*time.Second)
+		t.Logf("WORKLOAD failover %d/%d: %s of %s; every worker made progress %.1fs later", i+1, failovers, fault, leader.id, time.Since(t0).Seconds())
+		if fault == "kill" {
+			leader.vm.boot()
+			leader.vm.waitReady()
+			p.startServer(leader)
+			p.waitFollowing(leader, st.SMState+2, 120*time.Second)
+		}
+	}
+	var all []section
+	for _, c := range cs {
+		c.vm.sh(10*time.Second, fmt.Sprintf("kill %d", pids[c]))
+	}
+	for _, c := range cs {
+		waitFor(t, 60*time.Second, c.vm.name+"'s worker to stop", func() (bool, string) {
+			_, _, done := workerLog(t, c, pids[c])
+			time.Sleep(200 * time.Millisecond)
+			return done, ""
+		})
+		secs, problems, _ := workerLog(t, c, pids[c])
+		if len(problems) > 0 {
+			t.Fatalf("lock-safety workload: %s", strings.Join(problems, "; "))
+		}
+		all = append(all, secs...)
+	}
+	checkSequences(t, all)
+	t.Logf("WORKLOAD %d failovers in %v: %d critical sections, no overlap, no lost lock", failovers, time.Since(start).Round(time.Second), len(all))
+}
+
+// checkSequences: per file, the written numbers are 1…N with no gap or
+// repeat, and each section read the number written just before it.
+func checkSequences(t *testing.T, secs []section) {
+	t.Helper()
+	byFile := map[string]map[int]section{}
+	for _, s := range secs {
+		if byFile[s.file] == nil {
+			byFile[s.file] = map[int]section{}
+		}
+		if prev, dup := byFile[s.file][s.wrote]; dup {
+			t.Fatalf("%s: sequence %d written twice, by %s and %s: two holders of one lock", s.file, s.wrote, prev.worker, s.worker)
+		}
+		if s.wrote != s.read+1 {
+			t.Fatalf("%s: %s read %d and wrote %d", s.file, s.worker, s.read, s.wrote)
+		}
+		byFile[s.file][s.wrote] = s
+	}
+	for f, m := range byFile {
+		for i := 1; i <= len(m); i++ {
+			if _, ok := m[i]; !ok {
+				t.Fatalf("%s: %d sections but sequence %d missing: a section's write was lost", f, len(m), i)
+			}
+		}
+	}
+}
+
+// negativeControl runs a transfer with the kernel's own node-local NFSv4
+// tracking on the new server (nsmd's tracking off there, the hook told to
+// accept that): the NFSv4 clients' locks must be lost, and this test's
+// checks must see it — a contender granted a held lock, or a client kernel
+// logging the loss. If nothing is seen, the checks are blind.
+func (p *pairTopo) negativeControl(cs []*nfsClient) {
+	t := p.t
+	t.Helper()
+	leader, st := p.waitServing(120*time.Second, 1, p.servers...)
+	other := p.other(leader)
+	p.waitFollowing(other, st.SMState, 120*time.Second)
+	p.haConf(10, "NFS_HA_UNSAFE_NODE_LOCAL_TRACKING=yes")
+	p.serverArgs = []string{"--nfsv4-tracking", "off"}
+	p.stopServer(other)
+	p.startServer(other)
+	p.waitFollowing(other, st.SMState, 120*time.Second)
+	resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	t0 := time.Now()
+	var caught []string
+	waitFor(t, 120*time.Second, "the negative control's loss to be detected", func() (bool, string) {
+		for _, c := range cs {
+			if c.vers == "3" {
+				continue // NLM does not use NFSv4 tracking
+			}
+			if _, out, err := c.vm.try(5*time.Second, "dmesg | grep -E 'lost [0-9]+ locks' | tail -n 1"); err == nil && strings.TrimSpace(out) != "" {
+				caught = append(caught, fmt.Sprintf("%s (NFS %s) kernel: %s", c.vm.name, c.vers, strings.TrimSpace(out)))
+			}
+			o := contenderOf(cs, c)
+			if rc, _, err := o.vm.try(30*time.Second, "vmagent trylock "+c.file); err == nil && rc == 0 {
+				caught = append(caught, fmt.Sprintf("%s got %s's lock on %s", o.vm.name, c.vm.name, c.file))
+			}
+		}
+		time.Sleep(time.Second)
+		return len(caught) > 0, "nothing yet"
+	})
+	t.Logf("NEGATIVE CONTROL (node-local NFSv4 tracking on %s): loss detected %.1fs after the transfer: %s", other.id, time.Since(t0).Seconds(), strings.Join(caught, "; "))
+}
