@@ -85,15 +85,7 @@ type graceView struct {
 
 func (p *pairTopo) v4status(n *pairNode) (v4Status, error) {
 	var s v4Status
-	resp, err := p.http.Get("https://" + n.admin + "/v1/status")
-	if err != nil {
-		return s, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return s, fmt.Errorf("%s: %s", n.id, resp.Status)
-	}
-	return s, json.NewDecoder(resp.Body).Decode(&s)
+	return s, p.getStatus(n, &s)
 }
 
 // haConf sets the grace (and more nfsd-ha settings) of both servers: the

@@ -189,15 +189,20 @@ func shellQuote(s string) string {
 // status is GET /v1/status of n ("" error when it does not answer).
 func (p *pairTopo) status(n *pairNode) (nodeStatus, error) {
 	var s nodeStatus
+	return s, p.getStatus(n, &s)
+}
+
+// getStatus decodes GET /v1/status of n into out.
+func (p *pairTopo) getStatus(n *pairNode, out any) error {
 	resp, err := p.http.Get("https://" + n.admin + "/v1/status")
 	if err != nil {
-		return s, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return s, fmt.Errorf("%s: %s", n.id, resp.Status)
+		return fmt.Errorf("%s: %s", n.id, resp.Status)
 	}
-	return s, json.NewDecoder(resp.Body).Decode(&s)
+	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 // waitServing waits until one of the live servers leads, holds the VIP and

@@ -165,6 +165,7 @@ func (a *agent) startAdmin() error {
 	mux.HandleFunc("GET /v1/members", a.handleMembers)
 	// Registrations carry the lock managers' private cookies.
 	mux.HandleFunc("GET /v1/registrations", a.privileged(a.handleRegistrations))
+	mux.HandleFunc("GET /v1/nfsv4/clients", a.privileged(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, a.v4.clients()) }))
 	mux.HandleFunc("POST /v1/leadership/transfer", a.privileged(a.handleTransfer))
 	mux.HandleFunc("POST /v1/drill/crash", a.privileged(a.handleCrash))
 	mux.HandleFunc("POST /v1/import", a.privileged(a.handleImport))

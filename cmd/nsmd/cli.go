@@ -148,6 +148,30 @@ func membersCmd() *cobra.Command {
 	return cmd
 }
 
+func clientsCmd() *cobra.Command {
+	var c adminClient
+	cmd := &cobra.Command{
+		Use:   "clients",
+		Short: "List the NFSv4 client-tracking records (clients that may reclaim after a failover)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var page V4ClientPage
+			if printed, err := c.show(cmd, "/v1/nfsv4/clients", &page); printed || err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "current epoch %d, recovery epoch %d (0: not in grace)\n", page.CurrentEpoch, page.RecoveryEpoch)
+			fmt.Fprintln(tw, "EPOCH\tCLIENT\tPRINCIPAL HASH")
+			for _, r := range page.Clients {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", r.Epoch, r.Name, r.PrincHash)
+			}
+			return tw.Flush()
+		},
+	}
+	c.flags(cmd)
+	return cmd
+}
+
 func registrationsCmd() *cobra.Command {
 	var c adminClient
 	var monName string

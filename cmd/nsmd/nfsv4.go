@@ -2,14 +2,18 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -317,6 +321,41 @@ func (v *nfsv4) status() NFSv4Status {
 	}
 	v.mu.Unlock()
 	return s
+}
+
+// V4ClientJSON is one row of GET /v1/nfsv4/clients: a client-tracking
+// record. Name is the client's id as the kernel gave it (Go-quoted when it
+// is not printable UTF-8), PrincHash the hex of its principal's hash.
+type V4ClientJSON struct {
+	Epoch     string `json:"epoch"` // current | recovery
+	Name      string `json:"name"`
+	PrincHash string `json:"princ_hash,omitempty"`
+}
+
+// V4ClientPage is the body of GET /v1/nfsv4/clients.
+type V4ClientPage struct {
+	CurrentEpoch  uint64         `json:"current_epoch"`
+	RecoveryEpoch uint64         `json:"recovery_epoch"`
+	Clients       []V4ClientJSON `json:"clients"`
+}
+
+func (v *nfsv4) clients() V4ClientPage {
+	f := v.a.node.FSM()
+	p := V4ClientPage{Clients: []V4ClientJSON{}}
+	p.CurrentEpoch, p.RecoveryEpoch = f.Epochs()
+	for _, e := range []struct {
+		name     string
+		recovery bool
+	}{{"current", false}, {"recovery", true}} {
+		for _, c := range f.V4Clients(e.recovery) {
+			name := c.Name
+			if !utf8.ValidString(name) || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+				name = strconv.Quote(name)
+			}
+			p.Clients = append(p.Clients, V4ClientJSON{Epoch: e.name, Name: name, PrincHash: hex.EncodeToString([]byte(c.PrincHash))})
+		}
+	}
+	return p
 }
 
 // trackingStore is the cld.Store of a node: each upcall is one command

@@ -146,6 +146,10 @@ func TestNFSv4ClientRecordsSurviveAFailover(t *testing.T) {
 	if !st.NFSv4.Tracking || st.NFSv4.Clients != 1 || st.NFSv4.GraceStartSMState != st.SMState {
 		t.Fatalf("status nfsv4: %+v (sm_state %d)", st.NFSv4, st.SMState)
 	}
+	page := next.v4.clients()
+	if len(page.Clients) != 1 || page.Clients[0].Name != string(a) || page.Clients[0].Epoch != "current" || page.RecoveryEpoch != 0 {
+		t.Fatalf("GET /v1/nfsv4/clients: %+v", page)
+	}
 	body, err := os.ReadFile(next.v4.statusPath)
 	if err != nil || !slices.Contains(strings.Split(string(body), "\n"), fmt.Sprintf("grace_start_sm_state=%d", st.SMState)) {
 		t.Fatalf("hook status file: %q %v", body, err)
