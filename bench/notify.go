@@ -350,17 +350,8 @@ func (h *benchHosts) Close() {
 	h.wg.Wait()
 }
 
-// RPC message constants (RFC 5531 §9) for the fakes' replies.
-const (
-	benchMsgReply       = 1
-	benchAcceptSuccess  = 0
-	fakeProgUnavail     = 1
-	fakeProcUnavail     = 3
-	benchPmapGetport    = 3
-	benchMsgAccepted    = 0
-	benchRPCVersion     = 2
-	benchMaxFakeMessage = 2048
-)
+// benchMaxFakeMessage is the largest datagram a fake reads.
+const benchMaxFakeMessage = 2048
 
 // serve answers calls on one socket: as the portmapper (mapping the statd
 // to statdPort), as the statd, or both.
@@ -376,45 +367,38 @@ func (h *benchHosts) serve(host *benchHost, c *net.UDPConn, isPmap, isStatd bool
 			continue
 		}
 		r := oncrpc.NewReader(buf[:n])
-		xid, mtype, rpcv := r.Uint32(), r.Uint32(), r.Uint32()
-		prog, vers, proc := r.Uint32(), r.Uint32(), r.Uint32()
-		var cred, verf oncrpc.OpaqueAuth
-		cred.UnmarshalXDR(r)
-		verf.UnmarshalXDR(r)
-		if r.Err() != nil || mtype != 0 || rpcv != benchRPCVersion {
-			continue
+		var call oncrpc.CallHeader
+		if call.UnmarshalXDR(r) != nil {
+			continue // not an RPC version 2 call: no answer
 		}
-		w := oncrpc.NewWriter(out)
-		w.Uint32(xid)
-		w.Uint32(benchMsgReply)
-		w.Uint32(benchMsgAccepted)
-		w.Uint32(oncrpc.AuthNone)
-		w.Uint32(0)
+		prog, vers, proc := call.Prog, call.Vers, call.Proc
+		rep := oncrpc.ReplyHeader{XID: call.XID, Stat: oncrpc.ReplyAccepted, AcceptStat: oncrpc.AcceptSuccess}
+		getport, port := false, uint32(0)
 		switch {
-		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == 0:
-			w.Uint32(benchAcceptSuccess)
-		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == benchPmapGetport:
+		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcNull:
+		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcGetPort:
 			h.getportRx.Add(1)
+			getport = true
 			mp, mv, prot := r.Uint32(), r.Uint32(), r.Uint32()
-			port := uint32(0)
 			if mp == nsm.Program.Prog && mv == nsm.Program.Vers && prot == oncrpc.IPProtoUDP {
 				port = statdPort
 			}
-			w.Uint32(benchAcceptSuccess)
-			w.Uint32(port)
 		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNull:
-			w.Uint32(benchAcceptSuccess)
 		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNotify:
 			var sc nsm.StatChge
 			if sc.UnmarshalXDR(r) != nil {
 				continue
 			}
 			h.record(host, from, sc)
-			w.Uint32(benchAcceptSuccess)
 		case (isPmap && prog == oncrpc.PmapProg) || (isStatd && prog == nsm.Program.Prog):
-			w.Uint32(fakeProcUnavail)
+			rep.AcceptStat = oncrpc.AcceptProcUnavail
 		default:
-			w.Uint32(fakeProgUnavail)
+			rep.AcceptStat = oncrpc.AcceptProgUnavail
+		}
+		w := oncrpc.NewWriter(out)
+		rep.MarshalXDR(w)
+		if getport {
+			w.Uint32(port)
 		}
 		out = w.Bytes()
 		c.WriteToUDPAddrPort(out, from)

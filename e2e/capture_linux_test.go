@@ -276,16 +276,8 @@ func TestCaptureCheckSeesMalformedRPC(t *testing.T) {
 	c.flush(t) // live
 	call := func(proc uint32, args []byte) []byte {
 		w := oncrpc.NewWriter(nil)
-		w.Uint32(0x1234 + proc) // xid
-		w.Uint32(0)             // CALL
-		w.Uint32(2)             // rpcvers
-		w.Uint32(nsm.Program.Prog)
-		w.Uint32(nsm.Program.Vers)
-		w.Uint32(proc)
-		for range 2 { // cred, verf: AUTH_NONE
-			w.Uint32(0)
-			w.Uint32(0)
-		}
+		// AUTH_NONE credential and verifier.
+		oncrpc.CallHeader{XID: 0x1234 + proc, Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Proc: proc}.MarshalXDR(w)
 		return append(w.Bytes(), args...)
 	}
 	err := inNetnsThread(ns, func() error {

@@ -50,8 +50,8 @@ func BenchmarkXDRDecodeCall(b *testing.B) {
 	var r Reader
 	for b.Loop() {
 		r.Reset(rec)
-		var h callHeader
-		if err := decodeCall(&r, &h); err != nil {
+		var h CallHeader
+		if err := h.UnmarshalXDR(&r); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := parseAuthSys(h.Cred.Body); err != nil {

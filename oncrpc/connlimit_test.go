@@ -135,8 +135,7 @@ func dialLoopback(local, addr string) (net.Conn, error) {
 // stream and waits (at most 5 s) for its reply.
 func rawNull(c net.Conn, xid uint32) error {
 	w := NewWriter(nil)
-	h := callHeader{XID: xid, RPCVers: RPCVersion, Prog: testProg, Vers: testVers, Proc: procNull}
-	h.marshal(w)
+	CallHeader{XID: xid, Prog: testProg, Vers: testVers, Proc: procNull}.MarshalXDR(w)
 	if err := WriteRecord(c, w.Bytes()); err != nil {
 		return fmt.Errorf("writing call: %w", err)
 	}

@@ -394,8 +394,7 @@ func udpReplySource(t *testing.T, network string, dst netip.AddrPort) netip.Addr
 	}
 	defer pc.Close()
 	w := NewWriter(nil)
-	h := callHeader{XID: 77, RPCVers: RPCVersion, Prog: testProg, Vers: testVers, Proc: procNull}
-	h.marshal(w)
+	CallHeader{XID: 77, Prog: testProg, Vers: testVers, Proc: procNull}.MarshalXDR(w)
 	if _, err := pc.WriteTo(w.Bytes(), net.UDPAddrFromAddrPort(dst)); err != nil {
 		t.Fatal(err)
 	}
@@ -496,8 +495,7 @@ func TestMultiFragmentCallIsReassembled(t *testing.T) {
 	}
 	defer conn.Close()
 	w := NewWriter(nil)
-	h := callHeader{XID: 5, RPCVers: RPCVersion, Prog: testProg, Vers: testVers, Proc: procEcho}
-	h.marshal(w)
+	CallHeader{XID: 5, Prog: testProg, Vers: testVers, Proc: procEcho}.MarshalXDR(w)
 	bytesArg("fragmented").MarshalXDR(w)
 	msg := w.Bytes()
 	var stream []byte

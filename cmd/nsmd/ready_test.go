@@ -82,9 +82,7 @@ func (p *statPoller) stop() {
 // statCall encodes an SM_STAT call (RFC 5531, AUTH_NONE).
 func statCall(xid uint32) []byte {
 	w := oncrpc.NewWriter(make([]byte, 0, 64))
-	for _, v := range []uint32{xid, 0 /* CALL */, 2, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, 0, 0, 0, 0} {
-		w.Uint32(v)
-	}
+	oncrpc.CallHeader{XID: xid, Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Proc: nsm.ProcStat}.MarshalXDR(w)
 	(&nsm.SMName{MonName: "ready-test"}).MarshalXDR(w)
 	return w.Bytes()
 }
@@ -92,21 +90,18 @@ func statCall(xid uint32) []byte {
 // parseStatReply decodes an accepted, successful reply to SM_STAT.
 func parseStatReply(b []byte) (uint32, nsm.SMStatRes, error) {
 	r := oncrpc.NewReader(b)
-	xid, mtype, stat := r.Uint32(), r.Uint32(), r.Uint32()
-	r.Uint32()    // verifier flavour
-	r.Opaque(400) // verifier body
-	accept := r.Uint32()
+	var h oncrpc.ReplyHeader
 	var res nsm.SMStatRes
-	if err := r.Err(); err != nil {
-		return xid, res, err
+	if err := h.UnmarshalXDR(r); err != nil {
+		return h.XID, res, err
 	}
-	if mtype != 1 || stat != 0 || accept != 0 {
-		return xid, res, fmt.Errorf("reply type %d, stat %d, accept %d", mtype, stat, accept)
+	if h.Stat != oncrpc.ReplyAccepted || h.AcceptStat != oncrpc.AcceptSuccess {
+		return h.XID, res, fmt.Errorf("reply_stat %d, accept_stat %d", h.Stat, h.AcceptStat)
 	}
 	if err := res.UnmarshalXDR(r); err != nil {
-		return xid, res, err
+		return h.XID, res, err
 	}
-	return xid, res, r.Done()
+	return h.XID, res, r.Done()
 }
 
 func (p *statPoller) send() {
