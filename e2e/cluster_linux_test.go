@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -440,7 +441,7 @@ func (c *e2eCluster) settle(t *testing.T, timeout time.Duration, minState int32,
 		}
 	}
 	var v view
-	waitFor(t, timeout, "one settled leader among "+nodeIDs(nodes), func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, "one settled leader among "+nodeIDs(nodes), func() (bool, string) {
 		var ok bool
 		var desc string
 		v, ok, desc = c.agreed(nodes, minState)
@@ -566,7 +567,7 @@ func smStat(addr string) (int32, error) {
 // {notify name, state} from src (invariant 4).
 func (c *e2eCluster) checkNotified(t *testing.T, state int32, src netip.Addr, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, fmt.Sprintf("every client host to get SM_NOTIFY{%s, %d} from %s", notifyName, state, src), func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, fmt.Sprintf("every client host to get SM_NOTIFY{%s, %d} from %s", notifyName, state, src), func() (bool, string) {
 		var missing []string
 		for _, cl := range c.clients {
 			ok := false
@@ -675,7 +676,7 @@ func (c *e2eCluster) checkInvariants(t *testing.T, m vipMark, newState bool) (*n
 	c.checkRegistrations(t, v.leader)
 	// Invariant 6 (as far as the status shows it): every node has applied
 	// the same index and holds as many registrations.
-	waitFor(t, 10*time.Second, "every node to apply the leader's index", func() (bool, string) {
+	testutil.WaitForSeen(t, 10*time.Second, "every node to apply the leader's index", func() (bool, string) {
 		var idx []uint64
 		var regs []int
 		var seen []string

@@ -14,11 +14,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -49,49 +49,13 @@ func TestMain(m *testing.M) {
 
 func freePort(t *testing.T, ip string) int { return nsmtest.FreePort(t, ip) }
 
-// waitFor polls cond (an observation of another process) until it holds or
-// the timeout passes; msg describes what was last seen.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		last = seen
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; last seen: %s", timeout, what, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // proc is one nsmd process started by a test.
 type proc struct {
 	t    *testing.T
 	args []string
 	cmd  *exec.Cmd
-	log  *lockedBuffer
+	log  *testutil.LockedBuffer
 	done chan struct{}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startNsmd runs `nsmd args...`; the process is killed at test end and its
@@ -105,7 +69,7 @@ func startNsmd(t *testing.T, args ...string) *proc {
 // process only.
 func startNsmdEnv(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, args: args, log: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{t: t, args: args, log: &testutil.LockedBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(nsmdBin, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
@@ -166,7 +130,7 @@ func getJSON(admin, path string, out any) error {
 func waitLeader(t *testing.T, admin string, notState int32) status {
 	t.Helper()
 	var s status
-	waitFor(t, 15*time.Second, "node at "+admin+" to lead", func() (bool, string) {
+	testutil.WaitForSeen(t, 15*time.Second, "node at "+admin+" to lead", func() (bool, string) {
 		s = status{}
 		if err := getJSON(admin, "/v1/status", &s); err != nil {
 			return false, err.Error()

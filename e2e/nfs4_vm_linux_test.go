@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // Locks across failovers on every NFS version, with real kernels: the HA
@@ -202,7 +204,7 @@ func checkClientKernels(t *testing.T, cs []*nfsClient, when string) {
 // grace (a drill starts from a server that grants new locks).
 func waitGraceOver(t *testing.T, v *testVM, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, v.name+" out of grace", func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, v.name+" out of grace", func() (bool, string) {
 		rc, out, err := v.try(5*time.Second, "tr -d '\\0' < /proc/fs/lockd/nlm_end_grace; cat /proc/fs/nfsd/v4_end_grace")
 		time.Sleep(drillPoll)
 		return err == nil && rc == 0 && strings.Join(strings.Fields(out), "") == "YY", strings.TrimSpace(out)
@@ -249,7 +251,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	var sawGrace [2]bool  // lockd, nfsd: seen in grace on the survivor
 	var ended [2]float64  // when seen over after that
 	var reasons [2]string // nsmd's reason, or "timer"
-	waitFor(t, timeout, name+": every lock reclaimed, both graces over, a new lock granted", func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, name+": every lock reclaimed, both graces over, a new lock granted", func() (bool, string) {
 		var seen []string
 		if l, err := locksOn(other.vm); err == nil {
 			for _, c := range cs {
@@ -561,7 +563,7 @@ func (p *pairTopo) clientReboot(cs []*nfsClient) {
 	c3.vm.waitReady()
 	c3.vm.sh(20*time.Second, clientBoot)
 	var granted time.Time
-	waitFor(t, 90*time.Second, "the waiting NFSv4.2 client to get the rebooted NFSv3 client's lock", func() (bool, string) {
+	testutil.WaitForSeen(t, 90*time.Second, "the waiting NFSv4.2 client to get the rebooted NFSv3 client's lock", func() (bool, string) {
 		rc, out, err := c42.vm.try(5*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", waiter))
 		if err != nil || rc != 0 {
 			return false, fmt.Sprint(rc, out, err)
@@ -717,7 +719,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 	}
 	waitProgress := func(what string, timeout time.Duration) {
 		before := progress()
-		waitFor(t, timeout, what, func() (bool, string) {
+		testutil.WaitForSeen(t, timeout, what, func() (bool, string) {
 			now := progress()
 			var seen []string
 			ok := true
@@ -762,7 +764,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 		c.vm.sh(10*time.Second, fmt.Sprintf("kill %d", pids[c]))
 	}
 	for _, c := range cs {
-		waitFor(t, 60*time.Second, c.vm.name+"'s worker to stop", func() (bool, string) {
+		testutil.WaitForSeen(t, 60*time.Second, c.vm.name+"'s worker to stop", func() (bool, string) {
 			_, _, done := workerLog(t, c, pids[c])
 			time.Sleep(200 * time.Millisecond)
 			return done, ""
@@ -826,7 +828,7 @@ func (p *pairTopo) negativeControl(cs []*nfsClient) {
 	resp.Body.Close()
 	t0 := time.Now()
 	var caught []string
-	waitFor(t, 120*time.Second, "the negative control's loss to be detected", func() (bool, string) {
+	testutil.WaitForSeen(t, 120*time.Second, "the negative control's loss to be detected", func() (bool, string) {
 		for _, c := range cs {
 			if c.vers == "3" {
 				continue // NLM does not use NFSv4 tracking

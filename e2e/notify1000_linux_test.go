@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -426,7 +427,7 @@ func TestNotify1000(t *testing.T) {
 		t.Fatalf("%d SM_MON acknowledged, want %d", nAcked, len(want))
 	}
 	t.Logf("%d SM_MON acknowledged in %v (4 TCP connections, 250 pipelined calls each)", nAcked, monTook.Round(time.Millisecond))
-	waitFor(t, 20*time.Second, "every node to hold the 1,000 registrations", func() (bool, string) {
+	testutil.WaitForSeen(t, 20*time.Second, "every node to hold the 1,000 registrations", func() (bool, string) {
 		var seen []string
 		all := true
 		for _, n := range c.nodes {

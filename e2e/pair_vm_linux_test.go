@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // The HA NFS server pair with a witness, on real Linux kernels: the
@@ -211,7 +213,7 @@ func (p *pairTopo) waitServing(timeout time.Duration, minState int32, live ...*p
 	p.t.Helper()
 	var leader *pairNode
 	var st nodeStatus
-	waitFor(p.t, timeout, "a serving leader with the VIP and nfsd up", func() (bool, string) {
+	testutil.WaitForSeen(p.t, timeout, "a serving leader with the VIP and nfsd up", func() (bool, string) {
 		var seen []string
 		for _, n := range live {
 			s, err := p.status(n)
@@ -287,7 +289,7 @@ func (p *pairTopo) registrations(n *pairNode) (map[string]string, error) {
 // sm_state ≥ minState.
 func (p *pairTopo) waitFollowing(n *pairNode, minState int32, timeout time.Duration) {
 	p.t.Helper()
-	waitFor(p.t, timeout, n.id+" following", func() (bool, string) {
+	testutil.WaitForSeen(p.t, timeout, n.id+" following", func() (bool, string) {
 		s, err := p.status(n)
 		if err != nil {
 			return false, err.Error()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
 )
@@ -87,7 +88,7 @@ func TestKilledNodeRestartsAsRebootedServer(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no SM_NOTIFY reached the monitored host within 10s of the restart")
 	}
-	waitFor(t, 5*time.Second, "notify done", func() (bool, string) {
+	testutil.WaitForSeen(t, 5*time.Second, "notify done", func() (bool, string) {
 		var s status
 		if err := getJSON(admin, "/v1/status", &s); err != nil {
 			return false, err.Error()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 )
 
@@ -74,7 +75,7 @@ func pageLeader(t *testing.T, nodes []*pageNode, notState int32) (*pageNode, sta
 	t.Helper()
 	var lead *pageNode
 	var ls status
-	waitFor(t, 15*time.Second, "a serving leader all nodes agree on", func() (bool, string) {
+	testutil.WaitForSeen(t, 15*time.Second, "a serving leader all nodes agree on", func() (bool, string) {
 		var seen []string
 		lead = nil
 		agree := ""
@@ -190,7 +191,7 @@ func evalJS[T any](tab context.Context, expr string) (T, error) {
 func waitText(t *testing.T, tab context.Context, id string, timeout time.Duration, what string, ok func(string) bool) string {
 	t.Helper()
 	var text string
-	waitFor(t, timeout, what, func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, what, func() (bool, string) {
 		var err error
 		if text, err = evalJS[string](tab, fmt.Sprintf("document.getElementById(%q).textContent", id)); err != nil {
 			return false, err.Error()
@@ -264,7 +265,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		if _, err := evalJS[int](probe, fmt.Sprintf(`document.body.innerHTML = %q + %q; 0`, monName, myName)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 5*time.Second, "the payload to run when rendered as HTML (self-check)", func() (bool, string) {
+		testutil.WaitForSeen(t, 5*time.Second, "the payload to run when rendered as HTML (self-check)", func() (bool, string) {
 			v, err := evalJS[string](probe, "String(window.pwned)")
 			return err == nil && v != "undefined", fmt.Sprintf("window.pwned = %s (%v)", v, err)
 		})
@@ -292,7 +293,7 @@ func TestStatusPageInChromium(t *testing.T) {
 			t.Fatalf("type the token: %v", err)
 		}
 		// The status page shows the names as text, and nothing of them ran.
-		waitFor(t, 10*time.Second, "both registrations listed on the page", func() (bool, string) {
+		testutil.WaitForSeen(t, 10*time.Second, "both registrations listed on the page", func() (bool, string) {
 			var err error
 			if rows, err = evalJS[[]cell](tab, `[...document.querySelectorAll('#regs tbody tr')].map(r => ({Mon: r.cells[0]?.textContent ?? '', My: r.cells[1]?.textContent ?? ''}))`); err != nil {
 				return false, err.Error()

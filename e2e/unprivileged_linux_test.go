@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -88,7 +89,7 @@ func TestAgentRunsUnprivilegedWithThreeCapabilities(t *testing.T) {
 	}
 	t.Cleanup(func() { rb.Process.Kill(); rb.Wait() })
 	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 300 * time.Millisecond})
-	waitFor(t, 5*time.Second, "rpcbind to answer", func() (bool, string) {
+	testutil.WaitForSeen(t, 5*time.Second, "rpcbind to answer", func() (bool, string) {
 		_, err := pm.Dump(context.Background())
 		return err == nil, ""
 	})
@@ -140,7 +141,7 @@ func TestAgentRunsUnprivilegedWithThreeCapabilities(t *testing.T) {
 	// With the three: it runs.
 	p := startSetpriv(t, setpriv, setprivArgs(uid, gid, caps, agent...))
 	pid := p.cmd.Process.Pid
-	waitFor(t, 15*time.Second, "the unprivileged agent to lead and hold the VIP", func() (bool, string) {
+	testutil.WaitForSeen(t, 15*time.Second, "the unprivileged agent to lead and hold the VIP", func() (bool, string) {
 		var s struct {
 			Role    string `json:"role"`
 			VIPHeld bool   `json:"vip_held"`
@@ -199,7 +200,7 @@ func TestAgentRunsUnprivilegedWithThreeCapabilities(t *testing.T) {
 // execs the agent, so the pid is the agent's).
 func startSetpriv(t *testing.T, setpriv string, args []string) *proc {
 	t.Helper()
-	p := &proc{t: t, args: args, log: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{t: t, args: args, log: &testutil.LockedBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(setpriv, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
