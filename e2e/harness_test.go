@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -100,20 +101,9 @@ func (p *proc) kill(sig syscall.Signal) {
 	}
 }
 
-// status fetches GET /v1/status from an admin address.
-type status struct {
-	NodeID        string     `json:"node_id"`
-	Role          string     `json:"role"`
-	LeaderID      string     `json:"leader_id"`
-	SMState       int32      `json:"sm_state"`
-	Registrations int        `json:"registrations"`
-	GraceUntil    *time.Time `json:"grace_until"`
-	Notify        struct{ Pending, Done, Failed int }
-}
-
-func getJSON(admin, path string, out any) error {
+func getJSON(adm, path string, out any) error {
 	c := &http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + admin + path)
+	resp, err := c.Get("http://" + adm + path)
 	if err != nil {
 		return err
 	}
@@ -127,12 +117,12 @@ func getJSON(admin, path string, out any) error {
 
 // waitLeader waits until the node at admin has taken over as leader with an
 // odd sm_state other than notState.
-func waitLeader(t *testing.T, admin string, notState int32) status {
+func waitLeader(t *testing.T, adm string, notState int32) admin.Status {
 	t.Helper()
-	var s status
-	testutil.WaitForSeen(t, 15*time.Second, "node at "+admin+" to lead", func() (bool, string) {
-		s = status{}
-		if err := getJSON(admin, "/v1/status", &s); err != nil {
+	var s admin.Status
+	testutil.WaitForSeen(t, 15*time.Second, "node at "+adm+" to lead", func() (bool, string) {
+		s = admin.Status{}
+		if err := getJSON(adm, "/v1/status", &s); err != nil {
 			return false, err.Error()
 		}
 		return s.Role == "leader" && s.SMState%2 == 1 && s.SMState != notState, fmt.Sprintf("%+v", s)

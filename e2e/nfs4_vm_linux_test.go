@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/nlm"
 )
 
 // Locks across failovers on every NFS version, with real kernels: the HA
@@ -51,42 +53,8 @@ type nfsClient struct {
 	holder int    // pid of `vmagent lock` in the client VM
 }
 
-// v4Status is the part of GET /v1/status these drills read.
-type v4Status struct {
-	Role    string `json:"role"`
-	SMState int32  `json:"sm_state"`
-	VIPHeld bool   `json:"vip_held"`
-	NFSv4   struct {
-		Tracking      bool   `json:"tracking"`
-		CurrentEpoch  uint64 `json:"current_epoch"`
-		RecoveryEpoch uint64 `json:"recovery_epoch"`
-		Clients       int    `json:"clients"`
-		Reclaimable   int    `json:"reclaimable"`
-		Reclaimed     int    `json:"reclaimed"`
-		Pipe          *struct {
-			State string `json:"state"`
-		} `json:"pipe"`
-	} `json:"nfsv4"`
-	Grace *struct {
-		SMState int32     `json:"sm_state"`
-		Started time.Time `json:"started"`
-		NLM     graceView `json:"nlm"`
-		NFSv4   graceView `json:"nfsv4"`
-	} `json:"grace"`
-}
-
-type graceView struct {
-	Expected int      `json:"expected"`
-	Back     int      `json:"back"`
-	Missing  []string `json:"missing"`
-	Ended    *struct {
-		Reason string `json:"reason"`
-	} `json:"ended"`
-	Seconds float64 `json:"seconds"`
-}
-
-func (p *pairTopo) v4status(n *pairNode) (v4Status, error) {
-	var s v4Status
+func (p *pairTopo) v4status(n *pairNode) (admin.Status, error) {
+	var s admin.Status
 	return s, p.getStatus(n, &s)
 }
 
@@ -266,7 +234,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		// failover's incarnation (newer than the one before the fault).
 		var why [2]string
 		if s, err := p.v4status(other); err == nil && s.Grace != nil && s.Grace.SMState > st.SMState {
-			for i, m := range []graceView{s.Grace.NLM, s.Grace.NFSv4} {
+			for i, m := range []nlm.ManagerStatus{s.Grace.NLM, s.Grace.NFSv4} {
 				if m.Ended != nil {
 					why[i] = m.Ended.Reason
 				}
@@ -596,7 +564,7 @@ func (p *pairTopo) checkWitness() {
 		t.Fatal(err)
 	}
 	if ws.Role != "witness" || ws.VIPHeld {
-		t.Fatalf("witness status: %s", ws)
+		t.Fatalf("witness status: %s", statusLine(ws))
 	}
 	if v, err := p.v4status(p.witness); err != nil || v.NFSv4.Tracking {
 		t.Fatalf("witness NFSv4 tracking: %+v %v", v.NFSv4, err)

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -435,7 +436,7 @@ func TestNotify1000(t *testing.T) {
 			if err != nil {
 				return false, err.Error()
 			}
-			seen = append(seen, s.String())
+			seen = append(seen, statusLine(s))
 			all = all && s.Registrations == len(want)
 		}
 		return all, strings.Join(seen, "; ")
@@ -493,9 +494,7 @@ func TestNotify1000(t *testing.T) {
 	// The new leader, its takeover instant, its VIP and notifier times.
 	v := c.settle(t, 30*time.Second, st.SMState+1, leader)
 	nl, ns := v.leader, v.leaderStatus()
-	var gs struct {
-		GraceUntil *time.Time `json:"grace_until"`
-	}
+	var gs admin.Status
 	var takeoverAt time.Time
 	if err := nl.get("/v1/status", &gs); err == nil && gs.GraceUntil != nil {
 		takeoverAt = gs.GraceUntil.Add(-agentGrace)

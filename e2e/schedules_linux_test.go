@@ -107,7 +107,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 					seen = append(seen, err.Error())
 					continue
 				}
-				seen = append(seen, s.String())
+				seen = append(seen, statusLine(s))
 				if s.Role == "leader" && s.SMState > st.SMState {
 					newLeader = o.id
 					return true, ""
@@ -126,7 +126,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 			if err != nil {
 				return false, err.Error()
 			}
-			return s.Role != "leader" && !s.VIPHeld, s.String()
+			return s.Role != "leader" && !s.VIPHeld, statusLine(s)
 		})
 		stepped := time.Since(resumed)
 		next, _ := c.checkInvariants(t, m, true)
@@ -193,7 +193,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 			if err != nil {
 				return false, err.Error()
 			}
-			return s.Role != "leader" && !s.VIPHeld, s.String()
+			return s.Role != "leader" && !s.VIPHeld, statusLine(s)
 		})
 		if src, ok := c.notifySource(v.leader); ok {
 			c.checkNotified(t, ns.SMState, src, 20*time.Second)
@@ -223,7 +223,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 				t.Fatal(err)
 			}
 			if s.Role != "leader" || s.Term != st.Term || s.SMState != st.SMState {
-				t.Fatalf("leader changed while only follower %s was cut off: %v (was term %d, state %d)", follower.id, s, st.Term, st.SMState)
+				t.Fatalf("leader changed while only follower %s was cut off: %s (was term %d, state %d)", follower.id, statusLine(s), st.Term, st.SMState)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -142,14 +143,11 @@ func TestAgentRunsUnprivilegedWithThreeCapabilities(t *testing.T) {
 	p := startSetpriv(t, setpriv, setprivArgs(uid, gid, caps, agent...))
 	pid := p.cmd.Process.Pid
 	testutil.WaitForSeen(t, 15*time.Second, "the unprivileged agent to lead and hold the VIP", func() (bool, string) {
-		var s struct {
-			Role    string `json:"role"`
-			VIPHeld bool   `json:"vip_held"`
-		}
+		var s admin.Status
 		if err := getJSON("127.0.0.1:8024", "/v1/status", &s); err != nil {
 			return false, err.Error()
 		}
-		return s.Role == "leader" && s.VIPHeld, fmt.Sprintf("%+v", s)
+		return s.Role == "leader" && s.VIPHeld, statusLine(s)
 	})
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
