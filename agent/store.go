@@ -92,6 +92,9 @@ func (s adminStore) Status() admin.Status { return s.a.Status() }
 
 func (s adminStore) Members() []admin.Member {
 	ms := s.a.node.Members()
+	if ms == nil {
+		return nil // JSON null, as always
+	}
 	out := make([]admin.Member, len(ms))
 	for i, m := range ms {
 		out[i] = admin.Member(m)
