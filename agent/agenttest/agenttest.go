@@ -97,20 +97,6 @@ func Leader(t testing.TB, d *agent.Dev, skip *agent.Agent, timeout time.Duration
 	return lead
 }
 
-// Other is an agent of d that is none of not.
-func Other(d *agent.Dev, not ...*agent.Agent) *agent.Agent {
-next:
-	for _, a := range d.Agents() {
-		for _, n := range not {
-			if a == n {
-				continue next
-			}
-		}
-		return a
-	}
-	return nil
-}
-
 // WaitApplied waits until a has applied index.
 func WaitApplied(t testing.TB, a *agent.Agent, index uint64) {
 	t.Helper()
