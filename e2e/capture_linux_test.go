@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -112,7 +113,7 @@ func (c *capture) flush(t *testing.T) {
 	c.marks++
 	token := fmt.Sprintf("nsmd-e2e capture marker %s/%d", c.name, c.marks)
 	filter := fmt.Sprintf("udp.dstport == %d && !icmp && frame contains %q", markerPort, token)
-	waitFor(t, 10*time.Second, "a marker in capture "+c.name, func() (bool, string) {
+	testutil.WaitForSeen(t, 10*time.Second, "a marker in capture "+c.name, func() (bool, string) {
 		err := inNetnsThread(c.markNS, func() error {
 			conn, err := net.Dial("udp", net.JoinHostPort(c.markTo, strconv.Itoa(markerPort)))
 			if err != nil {

@@ -6,6 +6,9 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // BenchmarkServerTCPNullPipelined: 64 concurrent callers (2 cores × 32)
@@ -88,7 +91,7 @@ func benchAccept(b *testing.B, maxConns int) {
 	for i := range ring {
 		ring[i] = dialFromAddr(b, src(i), ts.tcpAddr)
 	}
-	waitFor(b, func() bool { return ts.srv.Conns() == open })
+	testutil.WaitFor(b, 5*time.Second, "every connection open", func() bool { return ts.srv.Conns() == open })
 	b.ResetTimer()
 	for i := range b.N {
 		c, err := dialLoopback(src(i), ts.tcpAddr)

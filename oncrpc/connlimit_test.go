@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // connEvents collects OnConn events for a test to wait on.
@@ -314,7 +316,7 @@ func TestBusyConnectionsAreNeverEvicted(t *testing.T) {
 		}
 	}
 	// A reply reaches the client just before its slot is released.
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, 5*time.Second, "an idle connection", func() bool {
 		ts.srv.mu.Lock()
 		defer ts.srv.mu.Unlock()
 		return ts.srv.longestIdle() != nil

@@ -447,19 +447,6 @@ func TestUDPReplyLeavesFromRequestDestination(t *testing.T) {
 	}
 }
 
-// waitFor polls a condition that has no event to wait on (server-internal
-// bookkeeping), with a bound.
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestOversizedRecordClosesConnection: a record above MaxRecordSize closes
 // that connection (RFC 5531 §11 gives no way to skip it) and the server
 // keeps serving others.
