@@ -7,7 +7,8 @@ import (
 
 // FloatingAddr is the address the leader holds (the VIP). The leader
 // loop acquires it after its Takeover committed and releases it the moment
-// leadership is lost, before anything else.
+// leadership is lost, before anything else. vip.Netlink is the one for
+// vip_mode netlink; the agent's loopback mode has its own.
 type FloatingAddr interface {
 	// Acquire takes the address and keeps it (renewing, re-adding,
 	// re-announcing) until Release. It returns once the address answers.
@@ -104,10 +105,15 @@ func (n *Node) fault(reason string, err error) {
 // process; the cluster's nodes share their VIP configuration, so the
 // previous holder's was too.
 func (n *Node) vipDiesWithProcess() bool {
-	pb, ok := n.cfg.VIP.(interface{ DiesWithProcess() bool })
+	pb, ok := n.cfg.VIP.(processBound)
 	return ok && pb.DiesWithProcess()
 }
 
+// processBound is a FloatingAddr that may go with the process that holds
+// it (vip.Netlink bound to a TUN device): then a previous holder whose
+// process is gone no longer has it (previousHolderReleased).
+type processBound interface{ DiesWithProcess() bool }
+
 // abandoner is a FloatingAddr that can stop renewing without deleting the
-// address, as a crashed holder would (the kernel expires it).
+// address, as a crashed holder would (the kernel expires it): Kill uses it.
 type abandoner interface{ Abandon() }

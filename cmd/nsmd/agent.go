@@ -25,6 +25,7 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/vip"
 )
 
 // agentOptions are the parts of an agent that are not operator settings.
@@ -66,7 +67,7 @@ type agent struct {
 	hooks      *hookRunner
 	v4         *nfsv4
 	v4cancel   context.CancelFunc
-	netlinkVIP *cluster.NetlinkVIP // closed (address dropped) on shutdown
+	netlinkVIP *vip.Netlink // closed (address dropped) on shutdown
 	sec        security
 	connEvents *prometheus.CounterVec
 
@@ -271,7 +272,7 @@ func (a *agent) floatingAddr() (cluster.FloatingAddr, error) {
 		return &loopbackVIP{a: a, addr: net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort))}, nil
 	case config.VIPNetlink:
 		p, _ := netip.ParsePrefix(a.cfg.VIP) // validated
-		v, err := cluster.NewNetlinkVIP(cluster.NetlinkVIPConfig{
+		v, err := vip.NewNetlink(vip.NetlinkConfig{
 			Prefix: p, Interface: a.cfg.VIPInterface, Lifetime: a.cfg.VIPLifetime, Bind: a.cfg.VIPBind,
 			Logger: a.log.With("component", "vip"), Registerer: a.reg,
 		})
