@@ -8,7 +8,8 @@ export GOFLAGS := -buildvcs=false
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 MODIFIED ?= $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" && echo true || echo false)
-LDFLAGS  := -X main.version=$(VERSION) -X main.revision=$(REVISION) -X main.modified=$(MODIFIED)
+AGENT    := github.com/nsmd/nsmd/agent
+LDFLAGS  := -X $(AGENT).version=$(VERSION) -X $(AGENT).revision=$(REVISION) -X $(AGENT).modified=$(MODIFIED)
 
 .PHONY: all build run test unit e2e soak bench benchmarks fuzz lint clean vm-kernel deb
 

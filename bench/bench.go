@@ -11,9 +11,8 @@
 //     distribution of their times;
 //   - plot.go: the latency histogram.
 //
-// The notify and failover benches can bring their own in-process cluster;
-// they start it through StartCluster, which cmd/nsmd provides (nsmd dev's
-// cluster: the agent lives there), so nothing here imports the agent.
+// The notify and failover benches can bring their own in-process cluster:
+// nsmd dev's (agent.StartDev).
 package bench
 
 import (
@@ -26,61 +25,21 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
-// ClusterSpec is an in-process cluster in the nsmd dev layout: node i on
-// 127.0.0.i, every node on the same ports, a loopback VIP.
-type ClusterSpec struct {
-	Nodes                                    int
-	DataDir                                  string // parent of the node directories
-	VIP                                      string // address, no prefix length
-	NSMPort, RaftPort, AdminPort, GossipPort int    // AdminPort 0: no admin API
-	// LogLevel is the nodes' log level; "" discards their logs (and their
-	// raft logs below error).
-	LogLevel string
-	LogTo    io.Writer
-}
-
-// StartCluster starts the cluster of spec and returns once every node
-// runs (not yet once a leader is elected).
-type StartCluster func(spec ClusterSpec) (Cluster, error)
-
-// Cluster is an in-process cluster a bench starts, watches and faults.
-type Cluster interface {
-	// Nodes are the cluster's nodes in spec order.
-	Nodes() []Node
-	// Close stops every node (a graceful stop hands leadership over).
-	Close() error
-}
-
-// Node is one node of a Cluster, seen from inside its process.
-type Node interface {
-	ID() string
-	AdminURL() string
-	// Leading: this node is the raft leader.
-	Leading() bool
-	VIPHeld() bool
-	// State is the sm_state in this node's state machine; Registrations
-	// the number of monitor registrations there.
-	State() int32
-	Registrations() int
-	// LastTakeover is when this node last took over as leader (stamped by
-	// it); zero if never.
-	LastTakeover() time.Time
-	// NotifyName is the name its SM_NOTIFYs carry.
-	NotifyName() string
-	// Metrics gathers its Prometheus registry.
-	Metrics() prometheus.Gatherer
-	// Kill crashes the node: it stops at once, without a graceful
-	// handover, as SIGKILL would.
-	Kill()
-	// TransferLeadership hands leadership to another voter (a planned
-	// failover); the node must lead.
-	TransferLeadership() error
+// startCluster starts an in-process cluster in the nsmd dev layout (node
+// i on 127.0.0.i, every node on the same ports, a loopback VIP); a node it
+// kills stays down. With o.LogLevel "" the nodes' logs (and their raft
+// logs below error) are discarded, else written to logTo.
+func startCluster(o agent.DevOptions, logTo io.Writer) (*agent.Dev, error) {
+	log := agent.NewLogger(logTo, o.LogLevel, "text")
+	if o.LogLevel == "" {
+		o.LogLevel, log = "error", agent.NewLogger(io.Discard, "error", "text")
+	}
+	return agent.StartDev(o, agent.Options{Logger: log})
 }
 
 // Target resolves "HOST[:PORT]" to host:port for NSM over network

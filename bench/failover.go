@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 
+	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/bench/drill"
 )
 
@@ -27,7 +26,6 @@ type FailoverOptions struct {
 	DataDir  string // own cluster: parent of the node directories
 	LogLevel string // own cluster: node log level; "none": no logs
 	LogTo    io.Writer
-	Start    StartCluster // own cluster: how to start one
 }
 
 // FailoverReport is the drill's report plus the figure the bench is
@@ -71,7 +69,7 @@ func ownClusterDrill(ctx context.Context, o FailoverOptions) (*drill.Report, err
 	for i := range o.Nodes {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i+1))
 	}
-	ports, err := FreePortsOn(ips, 4)
+	ports, err := agent.FreePorts(ips, 4)
 	if err != nil {
 		return nil, fmt.Errorf("bench failover: %w", err)
 	}
@@ -80,26 +78,23 @@ func ownClusterDrill(ctx context.Context, o FailoverOptions) (*drill.Report, err
 		return nil, fmt.Errorf("bench failover: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	if o.Start == nil {
-		return nil, errors.New("bench failover: no way to start a cluster of its own (give --admin)")
-	}
 	level := o.LogLevel
 	if level == "none" { // raft logs every refused dial to a killed peer
 		level = ""
 	}
 	// start brings up cluster number i in its own data directory.
-	start := func(i int) (Cluster, drill.Options, error) {
-		d, err := o.Start(ClusterSpec{
-			Nodes: o.Nodes, DataDir: fmt.Sprintf("%s/cluster%d", dir, i), VIP: o.VIP, LogLevel: level, LogTo: o.LogTo,
+	start := func(i int) (*agent.Dev, drill.Options, error) {
+		d, err := startCluster(agent.DevOptions{
+			Nodes: o.Nodes, DataDir: fmt.Sprintf("%s/cluster%d", dir, i), VIP: o.VIP, LogLevel: level,
 			NSMPort: ports[0], RaftPort: ports[1], AdminPort: ports[2], GossipPort: ports[3],
-		})
+		}, o.LogTo)
 		if err != nil {
 			return nil, drill.Options{}, fmt.Errorf("bench failover: start a cluster: %w", err)
 		}
 		do := o.Drill
 		do.Admins = nil
-		for _, n := range d.Nodes() {
-			do.Admins = append(do.Admins, n.AdminURL())
+		for _, a := range d.Agents() {
+			do.Admins = append(do.Admins, a.AdminURL())
 		}
 		do.VIP = net.JoinHostPort(o.VIP, strconv.Itoa(ports[0]))
 		return d, do, nil
@@ -159,59 +154,6 @@ func ownClusterDrill(ctx context.Context, o FailoverOptions) (*drill.Report, err
 	}
 	all.Stats = drill.Stats(all.Runs)
 	return all, nil
-}
-
-// FreePortsOn finds n distinct ports, each free for TCP and UDP on
-// every ip (the own cluster of bench failover; cmd/nsmd's tests use it too).
-// It draws them below the kernel's ephemeral range: a port found free in
-// that range can be taken by any outgoing connection before the caller
-// binds it (CI saw "address already in use" for a dev node's raft port).
-func FreePortsOn(ips []string, n int) ([]int, error) {
-	lo, hi := 20000, 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		var first, last int
-		if _, err := fmt.Sscan(string(b), &first, &last); err == nil && first < hi {
-			hi = first
-		}
-	}
-	var out []int
-	for range 500 {
-		if len(out) == n {
-			return out, nil
-		}
-		var p int
-		if hi-lo >= 1000 {
-			p = lo + rand.IntN(hi-lo)
-		} else { // an unusual ephemeral range: let the kernel choose
-			ln, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
-			if err != nil {
-				return nil, fmt.Errorf("find a free port: %w", err)
-			}
-			p = ln.Addr().(*net.TCPAddr).Port
-			ln.Close()
-		}
-		free := true
-		for _, ip := range ips {
-			addr := net.JoinHostPort(ip, strconv.Itoa(p))
-			if l, err := net.Listen("tcp", addr); err == nil {
-				l.Close()
-			} else {
-				free = false
-			}
-			if pc, err := net.ListenPacket("udp", addr); err == nil {
-				pc.Close()
-			} else {
-				free = false
-			}
-		}
-		for _, q := range out {
-			free = free && q != p
-		}
-		if free {
-			out = append(out, p)
-		}
-	}
-	return nil, fmt.Errorf("no %d ports free on all of %s", n, strings.Join(ips, ", "))
 }
 
 // PrintFailover writes the headline (fault → VIP SM_STAT with the

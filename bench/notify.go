@@ -21,6 +21,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
@@ -167,9 +168,9 @@ type NotifyReport struct {
 }
 
 // NotifyChild is the process inside the namespace (NotifyInNetns runs it
-// with NotifyChildEnv set): options from the environment, the cluster
-// from start, the report as JSON on fd 3.
-func NotifyChild(ctx context.Context, start StartCluster, progress io.Writer) error {
+// with NotifyChildEnv set): options from the environment, an in-process
+// cluster, the report as JSON on fd 3.
+func NotifyChild(ctx context.Context, progress io.Writer) error {
 	raw := os.Getenv(NotifyChildEnv)
 	if raw == "" {
 		return fmt.Errorf("internal: %s is not set (run nsmd bench notify without --netns-child)", NotifyChildEnv)
@@ -203,7 +204,7 @@ func NotifyChild(ctx context.Context, start StartCluster, progress io.Writer) er
 		return errors.New("internal: no report pipe on fd 3")
 	}
 	defer out.Close()
-	rep, err := runNotify(ctx, o, start, progress)
+	rep, err := runNotify(ctx, o, progress)
 	if err != nil {
 		return err
 	}
@@ -350,17 +351,8 @@ func (h *benchHosts) Close() {
 	h.wg.Wait()
 }
 
-// RPC message constants (RFC 5531 §9) for the fakes' replies.
-const (
-	benchMsgReply       = 1
-	benchAcceptSuccess  = 0
-	fakeProgUnavail     = 1
-	fakeProcUnavail     = 3
-	benchPmapGetport    = 3
-	benchMsgAccepted    = 0
-	benchRPCVersion     = 2
-	benchMaxFakeMessage = 2048
-)
+// benchMaxFakeMessage is the largest datagram a fake reads.
+const benchMaxFakeMessage = 2048
 
 // serve answers calls on one socket: as the portmapper (mapping the statd
 // to statdPort), as the statd, or both.
@@ -376,45 +368,38 @@ func (h *benchHosts) serve(host *benchHost, c *net.UDPConn, isPmap, isStatd bool
 			continue
 		}
 		r := oncrpc.NewReader(buf[:n])
-		xid, mtype, rpcv := r.Uint32(), r.Uint32(), r.Uint32()
-		prog, vers, proc := r.Uint32(), r.Uint32(), r.Uint32()
-		var cred, verf oncrpc.OpaqueAuth
-		cred.UnmarshalXDR(r)
-		verf.UnmarshalXDR(r)
-		if r.Err() != nil || mtype != 0 || rpcv != benchRPCVersion {
-			continue
+		var call oncrpc.CallHeader
+		if call.UnmarshalXDR(r) != nil {
+			continue // not an RPC version 2 call: no answer
 		}
-		w := oncrpc.NewWriter(out)
-		w.Uint32(xid)
-		w.Uint32(benchMsgReply)
-		w.Uint32(benchMsgAccepted)
-		w.Uint32(oncrpc.AuthNone)
-		w.Uint32(0)
+		prog, vers, proc := call.Prog, call.Vers, call.Proc
+		rep := oncrpc.ReplyHeader{XID: call.XID, Stat: oncrpc.ReplyAccepted, AcceptStat: oncrpc.AcceptSuccess}
+		getport, port := false, uint32(0)
 		switch {
-		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == 0:
-			w.Uint32(benchAcceptSuccess)
-		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == benchPmapGetport:
+		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcNull:
+		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcGetPort:
 			h.getportRx.Add(1)
+			getport = true
 			mp, mv, prot := r.Uint32(), r.Uint32(), r.Uint32()
-			port := uint32(0)
 			if mp == nsm.Program.Prog && mv == nsm.Program.Vers && prot == oncrpc.IPProtoUDP {
 				port = statdPort
 			}
-			w.Uint32(benchAcceptSuccess)
-			w.Uint32(port)
 		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNull:
-			w.Uint32(benchAcceptSuccess)
 		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNotify:
 			var sc nsm.StatChge
 			if sc.UnmarshalXDR(r) != nil {
 				continue
 			}
 			h.record(host, from, sc)
-			w.Uint32(benchAcceptSuccess)
 		case (isPmap && prog == oncrpc.PmapProg) || (isStatd && prog == nsm.Program.Prog):
-			w.Uint32(fakeProcUnavail)
+			rep.AcceptStat = oncrpc.AcceptProcUnavail
 		default:
-			w.Uint32(fakeProgUnavail)
+			rep.AcceptStat = oncrpc.AcceptProgUnavail
+		}
+		w := oncrpc.NewWriter(out)
+		rep.MarshalXDR(w)
+		if getport {
+			w.Uint32(port)
 		}
 		out = w.Bytes()
 		c.WriteToUDPAddrPort(out, from)
@@ -501,7 +486,7 @@ func (h *benchHosts) result(name string, ref time.Time, live int, timedOut bool,
 
 // ---- the run inside the namespace ----------------------------------------------
 
-func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progress io.Writer) (*NotifyReport, error) {
+func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*NotifyReport, error) {
 	rep := &NotifyReport{Hosts: o.Hosts, DeadMode: o.DeadMode, Fault: o.Fault, Nodes: 3, CPUs: notifyCPUs(), Started: time.Now().UTC().Format(time.RFC3339)}
 	live := len(notifyLive(o.Hosts, o.DeadPct))
 	rep.Live, rep.Dead = live, o.Hosts-live
@@ -524,11 +509,11 @@ func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progres
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	spec := ClusterSpec{Nodes: rep.Nodes, DataDir: dir, VIP: notifyVIP, NSMPort: 6620, RaftPort: 7300, GossipPort: 7946, LogLevel: o.LogLevel, LogTo: progress}
+	spec := agent.DevOptions{Nodes: rep.Nodes, DataDir: dir, VIP: notifyVIP, NSMPort: 6620, RaftPort: 7300, GossipPort: 7946, LogLevel: o.LogLevel}
 	if o.LogLevel == "off" {
 		spec.LogLevel = ""
 	}
-	d, err := start(spec)
+	d, err := startCluster(spec, progress)
 	if err != nil {
 		return nil, fmt.Errorf("start the cluster: %w", err)
 	}
@@ -538,19 +523,20 @@ func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progres
 			closed = true
 			// Crash every node first: a graceful close hands leadership
 			// over, and the next leader would start another fan-out.
-			for _, n := range d.Nodes() {
-				n.Kill()
+			for _, a := range d.Agents() {
+				a.Kill()
 			}
 			d.Close()
 		}
 	}
 	defer closeCluster()
-	rep.NotifyName = d.Nodes()[0].NotifyName()
+	cfg := d.Agent(0).Config()
+	rep.NotifyName = cfg.EffectiveNotifyName()
 	leader, err := benchWaitLeader(ctx, d, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	rep.OldState = leader.State()
+	rep.OldState = leader.Node().FSM().State()
 	vipAddr := net.JoinHostPort(notifyVIP, strconv.Itoa(spec.NSMPort))
 
 	// Register every host through the VIP, as the server's lockd would.
@@ -559,8 +545,8 @@ func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progres
 		return nil, err
 	}
 	if err := benchWaitCond(ctx, 60*time.Second, "every node to apply the registrations", func() bool {
-		for _, n := range d.Nodes() {
-			if n.Registrations() != o.Hosts {
+		for _, a := range d.Agents() {
+			if a.Node().FSM().Len() != o.Hosts {
 				return false
 			}
 		}
@@ -589,15 +575,15 @@ func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progres
 	case FaultKill:
 		leader.Kill()
 	case FaultTransfer:
-		if err := leader.TransferLeadership(); err != nil {
+		if err := leader.Node().Raft().LeadershipTransfer().Error(); err != nil {
 			return nil, fmt.Errorf("leadership transfer: %w", err)
 		}
 	}
-	var nl Node
+	var nl *agent.Agent
 	if err := benchWaitCond(ctx, 30*time.Second, "a new leader's takeover", func() bool {
-		for _, n := range d.Nodes() {
-			if n.ID() != leader.ID() && n.Leading() && n.State() > rep.OldState {
-				nl = n
+		for _, a := range d.Agents() {
+			if a != leader && a.Node().Leading() && a.Node().FSM().State() > rep.OldState {
+				nl = a
 				return true
 			}
 		}
@@ -605,11 +591,11 @@ func runNotify(ctx context.Context, o NotifyOptions, start StartCluster, progres
 	}); err != nil {
 		return nil, err
 	}
-	tk := nl.LastTakeover()
-	rep.NewState = nl.State()
+	tk := nl.Node().LastTakeover().At
+	rep.NewState = nl.Node().FSM().State()
 	rep.FaultToTkMS = float64(tk.Sub(t0)) / float64(time.Millisecond)
 	fmt.Fprintf(progress, "bench notify: %s took over %v after the %s (sm_state %d → %d); notifying\n",
-		nl.ID(), tk.Sub(t0).Round(time.Millisecond), o.Fault, rep.OldState, rep.NewState)
+		nl.Config().NodeID, tk.Sub(t0).Round(time.Millisecond), o.Fault, rep.OldState, rep.NewState)
 
 	var perSecond []int
 	all := hosts.wait(ctx, "nsmd", live, tk, tk.Add(o.Timeout), allNotified, nil, progress, &perSecond)
@@ -681,12 +667,12 @@ func benchWaitCond(ctx context.Context, timeout time.Duration, what string, cond
 	return nil
 }
 
-func benchWaitLeader(ctx context.Context, d Cluster, timeout time.Duration) (Node, error) {
-	var lead Node
+func benchWaitLeader(ctx context.Context, d *agent.Dev, timeout time.Duration) (*agent.Agent, error) {
+	var lead *agent.Agent
 	err := benchWaitCond(ctx, timeout, "a leader holding the VIP", func() bool {
-		for _, n := range d.Nodes() {
-			if n.Leading() && n.VIPHeld() {
-				lead = n
+		for _, a := range d.Agents() {
+			if a.Node().Leading() && a.VIPHeld() {
+				lead = a
 				return true
 			}
 		}
@@ -736,9 +722,9 @@ func benchRegister(ctx context.Context, addr string, hosts, conns int) error {
 }
 
 // notifySendsOf reads the notifier's send counters from n's metrics.
-func notifySendsOf(n Node) NotifySends {
+func notifySendsOf(a *agent.Agent) NotifySends {
 	var s NotifySends
-	mfs, err := n.Metrics().Gather()
+	mfs, err := a.Registry().Gather()
 	if err != nil {
 		return s
 	}

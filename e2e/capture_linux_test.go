@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -112,7 +113,7 @@ func (c *capture) flush(t *testing.T) {
 	c.marks++
 	token := fmt.Sprintf("nsmd-e2e capture marker %s/%d", c.name, c.marks)
 	filter := fmt.Sprintf("udp.dstport == %d && !icmp && frame contains %q", markerPort, token)
-	waitFor(t, 10*time.Second, "a marker in capture "+c.name, func() (bool, string) {
+	testutil.WaitForSeen(t, 10*time.Second, "a marker in capture "+c.name, func() (bool, string) {
 		err := inNetnsThread(c.markNS, func() error {
 			conn, err := net.Dial("udp", net.JoinHostPort(c.markTo, strconv.Itoa(markerPort)))
 			if err != nil {
@@ -181,8 +182,12 @@ func tshark(t *testing.T, path string, args ...string) []string {
 	t.Helper()
 	// Privileged source ports are often some service's well-known port
 	// (873 is rsync): let the ONC RPC heuristics speak before the port
-	// tables, and decode the NSM port as RPC.
+	// tables, and decode the NSM port as RPC. RTCP's UDP heuristic is off:
+	// with heuristics first it once claimed one of our RPC datagrams (an
+	// xid is random, and its first two bytes can look like an RTCP
+	// header), and the packet was then counted as not dissected as RPC.
 	pre := []string{"-n", "-r", path, "-o", "tcp.try_heuristic_first:TRUE", "-o", "udp.try_heuristic_first:TRUE",
+		"--disable-heuristic", "rtcp_udp",
 		"-d", fmt.Sprintf("tcp.port==%d,rpc", nsmPort), "-d", fmt.Sprintf("udp.port==%d,rpc", nsmPort)}
 	out, err := exec.Command(lookTool(t, "tshark"), append(pre, args...)...).Output()
 	if err != nil {
@@ -276,16 +281,8 @@ func TestCaptureCheckSeesMalformedRPC(t *testing.T) {
 	c.flush(t) // live
 	call := func(proc uint32, args []byte) []byte {
 		w := oncrpc.NewWriter(nil)
-		w.Uint32(0x1234 + proc) // xid
-		w.Uint32(0)             // CALL
-		w.Uint32(2)             // rpcvers
-		w.Uint32(nsm.Program.Prog)
-		w.Uint32(nsm.Program.Vers)
-		w.Uint32(proc)
-		for range 2 { // cred, verf: AUTH_NONE
-			w.Uint32(0)
-			w.Uint32(0)
-		}
+		// AUTH_NONE credential and verifier.
+		oncrpc.CallHeader{XID: 0x1234 + proc, Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Proc: proc}.MarshalXDR(w)
 		return append(w.Bytes(), args...)
 	}
 	err := inNetnsThread(ns, func() error {

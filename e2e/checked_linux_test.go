@@ -19,6 +19,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -477,14 +478,7 @@ func shortErr(err error) string {
 
 // finalTables reads the leader's registrations of the workers' my_names.
 func finalTables(leader *nsmNode, monLabels []string) ([][monNames]string, error) {
-	var page struct {
-		Registrations []struct {
-			MonName string `json:"mon_name"`
-			MyName  string `json:"my_name"`
-			Priv    string `json:"priv"`
-		} `json:"registrations"`
-		Next string `json:"next"`
-	}
+	var page admin.RegistrationPage
 	if err := leader.get("/v1/registrations?limit=10000", &page); err != nil {
 		return nil, err
 	}

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -50,25 +52,9 @@ const (
 	releaseBound = 2*leaderLease + 500*time.Millisecond
 )
 
-// nodeStatus is GET /v1/status (DESIGN.md, outside contract).
-type nodeStatus struct {
-	NodeID        string `json:"node_id"`
-	Role          string `json:"role"`
-	LeaderID      string `json:"leader_id"`
-	Term          uint64 `json:"term"`
-	SMState       int32  `json:"sm_state"`
-	Registrations int    `json:"registrations"`
-	VIP           string `json:"vip"`
-	VIPHeld       bool   `json:"vip_held"`
-	AppliedIndex  uint64 `json:"applied_index"`
-	Notify        struct {
-		Pending int `json:"pending"`
-		Done    int `json:"done"`
-		Failed  int `json:"failed"`
-	} `json:"notify"`
-}
-
-func (s nodeStatus) String() string {
+// statusLine is the one-line form of a node's status in logs and
+// failures.
+func statusLine(s admin.Status) string {
 	return fmt.Sprintf("%s:%s(leader=%s term=%d state=%d regs=%d vip_held=%v applied=%d)",
 		s.NodeID, s.Role, s.LeaderID, s.Term, s.SMState, s.Registrations, s.VIPHeld, s.AppliedIndex)
 }
@@ -360,8 +346,8 @@ func (n *nsmNode) get(path string, out any) error {
 	return nil
 }
 
-func (n *nsmNode) status() (nodeStatus, error) {
-	var s nodeStatus
+func (n *nsmNode) status() (admin.Status, error) {
+	var s admin.Status
 	err := n.get("/v1/status", &s)
 	return s, err
 }
@@ -379,10 +365,10 @@ func (c *e2eCluster) others(n *nsmNode) []*nsmNode {
 // view is one look at a set of nodes.
 type view struct {
 	leader *nsmNode
-	st     map[*nsmNode]nodeStatus
+	st     map[*nsmNode]admin.Status
 }
 
-func (v view) leaderStatus() nodeStatus { return v.st[v.leader] }
+func (v view) leaderStatus() admin.Status { return v.st[v.leader] }
 
 // agreed says whether the nodes agree on one settled leader: exactly one
 // leader, named by every node, one term and one sm_state (odd, at least
@@ -391,7 +377,7 @@ func (v view) leaderStatus() nodeStatus { return v.st[v.leader] }
 // when the VIP works — the leader alone holds the VIP, by its own word and
 // by the kernel's.
 func (c *e2eCluster) agreed(nodes []*nsmNode, minState int32) (view, bool, string) {
-	v := view{st: make(map[*nsmNode]nodeStatus)}
+	v := view{st: make(map[*nsmNode]admin.Status)}
 	var seen []string
 	for _, n := range nodes {
 		s, err := n.status()
@@ -399,7 +385,7 @@ func (c *e2eCluster) agreed(nodes []*nsmNode, minState int32) (view, bool, strin
 			return v, false, err.Error()
 		}
 		v.st[n] = s
-		seen = append(seen, s.String())
+		seen = append(seen, statusLine(s))
 		if s.Role == "leader" {
 			if v.leader != nil {
 				return v, false, "two leaders: " + strings.Join(seen, "; ")
@@ -440,7 +426,7 @@ func (c *e2eCluster) settle(t *testing.T, timeout time.Duration, minState int32,
 		}
 	}
 	var v view
-	waitFor(t, timeout, "one settled leader among "+nodeIDs(nodes), func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, "one settled leader among "+nodeIDs(nodes), func() (bool, string) {
 		var ok bool
 		var desc string
 		v, ok, desc = c.agreed(nodes, minState)
@@ -566,7 +552,7 @@ func smStat(addr string) (int32, error) {
 // {notify name, state} from src (invariant 4).
 func (c *e2eCluster) checkNotified(t *testing.T, state int32, src netip.Addr, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, fmt.Sprintf("every client host to get SM_NOTIFY{%s, %d} from %s", notifyName, state, src), func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, fmt.Sprintf("every client host to get SM_NOTIFY{%s, %d} from %s", notifyName, state, src), func() (bool, string) {
 		var missing []string
 		for _, cl := range c.clients {
 			ok := false
@@ -589,17 +575,7 @@ func (c *e2eCluster) checkNotified(t *testing.T, state int32, src netip.Addr, ti
 // leader, with its cookie (invariant 1).
 func (c *e2eCluster) checkRegistrations(t *testing.T, leader *nsmNode) {
 	t.Helper()
-	var page struct {
-		Registrations []struct {
-			MonName string `json:"mon_name"`
-			MyName  string `json:"my_name"`
-			MyProg  uint32 `json:"my_prog"`
-			MyVers  uint32 `json:"my_vers"`
-			MyProc  uint32 `json:"my_proc"`
-			Priv    string `json:"priv"`
-		} `json:"registrations"`
-		Next string `json:"next"`
-	}
+	var page admin.RegistrationPage
 	if err := leader.get("/v1/registrations?limit=10000", &page); err != nil {
 		t.Fatal(err)
 	}
@@ -648,7 +624,7 @@ func (c *e2eCluster) checkOverlaps(t *testing.T, m vipMark) {
 // last one (newState) or unchanged, every acknowledged SM_MON registered,
 // every node's FSM at the same point, every client host notified of the
 // new state from the VIP, no VIP overlap. It returns the leader.
-func (c *e2eCluster) checkInvariants(t *testing.T, m vipMark, newState bool) (*nsmNode, nodeStatus) {
+func (c *e2eCluster) checkInvariants(t *testing.T, m vipMark, newState bool) (*nsmNode, admin.Status) {
 	t.Helper()
 	c.mu.Lock()
 	last := c.lastState
@@ -675,7 +651,7 @@ func (c *e2eCluster) checkInvariants(t *testing.T, m vipMark, newState bool) (*n
 	c.checkRegistrations(t, v.leader)
 	// Invariant 6 (as far as the status shows it): every node has applied
 	// the same index and holds as many registrations.
-	waitFor(t, 10*time.Second, "every node to apply the leader's index", func() (bool, string) {
+	testutil.WaitForSeen(t, 10*time.Second, "every node to apply the leader's index", func() (bool, string) {
 		var idx []uint64
 		var regs []int
 		var seen []string
@@ -685,7 +661,7 @@ func (c *e2eCluster) checkInvariants(t *testing.T, m vipMark, newState bool) (*n
 				return false, err.Error()
 			}
 			idx, regs = append(idx, s.AppliedIndex), append(regs, s.Registrations)
-			seen = append(seen, s.String())
+			seen = append(seen, statusLine(s))
 		}
 		return slices.Min(idx) == slices.Max(idx) && slices.Min(regs) == slices.Max(regs), strings.Join(seen, "; ")
 	})
@@ -721,7 +697,7 @@ func (c *e2eCluster) probeVIP(t *testing.T, leader *nsmNode) {
 	}
 	const probe = 20 * time.Second
 	deadline := time.Now().Add(probe)
-	var s nodeStatus
+	var s admin.Status
 	for time.Now().Before(deadline) {
 		var err error
 		s, err = leader.status()
@@ -749,7 +725,7 @@ func (c *e2eCluster) skipIfVIPMissing(t *testing.T) {
 
 // restore brings the cluster back to health before a schedule: every node
 // running (resumed, restarted), then settled.
-func (c *e2eCluster) restore(t *testing.T) (*nsmNode, nodeStatus) {
+func (c *e2eCluster) restore(t *testing.T) (*nsmNode, admin.Status) {
 	t.Helper()
 	for _, n := range c.nodes {
 		if n.running() {

@@ -14,11 +14,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -49,49 +50,13 @@ func TestMain(m *testing.M) {
 
 func freePort(t *testing.T, ip string) int { return nsmtest.FreePort(t, ip) }
 
-// waitFor polls cond (an observation of another process) until it holds or
-// the timeout passes; msg describes what was last seen.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		last = seen
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; last seen: %s", timeout, what, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // proc is one nsmd process started by a test.
 type proc struct {
 	t    *testing.T
 	args []string
 	cmd  *exec.Cmd
-	log  *lockedBuffer
+	log  *testutil.LockedBuffer
 	done chan struct{}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startNsmd runs `nsmd args...`; the process is killed at test end and its
@@ -105,7 +70,7 @@ func startNsmd(t *testing.T, args ...string) *proc {
 // process only.
 func startNsmdEnv(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, args: args, log: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{t: t, args: args, log: &testutil.LockedBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(nsmdBin, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
@@ -136,20 +101,9 @@ func (p *proc) kill(sig syscall.Signal) {
 	}
 }
 
-// status fetches GET /v1/status from an admin address.
-type status struct {
-	NodeID        string     `json:"node_id"`
-	Role          string     `json:"role"`
-	LeaderID      string     `json:"leader_id"`
-	SMState       int32      `json:"sm_state"`
-	Registrations int        `json:"registrations"`
-	GraceUntil    *time.Time `json:"grace_until"`
-	Notify        struct{ Pending, Done, Failed int }
-}
-
-func getJSON(admin, path string, out any) error {
+func getJSON(adm, path string, out any) error {
 	c := &http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + admin + path)
+	resp, err := c.Get("http://" + adm + path)
 	if err != nil {
 		return err
 	}
@@ -163,12 +117,12 @@ func getJSON(admin, path string, out any) error {
 
 // waitLeader waits until the node at admin has taken over as leader with an
 // odd sm_state other than notState.
-func waitLeader(t *testing.T, admin string, notState int32) status {
+func waitLeader(t *testing.T, adm string, notState int32) admin.Status {
 	t.Helper()
-	var s status
-	waitFor(t, 15*time.Second, "node at "+admin+" to lead", func() (bool, string) {
-		s = status{}
-		if err := getJSON(admin, "/v1/status", &s); err != nil {
+	var s admin.Status
+	testutil.WaitForSeen(t, 15*time.Second, "node at "+adm+" to lead", func() (bool, string) {
+		s = admin.Status{}
+		if err := getJSON(adm, "/v1/status", &s); err != nil {
 			return false, err.Error()
 		}
 		return s.Role == "leader" && s.SMState%2 == 1 && s.SMState != notState, fmt.Sprintf("%+v", s)

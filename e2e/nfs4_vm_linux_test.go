@@ -12,6 +12,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/nlm"
 )
 
 // Locks across failovers on every NFS version, with real kernels: the HA
@@ -49,42 +53,8 @@ type nfsClient struct {
 	holder int    // pid of `vmagent lock` in the client VM
 }
 
-// v4Status is the part of GET /v1/status these drills read.
-type v4Status struct {
-	Role    string `json:"role"`
-	SMState int32  `json:"sm_state"`
-	VIPHeld bool   `json:"vip_held"`
-	NFSv4   struct {
-		Tracking      bool   `json:"tracking"`
-		CurrentEpoch  uint64 `json:"current_epoch"`
-		RecoveryEpoch uint64 `json:"recovery_epoch"`
-		Clients       int    `json:"clients"`
-		Reclaimable   int    `json:"reclaimable"`
-		Reclaimed     int    `json:"reclaimed"`
-		Pipe          *struct {
-			State string `json:"state"`
-		} `json:"pipe"`
-	} `json:"nfsv4"`
-	Grace *struct {
-		SMState int32     `json:"sm_state"`
-		Started time.Time `json:"started"`
-		NLM     graceView `json:"nlm"`
-		NFSv4   graceView `json:"nfsv4"`
-	} `json:"grace"`
-}
-
-type graceView struct {
-	Expected int      `json:"expected"`
-	Back     int      `json:"back"`
-	Missing  []string `json:"missing"`
-	Ended    *struct {
-		Reason string `json:"reason"`
-	} `json:"ended"`
-	Seconds float64 `json:"seconds"`
-}
-
-func (p *pairTopo) v4status(n *pairNode) (v4Status, error) {
-	var s v4Status
+func (p *pairTopo) v4status(n *pairNode) (admin.Status, error) {
+	var s admin.Status
 	return s, p.getStatus(n, &s)
 }
 
@@ -202,7 +172,7 @@ func checkClientKernels(t *testing.T, cs []*nfsClient, when string) {
 // grace (a drill starts from a server that grants new locks).
 func waitGraceOver(t *testing.T, v *testVM, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, v.name+" out of grace", func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, v.name+" out of grace", func() (bool, string) {
 		rc, out, err := v.try(5*time.Second, "tr -d '\\0' < /proc/fs/lockd/nlm_end_grace; cat /proc/fs/nfsd/v4_end_grace")
 		time.Sleep(drillPoll)
 		return err == nil && rc == 0 && strings.Join(strings.Fields(out), "") == "YY", strings.TrimSpace(out)
@@ -249,7 +219,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	var sawGrace [2]bool  // lockd, nfsd: seen in grace on the survivor
 	var ended [2]float64  // when seen over after that
 	var reasons [2]string // nsmd's reason, or "timer"
-	waitFor(t, timeout, name+": every lock reclaimed, both graces over, a new lock granted", func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, name+": every lock reclaimed, both graces over, a new lock granted", func() (bool, string) {
 		var seen []string
 		if l, err := locksOn(other.vm); err == nil {
 			for _, c := range cs {
@@ -264,7 +234,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		// failover's incarnation (newer than the one before the fault).
 		var why [2]string
 		if s, err := p.v4status(other); err == nil && s.Grace != nil && s.Grace.SMState > st.SMState {
-			for i, m := range []graceView{s.Grace.NLM, s.Grace.NFSv4} {
+			for i, m := range []nlm.ManagerStatus{s.Grace.NLM, s.Grace.NFSv4} {
 				if m.Ended != nil {
 					why[i] = m.Ended.Reason
 				}
@@ -561,7 +531,7 @@ func (p *pairTopo) clientReboot(cs []*nfsClient) {
 	c3.vm.waitReady()
 	c3.vm.sh(20*time.Second, clientBoot)
 	var granted time.Time
-	waitFor(t, 90*time.Second, "the waiting NFSv4.2 client to get the rebooted NFSv3 client's lock", func() (bool, string) {
+	testutil.WaitForSeen(t, 90*time.Second, "the waiting NFSv4.2 client to get the rebooted NFSv3 client's lock", func() (bool, string) {
 		rc, out, err := c42.vm.try(5*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", waiter))
 		if err != nil || rc != 0 {
 			return false, fmt.Sprint(rc, out, err)
@@ -594,7 +564,7 @@ func (p *pairTopo) checkWitness() {
 		t.Fatal(err)
 	}
 	if ws.Role != "witness" || ws.VIPHeld {
-		t.Fatalf("witness status: %s", ws)
+		t.Fatalf("witness status: %s", statusLine(ws))
 	}
 	if v, err := p.v4status(p.witness); err != nil || v.NFSv4.Tracking {
 		t.Fatalf("witness NFSv4 tracking: %+v %v", v.NFSv4, err)
@@ -717,7 +687,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 	}
 	waitProgress := func(what string, timeout time.Duration) {
 		before := progress()
-		waitFor(t, timeout, what, func() (bool, string) {
+		testutil.WaitForSeen(t, timeout, what, func() (bool, string) {
 			now := progress()
 			var seen []string
 			ok := true
@@ -762,7 +732,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 		c.vm.sh(10*time.Second, fmt.Sprintf("kill %d", pids[c]))
 	}
 	for _, c := range cs {
-		waitFor(t, 60*time.Second, c.vm.name+"'s worker to stop", func() (bool, string) {
+		testutil.WaitForSeen(t, 60*time.Second, c.vm.name+"'s worker to stop", func() (bool, string) {
 			_, _, done := workerLog(t, c, pids[c])
 			time.Sleep(200 * time.Millisecond)
 			return done, ""
@@ -826,7 +796,7 @@ func (p *pairTopo) negativeControl(cs []*nfsClient) {
 	resp.Body.Close()
 	t0 := time.Now()
 	var caught []string
-	waitFor(t, 120*time.Second, "the negative control's loss to be detected", func() (bool, string) {
+	testutil.WaitForSeen(t, 120*time.Second, "the negative control's loss to be detected", func() (bool, string) {
 		for _, c := range cs {
 			if c.vers == "3" {
 				continue // NLM does not use NFSv4 tracking

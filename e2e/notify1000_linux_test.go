@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -426,7 +428,7 @@ func TestNotify1000(t *testing.T) {
 		t.Fatalf("%d SM_MON acknowledged, want %d", nAcked, len(want))
 	}
 	t.Logf("%d SM_MON acknowledged in %v (4 TCP connections, 250 pipelined calls each)", nAcked, monTook.Round(time.Millisecond))
-	waitFor(t, 20*time.Second, "every node to hold the 1,000 registrations", func() (bool, string) {
+	testutil.WaitForSeen(t, 20*time.Second, "every node to hold the 1,000 registrations", func() (bool, string) {
 		var seen []string
 		all := true
 		for _, n := range c.nodes {
@@ -434,7 +436,7 @@ func TestNotify1000(t *testing.T) {
 			if err != nil {
 				return false, err.Error()
 			}
-			seen = append(seen, s.String())
+			seen = append(seen, statusLine(s))
 			all = all && s.Registrations == len(want)
 		}
 		return all, strings.Join(seen, "; ")
@@ -492,9 +494,7 @@ func TestNotify1000(t *testing.T) {
 	// The new leader, its takeover instant, its VIP and notifier times.
 	v := c.settle(t, 30*time.Second, st.SMState+1, leader)
 	nl, ns := v.leader, v.leaderStatus()
-	var gs struct {
-		GraceUntil *time.Time `json:"grace_until"`
-	}
+	var gs admin.Status
 	var takeoverAt time.Time
 	if err := nl.get("/v1/status", &gs); err == nil && gs.GraceUntil != nil {
 		takeoverAt = gs.GraceUntil.Add(-agentGrace)

@@ -16,6 +16,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // The HA NFS server pair with a witness, on real Linux kernels: the
@@ -187,8 +190,8 @@ func shellQuote(s string) string {
 }
 
 // status is GET /v1/status of n ("" error when it does not answer).
-func (p *pairTopo) status(n *pairNode) (nodeStatus, error) {
-	var s nodeStatus
+func (p *pairTopo) status(n *pairNode) (admin.Status, error) {
+	var s admin.Status
 	return s, p.getStatus(n, &s)
 }
 
@@ -207,11 +210,11 @@ func (p *pairTopo) getStatus(n *pairNode, out any) error {
 
 // waitServing waits until one of the live servers leads, holds the VIP and
 // has the export up (its on_leader hook ran: nfsd threads), and returns it.
-func (p *pairTopo) waitServing(timeout time.Duration, minState int32, live ...*pairNode) (*pairNode, nodeStatus) {
+func (p *pairTopo) waitServing(timeout time.Duration, minState int32, live ...*pairNode) (*pairNode, admin.Status) {
 	p.t.Helper()
 	var leader *pairNode
-	var st nodeStatus
-	waitFor(p.t, timeout, "a serving leader with the VIP and nfsd up", func() (bool, string) {
+	var st admin.Status
+	testutil.WaitForSeen(p.t, timeout, "a serving leader with the VIP and nfsd up", func() (bool, string) {
 		var seen []string
 		for _, n := range live {
 			s, err := p.status(n)
@@ -219,7 +222,7 @@ func (p *pairTopo) waitServing(timeout time.Duration, minState int32, live ...*p
 				seen = append(seen, n.id+": "+err.Error())
 				continue
 			}
-			seen = append(seen, s.String())
+			seen = append(seen, statusLine(s))
 			if s.Role == "leader" && s.VIPHeld && s.SMState >= minState {
 				rc, out, _ := n.vm.try(5*time.Second, "cat /proc/fs/nfsd/threads")
 				if rc == 0 && strings.TrimSpace(out) != "0" {
@@ -261,13 +264,7 @@ func inode(t *testing.T, v *testVM, path string) string {
 
 // registrations is GET /v1/registrations of n (mon_name → my_name).
 func (p *pairTopo) registrations(n *pairNode) (map[string]string, error) {
-	var page struct {
-		Registrations []struct {
-			MonName string `json:"mon_name"`
-			MyName  string `json:"my_name"`
-			MyProg  uint32 `json:"my_prog"`
-		} `json:"registrations"`
-	}
+	var page admin.RegistrationPage
 	resp, err := p.http.Get("https://" + n.admin + "/v1/registrations")
 	if err != nil {
 		return nil, err
@@ -287,12 +284,12 @@ func (p *pairTopo) registrations(n *pairNode) (map[string]string, error) {
 // sm_state ≥ minState.
 func (p *pairTopo) waitFollowing(n *pairNode, minState int32, timeout time.Duration) {
 	p.t.Helper()
-	waitFor(p.t, timeout, n.id+" following", func() (bool, string) {
+	testutil.WaitForSeen(p.t, timeout, n.id+" following", func() (bool, string) {
 		s, err := p.status(n)
 		if err != nil {
 			return false, err.Error()
 		}
-		return s.Role == "follower" && s.LeaderID != "" && s.SMState >= minState, s.String()
+		return s.Role == "follower" && s.LeaderID != "" && s.SMState >= minState, statusLine(s)
 	})
 }
 

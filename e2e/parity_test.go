@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -117,7 +118,7 @@ func TestAccessControlParityWithRealStatd(t *testing.T) {
 type realStatd struct {
 	dir   string // its state directory (sm/, sm.bak/, state)
 	port  uint16 // its TCP port, from rpcbind
-	log   *lockedBuffer
+	log   *testutil.LockedBuffer
 	cmd   *exec.Cmd
 	rpcbd *exec.Cmd
 }
@@ -128,13 +129,13 @@ type realStatd struct {
 func startRealStatd(t *testing.T) *realStatd {
 	t.Helper()
 	statdBin, rpcbindBin := lookTool(t, "rpc.statd"), lookTool(t, "rpcbind")
-	rs := &realStatd{dir: t.TempDir(), log: &lockedBuffer{}}
+	rs := &realStatd{dir: t.TempDir(), log: &testutil.LockedBuffer{}}
 	rs.rpcbd = exec.Command(rpcbindBin, "-f", "-w")
 	if err := rs.rpcbd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 300 * time.Millisecond})
-	waitFor(t, 5*time.Second, "rpcbind", func() (bool, string) { _, err := pm.Dump(context.Background()); return err == nil, "" })
+	testutil.WaitForSeen(t, 5*time.Second, "rpcbind", func() (bool, string) { _, err := pm.Dump(context.Background()); return err == nil, "" })
 	for _, sub := range []string{"sm", "sm.bak"} { // statd does not create them
 		if err := os.Mkdir(filepath.Join(rs.dir, sub), 0o700); err != nil {
 			t.Fatal(err)
@@ -151,7 +152,7 @@ func startRealStatd(t *testing.T) *realStatd {
 			t.Logf("rpc.statd log:\n%s", rs.log)
 		}
 	})
-	waitFor(t, 5*time.Second, "rpc.statd registered", func() (bool, string) {
+	testutil.WaitForSeen(t, 5*time.Second, "rpc.statd registered", func() (bool, string) {
 		p, err := pm.GetPort(context.Background(), 100024, 1, oncrpc.IPProtoTCP)
 		rs.port = p
 		return err == nil && p != 0, ""

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nlm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
@@ -59,7 +60,7 @@ func startRealRpcbind(t *testing.T, h *netHost) {
 			t.Logf("rpcbind on %s:\n%s", h.name, log)
 		}
 	})
-	waitFor(t, 5*time.Second, "rpcbind on "+h.name, func() (bool, string) {
+	testutil.WaitForSeen(t, 5*time.Second, "rpcbind on "+h.name, func() (bool, string) {
 		err := inNetnsThread(h.ns, func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()

@@ -11,15 +11,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
 )
 
 // agentArgs are the flags of a one-node agent on loopback.
-func agentArgs(t *testing.T, dataDir, nsmAddr, admin string, raftPort, pmapPort int) []string {
+func agentArgs(t *testing.T, dataDir, nsmAddr, adm string, raftPort, pmapPort int) []string {
 	return []string{"agent",
 		"--node-id", "n1", "--data-dir", dataDir, "--bind", "127.0.0.1",
-		"--raft-port", strconv.Itoa(raftPort), "--nsm-addr", nsmAddr, "--admin-addr", admin,
+		"--raft-port", strconv.Itoa(raftPort), "--nsm-addr", nsmAddr, "--admin-addr", adm,
 		"--rpcbind", "off", "--pmap-port", strconv.Itoa(pmapPort), "--gossip-port", strconv.Itoa(nsmtest.FreePort(t, "127.0.0.1")),
 		"--notify-name", "nfs.test", "--notify-window", "1m", "--log-level", "debug"}
 }
@@ -35,11 +37,11 @@ func TestKilledNodeRestartsAsRebootedServer(t *testing.T) {
 	pmapPort := freePort(t, "127.0.0.50")
 	client := nsmtest.StartHost(t, "127.0.0.50", pmapPort)
 	nsmAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
-	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
-	args := agentArgs(t, dir, nsmAddr, admin, freePort(t, "127.0.0.1"), pmapPort)
+	adm := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
+	args := agentArgs(t, dir, nsmAddr, adm, freePort(t, "127.0.0.1"), pmapPort)
 
 	first := startNsmd(t, args...)
-	s1 := waitLeader(t, admin, 0)
+	s1 := waitLeader(t, adm, 0)
 
 	var priv [16]byte
 	rand.Read(priv[:])
@@ -56,7 +58,7 @@ func TestKilledNodeRestartsAsRebootedServer(t *testing.T) {
 	c.Close()
 
 	startNsmd(t, args...)
-	s2 := waitLeader(t, admin, s1.SMState)
+	s2 := waitLeader(t, adm, s1.SMState)
 	if s2.SMState != s1.SMState+2 {
 		t.Errorf("sm_state after restart = %d, want %d (+2)", s2.SMState, s1.SMState+2)
 	}
@@ -66,13 +68,8 @@ func TestKilledNodeRestartsAsRebootedServer(t *testing.T) {
 	if s2.GraceUntil == nil || time.Until(*s2.GraceUntil) < 60*time.Second {
 		t.Errorf("grace_until = %v, want about 90s ahead", s2.GraceUntil)
 	}
-	var page struct {
-		Registrations []struct {
-			MonName string `json:"mon_name"`
-			Priv    string `json:"priv"`
-		}
-	}
-	if err := getJSON(admin, "/v1/registrations", &page); err != nil {
+	var page admin.RegistrationPage
+	if err := getJSON(adm, "/v1/registrations", &page); err != nil {
 		t.Fatal(err)
 	}
 	if len(page.Registrations) != 1 || page.Registrations[0].MonName != "127.0.0.50" || page.Registrations[0].Priv != hex.EncodeToString(priv[:]) {
@@ -87,9 +84,9 @@ func TestKilledNodeRestartsAsRebootedServer(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no SM_NOTIFY reached the monitored host within 10s of the restart")
 	}
-	waitFor(t, 5*time.Second, "notify done", func() (bool, string) {
-		var s status
-		if err := getJSON(admin, "/v1/status", &s); err != nil {
+	testutil.WaitForSeen(t, 5*time.Second, "notify done", func() (bool, string) {
+		var s admin.Status
+		if err := getJSON(adm, "/v1/status", &s); err != nil {
 			return false, err.Error()
 		}
 		return s.Notify.Done == 1 && s.Notify.Pending == 0, fmt.Sprintf("%+v", s.Notify)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -111,7 +112,7 @@ func TestRegistersWithRealRpcbind(t *testing.T) {
 	}
 	t.Cleanup(func() { rb.Process.Kill(); rb.Wait() })
 	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 300 * time.Millisecond})
-	waitFor(t, 5*time.Second, "rpcbind to answer", func() (bool, string) {
+	testutil.WaitForSeen(t, 5*time.Second, "rpcbind to answer", func() (bool, string) {
 		_, err := pm.Dump(context.Background())
 		return err == nil, ""
 	})

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // TestClusterFaultSchedules runs three nsmd nodes and client hosts in
@@ -97,7 +99,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 		t.Cleanup(func() { leader.signal(syscall.SIGCONT) })
 		// While it is stopped the others elect a leader of their own.
 		var newLeader string
-		waitFor(t, pause, "a new leader while "+leader.id+" is stopped", func() (bool, string) {
+		testutil.WaitForSeen(t, pause, "a new leader while "+leader.id+" is stopped", func() (bool, string) {
 			var seen []string
 			for _, o := range c.others(leader) {
 				s, err := o.status()
@@ -105,7 +107,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 					seen = append(seen, err.Error())
 					continue
 				}
-				seen = append(seen, s.String())
+				seen = append(seen, statusLine(s))
 				if s.Role == "leader" && s.SMState > st.SMState {
 					newLeader = o.id
 					return true, ""
@@ -119,12 +121,12 @@ func TestClusterFaultSchedules(t *testing.T) {
 		if err := leader.signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 5*time.Second, leader.id+" to step down after SIGCONT", func() (bool, string) {
+		testutil.WaitForSeen(t, 5*time.Second, leader.id+" to step down after SIGCONT", func() (bool, string) {
 			s, err := leader.status()
 			if err != nil {
 				return false, err.Error()
 			}
-			return s.Role != "leader" && !s.VIPHeld, s.String()
+			return s.Role != "leader" && !s.VIPHeld, statusLine(s)
 		})
 		stepped := time.Since(resumed)
 		next, _ := c.checkInvariants(t, m, true)
@@ -171,7 +173,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 		tool, heal := cut(t, leader.host, peers)
 		t.Logf("cut %s off from its followers with %s (clients still reach it)", leader.id, tool)
 		if c.vipOK {
-			waitFor(t, 10*time.Second, leader.id+" to drop the VIP", func() (bool, string) {
+			testutil.WaitForSeen(t, 10*time.Second, leader.id+" to drop the VIP", func() (bool, string) {
 				h := c.watch.Holders()
 				return !slices.Contains(h, leader.id), fmt.Sprint("holders ", h)
 			})
@@ -186,12 +188,12 @@ func TestClusterFaultSchedules(t *testing.T) {
 		if ns.SMState <= st.SMState {
 			t.Errorf("invariant 2: majority leader %s has sm_state %d, was %d", v.leader.id, ns.SMState, st.SMState)
 		}
-		waitFor(t, 5*time.Second, "cut-off "+leader.id+" to step down and hold no VIP", func() (bool, string) {
+		testutil.WaitForSeen(t, 5*time.Second, "cut-off "+leader.id+" to step down and hold no VIP", func() (bool, string) {
 			s, err := leader.status()
 			if err != nil {
 				return false, err.Error()
 			}
-			return s.Role != "leader" && !s.VIPHeld, s.String()
+			return s.Role != "leader" && !s.VIPHeld, statusLine(s)
 		})
 		if src, ok := c.notifySource(v.leader); ok {
 			c.checkNotified(t, ns.SMState, src, 20*time.Second)
@@ -221,7 +223,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 				t.Fatal(err)
 			}
 			if s.Role != "leader" || s.Term != st.Term || s.SMState != st.SMState {
-				t.Fatalf("leader changed while only follower %s was cut off: %v (was term %d, state %d)", follower.id, s, st.Term, st.SMState)
+				t.Fatalf("leader changed while only follower %s was cut off: %s (was term %d, state %d)", follower.id, statusLine(s), st.Term, st.SMState)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -279,7 +281,7 @@ func TestClusterFaultSchedules(t *testing.T) {
 		}
 		wg.Wait()
 		if c.vipOK {
-			waitFor(t, time.Second, "no node to hold the VIP after a clean shutdown", func() (bool, string) {
+			testutil.WaitForSeen(t, time.Second, "no node to hold the VIP after a clean shutdown", func() (bool, string) {
 				h := c.watch.Holders()
 				return len(h) == 0, fmt.Sprint("holders ", h)
 			})

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
 )
@@ -48,24 +49,17 @@ func TestMigrationFromRealStatdAndBackToRealSmNotify(t *testing.T) {
 
 	// 2. Import into a running nsmd node.
 	port := freePort(t, "127.0.0.1")
-	admin := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
+	adm := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
 	pmapPort := freePort(t, "10.77.5.5")
-	startNsmd(t, agentArgs(t, t.TempDir(), net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), admin, freePort(t, "127.0.0.1"), pmapPort)...)
-	waitLeader(t, admin, 0)
-	out, err := exec.Command(nsmdBin, "import-statd", statdDir, "--admin", admin).CombinedOutput()
+	startNsmd(t, agentArgs(t, t.TempDir(), net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), adm, freePort(t, "127.0.0.1"), pmapPort)...)
+	waitLeader(t, adm, 0)
+	out, err := exec.Command(nsmdBin, "import-statd", statdDir, "--admin", adm).CombinedOutput()
 	if err != nil {
 		t.Fatalf("import-statd: %v\n%s", err, out)
 	}
 	t.Logf("import-statd: %s", strings.TrimSpace(string(out)))
-	var page struct {
-		Registrations []struct {
-			MonName  string `json:"mon_name"`
-			MyName   string `json:"my_name"`
-			Priv     string `json:"priv"`
-			Callback string `json:"callback"`
-		}
-	}
-	if err := getJSON(admin, "/v1/registrations", &page); err != nil {
+	var page admin.RegistrationPage
+	if err := getJSON(adm, "/v1/registrations", &page); err != nil {
 		t.Fatal(err)
 	}
 	if len(page.Registrations) != 1 {
@@ -75,8 +69,8 @@ func TestMigrationFromRealStatdAndBackToRealSmNotify(t *testing.T) {
 	if got.MonName != "10.77.5.5" || got.MyName != "nfs-old" || got.Priv != hex.EncodeToString(priv[:]) || got.Callback != "127.0.0.1" {
 		t.Errorf("imported %+v, want mon_name 10.77.5.5 my_name nfs-old priv %x callback 127.0.0.1", got, priv)
 	}
-	var s status
-	if err := getJSON(admin, "/v1/status", &s); err != nil {
+	var s admin.Status
+	if err := getJSON(adm, "/v1/status", &s); err != nil {
 		t.Fatal(err)
 	}
 	if s.SMState <= statdState || s.SMState%2 != 1 {
@@ -85,7 +79,7 @@ func TestMigrationFromRealStatdAndBackToRealSmNotify(t *testing.T) {
 
 	// 3. Export, and let the real sm-notify notify the host from it.
 	exportDir := t.TempDir()
-	if out, err := exec.Command(nsmdBin, "export-statd", exportDir, "--admin", admin).CombinedOutput(); err != nil {
+	if out, err := exec.Command(nsmdBin, "export-statd", exportDir, "--admin", adm).CombinedOutput(); err != nil {
 		t.Fatalf("export-statd: %v\n%s", err, out)
 	}
 	host := nsmtest.StartHost(t, "10.77.5.5", 111)

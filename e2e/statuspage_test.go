@@ -18,6 +18,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 )
 
@@ -70,16 +72,16 @@ func startPageCluster(t *testing.T, vip, token string) []*pageNode {
 
 // pageLeader waits until every node in nodes agrees on a leader among them
 // that serves (odd sm_state above notState) and returns it.
-func pageLeader(t *testing.T, nodes []*pageNode, notState int32) (*pageNode, status) {
+func pageLeader(t *testing.T, nodes []*pageNode, notState int32) (*pageNode, admin.Status) {
 	t.Helper()
 	var lead *pageNode
-	var ls status
-	waitFor(t, 15*time.Second, "a serving leader all nodes agree on", func() (bool, string) {
+	var ls admin.Status
+	testutil.WaitForSeen(t, 15*time.Second, "a serving leader all nodes agree on", func() (bool, string) {
 		var seen []string
 		lead = nil
 		agree := ""
 		for _, n := range nodes {
-			var s status
+			var s admin.Status
 			if err := getJSON(n.admin, "/v1/status", &s); err != nil {
 				return false, err.Error()
 			}
@@ -190,7 +192,7 @@ func evalJS[T any](tab context.Context, expr string) (T, error) {
 func waitText(t *testing.T, tab context.Context, id string, timeout time.Duration, what string, ok func(string) bool) string {
 	t.Helper()
 	var text string
-	waitFor(t, timeout, what, func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, what, func() (bool, string) {
 		var err error
 		if text, err = evalJS[string](tab, fmt.Sprintf("document.getElementById(%q).textContent", id)); err != nil {
 			return false, err.Error()
@@ -244,9 +246,9 @@ func TestStatusPageInChromium(t *testing.T) {
 		if res := call(nsm.Mon{ID: nsm.MonID{MonName: "127.0.0.92", My: nsm.MyID{MyName: myName, Prog: 100021, Vers: 3, Proc: 16}}}); res.Res != nsm.StatSucc {
 			t.Fatalf("SM_MON with my_name %q = %+v, want stat_succ", myName, res)
 		}
-		body, _ := json.Marshal(map[string]any{"registrations": []map[string]any{{
-			"mon_name": monName, "my_name": "lockd", "my_prog": 100021, "my_vers": 3, "my_proc": 16,
-			"priv": strings.Repeat("ab", 16), "callback": "127.0.0.1",
+		body, _ := json.Marshal(admin.ImportRequest{Registrations: []admin.RegistrationJSON{{
+			MonName: monName, MyName: "lockd", MyProg: 100021, MyVers: 3, MyProc: 16,
+			Priv: strings.Repeat("ab", 16), Callback: "127.0.0.1",
 		}}})
 		req, _ := http.NewRequest("POST", "http://"+lead.admin+"/v1/import", bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -264,7 +266,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		if _, err := evalJS[int](probe, fmt.Sprintf(`document.body.innerHTML = %q + %q; 0`, monName, myName)); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 5*time.Second, "the payload to run when rendered as HTML (self-check)", func() (bool, string) {
+		testutil.WaitForSeen(t, 5*time.Second, "the payload to run when rendered as HTML (self-check)", func() (bool, string) {
 			v, err := evalJS[string](probe, "String(window.pwned)")
 			return err == nil && v != "undefined", fmt.Sprintf("window.pwned = %s (%v)", v, err)
 		})
@@ -292,7 +294,7 @@ func TestStatusPageInChromium(t *testing.T) {
 			t.Fatalf("type the token: %v", err)
 		}
 		// The status page shows the names as text, and nothing of them ran.
-		waitFor(t, 10*time.Second, "both registrations listed on the page", func() (bool, string) {
+		testutil.WaitForSeen(t, 10*time.Second, "both registrations listed on the page", func() (bool, string) {
 			var err error
 			if rows, err = evalJS[[]cell](tab, `[...document.querySelectorAll('#regs tbody tr')].map(r => ({Mon: r.cells[0]?.textContent ?? '', My: r.cells[1]?.textContent ?? ''}))`); err != nil {
 				return false, err.Error()
@@ -351,7 +353,7 @@ func TestStatusPageInChromium(t *testing.T) {
 
 		// The state the cluster serves now (the import above raised it):
 		// the next leader must serve a newer one.
-		var pre status
+		var pre admin.Status
 		if err := getJSON(lead.admin, "/v1/status", &pre); err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -88,7 +90,7 @@ func TestAgentRunsUnprivilegedWithThreeCapabilities(t *testing.T) {
 	}
 	t.Cleanup(func() { rb.Process.Kill(); rb.Wait() })
 	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 300 * time.Millisecond})
-	waitFor(t, 5*time.Second, "rpcbind to answer", func() (bool, string) {
+	testutil.WaitForSeen(t, 5*time.Second, "rpcbind to answer", func() (bool, string) {
 		_, err := pm.Dump(context.Background())
 		return err == nil, ""
 	})
@@ -140,15 +142,12 @@ func TestAgentRunsUnprivilegedWithThreeCapabilities(t *testing.T) {
 	// With the three: it runs.
 	p := startSetpriv(t, setpriv, setprivArgs(uid, gid, caps, agent...))
 	pid := p.cmd.Process.Pid
-	waitFor(t, 15*time.Second, "the unprivileged agent to lead and hold the VIP", func() (bool, string) {
-		var s struct {
-			Role    string `json:"role"`
-			VIPHeld bool   `json:"vip_held"`
-		}
+	testutil.WaitForSeen(t, 15*time.Second, "the unprivileged agent to lead and hold the VIP", func() (bool, string) {
+		var s admin.Status
 		if err := getJSON("127.0.0.1:8024", "/v1/status", &s); err != nil {
 			return false, err.Error()
 		}
-		return s.Role == "leader" && s.VIPHeld, fmt.Sprintf("%+v", s)
+		return s.Role == "leader" && s.VIPHeld, statusLine(s)
 	})
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -199,7 +198,7 @@ func TestAgentRunsUnprivilegedWithThreeCapabilities(t *testing.T) {
 // execs the agent, so the pid is the agent's).
 func startSetpriv(t *testing.T, setpriv string, args []string) *proc {
 	t.Helper()
-	p := &proc{t: t, args: args, log: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{t: t, args: args, log: &testutil.LockedBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(setpriv, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // The real-kernel tier: Debian's cloud kernel booted under QEMU (TCG: no
@@ -471,7 +473,7 @@ type testVM struct {
 	cmdline string
 
 	cmd     *exec.Cmd
-	console *lockedBuffer
+	console *testutil.LockedBuffer
 	ready   chan struct{}
 	done    chan struct{}
 	started time.Time
@@ -518,7 +520,7 @@ func (v *testVM) boot() {
 	}
 	cmd := exec.Command("ip", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	v.console = &lockedBuffer{}
+	v.console = &testutil.LockedBuffer{}
 	v.ready, v.done = make(chan struct{}), make(chan struct{})
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -506,17 +506,13 @@ func (r *run) send(i int) {
 	var dst netip.AddrPort
 	switch h.phase {
 	case phPmap:
-		putCallHeader(w, h.xid, oncrpc.PmapProg, oncrpc.PmapVers, pmapProcGetPort)
-		m := oncrpc.Mapping{Prog: Program.Prog, Vers: Program.Vers, Prot: oncrpc.IPProtoUDP}
-		w.Uint32(m.Prog)
-		w.Uint32(m.Vers)
-		w.Uint32(m.Prot)
-		w.Uint32(m.Port)
+		oncrpc.CallHeader{XID: h.xid, Prog: oncrpc.PmapProg, Vers: oncrpc.PmapVers, Proc: oncrpc.PmapProcGetPort}.MarshalXDR(w)
+		oncrpc.Mapping{Prog: Program.Prog, Vers: Program.Vers, Prot: oncrpc.IPProtoUDP}.MarshalXDR(w)
 		dst = netip.AddrPortFrom(h.addr, uint16(r.cfg.PmapPort))
 		r.n.m.notifySent(true, h.pmapSent > 0)
 		h.pmapSent++
 	case phNotify:
-		putCallHeader(w, h.xid, Program.Prog, Program.Vers, ProcNotify)
+		oncrpc.CallHeader{XID: h.xid, Prog: Program.Prog, Vers: Program.Vers, Proc: ProcNotify}.MarshalXDR(w)
 		args := StatChge{MonName: r.cfg.Name, State: r.state}
 		args.MarshalXDR(w)
 		dst = netip.AddrPortFrom(h.addr, h.port)
@@ -703,50 +699,21 @@ func (r *run) finish(i int, ok bool, err error) {
 	r.n.publish()
 }
 
-// ---- RPC messages (RFC 5531 §9) ------------------------------------------
-
-const (
-	rpcVersion      = 2
-	msgCall         = 0
-	msgReply        = 1
-	replyAccepted   = 0
-	acceptSuccess   = 0
-	pmapProcGetPort = 3
-)
-
-// putCallHeader writes a call_body with AUTH_NONE credential and verifier.
-func putCallHeader(w *oncrpc.Writer, xid, prog, vers, proc uint32) {
-	w.Uint32(xid)
-	w.Uint32(msgCall)
-	w.Uint32(rpcVersion)
-	w.Uint32(prog)
-	w.Uint32(vers)
-	w.Uint32(proc)
-	w.Uint32(oncrpc.AuthNone) // cred flavor
-	w.Uint32(0)               // cred body length
-	w.Uint32(oncrpc.AuthNone) // verf flavor
-	w.Uint32(0)               // verf body length
-}
+// ---- RPC replies (RFC 5531 §9) -------------------------------------------
 
 // parseReply decodes a reply header and, for a successful reply, the first
 // result word (GETPORT's port). ok is false for a malformed message or a
-// call; rep.ok is false for a denied or unsuccessful reply.
+// call; rep.ok is false for a denied or unsuccessful reply (any reply_stat
+// but MSG_ACCEPTED, any accept_stat but SUCCESS).
 func parseReply(b []byte) (rep reply, ok bool) {
 	r := oncrpc.NewReader(b)
-	rep.xid = r.Uint32()
-	if r.Uint32() != msgReply || r.Err() != nil {
+	var h oncrpc.ReplyHeader
+	err := h.UnmarshalXDR(r)
+	rep.xid = h.XID
+	if err != nil {
 		return rep, false
 	}
-	if r.Uint32() != replyAccepted {
-		return rep, r.Err() == nil // MSG_DENIED
-	}
-	r.Uint32()                    // verf flavor
-	r.Opaque(oncrpc.MaxAuthBytes) // verf body
-	stat := r.Uint32()
-	if r.Err() != nil {
-		return rep, false
-	}
-	if stat != acceptSuccess {
+	if h.Stat != oncrpc.ReplyAccepted || h.AcceptStat != oncrpc.AcceptSuccess {
 		return rep, true
 	}
 	rep.ok = true

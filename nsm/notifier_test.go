@@ -319,6 +319,48 @@ func TestNotifierReportsUnusableSource(t *testing.T) {
 	}
 }
 
+// TestNotifierParseReplyTellsMalformedFromRefused: a reply that cannot be
+// decoded (not a REPLY, truncated, bad verifier) is ignored, while any
+// decodable refusal — MSG_DENIED, an unknown reply_stat, an accept_stat
+// other than SUCCESS — counts as an answer that is not a success (RFC 5531
+// §9), which sends the host back to the portmapper.
+func TestNotifierParseReplyTellsMalformedFromRefused(t *testing.T) {
+	accepted := []byte{
+		0, 0, 0, 9, // XID
+		0, 0, 0, 1, // msg_type REPLY
+		0, 0, 0, 0, // reply_stat MSG_ACCEPTED
+		0, 0, 0, 0, // verf flavor AUTH_NONE
+		0, 0, 0, 0, // verf length 0
+	}
+	cat := func(a, b []byte) []byte { return append(append([]byte(nil), a...), b...) }
+	tests := []struct {
+		name string
+		in   []byte
+		ok   bool
+		want reply
+	}{
+		{"GETPORT answered with port 1000", cat(accepted, []byte{0, 0, 0, 0, 0, 0, 0x03, 0xe8}), true, reply{xid: 9, ok: true, val: 1000, hasVal: true}},
+		{"SM_NOTIFY answered (void)", cat(accepted, []byte{0, 0, 0, 0}), true, reply{xid: 9, ok: true}},
+		{"PROC_UNAVAIL", cat(accepted, []byte{0, 0, 0, 3}), true, reply{xid: 9}},
+		{"PROG_MISMATCH without its range", cat(accepted, []byte{0, 0, 0, 2}), true, reply{xid: 9}},
+		{"MSG_DENIED AUTH_ERROR", []byte{0, 0, 0, 9, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1}, true, reply{xid: 9}},
+		{"reply_stat 7", []byte{0, 0, 0, 9, 0, 0, 0, 1, 0, 0, 0, 7}, true, reply{xid: 9}},
+		{"a CALL", []byte{0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 2}, false, reply{xid: 9}},
+		{"no reply_stat", []byte{0, 0, 0, 9, 0, 0, 0, 1}, false, reply{xid: 9}},
+		{"no accept_stat", accepted, false, reply{xid: 9}},
+		{"verifier over 400 bytes", []byte{0, 0, 0, 9, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0x91}, false, reply{xid: 9}},
+		{"empty", nil, false, reply{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := parseReply(tt.in)
+			if ok != tt.ok || (ok && got != tt.want) {
+				t.Fatalf("parseReply = %+v, %v; want %+v, %v", got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
 // notifyMany notifies n targets that all live on one fake host at
 // 127.0.0.1 (the demux keys on XID, not on address).
 func notifyMany(tb testing.TB, n int) (Summary, int64) {

@@ -1,46 +1,21 @@
 package nsm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test to share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines(substr string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for line := range strings.Lines(l.b.String()) {
-		if strings.Contains(line, substr) {
-			out = append(out, line)
-		}
-	}
-	return out
-}
 
 // Until the registry is ready, SM_STAT, SM_MON, SM_UNMON, SM_UNMON_ALL and
 // SM_SIMU_CRASH get no reply and change nothing; SM_NULL and SM_NOTIFY
@@ -49,7 +24,7 @@ func (l *lockedBuffer) lines(substr string) []string {
 func TestNotReadyGetsNoReplyCountedAndLoggedSparingly(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Unix(1_800_000_000, 0).UnixNano())
-	logs := &lockedBuffer{}
+	logs := &testutil.LockedBuffer{}
 	m := NewMetrics(prometheus.NewRegistry())
 	s := newNSMServer(t, Config{
 		Metrics: m,
@@ -126,14 +101,14 @@ func TestNotReadyGetsNoReplyCountedAndLoggedSparingly(t *testing.T) {
 			t.Errorf("not-ready drops of %s: %v, want %v", p, got, want)
 		}
 	}
-	if got := logs.lines("does not know the current sm_state"); len(got) != 1 {
+	if got := logs.Lines("does not know the current sm_state"); len(got) != 1 {
 		t.Fatalf("%d log lines for %v drops within one second, want 1:\n%s", len(got), 250+statDrops, strings.Join(got, ""))
 	}
 	now.Add(int64(time.Second))
 	if err := serve(ProcStat, &SMName{"x"}); !errors.Is(err, oncrpc.ErrNoReply) {
 		t.Fatal(err)
 	}
-	got := logs.lines("does not know the current sm_state")
+	got := logs.Lines("does not know the current sm_state")
 	since := fmt.Sprintf("dropped=%d", int(statDrops)+250) // all but the first logged, and this one
 	if len(got) != 2 || !strings.Contains(got[1], since) {
 		t.Fatalf("after a second: log lines\n%s\nwant a second one with %s", strings.Join(got, ""), since)

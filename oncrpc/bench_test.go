@@ -6,6 +6,9 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // BenchmarkServerTCPNullPipelined: 64 concurrent callers (2 cores × 32)
@@ -50,8 +53,8 @@ func BenchmarkXDRDecodeCall(b *testing.B) {
 	var r Reader
 	for b.Loop() {
 		r.Reset(rec)
-		var h callHeader
-		if err := decodeCall(&r, &h); err != nil {
+		var h CallHeader
+		if err := h.UnmarshalXDR(&r); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := parseAuthSys(h.Cred.Body); err != nil {
@@ -88,7 +91,7 @@ func benchAccept(b *testing.B, maxConns int) {
 	for i := range ring {
 		ring[i] = dialFromAddr(b, src(i), ts.tcpAddr)
 	}
-	waitFor(b, func() bool { return ts.srv.Conns() == open })
+	testutil.WaitFor(b, 5*time.Second, "every connection open", func() bool { return ts.srv.Conns() == open })
 	b.ResetTimer()
 	for i := range b.N {
 		c, err := dialLoopback(src(i), ts.tcpAddr)

@@ -273,8 +273,7 @@ func (c *Client) call(ctx context.Context, prog, vers, proc uint32, args Marshal
 	}
 	xid := c.xid.Add(1)
 	w := Writer{buf: make([]byte, replyReserve, 256)}
-	h := callHeader{XID: xid, RPCVers: RPCVersion, Prog: prog, Vers: vers, Proc: proc, Cred: c.cfg.Cred}
-	h.marshal(&w)
+	CallHeader{XID: xid, Prog: prog, Vers: vers, Proc: proc, Cred: c.cfg.Cred}.MarshalXDR(&w)
 	if args != nil {
 		args.MarshalXDR(&w)
 	}

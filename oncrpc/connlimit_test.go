@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // connEvents collects OnConn events for a test to wait on.
@@ -135,8 +137,7 @@ func dialLoopback(local, addr string) (net.Conn, error) {
 // stream and waits (at most 5 s) for its reply.
 func rawNull(c net.Conn, xid uint32) error {
 	w := NewWriter(nil)
-	h := callHeader{XID: xid, RPCVers: RPCVersion, Prog: testProg, Vers: testVers, Proc: procNull}
-	h.marshal(w)
+	CallHeader{XID: xid, Prog: testProg, Vers: testVers, Proc: procNull}.MarshalXDR(w)
 	if err := WriteRecord(c, w.Bytes()); err != nil {
 		return fmt.Errorf("writing call: %w", err)
 	}
@@ -315,7 +316,7 @@ func TestBusyConnectionsAreNeverEvicted(t *testing.T) {
 		}
 	}
 	// A reply reaches the client just before its slot is released.
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, 5*time.Second, "an idle connection", func() bool {
 		ts.srv.mu.Lock()
 		defer ts.srv.mu.Unlock()
 		return ts.srv.longestIdle() != nil

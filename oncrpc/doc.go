@@ -52,6 +52,27 @@
 // picks the source address and ClientConfig.Privileged a source port in
 // 512..1023.
 //
+// # Messages on your own socket
+//
+// Code that runs its own socket instead of a Client or Server — one UDP
+// socket fanning calls out to many hosts, or a minimal stand-in server in a
+// test or bench — builds and reads messages with the header types (RFC 5531
+// §9). A call is a CallHeader followed by the arguments; a stand-in server
+// decodes it with CallHeader.UnmarshalXDR and answers with a ReplyHeader
+// followed by the results. A client decodes a ReplyHeader and reads the
+// results from the same Reader when Stat is ReplyAccepted and AcceptStat is
+// AcceptSuccess:
+//
+//	w := oncrpc.NewWriter(buf)
+//	oncrpc.CallHeader{XID: xid, Prog: prog, Vers: vers, Proc: proc}.MarshalXDR(w)
+//	args.MarshalXDR(w)
+//	...
+//	r := oncrpc.NewReader(datagram)
+//	var h oncrpc.ReplyHeader
+//	if err := h.UnmarshalXDR(r); err == nil && h.Stat == oncrpc.ReplyAccepted && h.AcceptStat == oncrpc.AcceptSuccess {
+//		err = res.UnmarshalXDR(r)
+//	}
+//
 // # Portmapper
 //
 // PmapClient speaks PMAP version 2 to rpcbind or to Portmapper, a small

@@ -50,9 +50,9 @@ func FuzzReader(f *testing.F) {
 	})
 }
 
-// FuzzDecodeCall decodes call headers (RFC 5531 §9) and runs them through
-// the server's dispatch; it must never panic, and a decoded header
-// re-encodes to the same bytes.
+// FuzzDecodeCall decodes call headers (RFC 5531 §9) with
+// CallHeader.UnmarshalXDR and runs them through the server's dispatch; it
+// must never panic, and a decoded header re-encodes to the same bytes.
 func FuzzDecodeCall(f *testing.F) {
 	f.Add(smStatCall[4:])
 	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0x20, 0, 0, 0x99, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 'a', 'b', 'c', 0})
@@ -74,11 +74,11 @@ func FuzzDecodeCall(f *testing.F) {
 	})}, ServerConfig{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := NewReader(data)
-		var h callHeader
-		if err := decodeCall(r, &h); err == nil {
+		var h CallHeader
+		if err := h.UnmarshalXDR(r); err == nil {
 			rest := data[len(data)-r.Remaining():]
 			w := NewWriter(nil)
-			h.marshal(w)
+			h.MarshalXDR(w)
 			if !bytes.Equal(append(w.Bytes(), rest...), data) {
 				t.Fatalf("round trip:\n% x\n% x", w.Bytes(), data)
 			}
@@ -129,11 +129,38 @@ func FuzzDecodeReply(f *testing.F) {
 		w := NewWriter(nil)
 		w.Uint32(xid)
 		w.Uint32(msgReply)
-		w.Uint32(replyAccepted)
+		w.Uint32(ReplyAccepted)
 		verf.MarshalXDR(w)
-		w.Uint32(acceptSuccess)
+		w.Uint32(AcceptSuccess)
 		if !bytes.Equal(append(w.Bytes(), rest...), data) {
 			t.Fatalf("round trip:\n% x\n% x", w.Bytes(), data)
+		}
+	})
+}
+
+// FuzzReplyHeader decodes reply headers (RFC 5531 §9) as a client on its
+// own socket does; it must never panic, a failure wraps ErrBadReply and sets
+// the reader's error, and a decoded header re-encodes to exactly the bytes
+// it consumed.
+func FuzzReplyHeader(f *testing.F) {
+	f.Add(smStatReply[4:])
+	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 2, 0xde, 0xad, 0, 0, 0, 0, 0, 5})
+	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 5})
+	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 7})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := NewReader(data)
+		var h ReplyHeader
+		if err := h.UnmarshalXDR(r); err != nil {
+			if !errors.Is(err, ErrBadReply) || r.Err() == nil {
+				t.Fatalf("error %v (reader error %v)", err, r.Err())
+			}
+			return
+		}
+		used := data[:len(data)-r.Remaining()]
+		w := NewWriter(nil)
+		h.MarshalXDR(w)
+		if !bytes.Equal(w.Bytes(), used) {
+			t.Fatalf("round trip:\n% x\n% x", w.Bytes(), used)
 		}
 	})
 }

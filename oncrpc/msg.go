@@ -9,24 +9,36 @@ import (
 
 // RPC message constants (RFC 5531 §9).
 const (
-	// RPCVersion is the only RPC protocol version (rpcvers) served.
+	// RPCVersion is the only RPC protocol version (rpcvers) served, and the
+	// one CallHeader writes.
 	RPCVersion uint32 = 2
 
-	msgCall  uint32 = 0
-	msgReply uint32 = 1
+	msgCall  uint32 = 0 // msg_type CALL
+	msgReply uint32 = 1 // msg_type REPLY
+)
 
-	replyAccepted uint32 = 0 // MSG_ACCEPTED
-	replyDenied   uint32 = 1 // MSG_DENIED
+// reply_stat values (RFC 5531 §9), carried by ReplyHeader.Stat.
+const (
+	ReplyAccepted uint32 = 0 // MSG_ACCEPTED
+	ReplyDenied   uint32 = 1 // MSG_DENIED
+)
 
-	acceptSuccess      uint32 = 0 // SUCCESS
-	acceptProgUnavail  uint32 = 1 // PROG_UNAVAIL
-	acceptProgMismatch uint32 = 2 // PROG_MISMATCH
-	acceptProcUnavail  uint32 = 3 // PROC_UNAVAIL
-	acceptGarbageArgs  uint32 = 4 // GARBAGE_ARGS
-	acceptSystemErr    uint32 = 5 // SYSTEM_ERR
+// accept_stat values of an accepted reply (RFC 5531 §9), carried by
+// ReplyHeader.AcceptStat.
+const (
+	AcceptSuccess      uint32 = 0 // SUCCESS: the results follow
+	AcceptProgUnavail  uint32 = 1 // PROG_UNAVAIL
+	AcceptProgMismatch uint32 = 2 // PROG_MISMATCH: mismatch_info (low, high) follows
+	AcceptProcUnavail  uint32 = 3 // PROC_UNAVAIL
+	AcceptGarbageArgs  uint32 = 4 // GARBAGE_ARGS
+	AcceptSystemErr    uint32 = 5 // SYSTEM_ERR
+)
 
-	rejectRPCMismatch uint32 = 0 // RPC_MISMATCH
-	rejectAuthError   uint32 = 1 // AUTH_ERROR
+// reject_stat values of a denied reply (RFC 5531 §9): the first word after
+// a ReplyHeader whose Stat is ReplyDenied.
+const (
+	RejectRPCMismatch uint32 = 0 // RPC_MISMATCH: mismatch_info (low, high) follows
+	RejectAuthError   uint32 = 1 // AUTH_ERROR: an auth_stat follows
 )
 
 // Authentication flavors (RFC 5531 §8.2) and the opaque_auth body limit.
@@ -172,19 +184,28 @@ func (e *AuthError) Error() string {
 // Unwrap returns ErrAuth.
 func (e *AuthError) Unwrap() error { return ErrAuth }
 
-// callHeader is the call message up to the arguments (RFC 5531 §9:
-// rpc_msg with mtype CALL and call_body).
-type callHeader struct {
-	XID, RPCVers     uint32
+// CallHeader is a call message up to the procedure's arguments (RFC 5531
+// §9: an rpc_msg with mtype CALL and its call_body without the arguments).
+// rpcvers is not a field: MarshalXDR always writes RPCVersion (2) and
+// UnmarshalXDR accepts nothing else. The zero Cred and Verf are AUTH_NONE
+// with an empty body (RFC 5531 §10.1); AuthSysCred builds an AUTH_SYS
+// credential (RFC 5531 appendix A).
+//
+// A client that runs its own socket writes a CallHeader and then the
+// arguments into one Writer; a stand-in server decodes one with
+// UnmarshalXDR and finds the arguments next in the Reader.
+type CallHeader struct {
+	XID              uint32
 	Prog, Vers, Proc uint32
-	Cred, Verf       OpaqueAuth
+	Cred, Verf       OpaqueAuth // each body at most MaxAuthBytes
 }
 
-// appendCall encodes a call header; the arguments follow.
-func (h *callHeader) marshal(w *Writer) {
+// MarshalXDR encodes the header: xid, CALL, rpcvers 2, prog, vers, proc,
+// cred, verf. The arguments follow.
+func (h CallHeader) MarshalXDR(w *Writer) {
 	w.Uint32(h.XID)
 	w.Uint32(msgCall)
-	w.Uint32(h.RPCVers)
+	w.Uint32(RPCVersion)
 	w.Uint32(h.Prog)
 	w.Uint32(h.Vers)
 	w.Uint32(h.Proc)
@@ -192,7 +213,8 @@ func (h *callHeader) marshal(w *Writer) {
 	h.Verf.MarshalXDR(w)
 }
 
-// callDecodeError says how far decodeCall got, and so which reply fits.
+// callDecodeError says how far CallHeader.UnmarshalXDR got, and so which
+// reply fits.
 type callDecodeError struct {
 	stage int // stageDrop, stageRPCVers, stageCred, stageVerf
 	err   error
@@ -208,21 +230,38 @@ const (
 func (e *callDecodeError) Error() string { return e.err.Error() }
 func (e *callDecodeError) Unwrap() error { return e.err }
 
-// decodeCall decodes a call header from r, leaving r at the arguments. The
-// credential and verifier bodies alias r's buffer. Errors are
+// UnmarshalXDR decodes a call header from r, leaving r at the arguments.
+// The message type must be CALL and rpcvers 2 (an error wrapping
+// ErrRPCMismatch otherwise, RFC 5531 §9); a credential or verifier body
+// longer than MaxAuthBytes, truncated or with non-zero padding is an error.
+// The fields decoded before a failure are kept (XID first), so a server can
+// still address its rejection. On error r's sticky error is set too.
+//
+// The credential and verifier bodies alias r's buffer (Reader.OpaqueRef):
+// copy them to keep them past that buffer's reuse. An AUTH_SYS body is
+// checked only as an opaque; decode it with AuthSysParams.UnmarshalXDR.
+func (h *CallHeader) UnmarshalXDR(r *Reader) error {
+	if err := h.unmarshal(r); err != nil {
+		r.Fail(err)
+		return err
+	}
+	return nil
+}
+
+// unmarshal is UnmarshalXDR without setting r's error; errors are
 // *callDecodeError.
-func decodeCall(r *Reader, h *callHeader) error {
+func (h *CallHeader) unmarshal(r *Reader) error {
 	h.XID = r.Uint32()
 	mtype := r.Uint32()
-	h.RPCVers = r.Uint32()
+	rpcvers := r.Uint32()
 	if err := r.Err(); err != nil {
 		return &callDecodeError{stageDrop, fmt.Errorf("rpc: call header: %w", err)}
 	}
 	if mtype != msgCall {
 		return &callDecodeError{stageDrop, fmt.Errorf("rpc: message type %d is not CALL", mtype)}
 	}
-	if h.RPCVers != RPCVersion {
-		return &callDecodeError{stageRPCVers, fmt.Errorf("rpc: rpcvers %d: %w", h.RPCVers, ErrRPCMismatch)}
+	if rpcvers != RPCVersion {
+		return &callDecodeError{stageRPCVers, fmt.Errorf("rpc: rpcvers %d: %w", rpcvers, ErrRPCMismatch)}
 	}
 	h.Prog, h.Vers, h.Proc = r.Uint32(), r.Uint32(), r.Uint32()
 	if err := r.Err(); err != nil {
@@ -241,6 +280,71 @@ func decodeCall(r *Reader, h *callHeader) error {
 	return nil
 }
 
+// ReplyHeader is a reply message up to what depends on its status (RFC
+// 5531 §9: an rpc_msg with mtype REPLY and the start of its reply_body).
+// For an accepted reply it holds the verifier and the accept_stat, and the
+// results (SUCCESS) or the mismatch_info (PROG_MISMATCH) follow it; for a
+// denied reply it ends at reply_stat and the rejected_reply (a reject_stat,
+// RejectRPCMismatch or RejectAuthError, and its data) follows.
+//
+// The zero value with an XID is the reply this package's server sends for
+// SUCCESS: MSG_ACCEPTED, an AUTH_NONE verifier (RFC 5531 §10.1), SUCCESS.
+type ReplyHeader struct {
+	XID  uint32
+	Stat uint32 // reply_stat: ReplyAccepted or ReplyDenied
+	// Of an accepted reply only:
+	Verf       OpaqueAuth // the server's verifier, body at most MaxAuthBytes
+	AcceptStat uint32     // accept_stat: AcceptSuccess, AcceptProgUnavail, ...
+}
+
+// MarshalXDR encodes the header: xid, REPLY, reply_stat and, when Stat is
+// ReplyAccepted, the verifier and accept_stat. The caller writes what
+// follows (results, mismatch_info or rejected_reply).
+func (h ReplyHeader) MarshalXDR(w *Writer) {
+	w.Uint32(h.XID)
+	w.Uint32(msgReply)
+	w.Uint32(h.Stat)
+	if h.Stat == ReplyAccepted {
+		h.Verf.MarshalXDR(w)
+		w.Uint32(h.AcceptStat)
+	}
+}
+
+// UnmarshalXDR decodes a reply header from r, leaving r at what follows it
+// (see ReplyHeader). The message type must be REPLY. When Stat is
+// ReplyAccepted the verifier (at most MaxAuthBytes, zero padding) and the
+// accept_stat are read, whatever its value; any other reply_stat is left for
+// the caller to read a rejected_reply or to refuse, and Verf and AcceptStat
+// are zeroed. Errors wrap ErrBadReply; on error r's sticky error is set too.
+// XID is kept whenever it was read, so a reply can be matched to its call
+// even when the rest is malformed.
+//
+// The verifier body aliases r's buffer (Reader.OpaqueRef).
+func (h *ReplyHeader) UnmarshalXDR(r *Reader) error {
+	h.XID = r.Uint32()
+	mtype := r.Uint32()
+	h.Stat = r.Uint32()
+	h.Verf, h.AcceptStat = OpaqueAuth{}, 0
+	if err := r.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadReply, err)
+	}
+	if mtype != msgReply {
+		err := fmt.Errorf("%w: message type %d is not REPLY", ErrBadReply, mtype)
+		r.Fail(err)
+		return err
+	}
+	if h.Stat != ReplyAccepted {
+		return nil
+	}
+	h.Verf.Flavor = r.Uint32()
+	h.Verf.Body = r.OpaqueRef(MaxAuthBytes)
+	h.AcceptStat = r.Uint32()
+	if err := r.Err(); err != nil {
+		return fmt.Errorf("%w: accepted reply: %w", ErrBadReply, err)
+	}
+	return nil
+}
+
 // Reply encoders (RFC 5531 §9, reply_body). Every accepted reply carries an
 // AUTH_NONE verifier.
 
@@ -249,18 +353,13 @@ func decodeCall(r *Reader, h *callHeader) error {
 const successHeaderLen = 24
 
 func putAccepted(w *Writer, xid, stat uint32) {
-	w.Uint32(xid)
-	w.Uint32(msgReply)
-	w.Uint32(replyAccepted)
-	w.Uint32(AuthNone) // verf flavor
-	w.Uint32(0)        // verf body length
-	w.Uint32(stat)
+	ReplyHeader{XID: xid, Stat: ReplyAccepted, AcceptStat: stat}.MarshalXDR(w)
 }
 
 // putAcceptedError encodes an accepted reply with a non-SUCCESS status.
 func putAcceptedError(w *Writer, xid, stat, low, high uint32) {
 	putAccepted(w, xid, stat)
-	if stat == acceptProgMismatch {
+	if stat == AcceptProgMismatch {
 		w.Uint32(low)
 		w.Uint32(high)
 	}
@@ -268,20 +367,16 @@ func putAcceptedError(w *Writer, xid, stat, low, high uint32) {
 
 // putRPCMismatch encodes MSG_DENIED RPC_MISMATCH with the supported range.
 func putRPCMismatch(w *Writer, xid uint32) {
-	w.Uint32(xid)
-	w.Uint32(msgReply)
-	w.Uint32(replyDenied)
-	w.Uint32(rejectRPCMismatch)
+	ReplyHeader{XID: xid, Stat: ReplyDenied}.MarshalXDR(w)
+	w.Uint32(RejectRPCMismatch)
 	w.Uint32(RPCVersion) // low
 	w.Uint32(RPCVersion) // high
 }
 
 // putAuthError encodes MSG_DENIED AUTH_ERROR with an auth_stat.
 func putAuthError(w *Writer, xid, stat uint32) {
-	w.Uint32(xid)
-	w.Uint32(msgReply)
-	w.Uint32(replyDenied)
-	w.Uint32(rejectAuthError)
+	ReplyHeader{XID: xid, Stat: ReplyDenied}.MarshalXDR(w)
+	w.Uint32(RejectAuthError)
 	w.Uint32(stat)
 }
 
@@ -289,13 +384,13 @@ func putAuthError(w *Writer, xid, stat uint32) {
 func acceptStat(err error) uint32 {
 	switch {
 	case err == nil:
-		return acceptSuccess
+		return AcceptSuccess
 	case errors.Is(err, ErrProcUnavail):
-		return acceptProcUnavail
+		return AcceptProcUnavail
 	case errors.Is(err, ErrGarbageArgs):
-		return acceptGarbageArgs
+		return AcceptGarbageArgs
 	default:
-		return acceptSystemErr
+		return AcceptSystemErr
 	}
 }
 
@@ -314,54 +409,43 @@ func decodeReplyXID(b []byte) (uint32, bool) {
 // sentinel error, *MismatchError or *AuthError; an undecodable header as an
 // error wrapping ErrBadReply.
 func decodeReply(r *Reader) (xid uint32, err error) {
-	xid = r.Uint32()
-	mtype := r.Uint32()
-	stat := r.Uint32()
-	if err := r.Err(); err != nil {
-		return xid, fmt.Errorf("%w: %w", ErrBadReply, err)
+	var h ReplyHeader
+	if err := h.UnmarshalXDR(r); err != nil {
+		return h.XID, err
 	}
-	if mtype != msgReply {
-		return xid, fmt.Errorf("%w: message type %d is not REPLY", ErrBadReply, mtype)
-	}
-	switch stat {
-	case replyAccepted:
-		var verf OpaqueAuth
-		verf.Flavor = r.Uint32()
-		verf.Body = r.OpaqueRef(MaxAuthBytes)
-		as := r.Uint32()
-		if err := r.Err(); err != nil {
-			return xid, fmt.Errorf("%w: accepted reply: %w", ErrBadReply, err)
-		}
-		switch as {
-		case acceptSuccess:
+	xid = h.XID
+	switch h.Stat {
+	case ReplyAccepted:
+		switch h.AcceptStat {
+		case AcceptSuccess:
 			return xid, nil
-		case acceptProgUnavail:
+		case AcceptProgUnavail:
 			return xid, ErrProgUnavail
-		case acceptProgMismatch:
+		case AcceptProgMismatch:
 			low, high := r.Uint32(), r.Uint32()
 			if err := r.Err(); err != nil {
 				return xid, fmt.Errorf("%w: PROG_MISMATCH: %w", ErrBadReply, err)
 			}
 			return xid, &MismatchError{Err: ErrProgMismatch, Low: low, High: high}
-		case acceptProcUnavail:
+		case AcceptProcUnavail:
 			return xid, ErrProcUnavail
-		case acceptGarbageArgs:
+		case AcceptGarbageArgs:
 			return xid, ErrGarbageArgs
-		case acceptSystemErr:
+		case AcceptSystemErr:
 			return xid, ErrSystemErr
 		default:
-			return xid, fmt.Errorf("%w: accept_stat %d", ErrBadReply, as)
+			return xid, fmt.Errorf("%w: accept_stat %d", ErrBadReply, h.AcceptStat)
 		}
-	case replyDenied:
+	case ReplyDenied:
 		rs := r.Uint32()
 		switch rs {
-		case rejectRPCMismatch:
+		case RejectRPCMismatch:
 			low, high := r.Uint32(), r.Uint32()
 			if err := r.Err(); err != nil {
 				return xid, fmt.Errorf("%w: RPC_MISMATCH: %w", ErrBadReply, err)
 			}
 			return xid, &MismatchError{Err: ErrRPCMismatch, Low: low, High: high}
-		case rejectAuthError:
+		case RejectAuthError:
 			as := r.Uint32()
 			if err := r.Err(); err != nil {
 				return xid, fmt.Errorf("%w: AUTH_ERROR: %w", ErrBadReply, err)
@@ -374,6 +458,6 @@ func decodeReply(r *Reader) (xid uint32, err error) {
 			return xid, fmt.Errorf("%w: reject_stat %d", ErrBadReply, rs)
 		}
 	default:
-		return xid, fmt.Errorf("%w: reply_stat %d", ErrBadReply, stat)
+		return xid, fmt.Errorf("%w: reply_stat %d", ErrBadReply, h.Stat)
 	}
 }

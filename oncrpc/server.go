@@ -178,8 +178,8 @@ func (s *Server) serve(x *exchange, rec []byte, out *[]byte) (reply []byte, stat
 	c := &x.call
 	r := &x.args
 	r.Reset(rec)
-	var h callHeader
-	if err := decodeCall(r, &h); err != nil {
+	var h CallHeader
+	if err := h.UnmarshalXDR(r); err != nil {
 		var de *callDecodeError
 		errors.As(err, &de)
 		c.XID, c.Prog, c.Vers, c.Proc = h.XID, h.Prog, h.Vers, h.Proc
@@ -246,15 +246,15 @@ func (s *Server) serve(x *exchange, rec []byte, out *[]byte) (reply []byte, stat
 	w := Writer{buf: res.buf[:replyReserve]}
 	switch {
 	case err == nil:
-		putAccepted(&w, h.XID, acceptSuccess)
+		putAccepted(&w, h.XID, AcceptSuccess)
 		return res.buf[replyReserve:], nil, true
 	case errors.Is(err, ErrProgMismatch):
-		putAcceptedError(&w, h.XID, acceptProgMismatch, low, high)
+		putAcceptedError(&w, h.XID, AcceptProgMismatch, low, high)
 	case errors.Is(err, ErrProgUnavail):
-		putAcceptedError(&w, h.XID, acceptProgUnavail, 0, 0)
+		putAcceptedError(&w, h.XID, AcceptProgUnavail, 0, 0)
 	default:
 		st := acceptStat(err)
-		if st == acceptSystemErr && !errors.Is(err, ErrSystemErr) {
+		if st == AcceptSystemErr && !errors.Is(err, ErrSystemErr) {
 			s.log.Error("oncrpc: handler failed", "prog", h.Prog, "vers", h.Vers, "proc", h.Proc,
 				"net", c.Net, "remote", c.Remote.String(), "err", err)
 		}

@@ -394,8 +394,7 @@ func udpReplySource(t *testing.T, network string, dst netip.AddrPort) netip.Addr
 	}
 	defer pc.Close()
 	w := NewWriter(nil)
-	h := callHeader{XID: 77, RPCVers: RPCVersion, Prog: testProg, Vers: testVers, Proc: procNull}
-	h.marshal(w)
+	CallHeader{XID: 77, Prog: testProg, Vers: testVers, Proc: procNull}.MarshalXDR(w)
 	if _, err := pc.WriteTo(w.Bytes(), net.UDPAddrFromAddrPort(dst)); err != nil {
 		t.Fatal(err)
 	}
@@ -448,19 +447,6 @@ func TestUDPReplyLeavesFromRequestDestination(t *testing.T) {
 	}
 }
 
-// waitFor polls a condition that has no event to wait on (server-internal
-// bookkeeping), with a bound.
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestOversizedRecordClosesConnection: a record above MaxRecordSize closes
 // that connection (RFC 5531 §11 gives no way to skip it) and the server
 // keeps serving others.
@@ -496,8 +482,7 @@ func TestMultiFragmentCallIsReassembled(t *testing.T) {
 	}
 	defer conn.Close()
 	w := NewWriter(nil)
-	h := callHeader{XID: 5, RPCVers: RPCVersion, Prog: testProg, Vers: testVers, Proc: procEcho}
-	h.marshal(w)
+	CallHeader{XID: 5, Prog: testProg, Vers: testVers, Proc: procEcho}.MarshalXDR(w)
 	bytesArg("fragmented").MarshalXDR(w)
 	msg := w.Bytes()
 	var stream []byte

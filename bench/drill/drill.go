@@ -28,7 +28,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/nlm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -82,63 +82,9 @@ type Options struct {
 	Timeout time.Duration // per run: the fault until the last milestone; also the wait between runs
 	Poll    time.Duration // default 20ms
 
-	Progress io.Writer // progress lines; nil: none
-	TTY      bool      // Progress is a terminal: rewrite one line
-	Auth     Auth      // TLS and token for the admin API; nil: plain HTTP
-}
-
-// Auth is how the drill reaches the admin API (cmd/nsmd's --tls-* and
-// --token-file flags).
-type Auth interface {
-	// URL is addr (host:port or a URL) as a URL without a trailing slash.
-	URL(addr string) string
-	// Authorize adds credentials to a request.
-	Authorize(*http.Request) error
-	// Transport is the HTTP transport to use; the drill closes its idle
-	// connections when it ends.
-	Transport() (*http.Transport, error)
-}
-
-// plainHTTP is the Auth of a drill given none.
-type plainHTTP struct{}
-
-func (plainHTTP) URL(addr string) string {
-	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
-	}
-	return strings.TrimRight(addr, "/")
-}
-
-func (plainHTTP) Authorize(*http.Request) error { return nil }
-
-func (plainHTTP) Transport() (*http.Transport, error) {
-	return &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     30 * time.Second,
-	}, nil
-}
-
-// status is what the drill reads of GET /v1/status (cmd/nsmd's Status,
-// the admin API's contract; same JSON names).
-type status struct {
-	NodeID   string `json:"node_id"`
-	Role     string `json:"role"`
-	LeaderID string `json:"leader_id"`
-	Term     uint64 `json:"term"`
-	SMState  int32  `json:"sm_state"`
-	VIP      string `json:"vip"`
-	VIPHeld  bool   `json:"vip_held"`
-	NSMAddr  string `json:"nsm_addr"`
-	Applied  uint64 `json:"applied_index"`
-	Notify   struct {
-		Pending int   `json:"pending"`
-		Done    int   `json:"done"`
-		Failed  int   `json:"failed"`
-		Targets int   `json:"targets"`
-		State   int32 `json:"state"`
-	} `json:"notify"`
-	Grace *nlm.GraceStatus `json:"grace"`
+	Progress io.Writer   // progress lines; nil: none
+	TTY      bool        // Progress is a terminal: rewrite one line
+	Auth     *admin.Auth // TLS and token for the admin API; nil: plain HTTP
 }
 
 type Node struct {
@@ -262,7 +208,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, fmt.Errorf("drill: unknown fault %q", o.Fault)
 	}
 	if o.Auth == nil {
-		o.Auth = plainHTTP{}
+		o.Auth = &admin.Auth{}
 	}
 	tr, err := o.Auth.Transport()
 	if err != nil {
@@ -329,35 +275,35 @@ func hostPort(addr string) string {
 }
 
 // call is one admin API request bounded by timeout; out may be nil.
-func (d *runner) call(ctx context.Context, method, admin, path string, timeout time.Duration, out any) error {
+func (d *runner) call(ctx context.Context, method, adm, path string, timeout time.Duration, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, d.o.Auth.URL(admin)+path, nil)
+	req, err := http.NewRequestWithContext(ctx, method, d.o.Auth.URL(adm)+path, nil)
 	if err == nil {
 		err = d.o.Auth.Authorize(req)
 	}
 	if err != nil {
-		return fmt.Errorf("admin API %s: %w", admin, err)
+		return fmt.Errorf("admin API %s: %w", adm, err)
 	}
 	resp, err := d.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("admin API %s: %w", admin, err)
+		return fmt.Errorf("admin API %s: %w", adm, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return fmt.Errorf("admin API %s: read %s: %w", admin, path, err)
+		return fmt.Errorf("admin API %s: read %s: %w", adm, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e struct{ Error string }
+		var e admin.ErrorBody
 		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			return &httpError{fmt.Sprintf("%s %s on %s: %s", method, path, admin, e.Error)}
+			return &httpError{fmt.Sprintf("%s %s on %s: %s", method, path, adm, e.Error)}
 		}
-		return &httpError{fmt.Sprintf("%s %s on %s: %s", method, path, admin, resp.Status)}
+		return &httpError{fmt.Sprintf("%s %s on %s: %s", method, path, adm, resp.Status)}
 	}
 	if out != nil {
 		if err := json.Unmarshal(body, out); err != nil {
-			return fmt.Errorf("admin API %s: decode %s: %w", admin, path, err)
+			return fmt.Errorf("admin API %s: decode %s: %w", adm, path, err)
 		}
 	}
 	return nil
@@ -375,25 +321,25 @@ func (d *runner) discover(ctx context.Context) error {
 	byID := map[string]*Node{}
 	var order []string
 	var ports []string
-	var members []cluster.MemberStatus
+	var members []admin.Member
 	var errs []error
-	for _, admin := range d.o.Admins {
-		var s status
-		if err := d.call(ctx, "GET", admin, "/v1/status", 3*time.Second, &s); err != nil {
+	for _, adm := range d.o.Admins {
+		var s admin.Status
+		if err := d.call(ctx, "GET", adm, "/v1/status", 3*time.Second, &s); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		if _, ok := byID[s.NodeID]; !ok {
-			byID[s.NodeID] = &Node{ID: s.NodeID, Admin: hostPort(admin), NSMAddr: s.NSMAddr}
+			byID[s.NodeID] = &Node{ID: s.NodeID, Admin: hostPort(adm), NSMAddr: s.NSMAddr}
 			order = append(order, s.NodeID)
 		}
-		if u := hostPort(admin); !strings.Contains(u, "/") {
+		if u := hostPort(adm); !strings.Contains(u, "/") {
 			if _, p, err := net.SplitHostPort(u); err == nil && !slices.Contains(ports, p) {
 				ports = append(ports, p)
 			}
 		}
 		if members == nil {
-			if err := d.call(ctx, "GET", admin, "/v1/members", 3*time.Second, &members); err != nil {
+			if err := d.call(ctx, "GET", adm, "/v1/members", 3*time.Second, &members); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -435,7 +381,7 @@ func (d *runner) discover(ctx context.Context) error {
 
 // probeAdmin looks for member m's admin API at its hosts with the given
 // ports; "" if none answers as m.
-func (d *runner) probeAdmin(ctx context.Context, m cluster.MemberStatus, ports []string) string {
+func (d *runner) probeAdmin(ctx context.Context, m admin.Member, ports []string) string {
 	var hosts []string
 	for _, a := range []string{m.NSMAddr, m.RaftAddr, m.GossipAddr} {
 		if h, _, err := net.SplitHostPort(a); err == nil && h != "" && !slices.Contains(hosts, h) {
@@ -448,7 +394,7 @@ func (d *runner) probeAdmin(ctx context.Context, m cluster.MemberStatus, ports [
 	for _, h := range hosts {
 		for _, p := range ports {
 			addr := net.JoinHostPort(h, p)
-			var s status
+			var s admin.Status
 			if d.call(ctx, "GET", addr, "/v1/status", time.Second, &s) == nil && s.NodeID == m.ID {
 				return addr
 			}
@@ -459,7 +405,7 @@ func (d *runner) probeAdmin(ctx context.Context, m cluster.MemberStatus, ports [
 
 type answer struct {
 	node Node
-	s    status
+	s    admin.Status
 	err  error
 	at   time.Time
 }
@@ -467,7 +413,7 @@ type answer struct {
 // statuses asks every node with a known admin API (except skip) for its
 // status in parallel. With stop set it returns as soon as stop accepts an
 // answer (the other requests are cancelled and waited for).
-func (d *runner) statuses(ctx context.Context, skip string, stop func(status) bool) []answer {
+func (d *runner) statuses(ctx context.Context, skip string, stop func(admin.Status) bool) []answer {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch := make(chan answer, len(d.nodes))
@@ -481,7 +427,7 @@ func (d *runner) statuses(ctx context.Context, skip string, stop func(status) bo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var s status
+			var s admin.Status
 			err := d.call(ctx, "GET", node.Admin, "/v1/status", statusTimeout, &s)
 			ch <- answer{node: node, s: s, err: err, at: time.Now()}
 		}()
@@ -583,8 +529,8 @@ func (d *runner) healthy(answers []answer) (Node, bool, string) {
 	// is still behind the leader's log cannot win the next election, and
 	// killing the leader then tests a degraded cluster, not a failover.
 	for _, a := range answers {
-		if a.err == nil && a.s.Applied < l.s.Applied {
-			return Node{}, false, fmt.Sprintf("%s has applied index %d, the leader %d: catching up", a.node.ID, a.s.Applied, l.s.Applied)
+		if a.err == nil && a.s.AppliedIndex < l.s.AppliedIndex {
+			return Node{}, false, fmt.Sprintf("%s has applied index %d, the leader %d: catching up", a.node.ID, a.s.AppliedIndex, l.s.AppliedIndex)
 		}
 	}
 	if len(d.down) > 0 && d.votersUp()-1 <= d.voters/2 {
@@ -596,7 +542,7 @@ func (d *runner) healthy(answers []answer) (Node, bool, string) {
 // findVIP settles the VIP's NSM address and checks that it answers.
 func (d *runner) findVIP(ctx context.Context, leader Node) error {
 	if d.o.VIP == "" {
-		var s status
+		var s admin.Status
 		if err := d.call(ctx, "GET", leader.Admin, "/v1/status", 3*time.Second, &s); err != nil {
 			return err
 		}
@@ -703,7 +649,7 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 	for _, m := range MilestoneDefs() {
 		r.Milestones = append(r.Milestones, Milestone{Name: m.Name, Label: m.Label})
 	}
-	var s status
+	var s admin.Status
 	if err := d.call(ctx, "GET", leader.Admin, "/v1/status", 3*time.Second, &s); err != nil {
 		return r, err
 	}
@@ -750,8 +696,8 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 			newState := r.NewState
 			// A leader of a newer term: the killed node itself may win it
 			// once restarted (nsmd dev, systemd), with its log intact.
-			newLeader := func(s status) bool { return s.Role == "leader" && s.Term > oldTerm }
-			answers := d.statuses(ctx, "", func(s status) bool {
+			newLeader := func(s admin.Status) bool { return s.Role == "leader" && s.Term > oldTerm }
+			answers := d.statuses(ctx, "", func(s admin.Status) bool {
 				return newLeader(s) && (stage == MilestoneLeader || notifyDone(s, newState))
 			})
 			for _, a := range answers {
@@ -851,7 +797,7 @@ func (d *runner) waitGrace(ctx context.Context, r *Failover, t0, deadline time.T
 	defer tick.Stop()
 	seen := map[nlm.Manager]*GraceEnd{}
 	for {
-		for _, a := range d.statuses(ctx, "", func(s status) bool { return s.NodeID == r.NewLeader }) {
+		for _, a := range d.statuses(ctx, "", func(s admin.Status) bool { return s.NodeID == r.NewLeader }) {
 			g := a.s.Grace
 			if a.err != nil || a.s.NodeID != r.NewLeader || g == nil || g.SMState < r.NewState {
 				continue
@@ -906,7 +852,7 @@ func graceLine(r Failover) string {
 
 // notifyDone: the leader's fan-out for the new state has settled every
 // host it started with.
-func notifyDone(s status, newState int32) bool {
+func notifyDone(s admin.Status, newState int32) bool {
 	return s.Role == "leader" && s.Notify.State >= newState && s.Notify.Pending == 0 &&
 		s.Notify.Done+s.Notify.Failed == s.Notify.Targets
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/bench"
 	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/nsm"
@@ -91,8 +92,8 @@ func checkBenchClean(t *testing.T, rep *bench.MonReport, calls int) {
 // command's --json and --plot output.
 func TestBenchMonAgainstDevCluster(t *testing.T) {
 	t.Parallel()
-	d, o := startTestDev(t, "127.0.0.130")
-	lead := devLeader(t, d, nil, 10*time.Second)
+	d, o := agenttest.Dev(t, "127.0.0.130", 3)
+	lead := agenttest.Leader(t, d, nil, 10*time.Second)
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	ctx := context.Background()
 	opts := func(network string, conns, depth, calls int, base string) bench.MonOptions {
@@ -110,7 +111,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 		t.Errorf("procs %+v, last name %s", rep.Procs, rep.MonLast)
 	}
 	want += 200
-	if n := lead.node.FSM().Len(); n != want {
+	if n := lead.Node().FSM().Len(); n != want {
 		t.Errorf("leader holds %d registrations after 200 SM_MON, want %d", n, want)
 	}
 	if os.Geteuid() == 0 {
@@ -131,7 +132,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 		t.Errorf("warmup errors %d, last name %s (want 127.2.0.180: 30 warmup + 150)", rep.WarmupErrs, rep.MonLast)
 	}
 	want += 180
-	if n := lead.node.FSM().Len(); n != want {
+	if n := lead.Node().FSM().Len(); n != want {
 		t.Errorf("leader holds %d registrations after the UDP run, want %d", n, want)
 	}
 
@@ -152,7 +153,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 		t.Errorf("%d SM_MON + %d SM_UNMON, want 200 with about half SM_UNMON", mons, unmons)
 	}
 	want += mons - unmons
-	if n := lead.node.FSM().Len(); n != want {
+	if n := lead.Node().FSM().Len(); n != want {
 		t.Errorf("leader holds %d registrations after %d SM_MON and %d SM_UNMON, want %d", n, mons, unmons, want)
 	}
 
@@ -175,7 +176,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 		t.Errorf("--json report: %s", out.String())
 	}
 	want += 50
-	if n := lead.node.FSM().Len(); n != want {
+	if n := lead.Node().FSM().Len(); n != want {
 		t.Errorf("leader holds %d registrations, want %d", n, want)
 	}
 	checkSVG(t, svg, 1+len(got.Hist))
@@ -233,14 +234,14 @@ func TestBenchMonCommandFailsOnFailedCalls(t *testing.T) {
 // planned transfers, --json and --plot.
 func TestBenchFailoverTransfer(t *testing.T) {
 	t.Parallel()
-	d, _ := startTestDev(t, "127.0.0.131")
-	devLeader(t, d, nil, 10*time.Second)
+	d, _ := agenttest.Dev(t, "127.0.0.131", 3)
+	agenttest.Leader(t, d, nil, 10*time.Second)
 	svg := filepath.Join(t.TempDir(), "failover.svg")
 	cmd := benchFailoverCmd()
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)
-	cmd.SetArgs([]string{"--admin", strings.TrimPrefix(d.agents[0].AdminURL(), "http://"), "--transfer", "--runs", "2",
+	cmd.SetArgs([]string{"--admin", strings.TrimPrefix(d.Agent(0).AdminURL(), "http://"), "--transfer", "--runs", "2",
 		"--timeout", "10s", "--json", "--plot", svg})
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		t.Fatalf("bench failover: %v\n%s", err, errOut.String())
@@ -259,35 +260,4 @@ func TestBenchFailoverTransfer(t *testing.T) {
 		}
 	}
 	checkSVG(t, svg, 1+2*drill.MilestoneCount)
-}
-
-// TestBenchFailoverOwnClusterKill: without --admin each kill gets a fresh
-// in-process cluster, so every asked run happens.
-func TestBenchFailoverOwnClusterKill(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two clusters")
-	}
-	t.Parallel()
-	rep, err := bench.RunFailover(context.Background(), bench.FailoverOptions{
-		Drill: drill.Options{Fault: drill.FaultKill, Runs: 2, Timeout: 10 * time.Second, Poll: 10 * time.Millisecond},
-		Nodes: 3, VIP: "127.0.0.132", DataDir: t.TempDir(), LogLevel: "none", LogTo: io.Discard, Start: startBenchCluster,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rep.Runs) != 2 || rep.Stopped != "" || rep.Failed() != 0 || rep.Failover.N != 2 {
-		t.Fatalf("runs %+v stopped %q", rep.Runs, rep.Stopped)
-	}
-	for i, r := range rep.Runs {
-		if r.Run != i+1 || r.NewLeader == r.OldLeader || r.NewState != r.OldState+2 {
-			t.Errorf("run %+v", r)
-		}
-	}
-	var table bytes.Buffer
-	if err := bench.PrintFailover(&table, rep); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(table.String(), "kill → VIP answers SM_STAT with the new state: p50 ") {
-		t.Errorf("table:\n%s", table.String())
-	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/bench"
 	"github.com/nsmd/nsmd/bench/drill"
 )
@@ -177,7 +178,7 @@ Needs root (network namespaces, port 111).`,
 				return err
 			}
 			if child {
-				return bench.NotifyChild(cmd.Context(), startBenchCluster, os.Stderr)
+				return bench.NotifyChild(cmd.Context(), os.Stderr)
 			}
 			if os.Geteuid() != 0 {
 				return errors.New("bench notify needs root: it creates a network namespace and binds port 111 on many addresses")
@@ -243,7 +244,7 @@ func benchFailoverCmd() *cobra.Command {
 		admins, killCmd  string
 		plot, report     string
 		transfer, asJSON bool
-		auth             adminAuth
+		auth             admin.Auth
 	)
 	cmd := &cobra.Command{
 		Use:   "failover [--admin ADDRS] --runs K",
@@ -274,11 +275,10 @@ when another kill would leave no quorum.`,
 			default:
 				o.Drill.Fault = drill.FaultKill
 			}
-			o.Drill.Auth = drillAuth{&auth}
+			o.Drill.Auth = &auth
 			o.Drill.Progress = cmd.ErrOrStderr()
 			o.Drill.TTY = isTerminal(o.Drill.Progress)
 			o.LogTo = cmd.ErrOrStderr()
-			o.Start = startBenchCluster
 			rep, err := bench.RunFailover(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -310,7 +310,7 @@ when another kill would leave no quorum.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&admins, "admin", "", "admin API address(es) of your cluster, comma separated (default: start an in-process cluster)")
-	auth.flags(f)
+	authFlags(f, &auth)
 	f.StringVar(&o.Drill.VIP, "vip-addr", "", "with --admin: NSM address on the VIP (host:port; default: status vip + the leader's NSM port)")
 	f.BoolVar(&transfer, "transfer", false, "planned leadership transfer instead of a crash")
 	f.StringVar(&killCmd, "kill-cmd", "", "with --admin: shell command that kills the leader (env NSMD_LEADER_ID, NSMD_LEADER_ADMIN)")

@@ -1,25 +1,21 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/admin"
 )
 
-// adminFlags adds --admin and --json and returns an HTTP helper.
+// adminClient is the --admin, --json, --tls-* and --token-file flags of a
+// command that calls a node's admin API.
 type adminClient struct {
-	addr string
+	admin.Client
 	json bool
-	auth adminAuth
 }
 
 func (c *adminClient) flags(cmd *cobra.Command) {
@@ -27,57 +23,15 @@ func (c *adminClient) flags(cmd *cobra.Command) {
 	if def == "" {
 		def = "127.0.0.1:8024"
 	}
-	cmd.Flags().StringVar(&c.addr, "admin", def, "admin API address of a node (host:port) [env NSMD_ADMIN]")
+	cmd.Flags().StringVar(&c.Addr, "admin", def, "admin API address of a node (host:port) [env NSMD_ADMIN]")
 	cmd.Flags().BoolVar(&c.json, "json", false, "print JSON instead of a table")
-	c.auth.flags(cmd.Flags())
-}
-
-func (c *adminClient) do(method, path string, out any) ([]byte, error) {
-	return c.doBody(method, path, nil, out)
-}
-
-func (c *adminClient) doBody(method, path string, reqBody io.Reader, out any) ([]byte, error) {
-	req, err := http.NewRequest(method, c.auth.base(c.addr)+path, reqBody)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.auth.authorize(req); err != nil {
-		return nil, err
-	}
-	tr, err := c.auth.transport()
-	if err != nil {
-		return nil, err
-	}
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Timeout: 15 * time.Second, Transport: tr}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("admin API %s: %w", c.addr, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("read admin API answer: %w", err)
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct{ Error string }
-		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			return body, fmt.Errorf("%s %s: %s", method, path, e.Error)
-		}
-		return body, fmt.Errorf("%s %s: %s", method, path, resp.Status)
-	}
-	if out != nil {
-		if err := json.Unmarshal(body, out); err != nil {
-			return body, fmt.Errorf("decode %s: %w", path, err)
-		}
-	}
-	return body, nil
+	authFlags(cmd.Flags(), &c.Auth)
 }
 
 // show GETs path into out; with --json it prints the answer as it came and
 // reports printed=true, so the caller skips its table.
 func (c *adminClient) show(cmd *cobra.Command, path string, out any) (printed bool, err error) {
-	body, err := c.do("GET", path, out)
+	body, err := c.Get(cmd.Context(), path, out)
 	if err != nil || !c.json {
 		return false, err
 	}
@@ -92,7 +46,7 @@ func statusCmd() *cobra.Command {
 		Short: "Show a node's view: role, leader, term, sm_state, VIP, grace, notify progress",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var s Status
+			var s admin.Status
 			if printed, err := c.show(cmd, "/v1/status", &s); printed || err != nil {
 				return err
 			}
@@ -113,7 +67,7 @@ func statusCmd() *cobra.Command {
 			fmt.Fprintf(tw, "node\t%s\nrole\t%s\nleader\t%s\nterm\t%d\nsm_state\t%d\nregistrations\t%d\nnsm_addr\t%s\nvip\t%s\ngrace\t%s\napplied_index\t%d\nnotify\tpending %d, done %d, failed %d\n",
 				s.NodeID, s.Role, s.LeaderID, s.Term, s.SMState, s.Registrations, s.NSMAddr, vip, grace, s.AppliedIndex,
 				s.Notify.Pending, s.Notify.Done, s.Notify.Failed)
-			fmt.Fprintf(tw, "nfsv4\t%s\nkernel grace\t%s\n", s.NFSv4.describe(), describeGrace(s.Grace))
+			fmt.Fprintf(tw, "nfsv4\t%s\nkernel grace\t%s\n", s.NFSv4.Summary(), admin.GraceSummary(s.Grace))
 			return tw.Flush()
 		},
 	}
@@ -128,7 +82,7 @@ func membersCmd() *cobra.Command {
 		Short: "List the cluster's raft members",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ms []cluster.MemberStatus
+			var ms []admin.Member
 			if printed, err := c.show(cmd, "/v1/members", &ms); printed || err != nil {
 				return err
 			}
@@ -155,7 +109,7 @@ func clientsCmd() *cobra.Command {
 		Short: "List the NFSv4 client-tracking records (clients that may reclaim after a failover)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var page V4ClientPage
+			var page admin.V4ClientPage
 			if printed, err := c.show(cmd, "/v1/nfsv4/clients", &page); printed || err != nil {
 				return err
 			}
@@ -181,13 +135,8 @@ func registrationsCmd() *cobra.Command {
 		Short: "List monitored-host registrations",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := url.Values{}
-			q.Set("limit", fmt.Sprint(limit))
-			if monName != "" {
-				q.Set("mon_name", monName)
-			}
-			var page RegistrationPage
-			if printed, err := c.show(cmd, "/v1/registrations?"+q.Encode(), &page); printed || err != nil {
+			var page admin.RegistrationPage
+			if printed, err := c.show(cmd, "/v1/registrations?"+admin.RegistrationsQuery(limit, monName, ""), &page); printed || err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -215,15 +164,11 @@ func transferCmd() *cobra.Command {
 		Short: "Ask the leader (at --admin) to hand leadership to another voter",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var res map[string]string
-			path := "/v1/leadership/transfer"
-			if to != "" {
-				path += "?to=" + url.QueryEscape(to)
-			}
-			if _, err := c.do("POST", path, &res); err != nil {
+			leader, err := c.TransferLeadership(cmd.Context(), to)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "leadership transferred; new leader: %s\n", res["leader_id"])
+			fmt.Fprintf(cmd.OutOrStdout(), "leadership transferred; new leader: %s\n", leader)
 			return nil
 		},
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/config"
 )
@@ -73,11 +74,11 @@ func checkDrillHTML(t *testing.T, path string) {
 // admin address, then the cobra command once with --json and --report.
 func TestDrillTransfer(t *testing.T) {
 	t.Parallel()
-	d, _ := startTestDev(t, "127.0.0.120")
-	devLeader(t, d, nil, 10*time.Second)
+	d, _ := agenttest.Dev(t, "127.0.0.120", 3)
+	agenttest.Leader(t, d, nil, 10*time.Second)
 	var progress bytes.Buffer
 	rep, err := drill.Run(context.Background(), drill.Options{
-		Admins: []string{d.agents[0].AdminURL()}, Fault: drill.FaultTransfer,
+		Admins: []string{d.Agent(0).AdminURL()}, Fault: drill.FaultTransfer,
 		Runs: 2, Timeout: 10 * time.Second, Progress: &progress,
 	})
 	if err != nil {
@@ -125,7 +126,7 @@ func TestDrillTransfer(t *testing.T) {
 
 	// The command: --admin with every node, --json, --report.
 	var admins []string
-	for _, a := range d.agents {
+	for _, a := range d.Agents() {
 		admins = append(admins, strings.TrimPrefix(a.AdminURL(), "http://"))
 	}
 	html2 := filepath.Join(t.TempDir(), "cmd.html")
@@ -152,11 +153,11 @@ func TestDrillTransfer(t *testing.T) {
 // comes back and two of three voters cannot lose another.
 func TestDrillKill(t *testing.T) {
 	t.Parallel()
-	d, o := startTestDev(t, "127.0.0.121")
-	devLeader(t, d, nil, 10*time.Second)
+	d, o := agenttest.Dev(t, "127.0.0.121", 3)
+	agenttest.Leader(t, d, nil, 10*time.Second)
 	var progress bytes.Buffer
 	rep, err := drill.Run(context.Background(), drill.Options{
-		Admins: []string{d.agents[0].AdminURL(), d.agents[1].AdminURL(), d.agents[2].AdminURL()},
+		Admins: []string{d.Agent(0).AdminURL(), d.Agent(1).AdminURL(), d.Agent(2).AdminURL()},
 		VIP:    fmt.Sprintf("%s:%d", o.VIP, o.NSMPort),
 		Fault:  drill.FaultKill, Runs: 2, Timeout: 4 * time.Second, Poll: 10 * time.Millisecond, Progress: &progress, TTY: true,
 	})
@@ -174,12 +175,12 @@ func TestDrillKill(t *testing.T) {
 	if !strings.Contains(rep.Stopped, "did not come back") || !strings.Contains(rep.Stopped, rep.Runs[0].OldLeader) {
 		t.Errorf("stopped %q, want the killed node named", rep.Stopped)
 	}
-	for _, a := range d.agents {
-		if a.cfg.NodeID == rep.Runs[0].OldLeader && a.AdminURL() != "" {
+	for _, a := range d.Agents() {
+		if a.Config().NodeID == rep.Runs[0].OldLeader && a.AdminURL() != "" {
 			hc := &http.Client{Timeout: time.Second}
 			if resp, err := hc.Get(a.AdminURL() + "/healthz"); err == nil {
 				resp.Body.Close()
-				t.Errorf("killed leader %s still answers its admin API", a.cfg.NodeID)
+				t.Errorf("killed leader %s still answers its admin API", a.Config().NodeID)
 			}
 		}
 	}
@@ -197,21 +198,12 @@ func TestDrillKillRefused(t *testing.T) {
 		t.Skip("starts a cluster")
 	}
 	t.Parallel()
-	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.122"}
-	o := devOptions{
-		Nodes: 3, DataDir: t.TempDir(), VIP: "127.0.0.122", LogLevel: "warn",
-		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
-		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
-		Tune: func(c *config.Config) { c.DrillCrash = false },
-	}
-	d, err := startDev(o, agentOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	devLeader(t, d, nil, 10*time.Second)
-	_, err = drill.Run(context.Background(), drill.Options{
-		Admins: []string{d.agents[0].AdminURL()}, Fault: drill.FaultKill, Timeout: 5 * time.Second,
+	o := agenttest.DevOptions(t, "127.0.0.122", 3)
+	o.Tune = func(c *config.Config) { c.DrillCrash = false }
+	d := agenttest.StartDev(t, o, agent.Options{})
+	agenttest.Leader(t, d, nil, 10*time.Second)
+	_, err := drill.Run(context.Background(), drill.Options{
+		Admins: []string{d.Agent(0).AdminURL()}, Fault: drill.FaultKill, Timeout: 5 * time.Second,
 	})
 	if err == nil || !strings.Contains(err.Error(), "drill_crash") {
 		t.Fatalf("drill against a node without drill_crash: %v", err)
@@ -227,21 +219,13 @@ func TestDrillKillRunsOnDevRestart(t *testing.T) {
 		t.Skip("starts a cluster")
 	}
 	t.Parallel()
-	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.123"}
-	o := devOptions{
-		Nodes: 3, DataDir: t.TempDir(), VIP: "127.0.0.123", LogLevel: "warn", RestartAfter: 300 * time.Millisecond,
-		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
-		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
-	}
-	d, err := startDev(o, agentOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	devLeader(t, d, nil, 10*time.Second)
+	o := agenttest.DevOptions(t, "127.0.0.123", 3)
+	o.RestartAfter = 300 * time.Millisecond
+	d := agenttest.StartDev(t, o, agent.Options{})
+	agenttest.Leader(t, d, nil, 10*time.Second)
 	var progress bytes.Buffer
 	rep, err := drill.Run(context.Background(), drill.Options{
-		Admins: []string{d.agent(0).AdminURL(), d.agent(1).AdminURL(), d.agent(2).AdminURL()},
+		Admins: []string{d.Agent(0).AdminURL(), d.Agent(1).AdminURL(), d.Agent(2).AdminURL()},
 		VIP:    fmt.Sprintf("%s:%d", o.VIP, o.NSMPort),
 		Fault:  drill.FaultKill, Runs: 3, Timeout: 15 * time.Second, Poll: 10 * time.Millisecond, Progress: &progress,
 	})

@@ -3,13 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/bench/drill"
 )
 
@@ -19,7 +19,7 @@ func drillCmd() *cobra.Command {
 		admins, killCmd, report string
 		o                       drill.Options
 		kill, asJSON            bool
-		auth                    adminAuth
+		auth                    admin.Auth
 	)
 	cmd := &cobra.Command{
 		Use:   "drill",
@@ -57,7 +57,7 @@ says so.`,
 			default:
 				o.Fault = drill.FaultTransfer
 			}
-			o.Auth = drillAuth{&auth}
+			o.Auth = &auth
 			o.Progress = cmd.ErrOrStderr()
 			o.TTY = isTerminal(o.Progress)
 			rep, err := drill.Run(cmd.Context(), o)
@@ -94,7 +94,7 @@ says so.`,
 	f.DurationVar(&o.Poll, "poll", 20*time.Millisecond, "polling interval")
 	f.StringVar(&report, "report", "", "write a self-contained HTML report to this file")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
-	auth.flags(f)
+	authFlags(f, &auth)
 	cmd.MarkFlagsMutuallyExclusive("kill", "kill-cmd")
 	return cmd
 }
@@ -107,11 +107,3 @@ func isTerminal(w io.Writer) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
-
-// drillAuth is the admin API access of the --tls-* and --token-file
-// flags, as package drill asks for it.
-type drillAuth struct{ a *adminAuth }
-
-func (d drillAuth) URL(addr string) string              { return d.a.base(addr) }
-func (d drillAuth) Authorize(r *http.Request) error     { return d.a.authorize(r) }
-func (d drillAuth) Transport() (*http.Transport, error) { return d.a.transport() }

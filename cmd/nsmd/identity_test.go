@@ -6,13 +6,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
 )
@@ -20,7 +22,7 @@ import (
 // TestVersionCommandAndFlag: `nsmd version`, `nsmd --version` and
 // `nsmd version --json` report the build, with the Go version that built it.
 func TestVersionCommandAndFlag(t *testing.T) {
-	want := readBuildInfo().String()
+	want := agent.Build().String()
 	if !strings.HasPrefix(want, "nsmd ") || !strings.HasSuffix(want, runtime.Version()) {
 		t.Fatalf("build info %q: want nsmd … %s", want, runtime.Version())
 	}
@@ -34,35 +36,9 @@ func TestVersionCommandAndFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b BuildInfo
+	var b admin.BuildInfo
 	if err := json.Unmarshal([]byte(out), &b); err != nil || b.GoVersion != runtime.Version() || b.Version == "" {
 		t.Errorf("version --json %q: %+v %v", out, b, err)
-	}
-}
-
-func TestBuildInfoForms(t *testing.T) {
-	for _, c := range []struct {
-		b            BuildInfo
-		str, gossip  string
-		revisionSeen string
-	}{
-		{BuildInfo{Version: "v1.2.0", GoVersion: "go1.26.8"}, "nsmd v1.2.0 go1.26.8", "v1.2.0", ""},
-		{BuildInfo{Version: "(devel)", Revision: "0123456789abcdef0123", Modified: true, GoVersion: "go1.26.8"},
-			"nsmd (devel) (revision 0123456789abcdef0123, modified) go1.26.8", "(devel)+0123456789ab+modified", "0123456789abcdef0123+modified"},
-		{BuildInfo{Version: "0123456-dirty", Revision: "0123456789abcdef0123", Modified: true, GoVersion: "go1.26.8"},
-			"nsmd 0123456-dirty (revision 0123456789abcdef0123, modified) go1.26.8", "0123456-dirty", "0123456789abcdef0123+modified"},
-		{BuildInfo{Version: "v0.0.0-20250101000000-0123456789ab", Revision: "0123456789abcdef", GoVersion: "go1.26.8"},
-			"nsmd v0.0.0-20250101000000-0123456789ab (revision 0123456789abcdef) go1.26.8", "v0.0.0-20250101000000-0123456789ab", "0123456789abcdef"},
-	} {
-		if got := c.b.String(); got != c.str {
-			t.Errorf("String() = %q, want %q", got, c.str)
-		}
-		if got := c.b.Gossip(); got != c.gossip {
-			t.Errorf("Gossip() = %q, want %q", got, c.gossip)
-		}
-		if got := revisionLabel(c.b); got != c.revisionSeen {
-			t.Errorf("revision label = %q, want %q", got, c.revisionSeen)
-		}
 	}
 }
 
@@ -86,31 +62,20 @@ func getJSON(t *testing.T, url string, out any) {
 // each one's cluster_id and version; /metrics has nsmd_build_info; the
 // CLI shows them.
 func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
-	start := func(id, vip string, tune func(*config.Config)) (*devCluster, devOptions) {
-		ips := []string{"127.0.0.1", vip}
-		o := devOptions{
-			Nodes: 1, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
-			NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
-			AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
-			Tune: func(c *config.Config) { c.ClusterID = id; tune(c) },
-		}
-		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		d, err := startDev(o, agentOptions{Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d, o
+	start := func(id, vip string, tune func(*config.Config)) (*agent.Dev, agent.DevOptions) {
+		o := agenttest.DevOptions(t, vip, 1)
+		o.Tune = func(c *config.Config) { c.ClusterID = id; tune(c) }
+		return agenttest.StartDev(t, o, agent.Options{Logger: agenttest.Logger(slog.LevelError)}), o
 	}
 	alpha, ao := start("alpha", "127.0.0.151", func(*config.Config) {})
 	beta, _ := start("beta", "127.0.0.152", func(c *config.Config) {
 		c.NodeID = "beta1"
 		c.Join = []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(ao.GossipPort))}
 	})
-	a := devLeader(t, alpha, nil, 10*time.Second)
-	b := beta.agents[0]
-	refused := func(ag *agent) float64 {
-		return metricValue(t, ag.reg, "nsmd_cluster_join_refused_total", map[string]string{"reason": cluster.RefusedClusterID})
+	a := agenttest.Leader(t, alpha, nil, 10*time.Second)
+	b := beta.Agents()[0]
+	refused := func(ag *agent.Agent) float64 {
+		return agenttest.MetricValue(t, ag.Registry(), "nsmd_cluster_join_refused_total", map[string]string{"reason": cluster.RefusedClusterID})
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for refused(a) < 1 || refused(b) < 1 {
@@ -121,24 +86,24 @@ func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		ag       *agent
+		ag       *agent.Agent
 		id, node string
 	}{{a, "alpha", "node1"}, {b, "beta", "beta1"}} {
-		var st Status
+		var st admin.Status
 		getJSON(t, c.ag.AdminURL()+"/v1/status", &st)
 		if st.ClusterID != c.id || st.Version.GoVersion != runtime.Version() || st.Version.Version == "" {
 			t.Errorf("%s status: cluster_id %q, version %+v", c.node, st.ClusterID, st.Version)
 		}
-		var ms []cluster.MemberStatus
+		var ms []admin.Member
 		getJSON(t, c.ag.AdminURL()+"/v1/members", &ms)
-		if len(ms) != 1 || ms[0].ID != c.node || ms[0].Version != readBuildInfo().Gossip() {
-			t.Errorf("%s members %+v, want only itself with version %q", c.node, ms, readBuildInfo().Gossip())
+		if len(ms) != 1 || ms[0].ID != c.node || ms[0].Version != agent.Build().Gossip() {
+			t.Errorf("%s members %+v, want only itself with version %q", c.node, ms, agent.Build().Gossip())
 		}
 	}
-	if f := a.node.Raft().GetConfiguration(); f.Error() != nil || len(f.Configuration().Servers) != 1 {
+	if f := a.Node().Raft().GetConfiguration(); f.Error() != nil || len(f.Configuration().Servers) != 1 {
 		t.Errorf("alpha's raft configuration %+v %v, want one server", f.Configuration().Servers, f.Error())
 	}
-	if f := b.node.Raft().GetConfiguration(); f.Error() != nil || len(f.Configuration().Servers) != 0 {
+	if f := b.Node().Raft().GetConfiguration(); f.Error() != nil || len(f.Configuration().Servers) != 0 {
 		t.Errorf("beta's raft configuration %+v %v, want none (never added by alpha)", f.Configuration().Servers, f.Error())
 	}
 
@@ -148,13 +113,17 @@ func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	bi := readBuildInfo()
-	wantInfo := `nsmd_build_info{goversion="` + bi.GoVersion + `",revision="` + revisionLabel(bi) + `",version="` + bi.Version + `"} 1`
+	bi := agent.Build()
+	revision := bi.Revision // with +modified for a build from a changed work tree
+	if bi.Modified && revision != "" {
+		revision += "+modified"
+	}
+	wantInfo := `nsmd_build_info{goversion="` + bi.GoVersion + `",revision="` + revision + `",version="` + bi.Version + `"} 1`
 	if !strings.Contains(string(body), wantInfo) {
 		t.Errorf("/metrics lacks %s", wantInfo)
 	}
 
-	admin := a.adminLn.Addr().String()
+	admin := a.AdminAddr()
 	out, err := runCLI(t, "status", "--admin", admin)
 	if err != nil || !strings.Contains(out, "cluster_id     alpha") || !strings.Contains(out, "version        "+bi.Gossip()) {
 		t.Errorf("nsmd status: %v\n%s", err, out)

@@ -10,18 +10,18 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/config"
 )
 
@@ -41,7 +41,7 @@ func rootCmd() *cobra.Command {
 		Short:         "Clustered Network Status Monitor (rpc.statd replacement)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       readBuildInfo().String(), // nsmd --version
+		Version:       agent.Build().String(), // nsmd --version
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.AddCommand(versionCmd(), agentCmd(), devCmd(), tlsCmd(), statusCmd(), membersCmd(), registrationsCmd(), clientsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
@@ -111,25 +111,6 @@ func (v *keyValue) Set(s string) error {
 	return nil
 }
 
-func newLogger(w io.Writer, level, format string) *slog.Logger {
-	var lv slog.Level
-	switch strings.ToLower(level) {
-	case "debug":
-		lv = slog.LevelDebug
-	case "warn":
-		lv = slog.LevelWarn
-	case "error":
-		lv = slog.LevelError
-	default:
-		lv = slog.LevelInfo
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
 func agentCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -142,19 +123,19 @@ func agentCmd() *cobra.Command {
 		if err != nil {
 			return fmt.Errorf("config: %w", err)
 		}
-		log := newLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat)
-		if err := checkCapabilities(cfg, log); err != nil {
+		log := agent.NewLogger(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+		if err := agent.CheckCapabilities(cfg, log); err != nil {
 			return fmt.Errorf("capabilities: %w", err)
 		}
-		a, err := startAgent(cfg, agentOptions{Logger: log, RaftMetrics: true})
+		a, err := agent.Start(cfg, agent.Options{Logger: log, RaftMetrics: true})
 		if err != nil {
 			return err
 		}
-		sd, err := startSystemdNotify(a, os.Getenv, os.Getpid(), log)
+		sd, err := agent.StartSystemdNotify(a, os.Getenv, os.Getpid(), log)
 		if err != nil {
 			log.Warn("no systemd notifications", "err", err)
 		}
-		defer sd.stop()
+		defer sd.Stop()
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
@@ -170,8 +151,86 @@ func agentCmd() *cobra.Command {
 			break
 		}
 		log.Info("shutting down")
-		sd.stopping()
+		sd.Stopping()
 		return a.Close()
 	}
+	return cmd
+}
+
+func devCmd() *cobra.Command {
+	var o agent.DevOptions
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a local cluster in one process on 127.0.0.1..N with a loopback VIP",
+		Long: `dev starts N nodes (default 3) in this process, node i on 127.0.0.i,
+sharing the VIP 127.0.0.100 in loopback mode: only the current leader
+answers NSM there. Data lives in a temporary directory unless --data-dir
+is given (then a restart keeps registrations and raises sm_state).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.DataDir == "" {
+				dir, err := os.MkdirTemp("", "nsmd-dev-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				o.DataDir = dir
+			}
+			log := agent.NewLogger(os.Stderr, o.LogLevel, "text")
+			d, err := agent.StartDev(o, agent.Options{Logger: log})
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			agents := d.Agents()
+			fmt.Fprintf(out, "\nnsmd dev cluster: %d nodes, data in %s\n", len(agents), o.DataDir)
+			fmt.Fprintf(out, "  VIP (NSM, UDP+TCP):  %s port %d   (only the leader answers there)\n", o.VIP, o.NSMPort)
+			for _, a := range agents {
+				fmt.Fprintf(out, "  %s  NSM %s  admin %s\n", a.Config().NodeID, a.NSMAddr(), a.AdminURL())
+			}
+			adm := agents[0].AdminAddr()
+			fmt.Fprintf(out, "\nTry:\n")
+			fmt.Fprintf(out, "  bin/nsmd status --admin %s\n", adm)
+			fmt.Fprintf(out, "  bin/nsmd members --admin %s\n", adm)
+			fmt.Fprintf(out, "  bin/nsmd ping --addr %s:%d          # NULL + SM_STAT on the VIP\n", o.VIP, o.NSMPort)
+			fmt.Fprintf(out, "  bin/nsmd transfer-leadership --admin <leader's admin>   # planned failover\n")
+			fmt.Fprintf(out, "  bin/nsmd drill --admin %s [--kill] --report drill.html   # measured failover drill\n", adm)
+			fmt.Fprintf(out, "Ctrl-C stops the cluster.\n\n")
+			<-cmd.Context().Done()
+			log.Info("stopping dev cluster")
+			return d.Close()
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Nodes, "nodes", 3, "number of nodes")
+	f.StringVar(&o.DataDir, "data-dir", "", "keep node data here (default: a temporary directory removed on exit)")
+	f.StringVar(&o.VIP, "vip", "127.0.0.100", "loopback VIP")
+	f.IntVar(&o.NSMPort, "nsm-port", 6620, "NSM port on every node and on the VIP")
+	f.IntVar(&o.RaftPort, "raft-port", 7300, "raft port on every node")
+	f.IntVar(&o.AdminPort, "admin-port", 8024, "admin API port on every node")
+	f.IntVar(&o.GossipPort, "gossip-port", 7946, "gossip port on every node")
+	f.StringVar(&o.LogLevel, "log-level", "info", "debug | info | warn | error")
+	f.DurationVar(&o.RestartAfter, "restart-after", 2*time.Second, "start a node killed by a crash drill again after this long (0: leave it down)")
+	return cmd
+}
+
+func versionCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print nsmd's version, VCS revision and Go version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b := agent.Build()
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(b)
+			}
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), b.String())
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/nsm"
 )
 
@@ -16,10 +18,10 @@ import (
 // cluster's sm_state goes above 41 (odd), and export-statd writes the same
 // records back in statd's format.
 func TestImportAndExportStatdDirectory(t *testing.T) {
-	d, _ := startTestDev(t, "127.0.0.104")
-	lead := devLeader(t, d, nil, 10*time.Second)
-	var follower *agent
-	for _, a := range d.agents {
+	d, _ := agenttest.Dev(t, "127.0.0.104", 3)
+	lead := agenttest.Leader(t, d, nil, 10*time.Second)
+	var follower *agent.Agent
+	for _, a := range d.Agents() {
 		if a != lead {
 			follower = a
 		}
@@ -50,13 +52,13 @@ func TestImportAndExportStatdDirectory(t *testing.T) {
 		return out.String()
 	}
 	t.Log(run("import-statd", src, "--admin", strings.TrimPrefix(follower.AdminURL(), "http://")))
-	if st := lead.node.FSM().State(); st <= 41 || st%2 != 1 {
+	if st := lead.Node().FSM().State(); st <= 41 || st%2 != 1 {
 		t.Errorf("sm_state after import %d, want odd and above 41", st)
 	}
-	for _, a := range d.agents {
-		waitApplied(t, a, lead.node.FSM().AppliedIndex())
-		if n := a.node.FSM().Len(); n != 5 {
-			t.Errorf("%s has %d registrations after import, want 5", a.cfg.NodeID, n)
+	for _, a := range d.Agents() {
+		agenttest.WaitApplied(t, a, lead.Node().FSM().AppliedIndex())
+		if n := a.Node().FSM().Len(); n != 5 {
+			t.Errorf("%s has %d registrations after import, want 5", a.Config().NodeID, n)
 		}
 	}
 	dst := t.TempDir()
@@ -65,8 +67,8 @@ func TestImportAndExportStatdDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.State != lead.node.FSM().State() {
-		t.Errorf("exported state %d, want %d", out.State, lead.node.FSM().State())
+	if out.State != lead.Node().FSM().State() {
+		t.Errorf("exported state %d, want %d", out.State, lead.Node().FSM().State())
 	}
 	lines := func(d nsm.StatdDir) []string {
 		var s []string
@@ -78,16 +80,5 @@ func TestImportAndExportStatdDirectory(t *testing.T) {
 	}
 	if got, want := lines(out), lines(in); !slices.Equal(got, want) {
 		t.Errorf("exported records\n%v\nwant\n%v", got, want)
-	}
-}
-
-func waitApplied(t *testing.T, a *agent, index uint64) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for a.node.FSM().AppliedIndex() < index {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s applied %d < %d", a.cfg.NodeID, a.node.FSM().AppliedIndex(), index)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -147,6 +147,9 @@ func TestDebContentsModesAndOwners(t *testing.T) {
 		"/etc/nsmd/nsmd.yaml":                             {"-rw-r--r--", "root/root"},
 		"/usr/lib/nsmd/hooks/nfsd-ha":                     {"-rwxr-xr-x", "root/root"},
 		"/usr/share/doc/nsmd/README.md":                   {"-rw-r--r--", "root/root"},
+		"/usr/share/doc/nsmd/running.md":                  {"-rw-r--r--", "root/root"},
+		"/usr/share/doc/nsmd/ha-pair.md":                  {"-rw-r--r--", "root/root"},
+		"/usr/share/doc/nsmd/monitoring.md":               {"-rw-r--r--", "root/root"},
 		"/usr/share/doc/nsmd/examples/hooks-as-root.conf": {"-rw-r--r--", "root/root"},
 		"/var/lib/nsmd":                                   {"drwxr-x---", "root/root"},
 	}

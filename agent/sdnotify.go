@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -52,10 +52,10 @@ func watchdogInterval(getenv func(string) string, pid int) time.Duration {
 	return time.Duration(usec) * time.Microsecond
 }
 
-// systemdNotify tells systemd about one agent: READY=1 once the node is
+// SystemdNotify tells systemd about one agent: READY=1 once the node is
 // ready as /readyz defines it, WATCHDOG=1 every half watchdog interval
 // while the node's state machine answers, STOPPING=1 at shutdown.
-type systemdNotify struct {
+type SystemdNotify struct {
 	n      *sdNotifier
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -64,21 +64,22 @@ type systemdNotify struct {
 // readyPoll is how often readiness is checked until the node is ready.
 const readyPoll = 50 * time.Millisecond
 
-// startSystemdNotify starts the notifier goroutine; it does nothing
-// (and stop is a no-op) outside a systemd notify service.
-func startSystemdNotify(a *agent, getenv func(string) string, pid int, log *slog.Logger) (*systemdNotify, error) {
+// StartSystemdNotify starts the notifier goroutine of a, the agent of
+// process pid, told about systemd by getenv (os.Getenv); it does nothing
+// (and Stop is a no-op) outside a systemd notify service.
+func StartSystemdNotify(a *Agent, getenv func(string) string, pid int, log *slog.Logger) (*SystemdNotify, error) {
 	n, err := newSDNotifier(getenv)
 	if err != nil || n == nil {
-		return &systemdNotify{}, err
+		return &SystemdNotify{}, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &systemdNotify{n: n, cancel: cancel}
+	s := &SystemdNotify{n: n, cancel: cancel}
 	wd := watchdogInterval(getenv, pid)
 	s.wg.Go(func() { s.run(ctx, a, wd, log) })
 	return s, nil
 }
 
-func (s *systemdNotify) run(ctx context.Context, a *agent, wd time.Duration, log *slog.Logger) {
+func (s *SystemdNotify) run(ctx context.Context, a *Agent, wd time.Duration, log *slog.Logger) {
 	send := func(state string) {
 		if err := s.n.notify(state); err != nil {
 			log.Warn("systemd notification failed", "err", err)
@@ -115,31 +116,20 @@ func (s *systemdNotify) run(ctx context.Context, a *agent, wd time.Duration, log
 	}
 }
 
-// stopping tells systemd the service is stopping; the watchdog stays fed
+// Stopping tells systemd the service is stopping; the watchdog stays fed
 // while the agent shuts down (a leadership transfer, the on_follower hook).
-func (s *systemdNotify) stopping() {
+func (s *SystemdNotify) Stopping() {
 	if s.n != nil {
 		s.n.notify("STOPPING=1")
 	}
 }
 
-// stop ends the goroutine and closes the socket.
-func (s *systemdNotify) stop() {
+// Stop ends the goroutine and closes the socket.
+func (s *SystemdNotify) Stop() {
 	if s.n == nil {
 		return
 	}
 	s.cancel()
 	s.wg.Wait()
 	s.n.conn.Close()
-}
-
-// readyNow is /readyz's answer without waiting: a leader is known, this
-// node knows the current incarnation's sm_state and has applied
-// everything committed.
-func (a *agent) readyNow() bool {
-	rf := a.node.Raft()
-	if _, id := rf.LeaderWithID(); id == "" {
-		return false
-	}
-	return a.node.Ready() && a.node.FSM().AppliedIndex() >= rf.CommitIndex()
 }

@@ -1,14 +1,15 @@
-package main
+package agent_test
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/config"
 )
 
@@ -18,24 +19,15 @@ import (
 // manager (127.0.0.1) still gets its SM_STAT answered every time, the
 // excess is refused or evicted, and the metric says which.
 func TestNSMConnectionFloodLeavesRoomForLockManagers(t *testing.T) {
-	ips := []string{"127.0.0.1", "127.0.0.45"}
-	o := devOptions{
-		Nodes: 1, DataDir: t.TempDir(), VIP: "127.0.0.45", LogLevel: "warn",
-		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
-		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
-		Tune: func(c *config.Config) { c.NSMMaxConns, c.NSMMaxConnsHost = 32, 8 },
-	}
-	d, err := startDev(o, agentOptions{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	a := devLeader(t, d, nil, 10*time.Second)
+	o := agenttest.DevOptions(t, "127.0.0.45", 1)
+	o.Tune = func(c *config.Config) { c.NSMMaxConns, c.NSMMaxConnsHost = 32, 8 }
+	d := agenttest.StartDev(t, o, agent.Options{Logger: agenttest.Logger(slog.LevelError)})
+	a := agenttest.Leader(t, d, nil, 10*time.Second)
 	addr := a.NSMAddr().String()
 	ctx := context.Background()
 	stat := func(when string) {
 		t.Helper()
-		if _, err := smStat(ctx, "tcp", addr); err != nil {
+		if _, err := agenttest.SMStat(ctx, "tcp", addr); err != nil {
 			t.Fatalf("%s: SM_STAT over TCP from the lock manager: %v", when, err)
 		}
 	}
@@ -65,13 +57,13 @@ func TestNSMConnectionFloodLeavesRoomForLockManagers(t *testing.T) {
 
 	// The accept loop counts before it serves the next connection, and
 	// our last SM_STAT was answered on a later one: all counted.
-	perHost := metricValue(t, a.reg, "nsmd_nsm_tcp_connections_total", map[string]string{"event": "refused_per_host"})
-	evicted := metricValue(t, a.reg, "nsmd_nsm_tcp_connections_total", map[string]string{"event": "evicted_idle"})
+	perHost := agenttest.MetricValue(t, a.Registry(), "nsmd_nsm_tcp_connections_total", map[string]string{"event": "refused_per_host"})
+	evicted := agenttest.MetricValue(t, a.Registry(), "nsmd_nsm_tcp_connections_total", map[string]string{"event": "evicted_idle"})
 	if perHost < 292 || evicted < 1 {
 		t.Fatalf("refused_per_host %v (want ≥ 292), evicted_idle %v (want ≥ 1)", perHost, evicted)
 	}
-	if open := a.server.Conns(); open > 32 {
+	if open := a.NSMConns(); open > 32 {
 		t.Fatalf("%d connections open, cap 32", open)
 	}
-	t.Logf("flood of 348 connections: %v refused per host, %v idle ones evicted, %d open; every SM_STAT from the lock manager answered", perHost, evicted, a.server.Conns())
+	t.Logf("flood of 348 connections: %v refused per host, %v idle ones evicted, %d open; every SM_STAT from the lock manager answered", perHost, evicted, a.NSMConns())
 }

@@ -1,10 +1,9 @@
-package main
+package agent_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cld/cldtest"
 	"github.com/nsmd/nsmd/config"
@@ -33,30 +34,19 @@ func TestNFSv4ClientRecordsSurviveAFailover(t *testing.T) {
 		t.Cleanup(k.Close)
 		kernels[id] = k
 	}
-	vip := "127.0.0.100"
-	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", vip}
-	o := devOptions{
-		Nodes: 3, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
-		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
-		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
-		Tune: func(c *config.Config) {
-			c.NFSv4Tracking = config.TrackingOn
-			c.RPCPipefs = kernels[c.NodeID].Dir()
-		},
+	o := agenttest.DevOptions(t, "127.0.0.100", 3)
+	o.Tune = func(c *config.Config) {
+		c.NFSv4Tracking = config.TrackingOn
+		c.RPCPipefs = kernels[c.NodeID].Dir()
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := startDev(o, agentOptions{Logger: log, TuneTracking: func(id string, c *cld.Config) {
+	d := agenttest.StartDev(t, o, agent.Options{TuneTracking: func(id string, c *cld.Config) {
 		c.OpenPipe, c.IsPipefs, c.MountPipefs = kernels[id].OpenPipe, kernels[id].IsPipefs, false
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	leader := devLeader(t, d, nil, 20*time.Second)
-	k := kernels[leader.cfg.NodeID]
+	leader := agenttest.Leader(t, d, nil, 20*time.Second)
+	k := kernels[leader.Config().NodeID]
 	if recs, err := k.Start(ctx); err != nil || len(recs) != 0 {
 		t.Fatalf("leader's nfsd start: %v records, %v (want none)", recs, err)
 	}
@@ -73,23 +63,23 @@ func TestNFSv4ClientRecordsSurviveAFailover(t *testing.T) {
 			t.Fatalf("Create %q: %v", name, err)
 		}
 	}
-	for _, ag := range d.agents {
-		waitApplied(t, ag, leader.node.FSM().AppliedIndex())
-		if c, _, _ := ag.node.FSM().V4Counts(); c != 2 {
-			t.Fatalf("%s holds %d client records, want 2", ag.cfg.NodeID, c)
+	for _, ag := range d.Agents() {
+		agenttest.WaitApplied(t, ag, leader.Node().FSM().AppliedIndex())
+		if c, _, _ := ag.Node().FSM().V4Counts(); c != 2 {
+			t.Fatalf("%s holds %d client records, want 2", ag.Config().NodeID, c)
 		}
 	}
 
 	// A follower's nfsd (started by hand, or a leftover) gets no answer
 	// from a table that is not its to change.
-	var follower *agent
-	for _, ag := range d.agents {
+	var follower *agent.Agent
+	for _, ag := range d.Agents() {
 		if ag != leader {
 			follower = ag
 			break
 		}
 	}
-	fk := kernels[follower.cfg.NodeID]
+	fk := kernels[follower.Config().NodeID]
 	if _, err := fk.Start(ctx); err == nil {
 		t.Fatal("a follower's nfsd got its GraceStart answered")
 	}
@@ -102,15 +92,15 @@ func TestNFSv4ClientRecordsSurviveAFailover(t *testing.T) {
 		}
 	}
 	fk.Stop()
-	if _, has := leader.node.FSM().HasV4Client("intruder"); has {
+	if _, has := leader.Node().FSM().HasV4Client("intruder"); has {
 		t.Fatal("a follower's Create reached the table")
 	}
 
 	// The leader dies with its nfsd.
 	k.Stop()
-	leader.kill()
-	next := devLeader(t, d, leader, 20*time.Second)
-	nk := kernels[next.cfg.NodeID]
+	leader.Kill()
+	next := agenttest.Leader(t, d, leader, 20*time.Second)
+	nk := kernels[next.Config().NodeID]
 	recs, err := nk.Start(ctx)
 	if err != nil {
 		t.Fatalf("new leader's nfsd start: %v", err)
@@ -129,28 +119,28 @@ func TestNFSv4ClientRecordsSurviveAFailover(t *testing.T) {
 	if err := nk.GraceDone(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, ag := range d.agents {
+	for _, ag := range d.Agents() {
 		if ag == leader {
 			continue
 		}
-		waitApplied(t, ag, next.node.FSM().AppliedIndex())
-		cur := ag.node.FSM().V4Clients(false)
+		agenttest.WaitApplied(t, ag, next.Node().FSM().AppliedIndex())
+		cur := ag.Node().FSM().V4Clients(false)
 		if len(cur) != 1 || cur[0].Name != string(a) {
-			t.Fatalf("%s after GraceDone: %v, want only %q", ag.cfg.NodeID, cur, a)
+			t.Fatalf("%s after GraceDone: %v, want only %q", ag.Config().NodeID, cur, a)
 		}
-		if _, rec := ag.node.FSM().Epochs(); rec != 0 {
-			t.Fatalf("%s still in grace after GraceDone", ag.cfg.NodeID)
+		if _, rec := ag.Node().FSM().Epochs(); rec != 0 {
+			t.Fatalf("%s still in grace after GraceDone", ag.Config().NodeID)
 		}
 	}
-	st := next.status()
+	st := next.Status()
 	if !st.NFSv4.Tracking || st.NFSv4.Clients != 1 || st.NFSv4.GraceStartSMState != st.SMState {
 		t.Fatalf("status nfsv4: %+v (sm_state %d)", st.NFSv4, st.SMState)
 	}
-	page := next.v4.clients()
+	page := next.NFSv4Clients()
 	if len(page.Clients) != 1 || page.Clients[0].Name != string(a) || page.Clients[0].Epoch != "current" || page.RecoveryEpoch != 0 {
 		t.Fatalf("GET /v1/nfsv4/clients: %+v", page)
 	}
-	body, err := os.ReadFile(next.v4.statusPath)
+	body, err := os.ReadFile(next.TrackingStatusFile())
 	if err != nil || !slices.Contains(strings.Split(string(body), "\n"), fmt.Sprintf("grace_start_sm_state=%d", st.SMState)) {
 		t.Fatalf("hook status file: %q %v", body, err)
 	}

@@ -1,4 +1,4 @@
-package main
+package agent_test
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -22,10 +21,13 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cld/cldtest"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -35,9 +37,9 @@ import (
 // a running cluster exports.
 
 const (
-	rulesFile     = "../../deploy/prometheus/nsmd-rules.yml"
-	rulesTestFile = "../../deploy/prometheus/nsmd-rules.test.yml"
-	dashboardFile = "../../deploy/grafana/nsmd-dashboard.json"
+	rulesFile     = "../deploy/prometheus/nsmd-rules.yml"
+	rulesTestFile = "../deploy/prometheus/nsmd-rules.test.yml"
+	dashboardFile = "../deploy/grafana/nsmd-dashboard.json"
 )
 
 func promtoolPath(t *testing.T) string {
@@ -288,7 +290,7 @@ func unknownMetrics(exprs []string, exported, records map[string]bool) []string 
 }
 
 // scrapeSeriesNames reads an agent's /metrics and returns the series names.
-func scrapeSeriesNames(t *testing.T, hc *http.Client, a *agent) map[string]float64 {
+func scrapeSeriesNames(t *testing.T, hc *http.Client, a *agent.Agent) map[string]float64 {
 	t.Helper()
 	resp, err := hc.Get(a.AdminURL() + "/metrics")
 	if err != nil {
@@ -326,27 +328,20 @@ func seriesNames(series map[string]float64) map[string]bool {
 // startMonitoredDev starts a 3-node dev cluster with mutual TLS (so the
 // TLS metrics exist) and a fast disk probe, and returns an HTTPS client
 // that trusts its CA.
-func startMonitoredDev(t *testing.T, vip string) (*devCluster, devOptions, *http.Client) {
+func startMonitoredDev(t *testing.T, vip string) (*agent.Dev, agent.DevOptions, *http.Client) {
 	t.Helper()
 	dir := t.TempDir()
-	if out, err := runCLI(t, "tls", "init", "--dir", dir, "--node", "node1=127.0.0.1", "--node", "node2=127.0.0.2", "--node", "node3=127.0.0.3"); err != nil {
-		t.Fatalf("tls init: %v\n%s", err, out)
-	}
-	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", vip}
-	o := devOptions{
-		Nodes: 3, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
-		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
-		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
-		Tune: func(c *config.Config) {
-			c.TLSCA = filepath.Join(dir, "ca.pem")
-			c.TLSCert = filepath.Join(dir, c.NodeID+".pem")
-			c.TLSKey = filepath.Join(dir, c.NodeID+"-key.pem")
-			c.GossipKeyFile = filepath.Join(dir, "gossip.key")
-			// NFSv4 tracking on, each node facing a fake kernel's pipe
-			// (cld/cldtest), so that its metrics are exported too.
-			c.NFSv4Tracking = config.TrackingOn
-			c.RPCPipefs = filepath.Join(dir, "pipefs-"+c.NodeID)
-		},
+	agenttest.PKI(t, dir, 3)
+	o := agenttest.DevOptions(t, vip, 3)
+	o.Tune = func(c *config.Config) {
+		c.TLSCA = filepath.Join(dir, "ca.pem")
+		c.TLSCert = filepath.Join(dir, c.NodeID+".pem")
+		c.TLSKey = filepath.Join(dir, c.NodeID+"-key.pem")
+		c.GossipKeyFile = filepath.Join(dir, "gossip.key")
+		// NFSv4 tracking on, each node facing a fake kernel's pipe
+		// (cld/cldtest), so that its metrics are exported too.
+		c.NFSv4Tracking = config.TrackingOn
+		c.RPCPipefs = filepath.Join(dir, "pipefs-"+c.NodeID)
 	}
 	kernels := map[string]*cldtest.Kernel{}
 	for _, id := range []string{"node1", "node2", "node3"} {
@@ -357,15 +352,10 @@ func startMonitoredDev(t *testing.T, vip string) (*devCluster, devOptions, *http
 		t.Cleanup(k.Close)
 		kernels[id] = k
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := startDev(o, agentOptions{Logger: log, TuneCluster: func(c *cluster.Config) { c.DiskProbeInterval = 50 * time.Millisecond },
+	d := agenttest.StartDev(t, o, agent.Options{TuneCluster: func(c *cluster.Config) { c.DiskProbeInterval = 50 * time.Millisecond },
 		TuneTracking: func(id string, c *cld.Config) {
 			c.OpenPipe, c.IsPipefs, c.MountPipefs = kernels[id].OpenPipe, kernels[id].IsPipefs, false
 		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
 	ca, err := os.ReadFile(filepath.Join(dir, "ca.pem"))
 	if err != nil {
 		t.Fatal(err)
@@ -398,7 +388,7 @@ func TestDashboardAndRulesUseOnlyExportedMetrics(t *testing.T) {
 	}
 
 	dc, o, hc := startMonitoredDev(t, "127.0.0.45")
-	devLeader(t, dc, nil, 10*time.Second)
+	agenttest.Leader(t, dc, nil, 10*time.Second)
 	c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort)), Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -410,7 +400,7 @@ func TestDashboardAndRulesUseOnlyExportedMetrics(t *testing.T) {
 		t.Fatalf("SM_MON on the VIP: %+v %v", res, err)
 	}
 	names := map[string]bool{}
-	for _, a := range dc.agents {
+	for _, a := range dc.Agents() {
 		for n := range seriesNames(scrapeSeriesNames(t, hc, a)) {
 			names[n] = true
 		}
@@ -446,17 +436,17 @@ func TestDashboardAndRulesUseOnlyExportedMetrics(t *testing.T) {
 // while nsmd_vip_held moves with it.
 func TestMonitoringMetricsMoveOnFailover(t *testing.T) {
 	dc, _, hc := startMonitoredDev(t, "127.0.0.46")
-	lead := devLeader(t, dc, nil, 10*time.Second)
-	scrapeAll := func() map[*agent]map[string]float64 {
-		m := map[*agent]map[string]float64{}
-		for _, a := range dc.agents {
+	lead := agenttest.Leader(t, dc, nil, 10*time.Second)
+	scrapeAll := func() map[*agent.Agent]map[string]float64 {
+		m := map[*agent.Agent]map[string]float64{}
+		for _, a := range dc.Agents() {
 			m[a] = scrapeSeriesNames(t, hc, a)
 		}
 		return m
 	}
 	// The probe runs every 50ms here; wait until every node timed one.
 	deadline := time.Now().Add(5 * time.Second)
-	var s map[*agent]map[string]float64
+	var s map[*agent.Agent]map[string]float64
 	for {
 		s = scrapeAll()
 		n := 0
@@ -465,7 +455,7 @@ func TestMonitoringMetricsMoveOnFailover(t *testing.T) {
 				n++
 			}
 		}
-		if n == len(dc.agents) {
+		if n == len(dc.Agents()) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -479,27 +469,27 @@ func TestMonitoringMetricsMoveOnFailover(t *testing.T) {
 			want = 1
 		}
 		if m["nsmd_vip_held"] != want || m["nsmd_is_leader"] != want {
-			t.Errorf("%s: nsmd_vip_held %v nsmd_is_leader %v, want %v", a.cfg.NodeID, m["nsmd_vip_held"], m["nsmd_is_leader"], want)
+			t.Errorf("%s: nsmd_vip_held %v nsmd_is_leader %v, want %v", a.Config().NodeID, m["nsmd_vip_held"], m["nsmd_is_leader"], want)
 		}
 		if m[`nsmd_disk_write_duration_seconds_count{op="raft_log"}`] < 1 || m[`nsmd_disk_write_duration_seconds_sum{op="raft_log"}`] <= 0 {
-			t.Errorf("%s: raft log writes not timed: count %v", a.cfg.NodeID, m[`nsmd_disk_write_duration_seconds_count{op="raft_log"}`])
+			t.Errorf("%s: raft log writes not timed: count %v", a.Config().NodeID, m[`nsmd_disk_write_duration_seconds_count{op="raft_log"}`])
 		}
 		if v, ok := m["nsmd_tls_cert_expiry_timestamp_seconds"]; !ok || v < float64(time.Now().Unix()) {
-			t.Errorf("%s: nsmd_tls_cert_expiry_timestamp_seconds = %v, want a future time", a.cfg.NodeID, v)
+			t.Errorf("%s: nsmd_tls_cert_expiry_timestamp_seconds = %v, want a future time", a.Config().NodeID, v)
 		}
 	}
 
 	// Elections while the cluster formed may count already (a node that
 	// heard from a short-lived first leader); the transfer adds one.
-	before := map[*agent]float64{}
+	before := map[*agent.Agent]float64{}
 	for a, m := range s {
 		before[a] = m["nsmd_failover_duration_seconds_count"]
 	}
 	start := time.Now()
-	if err := lead.node.TransferLeadership(""); err != nil {
+	if err := lead.Node().TransferLeadership(""); err != nil {
 		t.Fatalf("transfer leadership: %v", err)
 	}
-	next := devLeader(t, dc, lead, 10*time.Second)
+	next := agenttest.Leader(t, dc, lead, 10*time.Second)
 	// The observation lands once the new leader serves (on_leader done).
 	deadline = time.Now().Add(5 * time.Second)
 	for scrapeSeriesNames(t, hc, next)["nsmd_failover_duration_seconds_count"] <= before[next] {
@@ -521,7 +511,7 @@ func TestMonitoringMetricsMoveOnFailover(t *testing.T) {
 	for a, m := range s {
 		holders += m["nsmd_vip_held"]
 		if a != next && m["nsmd_failover_duration_seconds_count"] != before[a] {
-			t.Errorf("%s observed a failover it did not make", a.cfg.NodeID)
+			t.Errorf("%s observed a failover it did not make", a.Config().NodeID)
 		}
 	}
 	if holders != 1 || s[next]["nsmd_vip_held"] != 1 {
@@ -545,11 +535,11 @@ func TestPrometheusScrapesClusterAndCountsOneVIPHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	dc, _, _ := startMonitoredDev(t, "127.0.0.47")
-	devLeader(t, dc, nil, 10*time.Second)
+	agenttest.Leader(t, dc, nil, 10*time.Second)
 	dir := t.TempDir()
 	var targets []string
-	for _, a := range dc.agents {
-		targets = append(targets, fmt.Sprintf("'%s'", a.adminLn.Addr()))
+	for _, a := range dc.Agents() {
+		targets = append(targets, fmt.Sprintf("'%s'", a.AdminAddr()))
 	}
 	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
 rule_files: ['%s']
@@ -558,12 +548,12 @@ scrape_configs:
     scheme: https
     tls_config: {ca_file: '%s'}
     static_configs: [{targets: [%s]}]
-`, rules, dc.agents[0].cfg.TLSCA, strings.Join(targets, ", "))
+`, rules, dc.Agents()[0].Config().TLSCA, strings.Join(targets, ", "))
 	writeFile(t, filepath.Join(dir, "prometheus.yml"), cfg)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(portFreeOn(t, "127.0.0.1")))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(agenttest.FreePort(t, "127.0.0.1")))
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
-	var logs syncBuffer
+	var logs testutil.LockedBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,10 +1,22 @@
-package main
+// Package agent is one nsmd node: raft and gossip (package cluster), the
+// NSM server over TCP and UDP (packages oncrpc, nsm), rpcbind registration,
+// the floating address (VIP), the hooks, the NFSv4 client-tracking side
+// (packages cld, nlm), TLS and the admin API (package admin) with the
+// status page. cmd/nsmd parses flags and calls Start; tests, the benches
+// and the drill start nodes the same way, one or several per process
+// (StartDev: the nsmd dev cluster).
+//
+//	a, err := agent.Start(cfg, agent.Options{Logger: log})
+//	...
+//	a.Close() // hands leadership over, runs on_follower, stops
+package agent
 
 import (
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
@@ -28,15 +41,15 @@ import (
 	"github.com/nsmd/nsmd/vip"
 )
 
-// agentOptions are the parts of an agent that are not operator settings.
-type agentOptions struct {
+// Options are the parts of an agent that are not operator settings.
+type Options struct {
 	Logger *slog.Logger
 	// RaftMetrics bridges raft's process-global metrics into this agent's
 	// registry: only for a process that runs one node.
 	RaftMetrics bool
 	// Crash replaces SIGKILL-ing the process for POST /v1/drill/crash
 	// (nsmd dev kills one in-process node instead).
-	Crash func(*agent)
+	Crash func(*Agent)
 	// TuneCluster, when set, adjusts the cluster config before the node
 	// starts (measurement tests compare raft and storage settings).
 	TuneCluster func(*cluster.Config)
@@ -45,9 +58,9 @@ type agentOptions struct {
 	TuneTracking func(id string, c *cld.Config)
 }
 
-// agent is one running node: raft, the NSM server, rpcbind registration,
+// Agent is one running node: raft, the NSM server, rpcbind registration,
 // the admin API and (in loopback VIP mode) the VIP listener.
-type agent struct {
+type Agent struct {
 	cfg     config.Config
 	log     *slog.Logger
 	node    *cluster.Node
@@ -63,7 +76,7 @@ type agent struct {
 	pmap    *oncrpc.PmapClient
 	pmapSrv *oncrpc.Server
 
-	crashFn    func(*agent)
+	crashFn    func(*Agent)
 	hooks      *hookRunner
 	v4         *nfsv4
 	v4cancel   context.CancelFunc
@@ -74,9 +87,10 @@ type agent struct {
 	wg sync.WaitGroup
 }
 
-// kill stops an agent as SIGKILL would: no leadership transfer, no gossip
-// leave; its sockets (and so its loopback VIP) close.
-func (a *agent) kill() {
+// Kill stops an agent as SIGKILL would: no leadership transfer, no gossip
+// leave; its sockets (and so its loopback VIP) close. Close still releases
+// what Kill left (the hook runner).
+func (a *Agent) Kill() {
 	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
 	if a.v4cancel != nil {
 		a.v4cancel()
@@ -129,7 +143,7 @@ func witnessConfig(cfg config.Config, log *slog.Logger) config.Config {
 
 // crash ends this node abruptly: the process gets SIGKILL, or in nsmd dev
 // the in-process node is killed.
-func (a *agent) crash() {
+func (a *Agent) crash() {
 	if a.crashFn != nil {
 		a.crashFn(a)
 		return
@@ -137,12 +151,14 @@ func (a *agent) crash() {
 	syscall.Kill(os.Getpid(), syscall.SIGKILL)
 }
 
-func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
+// Start starts a node of cfg (validated) and returns once it serves NSM,
+// rpcbind and the admin API; raft elects a leader after.
+func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	log := opts.Logger.With("node", cfg.NodeID)
 	if cfg.Witness {
 		cfg = witnessConfig(cfg, log)
 	}
-	a = &agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), crashFn: opts.Crash}
+	a = &Agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), crashFn: opts.Crash}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -150,7 +166,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 	}()
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.nsmm = nsm.NewMetrics(a.reg)
-	build := readBuildInfo()
+	build := Build()
 	if err := registerBuildInfo(a.reg, build); err != nil {
 		return a, err
 	}
@@ -266,7 +282,7 @@ func startAgent(cfg config.Config, opts agentOptions) (a *agent, err error) {
 }
 
 // floatingAddr builds the VIP of the configured mode (nil: none).
-func (a *agent) floatingAddr() (cluster.FloatingAddr, error) {
+func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
 	switch a.cfg.VIPMode {
 	case config.VIPLoopback:
 		return &loopbackVIP{a: a, addr: net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort))}, nil
@@ -285,7 +301,7 @@ func (a *agent) floatingAddr() (cluster.FloatingAddr, error) {
 	return nil, nil
 }
 
-func (a *agent) serverConfig() oncrpc.ServerConfig {
+func (a *Agent) serverConfig() oncrpc.ServerConfig {
 	return oncrpc.ServerConfig{Logger: a.log, Observe: a.nsmm.ObserveRPC,
 		MaxConns: a.cfg.NSMMaxConns, MaxConnsPerHost: a.cfg.NSMMaxConnsHost,
 		OnConn: func(ev string) { a.connEvents.WithLabelValues(ev).Inc() }}
@@ -294,7 +310,7 @@ func (a *agent) serverConfig() oncrpc.ServerConfig {
 // registerConnMetrics counts NSM TCP connection events (accepted,
 // refused_per_host, refused_total, evicted_idle) and exports the open
 // connections of the node's own NSM server.
-func (a *agent) registerConnMetrics() error {
+func (a *Agent) registerConnMetrics() error {
 	a.connEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nsmd_nsm_tcp_connections_total",
 		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room).",
@@ -316,7 +332,7 @@ func (a *agent) registerConnMetrics() error {
 }
 
 // serve runs srv on both sockets; the goroutines end when srv shuts down.
-func (a *agent) serve(srv *oncrpc.Server, ln net.Listener, pc net.PacketConn) {
+func (a *Agent) serve(srv *oncrpc.Server, ln net.Listener, pc net.PacketConn) {
 	a.wg.Add(2)
 	go func() {
 		defer a.wg.Done()
@@ -366,7 +382,7 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 // is reported (status, metric, on_fault) and the clients are still
 // notified: one never notified loses its locks for sure, one notified
 // while nfsd is down retries its reclaim (hard mounts retry forever).
-func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
+func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
 	a.v4.takeover(state)
@@ -386,72 +402,22 @@ func (a *agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 // (bounded by hook_timeout): until then this node tells a new leader that
 // asks that it has not stood down yet, so that leader does not start its
 // on_leader hook (mount the shared disk) while this one still unmounts it.
-func (a *agent) onFollower() {
+func (a *Agent) onFollower() {
 	a.log.Info("following")
 	<-a.hooks.follower(a.node.FSM().State(), "leadership_lost")
 }
 
-func (a *agent) onFault(reason string, err error) {
+func (a *Agent) onFault(reason string, err error) {
 	a.log.Error("fault", "reason", reason, "err", err)
 	a.hooks.fault(roleName(a.node.Raft().State()), a.node.FSM().State(), reason, err)
 }
 
-// loopbackVIP is vip_mode loopback: the leader answers NSM on a loopback
-// address with its own server. The address is always configured (all of
-// 127.0.0.0/8 is local), so holding it means listening on it; the sockets
-// die with the process, so it has no lifetime to wait out.
-type loopbackVIP struct {
-	a    *agent
-	addr string
-	mu   sync.Mutex
-	srv  *oncrpc.Server
-}
-
-func (v *loopbackVIP) Acquire(ctx context.Context) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.srv != nil {
-		return nil
-	}
-	ln, pc, err := listenBoth(v.addr)
-	if err != nil {
-		return fmt.Errorf("listen on the VIP %s: %w", v.addr, err)
-	}
-	v.srv = oncrpc.NewServer(v.a.progs, v.a.serverConfig())
-	v.a.serve(v.srv, ln, pc)
-	v.a.log.Info("VIP taken (loopback mode)", "addr", v.addr)
-	return nil
-}
-
-func (v *loopbackVIP) Release() error {
-	v.mu.Lock()
-	srv := v.srv
-	v.srv = nil
-	v.mu.Unlock()
-	if srv == nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	srv.Shutdown(ctx)
-	v.a.log.Info("VIP released (loopback mode)")
-	return nil
-}
-
-func (v *loopbackVIP) Held() bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.srv != nil
-}
-
-func (v *loopbackVIP) Lifetime() time.Duration { return 0 }
-
 // VIPHeld reports whether this node currently answers on the VIP.
-func (a *agent) VIPHeld() bool { return a.node != nil && a.node.VIPHeld() }
+func (a *Agent) VIPHeld() bool { return a.node != nil && a.node.VIPHeld() }
 
 // startRpcbind registers 100024 v1 with the local rpcbind, or serves PMAP
 // v2 ourselves.
-func (a *agent) startRpcbind() error {
+func (a *Agent) startRpcbind() error {
 	port := uint32(a.nsmPort)
 	maps := []oncrpc.Mapping{
 		{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoUDP, Port: port},
@@ -494,7 +460,7 @@ func (a *agent) startRpcbind() error {
 
 // Close shuts the node down: leadership handed over first (inside
 // node.Close), then the servers, then the rpcbind registration.
-func (a *agent) Close() error {
+func (a *Agent) Close() error {
 	var errs []error
 	if a.node != nil {
 		errs = append(errs, a.node.Close())
@@ -531,7 +497,7 @@ func (a *agent) Close() error {
 }
 
 // NSMAddr is where this node answers NSM.
-func (a *agent) NSMAddr() netip.AddrPort {
+func (a *Agent) NSMAddr() netip.AddrPort {
 	host, _, _ := net.SplitHostPort(a.cfg.NSMAddr)
 	ip, err := netip.ParseAddr(host)
 	if err != nil || ip.IsUnspecified() {
@@ -541,7 +507,7 @@ func (a *agent) NSMAddr() netip.AddrPort {
 }
 
 // AdminURL is the admin API's base URL, or "" when disabled.
-func (a *agent) AdminURL() string {
+func (a *Agent) AdminURL() string {
 	if a.adminLn == nil {
 		return ""
 	}
@@ -569,4 +535,68 @@ func readGossipKey(path string) ([]byte, error) {
 		return key, nil
 	}
 	return nil, fmt.Errorf("gossip key %s: %d bytes, want 16, 24 or 32", path, len(key))
+}
+
+// AdminAddr is the admin API's host:port, or "" when disabled.
+func (a *Agent) AdminAddr() string {
+	if a.adminLn == nil {
+		return ""
+	}
+	return a.adminLn.Addr().String()
+}
+
+// Config is the configuration the agent runs with (a witness's without
+// the settings it ignores).
+func (a *Agent) Config() config.Config { return a.cfg }
+
+// Node is the agent's cluster node: raft, the replicated state, the
+// leader loop.
+func (a *Agent) Node() *cluster.Node { return a.node }
+
+// Registry holds the agent's metrics (GET /metrics).
+func (a *Agent) Registry() *prometheus.Registry { return a.reg }
+
+// startAdmin serves the admin API (package admin) and the status page on
+// admin_addr, over TLS when the agent has certificates.
+func (a *Agent) startAdmin() error {
+	ln, err := net.Listen("tcp", a.cfg.AdminAddr)
+	if err != nil {
+		return fmt.Errorf("admin API on %s: %w", a.cfg.AdminAddr, err)
+	}
+	a.adminLn = ln
+	ln = a.adminListener(ln)
+	mux := admin.NewHandler(adminStore{a}, admin.HandlerConfig{
+		NodeID: a.cfg.NodeID, DrillCrash: a.cfg.DrillCrash, Guard: a.sec.guard, Metrics: a.reg, Logger: a.log,
+	})
+	registerStatusPage(mux)
+	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: a.adminErrorLog()}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("admin API stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// NewLogger is the logger of log_level (debug, info, warn, error) and
+// log_format (text, json) writing to w.
+func NewLogger(w io.Writer, level, format string) *slog.Logger {
+	var lv slog.Level
+	switch strings.ToLower(level) {
+	case "debug":
+		lv = slog.LevelDebug
+	case "warn":
+		lv = slog.LevelWarn
+	case "error":
+		lv = slog.LevelError
+	default:
+		lv = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }

@@ -1,4 +1,4 @@
-package main
+package bench_test
 
 import (
 	"bytes"
@@ -114,7 +114,7 @@ func TestBenchNotifyChild(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := bench.NotifyChild(ctx, startBenchCluster, os.Stderr); err != nil {
+	if err := bench.NotifyChild(ctx, os.Stderr); err != nil {
 		t.Fatal(err)
 	}
 }

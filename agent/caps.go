@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"bufio"
@@ -115,13 +115,13 @@ func parseCapEff(f io.Reader) (uint64, bool, error) {
 	return 0, false, errors.New("no CapEff line in /proc/self/status")
 }
 
-// checkCapabilities fails when this process lacks a capability cfg needs,
+// CheckCapabilities fails when this process lacks a capability cfg needs,
 // so that an agent started without one stops at once with the name of
 // what is missing rather than at its first takeover. Without
 // CAP_NET_BIND_SERVICE lock-manager callbacks leave from an unprivileged
 // port, which Linux lockd drops: that is only a warning (a node may have
 // no local lockd).
-func checkCapabilities(cfg config.Config, log interface{ Warn(string, ...any) }) error {
+func CheckCapabilities(cfg config.Config, log interface{ Warn(string, ...any) }) error {
 	eff, ok, err := effectiveCaps()
 	if err != nil {
 		return err

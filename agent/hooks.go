@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/fsm"
 )
@@ -52,16 +53,6 @@ type hookEnv struct {
 	SMState int32
 	Role    string // leader | follower | candidate
 	Reason  string
-}
-
-// HookFailure is the last hook run that did not succeed (GET /v1/status).
-type HookFailure struct {
-	Hook   string    `json:"hook"` // on_leader | on_follower | on_fault
-	Event  string    `json:"event"`
-	Reason string    `json:"reason,omitempty"` // NSMD_REASON of that run
-	At     time.Time `json:"at"`
-	Err    string    `json:"error"`
-	Output string    `json:"output,omitempty"` // the last lines of stdout+stderr
 }
 
 type hookJob struct {
@@ -105,7 +96,7 @@ type hookRunner struct {
 	started bool
 	done    chan struct{} // closed when the owner goroutine ends
 	cancel  context.CancelFunc
-	last    *HookFailure
+	last    *admin.HookFailure
 }
 
 // newHookRunner builds the runner for cfg's hooks and registers its metrics
@@ -306,7 +297,7 @@ func (h *hookRunner) fault(role string, state int32, reason string, err error) {
 }
 
 // lastFailure is the last hook run that failed or timed out, or nil.
-func (h *hookRunner) lastFailure() *HookFailure {
+func (h *hookRunner) lastFailure() *admin.HookFailure {
 	if h == nil {
 		return nil
 	}
@@ -328,7 +319,7 @@ func (h *hookRunner) exec(ctx context.Context, job hookJob) {
 		return
 	}
 	h.mu.Lock()
-	h.last = &HookFailure{Hook: name, Event: job.event, Reason: job.env.Reason, At: time.Now().UTC(), Err: err.Error(), Output: tail}
+	h.last = &admin.HookFailure{Hook: name, Event: job.event, Reason: job.env.Reason, At: time.Now().UTC(), Err: err.Error(), Output: tail}
 	h.mu.Unlock()
 	if job.event == hookEventFault || h.scripts[hookEventFault] == "" || ctx.Err() != nil {
 		return

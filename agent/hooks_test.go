@@ -1,7 +1,6 @@
-package main
+package agent
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -9,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,25 +15,8 @@ import (
 
 	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
-
-// syncBuffer is a log sink safe to read while hooks write to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // writeScript writes an executable sh script into dir.
 func writeScript(t *testing.T, dir, name, body string) string {
@@ -50,7 +31,7 @@ func writeScript(t *testing.T, dir, name, body string) string {
 type hookHarness struct {
 	h   *hookRunner
 	reg *prometheus.Registry
-	log *syncBuffer
+	log *testutil.LockedBuffer
 }
 
 func newHookHarness(t *testing.T, tune func(*config.Config)) *hookHarness {
@@ -60,7 +41,7 @@ func newHookHarness(t *testing.T, tune func(*config.Config)) *hookHarness {
 	cfg.VIP = "127.0.0.100/32"
 	cfg.HookTimeout = 5 * time.Second
 	tune(&cfg)
-	hh := &hookHarness{reg: prometheus.NewRegistry(), log: &syncBuffer{}}
+	hh := &hookHarness{reg: prometheus.NewRegistry(), log: &testutil.LockedBuffer{}}
 	log := slog.New(slog.NewTextHandler(hh.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	hh.h = newHookRunner(cfg, log, hh.reg)
 	hh.h.start(context.Background())
@@ -315,7 +296,10 @@ func TestLeaderHookDoneOnlyAfterTheScriptAndItsFaultHookRan(t *testing.T) {
 	fault := writeScript(t, dir, "fault", fmt.Sprintf("echo \"$NSMD_REASON\" > %s/fault.out\n", dir))
 	hh := newHookHarness(t, func(c *config.Config) { c.OnLeader, c.OnFault = leader, fault })
 	done := hh.h.leader(context.Background(), fsm.Takeover{Reason: "leader_elected"}, 5)
-	waitForFile(t, filepath.Join(dir, "started"))
+	testutil.WaitFor(t, 5*time.Second, "the hook to start", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "started"))
+		return err == nil
+	})
 	select {
 	case <-done:
 		t.Fatal("leader hook reported done while its script still runs")
@@ -335,20 +319,5 @@ func TestLeaderHookDoneOnlyAfterTheScriptAndItsFaultHookRan(t *testing.T) {
 	}
 	if f := hh.h.lastFailure(); f == nil || f.Hook != "on_leader" {
 		t.Fatalf("last failure: %+v", f)
-	}
-}
-
-// waitForFile waits for path to exist (written by a hook script).
-func waitForFile(t *testing.T, path string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not written within 5 s", path)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -1,22 +1,19 @@
-package main
+package agent
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
@@ -29,7 +26,7 @@ import (
 // and the grace keeper of each leadership term (package nlm), which ends
 // lockd's and nfsd's grace once every client that could reclaim has.
 type nfsv4 struct {
-	a   *agent
+	a   *Agent
 	log *slog.Logger
 	// srv serves <rpc_pipefs>/nfsd/cld; nil when tracking is off.
 	srv *cld.Server
@@ -75,7 +72,7 @@ func kernelHasNFSd() bool {
 }
 
 // newNFSv4 builds the NFSv4 side of agent a (nothing runs before start).
-func newNFSv4(a *agent, tune func(string, *cld.Config)) (*nfsv4, error) {
+func newNFSv4(a *Agent, tune func(string, *cld.Config)) (*nfsv4, error) {
 	cfg := a.cfg
 	v := &nfsv4{
 		a:          a,
@@ -284,29 +281,10 @@ func (v *nfsv4) graceStatus() *nlm.GraceStatus {
 	return &s
 }
 
-// NFSv4Status is the NFSv4 part of GET /v1/status.
-type NFSv4Status struct {
-	// Tracking: nsmd serves the kernel's NFSv4 client-tracking upcall.
-	Tracking    bool        `json:"tracking"`
-	TrackingWhy string      `json:"tracking_off_why,omitempty"`
-	Pipe        *cld.Status `json:"pipe,omitempty"`
-	// The replicated table: epochs and records (clients that may reclaim
-	// after the next failover; during grace, those that may reclaim now
-	// and how many did).
-	CurrentEpoch  uint64 `json:"current_epoch"`
-	RecoveryEpoch uint64 `json:"recovery_epoch"`
-	Clients       int    `json:"clients"`
-	Reclaimable   int    `json:"reclaimable"`
-	Reclaimed     int    `json:"reclaimed"`
-	// GraceStartSMState is the sm_state of the term whose nfsd's
-	// GraceStart this node answered last.
-	GraceStartSMState int32      `json:"grace_start_sm_state,omitempty"`
-	GraceStartAt      *time.Time `json:"grace_start_at,omitempty"`
-}
-
-func (v *nfsv4) status() NFSv4Status {
+// status is the NFSv4 part of GET /v1/status.
+func (v *nfsv4) status() admin.NFSv4Status {
 	f := v.a.node.FSM()
-	s := NFSv4Status{Tracking: v.tracking, TrackingWhy: v.trackingWhy}
+	s := admin.NFSv4Status{Tracking: v.tracking, TrackingWhy: v.trackingWhy}
 	s.CurrentEpoch, s.RecoveryEpoch = f.Epochs()
 	s.Clients, s.Reclaimable, s.Reclaimed = f.V4Counts()
 	if v.srv != nil {
@@ -323,36 +301,17 @@ func (v *nfsv4) status() NFSv4Status {
 	return s
 }
 
-// V4ClientJSON is one row of GET /v1/nfsv4/clients: a client-tracking
-// record. Name is the client's id as the kernel gave it (Go-quoted when it
-// is not printable UTF-8), PrincHash the hex of its principal's hash.
-type V4ClientJSON struct {
-	Epoch     string `json:"epoch"` // current | recovery
-	Name      string `json:"name"`
-	PrincHash string `json:"princ_hash,omitempty"`
-}
-
-// V4ClientPage is the body of GET /v1/nfsv4/clients.
-type V4ClientPage struct {
-	CurrentEpoch  uint64         `json:"current_epoch"`
-	RecoveryEpoch uint64         `json:"recovery_epoch"`
-	Clients       []V4ClientJSON `json:"clients"`
-}
-
-func (v *nfsv4) clients() V4ClientPage {
+// clients is GET /v1/nfsv4/clients.
+func (v *nfsv4) clients() admin.V4ClientPage {
 	f := v.a.node.FSM()
-	p := V4ClientPage{Clients: []V4ClientJSON{}}
+	p := admin.V4ClientPage{Clients: []admin.V4ClientJSON{}}
 	p.CurrentEpoch, p.RecoveryEpoch = f.Epochs()
 	for _, e := range []struct {
 		name     string
 		recovery bool
 	}{{"current", false}, {"recovery", true}} {
 		for _, c := range f.V4Clients(e.recovery) {
-			name := c.Name
-			if !utf8.ValidString(name) || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-				name = strconv.Quote(name)
-			}
-			p.Clients = append(p.Clients, V4ClientJSON{Epoch: e.name, Name: name, PrincHash: hex.EncodeToString([]byte(c.PrincHash))})
+			p.Clients = append(p.Clients, admin.V4ClientRow(e.name, c))
 		}
 	}
 	return p
@@ -447,51 +406,4 @@ func (s trackingStore) carryV40(ctx context.Context, f *fsm.FSM) error {
 		s.v.log.Info("NFSv4.0 client reclaimed: record carried into the new epoch", "client", c.Name)
 	}
 	return nil
-}
-
-// describe is the one-line summary of nsmd status and the status page.
-func (s NFSv4Status) describe() string {
-	var b strings.Builder
-	if s.Tracking {
-		state := "?"
-		if s.Pipe != nil {
-			state = s.Pipe.State
-			if s.Pipe.Err != "" {
-				state += ": " + s.Pipe.Err
-			}
-		}
-		fmt.Fprintf(&b, "tracking served (pipe %s)", state)
-	} else {
-		fmt.Fprintf(&b, "tracking not served (%s)", s.TrackingWhy)
-	}
-	fmt.Fprintf(&b, ", epoch %d, %d client records", s.CurrentEpoch, s.Clients)
-	if s.RecoveryEpoch != 0 {
-		fmt.Fprintf(&b, ", in grace: %d of %d clients reclaimed", s.Reclaimed, s.Reclaimable)
-	}
-	return b.String()
-}
-
-// describeGrace summarises the kernel grace periods of a node's last
-// takeover.
-func describeGrace(g *nlm.GraceStatus) string {
-	if g == nil {
-		return "this node has not served since it started"
-	}
-	one := func(name string, m nlm.ManagerStatus) string {
-		back := fmt.Sprintf("%d of %d clients back", m.Back, m.Expected)
-		switch {
-		case m.Absent:
-			return name + " not running"
-		case m.Ended != nil:
-			return fmt.Sprintf("%s ended after %.1fs (%s, %s)", name, m.Seconds, m.Ended.Reason, back)
-		case len(m.Missing) > 0:
-			return fmt.Sprintf("%s open (%s; waiting for %s)", name, back, strings.Join(m.Missing, ", "))
-		}
-		return fmt.Sprintf("%s open (%s)", name, back)
-	}
-	out := fmt.Sprintf("sm_state %d: %s; %s", g.SMState, one("lockd", g.NLM), one("nfsd", g.NFSv4))
-	if g.Error != "" {
-		out += "; " + g.Error
-	}
-	return out
 }

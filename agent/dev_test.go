@@ -1,10 +1,9 @@
-package main
+package agent_test
 
 import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -16,76 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nsmd/nsmd/bench"
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
-
-// portFreeOn finds a port free for TCP and UDP on every ip.
-func portFreeOn(t testing.TB, ips ...string) int {
-	t.Helper()
-	ports, err := bench.FreePortsOn(ips, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ports[0]
-}
-
-func startTestDev(t testing.TB, vip string) (*devCluster, devOptions) {
-	return startTestDevN(t, vip, 3)
-}
-
-func startTestDevN(t testing.TB, vip string, nodes int) (*devCluster, devOptions) {
-	t.Helper()
-	return startTestDevOpts(t, vip, nodes, nil)
-}
-
-// startTestDevOpts starts a dev cluster whose node configs tune may adjust.
-func startTestDevOpts(t testing.TB, vip string, nodes int, tune func(*cluster.Config)) (*devCluster, devOptions) {
-	t.Helper()
-	ips := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", vip}
-	o := devOptions{
-		Nodes: nodes, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
-		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...),
-		AdminPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := startDev(o, agentOptions{Logger: log, TuneCluster: tune})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d, o
-}
-
-// devLeader waits for the agent that leads and holds the VIP.
-func devLeader(t testing.TB, d *devCluster, skip *agent, timeout time.Duration) *agent {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		for _, a := range d.agents {
-			if a != skip && a.node.Leading() && a.VIPHeld() {
-				return a
-			}
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	t.Fatalf("no leader holding the VIP within %v", timeout)
-	return nil
-}
-
-func smStat(ctx context.Context, network, addr string) (nsm.SMStatRes, error) {
-	var res nsm.SMStatRes
-	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: network, Addr: addr, Timeout: 200 * time.Millisecond, Retransmit: 50 * time.Millisecond})
-	if err != nil {
-		return res, err
-	}
-	defer c.Close()
-	err = c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, &nsm.SMName{MonName: "x"}, &res)
-	return res, err
-}
 
 // TestDevClusterFailover is `make run` under test: three agents on
 // 127.0.0.1-3 with a loopback VIP. An SM_MON sent to a follower over real
@@ -93,15 +29,15 @@ func smStat(ctx context.Context, network, addr string) (nsm.SMStatRes, error) {
 // answers SM_STAT, and after the leader is killed the VIP answers again
 // with sm_state raised by 2, from the new leader.
 func TestDevClusterFailover(t *testing.T) {
-	d, o := startTestDev(t, "127.0.0.101")
-	lead := devLeader(t, d, nil, 10*time.Second)
+	d, o := agenttest.Dev(t, "127.0.0.101", 3)
+	lead := agenttest.Leader(t, d, nil, 10*time.Second)
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
-	before, err := smStat(context.Background(), "udp", vip)
+	before, err := agenttest.SMStat(context.Background(), "udp", vip)
 	if err != nil || before.Res != nsm.StatSucc {
 		t.Fatalf("SM_STAT on the VIP: %+v %v", before, err)
 	}
-	var follower *agent
-	for _, a := range d.agents {
+	var follower *agent.Agent
+	for _, a := range d.Agents() {
 		if a != lead {
 			follower = a
 			break
@@ -115,9 +51,9 @@ func TestDevClusterFailover(t *testing.T) {
 	mon := nsm.Mon{ID: nsm.MonID{MonName: "127.0.0.80", My: nsm.MyID{MyName: "lockd-host", Prog: 100021, Vers: 3, Proc: 16}}}
 	var res nsm.SMStatRes
 	if err := c.Call(context.Background(), nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil || res.Res != nsm.StatSucc {
-		t.Fatalf("SM_MON via follower %s: %+v %v", follower.cfg.NodeID, res, err)
+		t.Fatalf("SM_MON via follower %s: %+v %v", follower.Config().NodeID, res, err)
 	}
-	if n := lead.node.FSM().Len(); n != 1 {
+	if n := lead.Node().FSM().Len(); n != 1 {
 		t.Fatalf("leader has %d registrations after a forwarded SM_MON, want 1", n)
 	}
 
@@ -128,14 +64,14 @@ func TestDevClusterFailover(t *testing.T) {
 
 // failover kills lead and returns how long until the VIP answers SM_STAT
 // with a state above old.
-func failover(t testing.TB, d *devCluster, o devOptions, lead *agent, old int32) time.Duration {
+func failover(t testing.TB, d *agent.Dev, o agent.DevOptions, lead *agent.Agent, old int32) time.Duration {
 	t.Helper()
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	start := time.Now()
-	lead.kill()
+	lead.Kill()
 	for time.Since(start) < 10*time.Second {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		r, err := smStat(ctx, "udp", vip)
+		r, err := agenttest.SMStat(ctx, "udp", vip)
 		cancel()
 		if err == nil && r.Res == nsm.StatSucc && r.State > old {
 			if r.State != old+2 {
@@ -150,16 +86,16 @@ func failover(t testing.TB, d *devCluster, o devOptions, lead *agent, old int32)
 
 // TestMeasureDevFailover repeats the leader kill to report a distribution
 // (closing-note numbers). It is a measurement, not a check: run it with
-// NSMD_MEASURE=1 go test -run TestMeasureDevFailover -v ./cmd/nsmd
+// NSMD_MEASURE=1 go test -run TestMeasureDevFailover -v ./agent
 func TestMeasureDevFailover(t *testing.T) {
 	if os.Getenv("NSMD_MEASURE") == "" {
 		t.Skip("measurement; set NSMD_MEASURE=1 to run")
 	}
 	var times []time.Duration
 	for run := range 12 {
-		d, o := startTestDev(t, fmt.Sprintf("127.0.0.%d", 110+run))
-		lead := devLeader(t, d, nil, 10*time.Second)
-		r, err := smStat(context.Background(), "udp", net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort)))
+		d, o := agenttest.Dev(t, fmt.Sprintf("127.0.0.%d", 110+run), 3)
+		lead := agenttest.Leader(t, d, nil, 10*time.Second)
+		r, err := agenttest.SMStat(context.Background(), "udp", net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,7 +111,7 @@ func TestMeasureDevFailover(t *testing.T) {
 // per call (load generator included) and how many raft entries carried the
 // calls. A measurement, not a check:
 //
-//	NSMD_MEASURE=1 go test -run TestMeasureDevMon -v ./cmd/nsmd
+//	NSMD_MEASURE=1 go test -run TestMeasureDevMon -v ./agent
 //
 // Knobs: NSMD_MEASURE_NET (tcp | udp; a UDP "connection" is a socket, calls
 // retransmitted after 1 s), NSMD_MEASURE_NODES (3), NSMD_MEASURE_CONNS (comma list, "1,8,64"),
@@ -212,9 +148,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 	tlsDir := ""
 	if os.Getenv("NSMD_MEASURE_TLS") != "" {
 		tlsDir = t.TempDir()
-		if out, err := runCLI(t, "tls", "init", "--dir", tlsDir, "--node", "node1=127.0.0.1", "--node", "node2=127.0.0.2", "--node", "node3=127.0.0.3"); err != nil {
-			t.Fatalf("tls init: %v %s", err, out)
-		}
+		agenttest.PKI(t, tlsDir, 3)
 	}
 	tune := func(c *cluster.Config) {
 		c.NoSync = nosync
@@ -229,8 +163,9 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 			c.RaftTLS = st
 		}
 	}
-	d, o := startTestDevOpts(t, "127.0.0.102", nodes, tune)
-	lead := devLeader(t, d, nil, 10*time.Second)
+	o := agenttest.DevOptions(t, "127.0.0.102", nodes)
+	d := agenttest.StartDev(t, o, agent.Options{TuneCluster: tune})
+	lead := agenttest.Leader(t, d, nil, 10*time.Second)
 	t.Logf("%d node(s), VIP %s over %s, depth %d, nosync %v, inflight entries %d (0: default), raft TLS %v", nodes, o.VIP, network, depth, nosync, inflight, tlsDir != "")
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	next := 0
@@ -248,7 +183,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 			defer c.Close()
 			clients[ci] = c
 		}
-		idx0 := lead.node.Raft().LastIndex()
+		idx0 := lead.Node().Raft().LastIndex()
 		cpu0 := processCPU()
 		start := time.Now()
 		for gi := range callers {
@@ -277,7 +212,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 		}
 		el := time.Since(start)
 		cpu := processCPU() - cpu0
-		entries := lead.node.Raft().LastIndex() - idx0
+		entries := lead.Node().Raft().LastIndex() - idx0
 		next += callers * calls
 		var all []time.Duration
 		for _, l := range lat {
@@ -316,7 +251,7 @@ func processCPU() time.Duration {
 
 // checkMetrics scrapes the agent's /metrics and checks the families the
 // cluster issue names are there (on its own registry, not the global one).
-func checkMetrics(t *testing.T, a *agent) {
+func checkMetrics(t *testing.T, a *agent.Agent) {
 	t.Helper()
 	resp, err := http.Get(a.AdminURL() + "/metrics")
 	if err != nil {
@@ -337,13 +272,13 @@ func checkMetrics(t *testing.T, a *agent) {
 }
 
 // TestMeasureStatThroughput: SM_STAT over UDP at the VIP with 64 callers
-// (8 sockets × 8 outstanding). NSMD_MEASURE=1 go test -run TestMeasureStat -v ./cmd/nsmd
+// (8 sockets × 8 outstanding). NSMD_MEASURE=1 go test -run TestMeasureStat -v ./agent
 func TestMeasureStatThroughput(t *testing.T) {
 	if os.Getenv("NSMD_MEASURE") == "" {
 		t.Skip("measurement; set NSMD_MEASURE=1 to run")
 	}
-	d, o := startTestDevN(t, "127.0.0.103", 1)
-	devLeader(t, d, nil, 10*time.Second)
+	d, o := agenttest.Dev(t, "127.0.0.103", 1)
+	agenttest.Leader(t, d, nil, 10*time.Second)
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	for _, network := range []string{"udp", "tcp"} {
 		const sockets, per, calls = 8, 8, 5000

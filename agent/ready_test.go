@@ -1,16 +1,17 @@
-package main
+package agent_test
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -82,9 +83,7 @@ func (p *statPoller) stop() {
 // statCall encodes an SM_STAT call (RFC 5531, AUTH_NONE).
 func statCall(xid uint32) []byte {
 	w := oncrpc.NewWriter(make([]byte, 0, 64))
-	for _, v := range []uint32{xid, 0 /* CALL */, 2, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, 0, 0, 0, 0} {
-		w.Uint32(v)
-	}
+	oncrpc.CallHeader{XID: xid, Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Proc: nsm.ProcStat}.MarshalXDR(w)
 	(&nsm.SMName{MonName: "ready-test"}).MarshalXDR(w)
 	return w.Bytes()
 }
@@ -92,21 +91,18 @@ func statCall(xid uint32) []byte {
 // parseStatReply decodes an accepted, successful reply to SM_STAT.
 func parseStatReply(b []byte) (uint32, nsm.SMStatRes, error) {
 	r := oncrpc.NewReader(b)
-	xid, mtype, stat := r.Uint32(), r.Uint32(), r.Uint32()
-	r.Uint32()    // verifier flavour
-	r.Opaque(400) // verifier body
-	accept := r.Uint32()
+	var h oncrpc.ReplyHeader
 	var res nsm.SMStatRes
-	if err := r.Err(); err != nil {
-		return xid, res, err
+	if err := h.UnmarshalXDR(r); err != nil {
+		return h.XID, res, err
 	}
-	if mtype != 1 || stat != 0 || accept != 0 {
-		return xid, res, fmt.Errorf("reply type %d, stat %d, accept %d", mtype, stat, accept)
+	if h.Stat != oncrpc.ReplyAccepted || h.AcceptStat != oncrpc.AcceptSuccess {
+		return h.XID, res, fmt.Errorf("reply_stat %d, accept_stat %d", h.Stat, h.AcceptStat)
 	}
 	if err := res.UnmarshalXDR(r); err != nil {
-		return xid, res, err
+		return h.XID, res, err
 	}
-	return xid, res, r.Done()
+	return h.XID, res, r.Done()
 }
 
 func (p *statPoller) send() {
@@ -224,39 +220,38 @@ func (p *statPoller) check(t *testing.T) (sent uint32, answered int) {
 }
 
 // readyDev returns dev-cluster options for nodes on fresh ports, without
-// admin API; the caller starts polling before startDev.
-func readyDev(t *testing.T, vip string, nodes int) devOptions {
+// admin API; the caller starts polling before agent.StartDev.
+func readyDev(t *testing.T, vip string, nodes int) agent.DevOptions {
 	t.Helper()
 	ips := []string{vip}
 	for i := range nodes {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i+1))
 	}
-	return devOptions{
+	return agent.DevOptions{
 		Nodes: nodes, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
-		NSMPort: portFreeOn(t, ips...), RaftPort: portFreeOn(t, ips...), GossipPort: portFreeOn(t, ips...),
+		NSMPort: agenttest.FreePort(t, ips...), RaftPort: agenttest.FreePort(t, ips...), GossipPort: agenttest.FreePort(t, ips...),
 	}
 }
 
-func readyAgentOptions() agentOptions {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	return agentOptions{Logger: log, Crash: func(a *agent) { a.kill() }}
+func readyAgentOptions() agent.Options {
+	return agent.Options{Logger: agenttest.Logger(slog.LevelWarn), Crash: func(a *agent.Agent) { a.Kill() }}
 }
 
 // restartAgent kills d's agent i as SIGKILL would and starts it again on
 // the same configuration and data directory.
-func restartAgent(t *testing.T, d *devCluster, i int, between func()) *agent {
+func restartAgent(t *testing.T, d *agent.Dev, i int, between func()) *agent.Agent {
 	t.Helper()
-	old := d.agents[i]
-	old.kill()
+	old := d.Agent(i)
+	old.Kill()
 	old.Close() // what kill left: the hook runner
 	if between != nil {
 		between()
 	}
-	a, err := startAgent(old.cfg, readyAgentOptions())
+	a, err := agent.Start(old.Config(), readyAgentOptions())
 	if err != nil {
-		t.Fatalf("restart %s: %v", old.cfg.NodeID, err)
+		t.Fatalf("restart %s: %v", old.Config().NodeID, err)
 	}
-	d.agents[i] = a
+	d.SetAgent(i, a)
 	return a
 }
 
@@ -268,21 +263,21 @@ func restartAgent(t *testing.T, d *devCluster, i int, between func()) *agent {
 func TestReadySingleNodeStartAndRestartAnswerOnlyTheCurrentState(t *testing.T) {
 	o := readyDev(t, "127.0.0.140", 1)
 	p := newStatPoller(t, "node1", fmt.Sprintf("127.0.0.1:%d", o.NSMPort))
-	d, err := startDev(o, readyAgentOptions())
+	d, err := agent.StartDev(o, readyAgentOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
 	calls := p.waitAnswer(t, 1, 10*time.Second)
-	a := d.agents[0]
-	if !a.node.Ready() || a.node.FSM().State() != 1 {
-		t.Fatalf("answered 1 while ready %v, sm_state %d", a.node.Ready(), a.node.FSM().State())
+	a := d.Agent(0)
+	if !a.Node().Ready() || a.Node().FSM().State() != 1 {
+		t.Fatalf("answered 1 while ready %v, sm_state %d", a.Node().Ready(), a.Node().FSM().State())
 	}
 	t.Logf("fresh node: first answer after %d calls", calls)
 
 	// With a snapshot, the restarted node holds sm_state 1 from its first
 	// instant, not only once it replayed its log.
-	if err := a.node.Raft().Snapshot().Error(); err != nil {
+	if err := a.Node().Raft().Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
 	restartAgent(t, d, 0, func() { p.requireAbove(1) })
@@ -306,18 +301,18 @@ func TestReadyRestartedFollowerAnswersOnlyTheCurrentState(t *testing.T) {
 	for i := range polls {
 		polls[i] = newStatPoller(t, fmt.Sprintf("node%d", i+1), fmt.Sprintf("127.0.0.%d:%d", i+1, o.NSMPort))
 	}
-	d, err := startDev(o, readyAgentOptions())
+	d, err := agent.StartDev(o, readyAgentOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	lead := devLeader(t, d, nil, 10*time.Second)
-	s1 := lead.node.FSM().State()
+	lead := agenttest.Leader(t, d, nil, 10*time.Second)
+	s1 := lead.Node().FSM().State()
 	for _, p := range polls {
 		p.waitAnswer(t, s1, 10*time.Second)
 	}
-	fi := slices.IndexFunc(d.agents, func(a *agent) bool { return a != lead })
-	oi := slices.IndexFunc(d.agents, func(a *agent) bool { return a != lead && a != d.agents[fi] })
+	fi := slices.IndexFunc(d.Agents(), func(a *agent.Agent) bool { return a != lead })
+	oi := slices.IndexFunc(d.Agents(), func(a *agent.Agent) bool { return a != lead && a != d.Agent(fi) })
 	fp := polls[fi]
 
 	// Same incarnation: the follower answers s1 again once it caught up.
@@ -326,16 +321,16 @@ func TestReadyRestartedFollowerAnswersOnlyTheCurrentState(t *testing.T) {
 
 	// A new incarnation while it is down. Its snapshot holds the previous
 	// one, which it has from its first instant and until it has caught up.
-	if err := d.agents[fi].node.Raft().Snapshot().Error(); err != nil {
+	if err := d.Agent(fi).Node().Raft().Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot on %s: %v", fp.name, err)
 	}
 	restartAgent(t, d, fi, func() {
 		fp.requireAbove(s1)
-		if err := lead.node.TransferLeadership(d.agents[oi].cfg.NodeID); err != nil {
-			t.Fatalf("transfer to %s: %v", d.agents[oi].cfg.NodeID, err)
+		if err := lead.Node().TransferLeadership(d.Agent(oi).Config().NodeID); err != nil {
+			t.Fatalf("transfer to %s: %v", d.Agent(oi).Config().NodeID, err)
 		}
-		nl := devLeader(t, d, lead, 10*time.Second)
-		if st := nl.node.FSM().State(); st != s1+2 {
+		nl := agenttest.Leader(t, d, lead, 10*time.Second)
+		if st := nl.Node().FSM().State(); st != s1+2 {
 			t.Fatalf("sm_state after the transfer %d, want %d", st, s1+2)
 		}
 	})

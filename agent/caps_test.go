@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"strings"
@@ -77,5 +77,21 @@ func TestCapabilityCheckNamesWhatIsMissing(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPackagedConfigNeedsOnlyBindService: what the packaged unit grants
+// (AmbientCapabilities=CAP_NET_BIND_SERVICE) is what the packaged config
+// (/etc/nsmd/nsmd.yaml of the .deb) needs.
+func TestPackagedConfigNeedsOnlyBindService(t *testing.T) {
+	cfg := config.Default()
+	if err := cfg.LoadFile("../deploy/etc/nsmd.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkCaps(cfg, 1<<capNetBindService); err != nil {
+		t.Errorf("packaged config needs more than CAP_NET_BIND_SERVICE: %v", err)
 	}
 }

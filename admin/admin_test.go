@@ -1,0 +1,288 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nsmd/nsmd/fsm"
+)
+
+// fakeStore is a node kept in a map: what the handlers need, nothing else.
+type fakeStore struct {
+	mu       sync.Mutex
+	regs     map[fsm.MonID]fsm.Registration
+	state    int32
+	leader   string
+	transfer error
+	crashed  chan struct{}
+}
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{regs: map[fsm.MonID]fsm.Registration{}, state: 3, leader: "n1", crashed: make(chan struct{})}
+}
+
+func (f *fakeStore) Status() Status {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return Status{NodeID: "n1", Role: "leader", LeaderID: f.leader, SMState: f.state, Registrations: len(f.regs)}
+}
+
+func (f *fakeStore) Members() []Member {
+	return []Member{{ID: "n1", State: "alive", Suffrage: "Voter", Leader: true, Role: "leader"}}
+}
+
+func (f *fakeStore) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []fsm.Registration
+	for _, g := range f.regs {
+		if g.ID.Compare(after) > 0 && (monName == "" || g.ID.MonName == monName) {
+			out = append(out, g)
+		}
+	}
+	slices.SortFunc(out, func(a, b fsm.Registration) int { return a.ID.Compare(b.ID) })
+	return out[:min(limit, len(out))]
+}
+
+func (f *fakeStore) NFSv4Clients() V4ClientPage {
+	return V4ClientPage{CurrentEpoch: 2, Clients: []V4ClientJSON{V4ClientRow("current", fsm.V4Client{Name: "c\x00", PrincHash: "\x01"})}}
+}
+
+func (f *fakeStore) LastTakeover() fsm.Takeover {
+	return fsm.Takeover{Node: "n1", At: time.Unix(100, 0)}
+}
+
+func (f *fakeStore) TransferLeadership(to string) (string, error) {
+	if f.transfer != nil {
+		return "", f.transfer
+	}
+	return "n2", nil
+}
+
+func (f *fakeStore) Import(_ context.Context, regs []fsm.Registration, state int32) (int32, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, g := range regs {
+		f.regs[g.ID] = g
+	}
+	f.state = max(f.state, state) + 2
+	return f.state, nil
+}
+
+func (f *fakeStore) Ready(context.Context) error { return nil }
+
+func (f *fakeStore) Crash() { close(f.crashed) }
+
+// serve starts the handlers of f with a token-protected guard.
+func serve(t *testing.T, f *fakeStore, crash bool) (*httptest.Server, string, *prometheus.Registry) {
+	t.Helper()
+	tokFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokFile, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	g, err := NewGuard(GuardConfig{TokenFile: tokFile, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(NewHandler(f, HandlerConfig{NodeID: "n1", DrillCrash: crash, Guard: g, Metrics: reg}))
+	t.Cleanup(srv.Close)
+	return srv, tokFile, reg
+}
+
+func TestGuardTokenRulesAndShortToken(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	os.WriteFile(short, []byte("tooshort\n"), 0o600)
+	if _, err := NewGuard(GuardConfig{TokenFile: short}); err == nil || !strings.Contains(err.Error(), "want at least 16") {
+		t.Fatalf("short token: %v", err)
+	}
+	req := httptest.NewRequest("POST", "/v1/leadership/transfer", nil)
+	for _, c := range []struct {
+		cfg  GuardConfig
+		want bool
+	}{
+		{GuardConfig{Open: true}, true},             // loopback-only or insecure, no TLS, no token
+		{GuardConfig{}, false},                      // neither
+		{GuardConfig{TLS: true, Open: true}, false}, // TLS: a certificate or the token
+	} {
+		g, err := NewGuard(c.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := g.Authorized(req); got != c.want {
+			t.Errorf("%+v: authorized %v, want %v", c.cfg, got, c.want)
+		}
+	}
+}
+
+func TestPrivilegedEndpointsNeedTheTokenAndCountRefusals(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, reg := serve(t, f, false)
+	anon := &Client{Addr: srv.URL}
+	if _, err := anon.Registrations(context.Background(), 10, "", ""); err == nil ||
+		err.Error() != "GET /v1/registrations?limit=10: GET /v1/registrations needs a client certificate of the cluster CA (--tls-cert/--tls-key) or the admin token (--token-file)" {
+		t.Fatalf("registrations without token: %v", err)
+	}
+	if _, err := anon.Status(context.Background()); err != nil {
+		t.Fatalf("status is a read: %v", err)
+	}
+	mfs, _ := reg.Gather()
+	if len(mfs) != 1 || mfs[0].GetName() != "nsmd_admin_denied_total" || mfs[0].GetMetric()[0].GetCounter().GetValue() != 1 {
+		t.Fatalf("refusal not counted: %v", mfs)
+	}
+	op := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	if _, err := op.Registrations(context.Background(), 10, "", ""); err != nil {
+		t.Fatalf("registrations with the token: %v", err)
+	}
+}
+
+func TestImportValidatesRowsAndRegistrationsPage(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, _ := serve(t, f, false)
+	c := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	ctx := context.Background()
+	row := func(name string) RegistrationJSON {
+		return RegistrationJSON{MonName: name, MyName: "nfs1", MyProg: 100021, MyVers: 3, MyProc: 16, Priv: strings.Repeat("ab", 16), Callback: "127.0.0.1"}
+	}
+	bad := row("10.0.0.9")
+	bad.Priv = "abcd"
+	if _, err := c.Import(ctx, ImportRequest{State: 41, Registrations: []RegistrationJSON{row("10.0.0.1"), bad}}); err == nil ||
+		!strings.Contains(err.Error(), "registration 1: priv \"abcd\" is not 16 hex bytes") {
+		t.Fatalf("import with a bad priv: %v", err)
+	}
+	var rows []RegistrationJSON
+	for i := range 5 {
+		rows = append(rows, row(fmt.Sprintf("10.0.0.%d", i+1)))
+	}
+	res, err := c.Import(ctx, ImportRequest{State: 41, Registrations: rows})
+	if err != nil || res.Imported != 5 || res.SMState != 43 {
+		t.Fatalf("import: %+v %v", res, err)
+	}
+	var got []string
+	after := ""
+	for pages := 0; ; pages++ {
+		page, err := c.Registrations(ctx, 2, "", after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range page.Registrations {
+			if r.Node != "n1" || len(r.Addrs) != 1 || r.Addrs[0] != r.MonName {
+				t.Errorf("row %+v: want owner n1 (the receiving node) and its address", r)
+			}
+			got = append(got, r.MonName)
+		}
+		if page.Next == "" {
+			if pages != 2 {
+				t.Errorf("%d pages of 2 for 5 rows, want 3", pages+1)
+			}
+			break
+		}
+		after = page.Next
+	}
+	if want := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"}; !slices.Equal(got, want) {
+		t.Errorf("paged %v, want %v", got, want)
+	}
+	if _, err := c.Get(ctx, "/v1/registrations?limit=0", nil); err == nil || !strings.Contains(err.Error(), "limit must be 1..10000") {
+		t.Errorf("limit 0: %v", err)
+	}
+}
+
+func TestTransferAnswersByKindOfError(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, _ := serve(t, f, false)
+	c := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	ctx := context.Background()
+	body, err := c.Do(ctx, "POST", "/v1/leadership/transfer", nil, nil)
+	if err != nil || string(body) != "{\n  \"leader_id\": \"n2\",\n  \"result\": \"transferred\"\n}\n" {
+		t.Fatalf("transfer answer %q %v", body, err)
+	}
+	for _, c2 := range []struct {
+		err  error
+		code string
+		msg  string
+	}{
+		{fmt.Errorf("%w (leader: %q)", ErrNotLeader, "n3"), "409", `this node is not the leader (leader: "n3")`},
+		{BadRequest(errors.New("node w is a witness")), "400", "leadership transfer: node w is a witness"},
+		{errors.New("timed out"), "500", "leadership transfer: timed out"},
+	} {
+		f.transfer = c2.err
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/leadership/transfer", nil)
+		c.Auth.Authorize(req)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if fmt.Sprint(resp.StatusCode) != c2.code {
+			t.Errorf("%v: %d, want %s", c2.err, resp.StatusCode, c2.code)
+		}
+		if _, err := c.TransferLeadership(ctx, "x"); err == nil || err.Error() != "POST /v1/leadership/transfer?to=x: "+c2.msg {
+			t.Errorf("%v: client error %v, want the message %q", c2.err, err, c2.msg)
+		}
+	}
+}
+
+func TestCrashOnlyWithDrillCrash(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, _ := serve(t, f, false)
+	c := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	if _, err := c.Do(context.Background(), "POST", "/v1/drill/crash", nil, nil); err == nil || !strings.Contains(err.Error(), "drill_crash: false") {
+		t.Fatalf("crash without drill_crash: %v", err)
+	}
+	srv2, tokFile2, _ := serve(t, f, true)
+	c2 := &Client{Addr: srv2.URL, Auth: Auth{TokenFile: tokFile2}}
+	var res CrashResult
+	if _, err := c2.Do(context.Background(), "POST", "/v1/drill/crash", nil, &res); err != nil || res.NodeID != "n1" {
+		t.Fatalf("crash: %+v %v", res, err)
+	}
+	select {
+	case <-f.crashed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the answer went out but the node did not crash")
+	}
+}
+
+func TestOverviewShowsRowsOnlyToOperatorsAndNeverPriv(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, _ := serve(t, f, false)
+	op := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	ctx := context.Background()
+	if _, err := op.Import(ctx, ImportRequest{Registrations: []RegistrationJSON{{MonName: "client-a", MyName: "nfs1", Priv: strings.Repeat("cd", 16), Callback: "127.0.0.1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	var o Overview
+	raw, err := (&Client{Addr: srv.URL}).Get(ctx, "/v1/overview", &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := o.Registrations; r.Total != 1 || len(r.Rows) != 0 || r.More != 1 || r.Hidden == "" || strings.Contains(string(raw), "client-a") {
+		t.Errorf("anonymous overview: %s", raw)
+	}
+	if o.LastTakeover == nil || o.LastTakeover.Node != "n1" || len(o.Members) != 1 {
+		t.Errorf("overview: %s", raw)
+	}
+	o = Overview{}
+	if raw, err = op.Get(ctx, "/v1/overview", &o); err != nil {
+		t.Fatal(err)
+	}
+	if r := o.Registrations; len(r.Rows) != 1 || r.Rows[0].MonName != "client-a" || r.More != 0 || strings.Contains(string(raw), "cdcd") {
+		t.Errorf("operator overview: %s", raw)
+	}
+	var page V4ClientPage
+	if _, err := op.Get(ctx, "/v1/nfsv4/clients", &page); err != nil || page.Clients[0].Name != `"c\x00"` || page.Clients[0].PrincHash != "01" {
+		t.Errorf("nfsv4 clients: %+v %v", page, err)
+	}
+}

@@ -1,0 +1,389 @@
+package admin
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/nsmd/nsmd/cld"
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nlm"
+	"github.com/nsmd/nsmd/nsm"
+)
+
+// Status is the body of GET /v1/status (DESIGN.md, outside contract).
+type Status struct {
+	NodeID string `json:"node_id"`
+	// ClusterID is the cluster this node belongs to (gossip members with
+	// another one are refused); Version is this node's build.
+	ClusterID string    `json:"cluster_id"`
+	Version   BuildInfo `json:"version"`
+	Role      string    `json:"role"`
+	// RaftState is raft's own view (leader, follower, candidate): a
+	// witness that briefly leads has role "witness" and raft_state "leader".
+	RaftState string `json:"raft_state"`
+	Witness   bool   `json:"witness,omitempty"`
+	// WitnessHandoffs counts the times this witness won an election and
+	// passed leadership to a serving node.
+	WitnessHandoffs uint64         `json:"witness_handoffs,omitempty"`
+	LeaderID        string         `json:"leader_id"`
+	Term            uint64         `json:"term"`
+	SMState         int32          `json:"sm_state"`
+	Registrations   int            `json:"registrations"`
+	VIP             string         `json:"vip"`
+	VIPHeld         bool           `json:"vip_held"`
+	NSMAddr         string         `json:"nsm_addr"`
+	GraceUntil      *time.Time     `json:"grace_until"`
+	AppliedIndex    uint64         `json:"applied_index"`
+	Notify          NotifyProgress `json:"notify"`
+	// Takeover is this node's last takeover, step by step (absent on a
+	// node that never took over). on_leader_done − vip is the hook's time.
+	Takeover *Timeline `json:"takeover,omitempty"`
+	// TLS says raft and the admin API use mutual TLS; Insecure lists what
+	// runs unprotected beyond loopback because insecure is set.
+	TLS bool `json:"tls"`
+	// Disk: whether the data directory takes writes (a node that cannot
+	// write stays out of elections).
+	Disk Disk `json:"disk"`
+	// Ready: this node knows the current incarnation's sm_state and
+	// answers NSM (cluster.Node.Ready).
+	Ready    bool     `json:"ready"`
+	Insecure []string `json:"insecure,omitempty"`
+	// LastHookFailure is the most recent failed hook script, if any.
+	LastHookFailure *HookFailure `json:"last_hook_failure,omitempty"`
+	// NFSv4 is the NFSv4 client-tracking table and pipe.
+	NFSv4 NFSv4Status `json:"nfsv4"`
+	// Grace is the kernel grace periods of this node's last takeover:
+	// how many clients could reclaim, how many came back, when and why
+	// each grace ended (absent on a node that never took over).
+	Grace *nlm.GraceStatus `json:"grace,omitempty"`
+}
+
+// NotifyProgress is the SM_NOTIFY fan-out progress of the current leader term.
+type NotifyProgress struct {
+	Pending int   `json:"pending"`
+	Done    int   `json:"done"`
+	Failed  int   `json:"failed"`
+	Targets int   `json:"targets"` // hosts the fan-out started with
+	State   int32 `json:"state"`   // sm_state it sends
+}
+
+// Timeline is a node's last takeover, step by step: elected, its
+// Takeover committed, the VIP taken, the on_leader hook done.
+type Timeline struct {
+	Elected      time.Time `json:"elected"`
+	Committed    time.Time `json:"committed"`      // its Takeover applied
+	VIP          time.Time `json:"vip"`            // the VIP acquired (or none to take)
+	OnLeaderDone time.Time `json:"on_leader_done"` // OnLeader (the on_leader hook) returned; notify starts
+	State        int32     `json:"sm_state"`
+}
+
+// Disk is the health of a node's data directory.
+type Disk struct {
+	Writable bool      `json:"writable"`
+	Since    time.Time `json:"since"`
+	Error    string    `json:"error,omitempty"`
+	Failures uint64    `json:"write_failures"`
+}
+
+// HookFailure is the last hook run that did not succeed.
+type HookFailure struct {
+	Hook   string    `json:"hook"` // on_leader | on_follower | on_fault
+	Event  string    `json:"event"`
+	Reason string    `json:"reason,omitempty"` // NSMD_REASON of that run
+	At     time.Time `json:"at"`
+	Err    string    `json:"error"`
+	Output string    `json:"output,omitempty"` // the last lines of stdout+stderr
+}
+
+// NFSv4Status is the NFSv4 part of GET /v1/status.
+type NFSv4Status struct {
+	// Tracking: nsmd serves the kernel's NFSv4 client-tracking upcall.
+	Tracking    bool        `json:"tracking"`
+	TrackingWhy string      `json:"tracking_off_why,omitempty"`
+	Pipe        *cld.Status `json:"pipe,omitempty"`
+	// The replicated table: epochs and records (clients that may reclaim
+	// after the next failover; during grace, those that may reclaim now
+	// and how many did).
+	CurrentEpoch  uint64 `json:"current_epoch"`
+	RecoveryEpoch uint64 `json:"recovery_epoch"`
+	Clients       int    `json:"clients"`
+	Reclaimable   int    `json:"reclaimable"`
+	Reclaimed     int    `json:"reclaimed"`
+	// GraceStartSMState is the sm_state of the term whose nfsd's
+	// GraceStart this node answered last.
+	GraceStartSMState int32      `json:"grace_start_sm_state,omitempty"`
+	GraceStartAt      *time.Time `json:"grace_start_at,omitempty"`
+}
+
+// Member is one row of GET /v1/members: a node as gossip and raft see it.
+type Member struct {
+	ID         string `json:"id"`
+	GossipAddr string `json:"gossip_addr"`
+	RaftAddr   string `json:"raft_addr"`
+	NSMAddr    string `json:"nsm_addr"`
+	Version    string `json:"version"`
+	State      string `json:"state"`    // alive | suspect | dead | left | unknown (in raft only)
+	Suffrage   string `json:"suffrage"` // Voter | Nonvoter | Staging | "" (not in raft)
+	Leader     bool   `json:"leader"`
+	Witness    bool   `json:"witness,omitempty"`
+	// Role is leader, follower or witness (what the member is for; a
+	// witness that briefly leads is still a witness, with Leader set).
+	Role string `json:"role"`
+}
+
+// RegistrationJSON is one row of GET /v1/registrations.
+type RegistrationJSON struct {
+	MonName  string    `json:"mon_name"`
+	MyName   string    `json:"my_name"`
+	MyProg   uint32    `json:"my_prog"`
+	MyVers   uint32    `json:"my_vers"`
+	MyProc   uint32    `json:"my_proc"`
+	Priv     string    `json:"priv"`
+	Node     string    `json:"node"`
+	Callback string    `json:"callback"`
+	Addrs    []string  `json:"addrs,omitempty"`
+	Added    time.Time `json:"added"`
+}
+
+// RegistrationPage is the body of GET /v1/registrations.
+type RegistrationPage struct {
+	Registrations []RegistrationJSON `json:"registrations"`
+	// Next, when set, is the `after` value for the next page.
+	Next string `json:"next,omitempty"`
+}
+
+// registrationRow is g as a row of GET /v1/registrations.
+func registrationRow(g fsm.Registration) RegistrationJSON {
+	rj := RegistrationJSON{
+		MonName: g.ID.MonName, MyName: g.ID.My.MyName, MyProg: g.ID.My.Prog, MyVers: g.ID.My.Vers, MyProc: g.ID.My.Proc,
+		Priv: hex.EncodeToString(g.Priv[:]), Node: g.Node, Callback: g.Callback.String(), Added: g.Added.UTC(),
+	}
+	for _, ad := range g.Addrs {
+		rj.Addrs = append(rj.Addrs, ad.String())
+	}
+	return rj
+}
+
+// Registration validates a row as SM_MON would (names, a 16-byte priv in
+// hex, a callback address) and makes it the registration of node owner,
+// added at now.
+func (rj RegistrationJSON) Registration(owner string, now time.Time) (fsm.Registration, error) {
+	if !nsm.ValidName(rj.MonName) || !nsm.ValidName(rj.MyName) {
+		return fsm.Registration{}, fmt.Errorf("invalid mon_name %q or my_name %q", rj.MonName, rj.MyName)
+	}
+	reg := fsm.Registration{
+		ID:    fsm.MonID{MonName: rj.MonName, My: fsm.MyID{MyName: rj.MyName, Prog: rj.MyProg, Vers: rj.MyVers, Proc: rj.MyProc}},
+		Node:  owner,
+		Added: now,
+	}
+	priv, err := hex.DecodeString(rj.Priv)
+	if err != nil || len(priv) != nsm.PrivLen {
+		return reg, fmt.Errorf("priv %q is not %d hex bytes", rj.Priv, nsm.PrivLen)
+	}
+	copy(reg.Priv[:], priv)
+	if reg.Callback, err = netip.ParseAddr(rj.Callback); err != nil {
+		return reg, fmt.Errorf("callback %q: %w", rj.Callback, err)
+	}
+	if ip, err := netip.ParseAddr(rj.MonName); err == nil {
+		reg.Addrs = []netip.Addr{ip}
+	}
+	return reg, nil
+}
+
+// ImportRequest is the body of POST /v1/import.
+type ImportRequest struct {
+	// State is the sm_state the previous server had; ours goes above it.
+	State int32 `json:"state"`
+	// Node owns the registrations (delivers their callbacks); default:
+	// the node that receives the request.
+	Node          string             `json:"node,omitempty"`
+	Registrations []RegistrationJSON `json:"registrations"`
+}
+
+// ImportResult is the answer of POST /v1/import.
+type ImportResult struct {
+	Imported int   `json:"imported"`
+	SMState  int32 `json:"sm_state"`
+}
+
+// V4ClientJSON is one row of GET /v1/nfsv4/clients: a client-tracking
+// record. Name is the client's id as the kernel gave it (Go-quoted when it
+// is not printable UTF-8), PrincHash the hex of its principal's hash.
+type V4ClientJSON struct {
+	Epoch     string `json:"epoch"` // current | recovery
+	Name      string `json:"name"`
+	PrincHash string `json:"princ_hash,omitempty"`
+}
+
+// V4ClientPage is the body of GET /v1/nfsv4/clients.
+type V4ClientPage struct {
+	CurrentEpoch  uint64         `json:"current_epoch"`
+	RecoveryEpoch uint64         `json:"recovery_epoch"`
+	Clients       []V4ClientJSON `json:"clients"`
+}
+
+// V4ClientRow is record c of epoch ("current" or "recovery") as a row of
+// GET /v1/nfsv4/clients.
+func V4ClientRow(epoch string, c fsm.V4Client) V4ClientJSON {
+	name := c.Name
+	if !utf8.ValidString(name) || strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		name = strconv.Quote(name)
+	}
+	return V4ClientJSON{Epoch: epoch, Name: name, PrincHash: hex.EncodeToString([]byte(c.PrincHash))}
+}
+
+// Overview is the body of GET /v1/overview: what the status page shows,
+// in one read of this node.
+type Overview struct {
+	Status  Status   `json:"status"`
+	Members []Member `json:"members"`
+	// LastTakeover is the cluster's last committed takeover, from the
+	// replicated state (every node knows it, whoever took over).
+	LastTakeover  *TakeoverJSON `json:"last_takeover,omitempty"`
+	Registrations OverviewRegs  `json:"registrations"`
+	Now           time.Time     `json:"now"` // this node's clock, for the grace countdown
+}
+
+// TakeoverJSON is a committed takeover.
+type TakeoverJSON struct {
+	Node       string    `json:"node"`
+	Reason     string    `json:"reason,omitempty"`
+	At         time.Time `json:"at"`
+	GraceUntil time.Time `json:"grace_until"`
+}
+
+// OverviewRegs lists the first registrations in key order, without the
+// lock managers' cookies. Rows is empty and Hidden says why when the
+// reader may not see registrations (the rules of GET /v1/registrations).
+type OverviewRegs struct {
+	Total  int           `json:"total"`
+	Rows   []OverviewReg `json:"rows"`
+	More   int           `json:"more"` // registrations not listed
+	Hidden string        `json:"hidden,omitempty"`
+}
+
+// OverviewReg is one listed registration: never priv.
+type OverviewReg struct {
+	MonName string    `json:"mon_name"`
+	MyName  string    `json:"my_name"`
+	Node    string    `json:"node"`
+	Added   time.Time `json:"added"`
+}
+
+// TransferResult is the answer of POST /v1/leadership/transfer. (The
+// fields are in the order the answer has always had: by name.)
+type TransferResult struct {
+	LeaderID string `json:"leader_id"`
+	Result   string `json:"result"` // "transferred"
+}
+
+// CrashResult is the answer of POST /v1/drill/crash, sent before the node
+// dies.
+type CrashResult struct {
+	NodeID string `json:"node_id"`
+	Result string `json:"result"` // "crashing"
+}
+
+// ErrorBody is the body of every answer that is not 2xx.
+type ErrorBody struct {
+	Error string `json:"error"`
+}
+
+// Summary is the one-line form of s that nsmd status prints.
+func (s NFSv4Status) Summary() string {
+	var b strings.Builder
+	if s.Tracking {
+		state := "?"
+		if s.Pipe != nil {
+			state = s.Pipe.State
+			if s.Pipe.Err != "" {
+				state += ": " + s.Pipe.Err
+			}
+		}
+		fmt.Fprintf(&b, "tracking served (pipe %s)", state)
+	} else {
+		fmt.Fprintf(&b, "tracking not served (%s)", s.TrackingWhy)
+	}
+	fmt.Fprintf(&b, ", epoch %d, %d client records", s.CurrentEpoch, s.Clients)
+	if s.RecoveryEpoch != 0 {
+		fmt.Fprintf(&b, ", in grace: %d of %d clients reclaimed", s.Reclaimed, s.Reclaimable)
+	}
+	return b.String()
+}
+
+// GraceSummary is the one-line form of a node's last kernel grace
+// periods (Status.Grace) that nsmd status prints.
+func GraceSummary(g *nlm.GraceStatus) string {
+	if g == nil {
+		return "this node has not served since it started"
+	}
+	one := func(name string, m nlm.ManagerStatus) string {
+		back := fmt.Sprintf("%d of %d clients back", m.Back, m.Expected)
+		switch {
+		case m.Absent:
+			return name + " not running"
+		case m.Ended != nil:
+			return fmt.Sprintf("%s ended after %.1fs (%s, %s)", name, m.Seconds, m.Ended.Reason, back)
+		case len(m.Missing) > 0:
+			return fmt.Sprintf("%s open (%s; waiting for %s)", name, back, strings.Join(m.Missing, ", "))
+		}
+		return fmt.Sprintf("%s open (%s)", name, back)
+	}
+	out := fmt.Sprintf("sm_state %d: %s; %s", g.SMState, one("lockd", g.NLM), one("nfsd", g.NFSv4))
+	if g.Error != "" {
+		out += "; " + g.Error
+	}
+	return out
+}
+
+// BuildInfo is what a binary says about itself: `nsmd version`,
+// /v1/status (version) and nsmd_build_info.
+type BuildInfo struct {
+	Version   string `json:"version"`
+	Revision  string `json:"revision,omitempty"`
+	Modified  bool   `json:"modified,omitempty"`
+	GoVersion string `json:"go_version"`
+}
+
+// shortRevision is the first 12 hex digits of the revision.
+func (b BuildInfo) shortRevision() string {
+	if len(b.Revision) > 12 {
+		return b.Revision[:12]
+	}
+	return b.Revision
+}
+
+// String is the one-line form: `nsmd VERSION (revision REV, modified) GO`.
+func (b BuildInfo) String() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "nsmd %s", b.Version)
+	if b.Revision != "" {
+		fmt.Fprintf(&s, " (revision %s", b.Revision)
+		if b.Modified {
+			s.WriteString(", modified")
+		}
+		s.WriteString(")")
+	}
+	fmt.Fprintf(&s, " %s", b.GoVersion)
+	return s.String()
+}
+
+// Gossip is the compact version each node advertises to the others: the
+// version, plus the short revision when the version does not already name
+// it, plus "+modified". Two builds differ here when they differ in code.
+func (b BuildInfo) Gossip() string {
+	v := b.Version
+	if r := b.shortRevision(); r != "" && !strings.Contains(v, r[:min(7, len(r))]) {
+		v += "+" + r
+	}
+	if b.Modified && !strings.Contains(v, "dirty") {
+		v += "+modified"
+	}
+	return v
+}

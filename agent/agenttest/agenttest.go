@@ -1,0 +1,213 @@
+// Package agenttest starts nsmd nodes for tests: a dev cluster on free
+// loopback ports that stops when the test ends, the wait for its leader,
+// the PKI of `nsmd tls init`, and reads of a node's state and metrics.
+// Tests of package agent itself, of cmd/nsmd and of the benches use it.
+package agenttest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/cluster/pki"
+	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// FreePort finds a port free for TCP and UDP on every ip.
+func FreePort(t testing.TB, ips ...string) int {
+	t.Helper()
+	ports, err := agent.FreePorts(ips, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ports[0]
+}
+
+// DevOptions lays out a dev cluster of nodes nodes (at most 3) with the
+// loopback VIP vip, each port free on every address, an admin API, logs at
+// warn.
+func DevOptions(t testing.TB, vip string, nodes int) agent.DevOptions {
+	t.Helper()
+	ips := []string{vip}
+	for i := range max(nodes, 3) {
+		ips = append(ips, fmt.Sprintf("127.0.0.%d", i+1))
+	}
+	return agent.DevOptions{
+		Nodes: nodes, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
+		NSMPort: FreePort(t, ips...), RaftPort: FreePort(t, ips...),
+		AdminPort: FreePort(t, ips...), GossipPort: FreePort(t, ips...),
+	}
+}
+
+// Logger logs at level and above to stderr.
+func Logger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// StartDev starts a dev cluster laid out by o with opts (Logger: warnings
+// to stderr when nil); it closes when the test ends.
+func StartDev(t testing.TB, o agent.DevOptions, opts agent.Options) *agent.Dev {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = Logger(slog.LevelWarn)
+	}
+	d, err := agent.StartDev(o, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// Dev starts a dev cluster of nodes nodes with the VIP vip on free ports.
+func Dev(t testing.TB, vip string, nodes int) (*agent.Dev, agent.DevOptions) {
+	t.Helper()
+	o := DevOptions(t, vip, nodes)
+	return StartDev(t, o, agent.Options{}), o
+}
+
+// Leader waits for the agent of d, other than skip, that leads and holds
+// the VIP.
+func Leader(t testing.TB, d *agent.Dev, skip *agent.Agent, timeout time.Duration) *agent.Agent {
+	t.Helper()
+	var lead *agent.Agent
+	testutil.WaitFor(t, timeout, "a leader holding the VIP", func() bool {
+		for _, a := range d.Agents() {
+			if a != skip && a.Node().Leading() && a.VIPHeld() {
+				lead = a
+				return true
+			}
+		}
+		return false
+	})
+	return lead
+}
+
+// WaitApplied waits until a has applied index.
+func WaitApplied(t testing.TB, a *agent.Agent, index uint64) {
+	t.Helper()
+	testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("%s to apply index %d", a.Config().NodeID, index), func() bool {
+		return a.Node().FSM().AppliedIndex() >= index
+	})
+}
+
+// SMStat calls SM_STAT at addr over network ("udp" or "tcp").
+func SMStat(ctx context.Context, network, addr string) (nsm.SMStatRes, error) {
+	var res nsm.SMStatRes
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: network, Addr: addr, Timeout: 200 * time.Millisecond, Retransmit: 50 * time.Millisecond})
+	if err != nil {
+		return res, err
+	}
+	defer c.Close()
+	err = c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, &nsm.SMName{MonName: "x"}, &res)
+	return res, err
+}
+
+// MetricValue is the value of the first sample of name in g whose labels
+// include labels (0 if none).
+func MetricValue(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					continue next
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// PKI writes into dir what `nsmd tls init --node node1=127.0.0.1 …` does
+// for nodes node1..nodeN: ca.pem and ca-key.pem, <id>.pem and
+// <id>-key.pem per node, operator.pem and operator-key.pem, gossip.key
+// and admin.token.
+func PKI(t testing.TB, dir string, nodes int) {
+	t.Helper()
+	now := time.Now()
+	write := func(name string, b []byte) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The validities of nsmd tls init: no certificate-expiry alert fires.
+	caPEM, caKey, err := pki.MakeCA("nsmd cluster CA", 10*365*24*time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("ca.pem", caPEM)
+	write("ca-key.pem", caKey)
+	ca, err := pki.ParseCA(caPEM, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []pki.Request{{Client: "operator"}}
+	for i := range nodes {
+		reqs = append(reqs, pki.Request{Node: fmt.Sprintf("node%d", i+1), IPs: []net.IP{net.IPv4(127, 0, 0, byte(i+1))}})
+	}
+	for _, r := range reqs {
+		r.Validity, r.Now = 825*24*time.Hour, now
+		c, k, err := ca.Issue(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := r.Node + r.Client
+		write(name+".pem", c)
+		write(name+"-key.pem", k)
+	}
+	key, tok := make([]byte, 32), make([]byte, 32)
+	rand.Read(key)
+	rand.Read(tok)
+	write("gossip.key", []byte(base64.StdEncoding.EncodeToString(key)+"\n"))
+	write("admin.token", []byte(hex.EncodeToString(tok)+"\n"))
+}
+
+// UsePKI makes a node config use the files PKI wrote into dir: TLS on raft
+// and the admin API, the gossip key and the admin token.
+func UsePKI(dir string, c *config.Config) {
+	c.TLSCA = filepath.Join(dir, "ca.pem")
+	c.TLSCert = filepath.Join(dir, c.NodeID+".pem")
+	c.TLSKey = filepath.Join(dir, c.NodeID+"-key.pem")
+	c.GossipKeyFile = filepath.Join(dir, "gossip.key")
+	c.AdminTokenFile = filepath.Join(dir, "admin.token")
+}
+
+// TLSDev starts a 3-node dev cluster with mutual TLS on raft, HTTPS on the
+// admin API, a gossip key and an admin token, and returns it with its
+// layout and the directory of its PKI.
+func TLSDev(t testing.TB, vip string) (*agent.Dev, agent.DevOptions, string) {
+	t.Helper()
+	dir := t.TempDir()
+	PKI(t, dir, 3)
+	o := DevOptions(t, vip, 3)
+	o.Tune = func(c *config.Config) { UsePKI(dir, c) }
+	return StartDev(t, o, agent.Options{}), o, dir
+}

@@ -1,0 +1,21 @@
+package agent
+
+import "github.com/nsmd/nsmd/admin"
+
+// Seams for the tests of package agent_test.
+
+// SetAgent replaces node i's agent (a test restarted it by hand).
+func (d *Dev) SetAgent(i int, a *Agent) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.agents[i] = a
+}
+
+// NSMConns is the number of open connections of a's own NSM server.
+func (a *Agent) NSMConns() int { return a.server.Conns() }
+
+// TrackingStatusFile is the file a's hooks read about NFSv4 tracking.
+func (a *Agent) TrackingStatusFile() string { return a.v4.statusPath }
+
+// NFSv4Clients is GET /v1/nfsv4/clients of a.
+func (a *Agent) NFSv4Clients() admin.V4ClientPage { return a.v4.clients() }

@@ -1,0 +1,163 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/fsm"
+)
+
+// Status is this node's view: GET /v1/status.
+func (a *Agent) Status() admin.Status {
+	r := a.node.Raft()
+	f := a.node.FSM()
+	term, _ := strconv.ParseUint(r.Stats()["term"], 10, 64)
+	_, leaderID := r.LeaderWithID()
+	s := admin.Status{
+		NodeID:        a.cfg.NodeID,
+		ClusterID:     a.cfg.ClusterID,
+		Version:       Build(),
+		Role:          roleName(r.State()),
+		RaftState:     roleName(r.State()),
+		Witness:       a.cfg.Witness,
+		LeaderID:      string(leaderID),
+		Term:          term,
+		SMState:       f.State(),
+		Registrations: f.Len(),
+		VIP:           a.cfg.VIP,
+		VIPHeld:       a.VIPHeld(),
+		NSMAddr:       a.NSMAddr().String(),
+		AppliedIndex:  f.AppliedIndex(),
+		TLS:           a.sec.tls != nil,
+		Ready:         a.node.Ready(),
+		Disk:          admin.Disk(a.node.Disk()),
+		Insecure:      a.sec.exposures,
+	}
+	if g := f.GraceUntil(); !g.IsZero() {
+		g = g.UTC()
+		s.GraceUntil = &g
+	}
+	s.Notify.Pending, s.Notify.Done, s.Notify.Failed = a.node.NotifyProgress()
+	s.Notify.State, s.Notify.Targets = a.node.NotifyRun()
+	s.LastHookFailure = a.hooks.lastFailure()
+	s.NFSv4 = a.v4.status()
+	s.Grace = a.v4.graceStatus()
+	if tl := a.node.LastTimeline(); !tl.Elected.IsZero() {
+		t := admin.Timeline(tl)
+		s.Takeover = &t
+	}
+	if a.cfg.Witness {
+		s.Role = "witness"
+		s.WitnessHandoffs = a.node.Handoffs()
+	}
+	return s
+}
+
+func roleName(s raft.RaftState) string {
+	switch s {
+	case raft.Leader:
+		return "leader"
+	case raft.Candidate:
+		return "candidate"
+	case raft.Follower:
+		return "follower"
+	}
+	return "shutdown"
+}
+
+// readyNow is /readyz's answer without waiting: a leader is known, this
+// node knows the current incarnation's sm_state and has applied
+// everything committed.
+func (a *Agent) readyNow() bool {
+	rf := a.node.Raft()
+	if _, id := rf.LeaderWithID(); id == "" {
+		return false
+	}
+	return a.node.Ready() && a.node.FSM().AppliedIndex() >= rf.CommitIndex()
+}
+
+// adminStore is the agent as the admin API sees it (admin.Store).
+type adminStore struct{ a *Agent }
+
+var _ admin.Store = adminStore{}
+
+func (s adminStore) Status() admin.Status { return s.a.Status() }
+
+func (s adminStore) Members() []admin.Member {
+	ms := s.a.node.Members()
+	if ms == nil {
+		return nil // JSON null, as always
+	}
+	out := make([]admin.Member, len(ms))
+	for i, m := range ms {
+		out[i] = admin.Member(m)
+	}
+	return out
+}
+
+func (s adminStore) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
+	return s.a.node.FSM().Registrations(after, limit, monName)
+}
+
+func (s adminStore) NFSv4Clients() admin.V4ClientPage { return s.a.v4.clients() }
+
+func (s adminStore) LastTakeover() fsm.Takeover { return s.a.node.LastTakeover() }
+
+func (s adminStore) Import(ctx context.Context, regs []fsm.Registration, state int32) (int32, error) {
+	return s.a.node.Import(ctx, regs, state)
+}
+
+func (s adminStore) Crash() { s.a.crash() }
+
+// TransferLeadership hands leadership over and waits (bounded) until this
+// node has heard of the new leader: the transfer returns once the target
+// started its election.
+func (s adminStore) TransferLeadership(to string) (string, error) {
+	rf := s.a.node.Raft()
+	if rf.State() != raft.Leader {
+		_, leader := rf.LeaderWithID()
+		return "", fmt.Errorf("%w (leader: %q)", admin.ErrNotLeader, leader)
+	}
+	if err := s.a.node.TransferLeadership(to); err != nil {
+		if errors.Is(err, cluster.ErrWitnessTarget) || errors.Is(err, cluster.ErrUnknownTarget) {
+			return "", admin.BadRequest(err)
+		}
+		return "", err
+	}
+	var leader raft.ServerID
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, leader = rf.LeaderWithID(); leader != "" && string(leader) != s.a.cfg.NodeID {
+			break
+		}
+	}
+	return string(leader), nil
+}
+
+// Ready waits until a leader is known and this node has applied everything
+// committed at the time of the call and knows the current sm_state.
+func (s adminStore) Ready(ctx context.Context) error {
+	a := s.a
+	rf := a.node.Raft()
+	if _, id := rf.LeaderWithID(); id == "" {
+		return errors.New("no leader known")
+	}
+	commit := rf.CommitIndex()
+	for a.node.FSM().AppliedIndex() < commit || !a.node.Ready() {
+		select {
+		case <-ctx.Done():
+			if !a.node.Ready() {
+				return errors.New("current sm_state not known yet (this term's takeover not applied here); NSM calls get no answer")
+			}
+			return fmt.Errorf("applied %d < commit %d", a.node.FSM().AppliedIndex(), commit)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
+}

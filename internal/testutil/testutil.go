@@ -1,0 +1,79 @@
+// Package testutil holds the helpers that tests of several packages share:
+// a log sink a test can read while the code under test writes to it, and
+// polling for a condition that has no event to wait on (another process's
+// state, a server's internal bookkeeping), always with a bound. It imports
+// nothing of nsmd, so any package's tests can use it.
+package testutil
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// LockedBuffer is a bytes.Buffer that a logger (or a child process's
+// output) and a test may use at once.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Lines are the lines written so far that contain substr (each with its
+// newline).
+func (l *LockedBuffer) Lines(substr string) []string {
+	var out []string
+	for line := range strings.Lines(l.String()) {
+		if strings.Contains(line, substr) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// pollMax is the longest pause between two polls: the first ones come
+// after a millisecond, then the pause doubles up to this.
+const pollMax = 20 * time.Millisecond
+
+// WaitFor polls cond until it holds, and fails t if it does not within
+// timeout; what names the condition in that failure.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	WaitForSeen(t, timeout, what, func() (bool, string) { return cond(), "" })
+}
+
+// WaitForSeen is WaitFor for a condition that also says what it saw; the
+// failure reports the last of those.
+func WaitForSeen(t testing.TB, timeout time.Duration, what string, cond func() (ok bool, seen string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	pause := time.Millisecond
+	for {
+		ok, seen := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			if seen != "" {
+				t.Fatalf("timed out after %v waiting for %s; last seen: %s", timeout, what, seen)
+			}
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, pollMax)
+	}
+}
