@@ -3,8 +3,8 @@
 // the data directory, the group-commit writer that turns NSM writes into
 // raft log entries, and the leader loop that owns every leader-only side
 // effect (takeover, the VIP, hooks, SM_NOTIFY fan-out). The VIP itself is
-// a FloatingAddr (package vip for vip_mode netlink); this package decides
-// when a leader may take it (handover.go).
+// a FloatingAddr (package vip has both modes'); this package decides when
+// a leader may take it (handover.go).
 //
 // A Node implements nsm.Registry: writes return only after they are
 // committed; reads come from the local FSM.

@@ -7,8 +7,8 @@ import (
 
 // FloatingAddr is the address the leader holds (the VIP). The leader
 // loop acquires it after its Takeover committed and releases it the moment
-// leadership is lost, before anything else. vip.Netlink is the one for
-// vip_mode netlink; the agent's loopback mode has its own.
+// leadership is lost, before anything else. Package vip has both kinds:
+// vip.Netlink for vip_mode netlink, vip.Loopback for vip_mode loopback.
 type FloatingAddr interface {
 	// Acquire takes the address and keeps it (renewing, re-adding,
 	// re-announcing) until Release. It returns once the address answers.

@@ -1,5 +1,8 @@
-// Package vip holds nsmd's floating address on Linux (vip_mode netlink):
-// the address the serving leader answers NSM on and sends SM_NOTIFY from.
+// Package vip holds nsmd's floating address (VIP): the address the serving
+// leader answers NSM on and sends SM_NOTIFY from. Two kinds: [Netlink]
+// (vip_mode netlink, Linux) and [Loopback] (vip_mode loopback, the dev
+// cluster: holding the address means serving NSM on a loopback address,
+// through the Serve function the agent gives it).
 //
 // A [Netlink] adds the address over rtnetlink with a kernel lifetime
 // (valid_lft = preferred_lft = [NetlinkConfig.Lifetime], whole seconds,
@@ -19,8 +22,8 @@
 // The package decides nothing about who may hold the address or when:
 // the cluster's leader loop does (cluster/DESIGN.md, "The floating
 // address"), through the small cluster.FloatingAddr interface that
-// *Netlink satisfies without importing cluster. Loopback mode (the dev
-// cluster) is the agent's: there, holding the VIP means listening on it.
+// *Netlink and *Loopback satisfy without importing cluster (cluster's
+// handover.go says when a new leader may take it).
 //
 // Use:
 //
