@@ -38,6 +38,7 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/vip"
 )
 
 // Options are the parts of an agent that are not operator settings.
@@ -79,7 +80,7 @@ type Agent struct {
 	hooks      *hookRunner
 	v4         *nfsv4
 	v4cancel   context.CancelFunc
-	netlinkVIP *cluster.NetlinkVIP // closed (address dropped) on shutdown
+	netlinkVIP *vip.Netlink // closed (address dropped) on shutdown
 	sec        security
 	connEvents *prometheus.CounterVec
 
@@ -284,10 +285,12 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
 	switch a.cfg.VIPMode {
 	case config.VIPLoopback:
-		return &loopbackVIP{a: a, addr: net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort))}, nil
+		return vip.NewLoopback(vip.LoopbackConfig{
+			Addr: net.JoinHostPort(a.cfg.VIPAddr().String(), strconv.Itoa(a.nsmPort)), Serve: a.serveVIP, Logger: a.log,
+		}), nil
 	case config.VIPNetlink:
 		p, _ := netip.ParsePrefix(a.cfg.VIP) // validated
-		v, err := cluster.NewNetlinkVIP(cluster.NetlinkVIPConfig{
+		v, err := vip.NewNetlink(vip.NetlinkConfig{
 			Prefix: p, Interface: a.cfg.VIPInterface, Lifetime: a.cfg.VIPLifetime, Bind: a.cfg.VIPBind,
 			Logger: a.log.With("component", "vip"), Registerer: a.reg,
 		})
@@ -345,6 +348,18 @@ func (a *Agent) serve(srv *oncrpc.Server, ln net.Listener, pc net.PacketConn) {
 			a.log.Error("NSM UDP server stopped", "err", err)
 		}
 	}()
+}
+
+// serveVIP serves NSM on the loopback VIP while this node holds it
+// (vip.Loopback).
+func (a *Agent) serveVIP(addr string) (vip.Server, error) {
+	ln, pc, err := listenBoth(addr)
+	if err != nil {
+		return nil, err
+	}
+	srv := oncrpc.NewServer(a.progs, a.serverConfig())
+	a.serve(srv, ln, pc)
+	return srv, nil
 }
 
 // listenBoth opens TCP and UDP on the same address and port; with port 0

@@ -10,10 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"syscall"
 	"time"
-
-	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -118,14 +115,10 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		return nil
 	case fwdProcApply:
 	case fwdProcVIPHeld:
-		res.Bool(n.VIPHeld() || n.raft.State() == raft.Leader || n.standingDown.Load())
+		n.serveVIPHeld(res) // handover.go
 		return nil
 	case fwdProcState:
-		out := fwdRes{Status: fwdNotLeader}
-		if n.raft.State() == raft.Leader && n.Ready() {
-			out = fwdRes{Status: fwdOK, State: n.fsm.State()}
-		}
-		out.MarshalXDR(res)
+		n.serveState(res) // readstate.go
 		return nil
 	default:
 		return oncrpc.ErrProcUnavail
@@ -272,43 +265,6 @@ func (n *Node) forward(ctx context.Context, addr string, cmd fsm.Command) (int32
 	}
 }
 
-// readStateTimeout bounds a follower's question to the leader for SM_STAT.
-const readStateTimeout = 500 * time.Millisecond
-
-// ReadState implements nsm.Registry: a ready leader answers its own state;
-// a ready follower asks the leader (fwdProcState), so that a follower that
-// has not yet heard of a new term — a leadership transfer elects within
-// one round trip, long before followers' heartbeat timeouts — never
-// answers the previous incarnation's state after the new one was seen.
-func (n *Node) ReadState(ctx context.Context) (int32, error) {
-	if !n.Ready() {
-		return 0, ErrNotReadyYet
-	}
-	if n.raft.State() == raft.Leader {
-		return n.fsm.State(), nil
-	}
-	_, addr := n.leaderNSMAddr()
-	if addr == "" {
-		return 0, ErrNoLeader
-	}
-	ctx, cancel := context.WithTimeout(ctx, readStateTimeout)
-	defer cancel()
-	local, _ := netip.ParseAddrPort(n.cfg.RaftBind)
-	c, err := n.fwd.get(ctx, addr, local.Addr())
-	if err != nil {
-		return 0, fmt.Errorf("cluster: ask leader %s for sm_state: %w", addr, err)
-	}
-	var res fwdRes
-	if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcState, oncrpc.Void{}, &res); err != nil {
-		n.fwd.drop(c)
-		return 0, fmt.Errorf("cluster: ask leader %s for sm_state: %w", addr, err)
-	}
-	if res.Status != fwdOK {
-		return 0, fmt.Errorf("cluster: %s did not confirm sm_state: %w", addr, ErrNotLeader)
-	}
-	return res.State, nil
-}
-
 // leaderNSMAddr finds the current leader and its NSM address.
 func (n *Node) leaderNSMAddr() (id, addr string) {
 	laddr, lid := n.raft.LeaderWithID()
@@ -333,119 +289,4 @@ func (n *Node) leaderNSMAddr() (id, addr string) {
 		return id, net.JoinHostPort(host, port)
 	}
 	return id, ""
-}
-
-// leaderChanged returns a channel closed at the next leader change.
-func (n *Node) leaderChanged() <-chan struct{} {
-	n.lcMu.Lock()
-	defer n.lcMu.Unlock()
-	return n.lcCh
-}
-
-// observeLeader turns raft leader observations into leaderChanged wake-ups.
-func (n *Node) observeLeader() {
-	ch := make(chan raft.Observation, 16)
-	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
-		_, ok := o.Data.(raft.LeaderObservation)
-		return ok
-	})
-	n.raft.RegisterObserver(obs)
-	defer n.raft.DeregisterObserver(obs)
-	for {
-		select {
-		case o := <-ch:
-			// A witness never holds the VIP: the previous holder to ask
-			// about it is the last *serving* leader.
-			if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" && string(lo.LeaderID) != n.cfg.NodeID && !n.IsWitness(string(lo.LeaderID)) {
-				n.lcMu.Lock()
-				n.prevLeader = string(lo.LeaderID)
-				n.lcMu.Unlock()
-			}
-			n.wakeWriters()
-		case <-n.ctx.Done():
-			return
-		}
-	}
-}
-
-// wakeWriters wakes writes held for a leader: leadership moved, or this
-// node's takeover committed.
-func (n *Node) wakeWriters() {
-	n.lcMu.Lock()
-	close(n.lcCh)
-	n.lcCh = make(chan struct{})
-	n.lcMu.Unlock()
-}
-
-// boolRes decodes an XDR bool result.
-type boolRes struct{ V bool }
-
-func (b *boolRes) UnmarshalXDR(r *oncrpc.Reader) error {
-	b.V = r.Bool()
-	return r.Err()
-}
-
-// previousHolderReleased asks the last leader this node followed whether
-// it still holds the VIP. Only a clear "no" from it counts: a leader that
-// stepped down in a planned way (transfer, SIGTERM) deleted the address
-// before it stopped leading, so the new one need not wait for its
-// lifetime. A dead, stopped or cut-off one cannot answer, and then the
-// caller waits as usual.
-func (n *Node) previousHolderReleased(ctx context.Context) (string, bool) {
-	n.lcMu.Lock()
-	prev := n.prevLeader
-	n.lcMu.Unlock()
-	if prev == "" || prev == n.cfg.NodeID {
-		return prev, false
-	}
-	addr := ""
-	if n.member != nil {
-		addr, _ = n.member.nsmAddr(prev)
-	}
-	if addr == "" {
-		addr = n.cfg.PeerNSMAddrs[prev]
-	}
-	if addr == "" {
-		return prev, false
-	}
-	// Right after a transfer the old leader may not have stepped down yet,
-	// or still runs its on_follower hook (unmounting shared storage): ask
-	// again, up to StandDownWait, while it still says "held".
-	// A node that answers may take that long; one that does not must not
-	// hold us up longer than a second (a dead host: no RST, only silence).
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.StandDownWait)
-	defer cancel()
-	dctx, dcancel := context.WithTimeout(ctx, time.Second)
-	defer dcancel()
-	// Refused: the previous leader's host is up but nothing listens on its
-	// NSM port: its nsmd process is gone, and a VIP bound to a process went
-	// with it (the kernel deleted the device). A frozen process still
-	// accepts connections; a dead or cut-off host does not answer at all:
-	// both mean waiting.
-	gone := func(err error) bool {
-		if errors.Is(err, syscall.ECONNREFUSED) && n.vipDiesWithProcess() {
-			n.log.Info("previous leader's NSM port refuses connections: its process, and with it its process-bound VIP, is gone", "previous", prev, "addr", addr)
-			return true
-		}
-		return false
-	}
-	c, err := oncrpc.Dial(dctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 300 * time.Millisecond})
-	if err != nil {
-		return prev, gone(err)
-	}
-	defer c.Close()
-	for {
-		var held boolRes
-		if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
-			return prev, gone(err)
-		}
-		if !held.V {
-			return prev, true
-		}
-		select {
-		case <-ctx.Done():
-			return prev, false
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

@@ -9,7 +9,8 @@ import (
 )
 
 // leaderLoop is the one owner of leader-only side effects. It is driven by
-// raft's NotifyCh (buffered, so raft never blocks on us); a burst of
+// this node's gains and losses of leadership (raft's NotifyCh), which
+// observeLeadership hands over as the latest value only: a burst of
 // changes collapses to the latest.
 func (n *Node) leaderLoop() {
 	var cur *term
@@ -27,15 +28,7 @@ func (n *Node) leaderLoop() {
 		select {
 		case <-n.ctx.Done():
 			return
-		case leader := <-n.leaderCh:
-		latest:
-			for {
-				select {
-				case leader = <-n.leaderCh:
-				default:
-					break latest
-				}
-			}
+		case leader := <-n.termCh:
 			n.metrics.leaderChanges.Inc()
 			if !leader {
 				n.log.Info("lost leadership")
@@ -200,6 +193,13 @@ func (n *Node) stopLeading() {
 		n.standingDown.Store(true)
 		n.cfg.OnFollower()
 		n.standingDown.Store(false)
+	}
+}
+
+// fault reports a fault the node cannot fix by itself (OnFault hook).
+func (n *Node) fault(reason string, err error) {
+	if n.cfg.OnFault != nil {
+		n.cfg.OnFault(reason, err)
 	}
 }
 

@@ -128,10 +128,8 @@ type membership struct {
 	down   bool
 	cancel context.CancelFunc
 
-	kick       chan struct{}
-	observerCh chan raft.Observation
-	observer   *raft.Observer
-	wg         sync.WaitGroup
+	kick chan struct{} // nudge: run a step now (gossip events, leader changes)
+	wg   sync.WaitGroup
 
 	// Owned by the loop goroutine.
 	hasState      bool
@@ -168,13 +166,12 @@ func newMembership(n *Node) (*membership, error) {
 		return nil, fmt.Errorf("gossip bind %q: %w", bind, err)
 	}
 	m := &membership{
-		n:          n,
-		log:        n.log.With("component", "gossip"),
-		expect:     gc.BootstrapExpect,
-		every:      gc.ReconcileEvery,
-		peers:      make(map[string]*peer),
-		kick:       make(chan struct{}, 1),
-		observerCh: make(chan raft.Observation, 8),
+		n:      n,
+		log:    n.log.With("component", "gossip"),
+		expect: gc.BootstrapExpect,
+		every:  gc.ReconcileEvery,
+		peers:  make(map[string]*peer),
+		kick:   make(chan struct{}, 1),
 		meta: nodeMeta{
 			V: metaVersion, ID: n.cfg.NodeID, Raft: string(n.trans.LocalAddr()),
 			NSM: n.cfg.NSMAddr, Version: n.cfg.Version, Witness: n.cfg.Witness,
@@ -283,11 +280,6 @@ func (m *membership) start(ctx context.Context) {
 		return
 	}
 	ctx, m.cancel = context.WithCancel(ctx)
-	m.observer = raft.NewObserver(m.observerCh, false, func(o *raft.Observation) bool {
-		_, ok := o.Data.(raft.LeaderObservation)
-		return ok
-	})
-	m.n.raft.RegisterObserver(m.observer)
 	m.wg.Add(1)
 	go func() { defer m.wg.Done(); m.loop(ctx) }()
 	if len(m.seeds) > 0 {
@@ -351,9 +343,6 @@ func (m *membership) shutdown() error {
 	m.down = true
 	if m.cancel != nil {
 		m.cancel()
-	}
-	if m.observer != nil {
-		m.n.raft.DeregisterObserver(m.observer)
 	}
 	err := m.list.Shutdown()
 	m.life.Unlock()
@@ -476,8 +465,6 @@ func (m *membership) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-m.kick:
-			m.step(ctx, true)
-		case <-m.observerCh:
 			m.step(ctx, true)
 		case <-rec.C:
 			m.step(ctx, true)

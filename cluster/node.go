@@ -2,7 +2,9 @@
 // raft-boltdb/v2 for the log and stable store and a file snapshot store in
 // the data directory, the group-commit writer that turns NSM writes into
 // raft log entries, and the leader loop that owns every leader-only side
-// effect (takeover, hooks, SM_NOTIFY fan-out).
+// effect (takeover, the VIP, hooks, SM_NOTIFY fan-out). The VIP itself is
+// a FloatingAddr (package vip has both modes'); this package decides when
+// a leader may take it (handover.go).
 //
 // A Node implements nsm.Registry: writes return only after they are
 // committed; reads come from the local FSM.
@@ -249,10 +251,12 @@ type Node struct {
 	lastDoneSeq     atomic.Uint64
 	inflight        chan *batch
 	slots           chan struct{} // one per entry in raft (Config.MaxInflightEntries)
-	leaderCh        chan bool
+	leaderCh        chan bool     // raft's NotifyCh; only observeLeadership reads it
+	termCh          chan bool     // the latest of leaderCh, for leaderLoop (one slot)
 	crashCh         chan int32
 
-	fwd  forwarder
+	fwd forwarder
+	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change
 	// prevLeader is the last other node seen leading (for the VIP hand-over).
@@ -290,6 +294,7 @@ func New(cfg Config) (*Node, error) {
 		inflight: make(chan *batch, cfg.MaxInflightEntries),
 		slots:    make(chan struct{}, cfg.MaxInflightEntries),
 		leaderCh: make(chan bool, 64),
+		termCh:   make(chan bool, 1),
 		crashCh:  make(chan int32, 1),
 		lcCh:     make(chan struct{}),
 		started:  time.Now(),
@@ -426,7 +431,7 @@ func (n *Node) Start() {
 	n.wg.Add(7)
 	go func() { defer n.wg.Done(); n.leaseLoop() }()
 	go func() { defer n.wg.Done(); n.disk.run(n.ctx.Done(), n.cfg.DiskProbeInterval) }()
-	go func() { defer n.wg.Done(); n.observeLeader() }()
+	go func() { defer n.wg.Done(); n.observeLeadership() }()
 	go func() { defer n.wg.Done(); n.commitLoop() }()
 	go func() { defer n.wg.Done(); n.waitLoop() }()
 	go func() { defer n.wg.Done(); n.leaderLoop() }()

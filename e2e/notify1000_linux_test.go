@@ -50,7 +50,7 @@ const (
 	// does not set it): the takeover instant is grace_until - agentGrace.
 	agentGrace = 90 * time.Second
 	// vipWaitMsg is the new leader's log line while it waits out the
-	// crashed holder's VIP lifetime (cluster/vip.go).
+	// crashed holder's VIP lifetime (cluster/handover.go).
 	vipWaitMsg = "waiting for a previous holder's VIP lifetime to run out"
 )
 

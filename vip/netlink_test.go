@@ -1,6 +1,6 @@
 //go:build linux
 
-package cluster
+package vip
 
 import (
 	"bufio"
@@ -23,12 +23,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 )
 
 func TestNetlinkVIPConfigValidate(t *testing.T) {
 	p := netip.MustParsePrefix("10.77.9.100/24")
-	ok := NetlinkVIPConfig{Prefix: p, Interface: "eth0"}
+	ok := NetlinkConfig{Prefix: p, Interface: "eth0"}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
@@ -36,7 +37,7 @@ func TestNetlinkVIPConfigValidate(t *testing.T) {
 	if d.Lifetime != 2*time.Second || d.Refresh != 500*time.Millisecond || d.Announce != 3 {
 		t.Fatalf("defaults: %+v", d)
 	}
-	for name, c := range map[string]NetlinkVIPConfig{
+	for name, c := range map[string]NetlinkConfig{
 		"no prefix":       {Interface: "eth0"},
 		"no interface":    {Prefix: p},
 		"multicast":       {Prefix: netip.MustParsePrefix("224.0.0.1/32"), Interface: "eth0"},
@@ -191,19 +192,19 @@ func vipTestLogger(t *testing.T) *slog.Logger {
 
 // newTestVIP is a VIP bound to the interface vipDev (the tests that watch
 // it there); newBoundVIP chooses the binding.
-func newTestVIP(t *testing.T, prefix string, life, refresh time.Duration) *NetlinkVIP {
+func newTestVIP(t *testing.T, prefix string, life, refresh time.Duration) *Netlink {
 	t.Helper()
-	return newBoundVIP(t, prefix, life, refresh, VIPBindInterface)
+	return newBoundVIP(t, prefix, life, refresh, BindInterface)
 }
 
-func newBoundVIP(t *testing.T, prefix string, life, refresh time.Duration, bind string) *NetlinkVIP {
+func newBoundVIP(t *testing.T, prefix string, life, refresh time.Duration, bind string) *Netlink {
 	t.Helper()
-	v, err := NewNetlinkVIP(NetlinkVIPConfig{
+	v, err := NewNetlink(NetlinkConfig{
 		Prefix: netip.MustParsePrefix(prefix), Interface: vipDev, Lifetime: life, Refresh: refresh, Bind: bind,
 		Logger: vipTestLogger(t), Registerer: prometheus.NewRegistry(),
 	})
 	if err != nil {
-		t.Fatalf("NewNetlinkVIP: %v", err)
+		t.Fatalf("NewNetlink: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := v.Close(); err != nil {
@@ -370,7 +371,7 @@ func (c *capture) next(t *testing.T, d time.Duration, what string, match func([]
 }
 
 // gone polls the kernel until addr left the interface and reports when.
-func waitGone(t *testing.T, l vipLink, d time.Duration) time.Time {
+func waitGone(t *testing.T, l link, d time.Duration) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -389,11 +390,11 @@ func waitGone(t *testing.T, l vipLink, d time.Duration) time.Time {
 	}
 }
 
-// rawLink is the VIP's netlink side without NewNetlinkVIP (which would
+// rawLink is the VIP's netlink side without NewNetlink (which would
 // remove the address): for watching and renewing it from a test.
-func rawLink(t *testing.T, prefix string, life time.Duration) vipLink {
+func rawLink(t *testing.T, prefix string, life time.Duration) link {
 	t.Helper()
-	l, err := newVIPLink(NetlinkVIPConfig{Prefix: netip.MustParsePrefix(prefix), Interface: vipDev, Lifetime: life, Bind: VIPBindInterface}, vipTestLogger(t))
+	l, err := newLink(NetlinkConfig{Prefix: netip.MustParsePrefix(prefix), Interface: vipDev, Lifetime: life, Bind: BindInterface}, vipTestLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,7 +487,7 @@ func TestNetlinkVIPRemovesStale(t *testing.T) {
 	runIP(t, "addr", "add", "10.77.9.100/32", "dev", vipDev) // a crashed run's copy, other prefix length, no lifetime
 	newTestVIP(t, "10.77.9.100/24", 2*time.Second, 0)
 	if a, ok := addrOnDev(t, vipDev, vip); ok {
-		t.Fatalf("stale address %+v still there after NewNetlinkVIP", a)
+		t.Fatalf("stale address %+v still there after NewNetlink", a)
 	}
 	if _, ok := addrOnDev(t, vipDev, netip.MustParseAddr("10.77.9.1")); !ok {
 		t.Fatal("the interface's own address went too")
@@ -606,7 +607,7 @@ func TestNetlinkVIPHolderProcess(t *testing.T) {
 	}
 	bind := os.Getenv(vipHolderEnv) // "1" (interface) or a binding
 	if bind == "1" {
-		bind = VIPBindInterface
+		bind = BindInterface
 	}
 	v := newBoundVIP(t, "10.77.9.100/24", time.Second, 250*time.Millisecond, bind)
 	if err := v.Acquire(context.Background()); err != nil {
@@ -633,7 +634,7 @@ func (h *holder) kill() {
 // 250 ms, bound to the interface) and returns once it holds the VIP.
 func startHolder(t *testing.T) *holder {
 	t.Helper()
-	return startBoundHolder(t, VIPBindInterface)
+	return startBoundHolder(t, BindInterface)
 }
 
 func startBoundHolder(t *testing.T, bind string) *holder {
@@ -867,7 +868,7 @@ func TestNetlinkVIPBoundToProcess(t *testing.T) {
 		return
 	}
 	vip := netip.MustParseAddr("10.77.9.100")
-	v := newBoundVIP(t, "10.77.9.100/24", 2*time.Second, 0, VIPBindProcess)
+	v := newBoundVIP(t, "10.77.9.100/24", 2*time.Second, 0, BindProcess)
 	if !v.DiesWithProcess() {
 		t.Fatal("bind process: DiesWithProcess is false")
 	}
@@ -915,7 +916,7 @@ func TestNetlinkVIPBoundToProcessGoesAtSIGKILL(t *testing.T) {
 		return
 	}
 	vip := netip.MustParseAddr("10.77.9.100")
-	h := startBoundHolder(t, VIPBindProcess)
+	h := startBoundHolder(t, BindProcess)
 	devs := addrDevices(t, vip)
 	if len(devs) != 1 || !strings.HasPrefix(devs[0], "nsmdvip") {
 		t.Fatalf("holder's VIP on %v, want one nsmdvip* device", devs)
@@ -927,4 +928,19 @@ func TestNetlinkVIPBoundToProcessGoesAtSIGKILL(t *testing.T) {
 	if _, err := net.InterfaceByName(devs[0]); err == nil {
 		t.Fatalf("device %s outlived its process", devs[0])
 	}
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	var pb dto.Metric
+	if err := (<-ch).Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	if pb.Counter != nil {
+		return pb.Counter.GetValue()
+	}
+	return pb.Gauge.GetValue()
 }

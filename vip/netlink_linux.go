@@ -1,6 +1,6 @@
 //go:build linux
 
-package cluster
+package vip
 
 import (
 	"encoding/binary"
@@ -25,7 +25,7 @@ import (
 
 const nlTimeout = 5 * time.Second
 
-type netlinkVIPLink struct {
+type netlinkLink struct {
 	prefix  netip.Prefix
 	iface   string
 	life    uint32 // seconds
@@ -44,8 +44,8 @@ type netlinkVIPLink struct {
 	tunName   string
 }
 
-func newVIPLink(cfg NetlinkVIPConfig, log *slog.Logger) (vipLink, error) {
-	l := &netlinkVIPLink{prefix: cfg.Prefix, iface: cfg.Interface, life: uint32(cfg.Lifetime / time.Second),
+func newLink(cfg NetlinkConfig, log *slog.Logger) (link, error) {
+	l := &netlinkLink{prefix: cfg.Prefix, iface: cfg.Interface, life: uint32(cfg.Lifetime / time.Second),
 		family: unix.AF_INET, log: log, nl: -1, pkt: -1, tun: -1}
 	if cfg.Prefix.Addr().Is6() {
 		l.family = unix.AF_INET6
@@ -71,8 +71,8 @@ func newVIPLink(cfg NetlinkVIPConfig, log *slog.Logger) (vipLink, error) {
 		return nil, err
 	}
 	switch cfg.Bind {
-	case VIPBindInterface:
-	case VIPBindProcess:
+	case BindInterface:
+	case BindProcess:
 		if err := l.bindToProcess(); err != nil {
 			l.close()
 			return nil, err
@@ -94,7 +94,7 @@ func newVIPLink(cfg NetlinkVIPConfig, log *slog.Logger) (vipLink, error) {
 // bindToProcess creates the TUN device that will carry the address: not
 // persistent, so the kernel deletes it (and the address) when the last
 // descriptor closes, i.e. when this process dies, however it dies.
-func (l *netlinkVIPLink) bindToProcess() error {
+func (l *netlinkLink) bindToProcess() error {
 	for _, conf := range []string{"all", l.iface} {
 		b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + conf + "/arp_ignore")
 		if err != nil {
@@ -153,13 +153,13 @@ func (l *netlinkVIPLink) bindToProcess() error {
 	return nil
 }
 
-func (l *netlinkVIPLink) diesWithProcess() bool {
+func (l *netlinkLink) diesWithProcess() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.tun >= 0
 }
 
-func (l *netlinkVIPLink) setupNetlink() error {
+func (l *netlinkLink) setupNetlink() error {
 	if err := unix.Bind(l.nl, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return fmt.Errorf("vip: bind netlink socket: %w", err)
 	}
@@ -172,7 +172,7 @@ func (l *netlinkVIPLink) setupNetlink() error {
 	return nil
 }
 
-func (l *netlinkVIPLink) resolve() error {
+func (l *netlinkLink) resolve() error {
 	ifi, err := net.InterfaceByName(l.iface)
 	if err != nil {
 		return fmt.Errorf("interface %q: %w", l.iface, err)
@@ -193,7 +193,7 @@ func (l *netlinkVIPLink) resolve() error {
 	return nil
 }
 
-func (l *netlinkVIPLink) close() error {
+func (l *netlinkLink) close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var errs []error
@@ -207,7 +207,7 @@ func (l *netlinkVIPLink) close() error {
 }
 
 // ifaddrmsg is struct ifaddrmsg.
-func (l *netlinkVIPLink) ifaddrmsg(index, prefixLen int, flags uint8) []byte {
+func (l *netlinkLink) ifaddrmsg(index, prefixLen int, flags uint8) []byte {
 	b := make([]byte, unix.SizeofIfAddrmsg)
 	b[0] = l.family
 	b[1] = uint8(prefixLen)
@@ -232,7 +232,7 @@ func appendAttr(b []byte, typ uint16, data []byte) []byte {
 // addrAttrs are the attributes naming the address: IPv4 by its local
 // address (which matches a copy of any prefix length on delete), IPv6 by
 // IFA_ADDRESS.
-func (l *netlinkVIPLink) addrAttrs(b []byte) []byte {
+func (l *netlinkLink) addrAttrs(b []byte) []byte {
 	a := l.prefix.Addr().AsSlice()
 	if l.family == unix.AF_INET {
 		return appendAttr(b, unix.IFA_LOCAL, a)
@@ -240,7 +240,7 @@ func (l *netlinkVIPLink) addrAttrs(b []byte) []byte {
 	return appendAttr(b, unix.IFA_ADDRESS, a)
 }
 
-func (l *netlinkVIPLink) replace() error {
+func (l *netlinkLink) replace() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	flags := uint32(unix.IFA_F_NOPREFIXROUTE)
@@ -262,7 +262,7 @@ func (l *netlinkVIPLink) replace() error {
 	return l.exchange(unix.RTM_NEWADDR, unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_REPLACE, b, nil)
 }
 
-func (l *netlinkVIPLink) remove() (bool, error) {
+func (l *netlinkLink) remove() (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	// A stale copy may be on the interface (an earlier run bound to it).
@@ -280,21 +280,21 @@ func (l *netlinkVIPLink) remove() (bool, error) {
 	return len(copies) > 0, nil
 }
 
-func (l *netlinkVIPLink) lookup() (vipAddrInfo, bool, error) {
+func (l *netlinkLink) lookup() (addrInfo, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	copies, err := l.lookupLocked(l.addrIndex)
 	if err != nil || len(copies) == 0 {
-		return vipAddrInfo{}, false, err
+		return addrInfo{}, false, err
 	}
 	return copies[0], true, nil
 }
 
 // lookupLocked dumps the family's addresses and keeps the copies of ours
 // on the given interfaces.
-func (l *netlinkVIPLink) lookupLocked(indexes ...int) ([]vipAddrInfo, error) {
+func (l *netlinkLink) lookupLocked(indexes ...int) ([]addrInfo, error) {
 	want := l.prefix.Addr()
-	var found []vipAddrInfo
+	var found []addrInfo
 	req := make([]byte, unix.SizeofIfAddrmsg)
 	req[0] = l.family
 	err := l.exchange(unix.RTM_GETADDR, unix.NLM_F_DUMP, req, func(typ uint16, m []byte) {
@@ -305,7 +305,7 @@ func (l *netlinkVIPLink) lookupLocked(indexes ...int) ([]vipAddrInfo, error) {
 		if !slices.Contains(indexes, idx) {
 			return
 		}
-		info := vipAddrInfo{PrefixLen: int(m[1]), Flags: uint32(m[2]), ifindex: idx}
+		info := addrInfo{PrefixLen: int(m[1]), Flags: uint32(m[2]), ifindex: idx}
 		var local, address netip.Addr
 		eachAttr(m[unix.SizeofIfAddrmsg:], func(at uint16, d []byte) {
 			switch at {
@@ -352,7 +352,7 @@ func eachAttr(b []byte, f func(typ uint16, data []byte)) {
 
 // exchange sends one request and reads until its ack, error or dump end,
 // handing every other message of the request to each. Callers hold l.mu.
-func (l *netlinkVIPLink) exchange(typ, flags uint16, body []byte, each func(typ uint16, m []byte)) error {
+func (l *netlinkLink) exchange(typ, flags uint16, body []byte, each func(typ uint16, m []byte)) error {
 	if l.nl < 0 {
 		return errors.New("netlink socket closed")
 	}
@@ -449,7 +449,7 @@ func nlError(data []byte, flags uint16) error {
 	return fmt.Errorf("%w (%s)", errno, text)
 }
 
-func (l *netlinkVIPLink) announce() (int, error) {
+func (l *netlinkLink) announce() (int, error) {
 	l.mu.Lock()
 	fd, ifindex, mac := l.pkt, l.ifindex, l.mac
 	// Hold the lock while sending so close cannot reuse the descriptor.

@@ -1,4 +1,4 @@
-package cluster
+package vip
 
 import (
 	"encoding/binary"

@@ -1,13 +1,13 @@
 //go:build !linux
 
-package cluster
+package vip
 
 import (
 	"errors"
 	"log/slog"
 )
 
-func newVIPLink(NetlinkVIPConfig, *slog.Logger) (vipLink, error) {
+func newLink(NetlinkConfig, *slog.Logger) (link, error) {
 	return nil, errors.New("vip: vip_mode netlink needs Linux")
 }
 

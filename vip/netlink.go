@@ -1,4 +1,4 @@
-package cluster
+package vip
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// NetlinkVIPConfig configures the VIP of vip_mode netlink: an address the
+// NetlinkConfig configures the VIP of vip_mode netlink: an address the
 // leader adds to a real interface with a kernel lifetime, so a holder that
 // is killed or frozen loses it by itself (DESIGN invariant 3).
-type NetlinkVIPConfig struct {
+type NetlinkConfig struct {
 	// Prefix is the VIP and its prefix length, e.g. 10.0.0.10/24.
 	Prefix netip.Prefix
 	// Interface is the name of the interface that carries the VIP.
@@ -31,12 +31,12 @@ type NetlinkVIPConfig struct {
 	// Announce is how many gratuitous ARPs (IPv4) or unsolicited neighbour
 	// advertisements (IPv6) go out on acquire, ~100 ms apart. Default 3.
 	Announce int
-	// Bind says where the address lives: VIPBindInterface puts it on
-	// Interface; VIPBindProcess (IPv4 only) puts it on a TUN device that
+	// Bind says where the address lives: BindInterface puts it on
+	// Interface; BindProcess (IPv4 only) puts it on a TUN device that
 	// this process creates and holds open, so the kernel deletes device
 	// and address the moment the process dies, even by SIGKILL (the
 	// lifetime still covers a frozen holder). The kernel answers ARP for
-	// it on Interface (arp_ignore 0). VIPBindAuto (""): process for IPv4
+	// it on Interface (arp_ignore 0). BindAuto (""): process for IPv4
 	// when /dev/net/tun and arp_ignore 0 allow it, else interface.
 	Bind string
 	// Logger gets the VIP's events; nil discards them.
@@ -45,36 +45,36 @@ type NetlinkVIPConfig struct {
 	Registerer prometheus.Registerer
 }
 
-// VIP bindings (NetlinkVIPConfig.Bind).
+// VIP bindings (NetlinkConfig.Bind).
 const (
-	VIPBindAuto      = "auto"
-	VIPBindProcess   = "process"
-	VIPBindInterface = "interface"
+	BindAuto      = "auto"
+	BindProcess   = "process"
+	BindInterface = "interface"
 )
 
 const (
-	defaultVIPLifetime = 2 * time.Second
-	defaultVIPAnnounce = 3
-	vipAnnounceGap     = 100 * time.Millisecond
+	defaultLifetime = 2 * time.Second
+	defaultAnnounce = 3
+	announceGap     = 100 * time.Millisecond
 )
 
 // withDefaults fills in zero fields.
-func (c NetlinkVIPConfig) withDefaults() NetlinkVIPConfig {
+func (c NetlinkConfig) withDefaults() NetlinkConfig {
 	if c.Lifetime == 0 {
-		c.Lifetime = defaultVIPLifetime
+		c.Lifetime = defaultLifetime
 	}
 	if c.Refresh == 0 {
 		c.Refresh = c.Lifetime / 4
 	}
 	if c.Announce == 0 {
-		c.Announce = defaultVIPAnnounce
+		c.Announce = defaultAnnounce
 	}
 	return c
 }
 
 // Validate reports the first problem of the configuration; zero fields
 // count as their defaults.
-func (c NetlinkVIPConfig) Validate() error {
+func (c NetlinkConfig) Validate() error {
 	c = c.withDefaults()
 	a := c.Prefix.Addr()
 	switch {
@@ -86,9 +86,9 @@ func (c NetlinkVIPConfig) Validate() error {
 		return fmt.Errorf("vip: %s cannot be a floating address (unspecified, multicast or loopback)", c.Prefix)
 	case c.Interface == "":
 		return errors.New("vip: interface is not set")
-	case c.Bind != "" && c.Bind != VIPBindAuto && c.Bind != VIPBindProcess && c.Bind != VIPBindInterface:
+	case c.Bind != "" && c.Bind != BindAuto && c.Bind != BindProcess && c.Bind != BindInterface:
 		return fmt.Errorf("vip: bind %q is not one of auto, process, interface", c.Bind)
-	case c.Bind == VIPBindProcess && !a.Is4():
+	case c.Bind == BindProcess && !a.Is4():
 		return fmt.Errorf("vip: bind process needs an IPv4 VIP (%s): Linux answers neighbour solicitations only for addresses on the receiving interface", c.Prefix)
 	case c.Lifetime < time.Second || c.Lifetime%time.Second != 0:
 		return fmt.Errorf("vip: lifetime %v must be whole seconds, at least 1s (the kernel counts valid_lft in seconds)", c.Lifetime)
@@ -102,9 +102,9 @@ func (c NetlinkVIPConfig) Validate() error {
 	return nil
 }
 
-// vipLink is the platform side of a NetlinkVIP: one address on one
+// link is the platform side of a Netlink: one address on one
 // interface. Methods are safe for concurrent use.
-type vipLink interface {
+type link interface {
 	// resolve looks the interface up again (index, hardware address).
 	resolve() error
 	// replace adds the address, or renews its lifetime if present.
@@ -113,7 +113,7 @@ type vipLink interface {
 	// prefix length); it reports whether one was there.
 	remove() (bool, error)
 	// lookup reports the copy of the address on the interface, if any.
-	lookup() (vipAddrInfo, bool, error)
+	lookup() (addrInfo, bool, error)
 	// announce sends one round of gratuitous ARP or unsolicited NA and
 	// returns how many packets went out.
 	announce() (int, error)
@@ -123,8 +123,8 @@ type vipLink interface {
 	close() error
 }
 
-// vipAddrInfo is what the kernel reports about the address.
-type vipAddrInfo struct {
+// addrInfo is what the kernel reports about the address.
+type addrInfo struct {
 	PrefixLen int
 	Flags     uint32 // IFA_F_*
 	Valid     uint32 // valid_lft left, seconds
@@ -133,45 +133,49 @@ type vipAddrInfo struct {
 }
 
 var (
-	// errVIPReleased cancels a refresh loop from Release or Close.
-	errVIPReleased = errors.New("vip released")
-	// errVIPAbandoned stops a refresh loop without deleting the address,
+	// errReleased cancels a refresh loop from Release or Close.
+	errReleased = errors.New("vip released")
+	// errAbandoned stops a refresh loop without deleting the address,
 	// as if the process had died (Abandon).
-	errVIPAbandoned = errors.New("vip abandoned")
+	errAbandoned = errors.New("vip abandoned")
 )
 
-// NetlinkVIP is the VIP of vip_mode netlink; it implements FloatingAddr.
-type NetlinkVIP struct {
-	cfg  NetlinkVIPConfig
+// Netlink is the VIP of vip_mode netlink. It has what cluster.FloatingAddr
+// asks for (Acquire, Release, Held, Lifetime) and the two optional methods
+// the cluster node looks for: Abandon (an in-process crash) and
+// DiesWithProcess (the crash fast path).
+type Netlink struct {
+	cfg  NetlinkConfig
 	log  *slog.Logger
-	link vipLink
-	m    vipMetrics
+	link link
+	m    metrics
 
 	mu     sync.Mutex // serialises Acquire, Release and Close
-	run    *vipRun    // the refresh loop of the current hold, or nil
+	run    *hold      // the refresh loop of the current hold, or nil
 	closed bool
 
 	annMu  sync.Mutex
 	annErr string // the last announcement failure, "" when the last one worked
 }
 
-// vipRun is one hold: the refresh loop and how to stop it.
-type vipRun struct {
+// hold is one acquisition: its refresh loop and how to stop it.
+type hold struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{}
 	err    error // the loop's final delete, readable once done is closed
 }
 
-// vipMetrics: whether the VIP is held is nsmd_vip_held, exported by the
-// node for every VIP mode (Held).
-type vipMetrics struct {
+// metrics are the nsmd_vip_* counters. Whether the VIP is held
+// (nsmd_vip_held) is exported by the cluster node for every VIP mode,
+// from Held.
+type metrics struct {
 	acquired      prometheus.Counter
 	readded       prometheus.Counter
 	announcements prometheus.Counter
 }
 
-func newVIPMetrics(reg prometheus.Registerer) (vipMetrics, error) {
-	m := vipMetrics{
+func newMetrics(reg prometheus.Registerer) (metrics, error) {
+	m := metrics{
 		acquired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_vip_acquired_total", Help: "Times this node acquired the VIP.",
 		}),
@@ -193,10 +197,10 @@ func newVIPMetrics(reg prometheus.Registerer) (vipMetrics, error) {
 	return m, nil
 }
 
-// NewNetlinkVIP checks the configuration, opens the netlink and packet
+// NewNetlink checks the configuration, opens the netlink and packet
 // sockets (CAP_NET_ADMIN and CAP_NET_RAW), resolves the interface and
 // removes a copy of the address that a crashed earlier run left behind.
-func NewNetlinkVIP(cfg NetlinkVIPConfig) (*NetlinkVIP, error) {
+func NewNetlink(cfg NetlinkConfig) (*Netlink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -206,7 +210,7 @@ func NewNetlinkVIP(cfg NetlinkVIPConfig) (*NetlinkVIP, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("vip", cfg.Prefix.String(), "interface", cfg.Interface)
-	link, err := newVIPLink(cfg, log)
+	link, err := newLink(cfg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -218,27 +222,27 @@ func NewNetlinkVIP(cfg NetlinkVIPConfig) (*NetlinkVIP, error) {
 	if stale {
 		log.Warn("removed a stale copy of the VIP left on the interface by an earlier run")
 	}
-	m, err := newVIPMetrics(cfg.Registerer)
+	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		link.close()
 		return nil, err
 	}
-	return &NetlinkVIP{cfg: cfg, log: log, link: link, m: m}, nil
+	return &Netlink{cfg: cfg, log: log, link: link, m: m}, nil
 }
 
 // Lifetime is the kernel valid_lft of the address.
-func (v *NetlinkVIP) Lifetime() time.Duration { return v.cfg.Lifetime }
+func (v *Netlink) Lifetime() time.Duration { return v.cfg.Lifetime }
 
 // DiesWithProcess reports whether the address goes with this process (bind
 // process): then a previous holder whose process is gone no longer has it.
-func (v *NetlinkVIP) DiesWithProcess() bool { return v.link.diesWithProcess() }
+func (v *Netlink) DiesWithProcess() bool { return v.link.diesWithProcess() }
 
 // Acquire adds the address (lifetime Lifetime, no prefix route, no DAD),
 // announces it and starts renewing it every Refresh. It returns once the
 // address is on the interface. The hold ends with Release, Close, or when
 // ctx ends (then the address is dropped as by Release: a caller that lost
 // the right to hold it must never keep renewing it).
-func (v *NetlinkVIP) Acquire(ctx context.Context) error {
+func (v *Netlink) Acquire(ctx context.Context) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.closed {
@@ -272,7 +276,7 @@ func (v *NetlinkVIP) Acquire(ctx context.Context) error {
 	v.log.Info("VIP acquired", "lifetime", v.cfg.Lifetime, "refresh", v.cfg.Refresh)
 	v.announce()
 	rctx, cancel := context.WithCancelCause(ctx)
-	r := &vipRun{cancel: cancel, done: make(chan struct{})}
+	r := &hold{cancel: cancel, done: make(chan struct{})}
 	v.run = r
 	go v.loop(rctx, r, renewed)
 	return nil
@@ -280,19 +284,19 @@ func (v *NetlinkVIP) Acquire(ctx context.Context) error {
 
 // Release stops renewing and deletes the address at once. Safe to call
 // when not held.
-func (v *NetlinkVIP) Release() error {
+func (v *Netlink) Release() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.releaseLocked()
 }
 
-func (v *NetlinkVIP) releaseLocked() error {
+func (v *Netlink) releaseLocked() error {
 	r := v.run
 	if r == nil {
 		return nil
 	}
 	v.run = nil
-	r.cancel(errVIPReleased)
+	r.cancel(errReleased)
 	<-r.done
 	if r.err != nil {
 		return fmt.Errorf("vip: delete %s from %s: %w", v.cfg.Prefix, v.cfg.Interface, r.err)
@@ -304,13 +308,13 @@ func (v *NetlinkVIP) releaseLocked() error {
 // process would: the kernel drops it when its lifetime runs out. For
 // simulated crashes (in-process kills, drills); Release after it is a
 // no-op.
-func (v *NetlinkVIP) Abandon() {
+func (v *Netlink) Abandon() {
 	v.mu.Lock()
 	r := v.run
 	v.run = nil
 	v.mu.Unlock()
 	if r != nil {
-		r.cancel(errVIPAbandoned)
+		r.cancel(errAbandoned)
 		<-r.done
 		v.log.Warn("VIP abandoned: no longer renewed, the kernel drops it when its lifetime ends")
 	}
@@ -318,7 +322,7 @@ func (v *NetlinkVIP) Abandon() {
 
 // Held reports whether the address is acquired and present on the
 // interface now.
-func (v *NetlinkVIP) Held() bool {
+func (v *Netlink) Held() bool {
 	v.mu.Lock()
 	r := v.run
 	v.mu.Unlock()
@@ -335,7 +339,7 @@ func (v *NetlinkVIP) Held() bool {
 }
 
 // Close releases the address and closes the sockets.
-func (v *NetlinkVIP) Close() error {
+func (v *Netlink) Close() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.closed {
@@ -348,7 +352,7 @@ func (v *NetlinkVIP) Close() error {
 
 // announce sends one round of announcements and counts the packets. A
 // failure is logged when it first happens (not every refresh).
-func (v *NetlinkVIP) announce() {
+func (v *Netlink) announce() {
 	n, err := v.link.announce()
 	v.m.announcements.Add(float64(n))
 	msg := ""
@@ -372,10 +376,10 @@ func (v *NetlinkVIP) announce() {
 // loop keeps one hold: the rest of the acquire burst, then every Refresh a
 // renewal (re-adding a removed address) and an announcement. When ctx ends
 // it deletes the address.
-func (v *NetlinkVIP) loop(ctx context.Context, r *vipRun, renewed time.Time) {
+func (v *Netlink) loop(ctx context.Context, r *hold, renewed time.Time) {
 	defer close(r.done)
 	defer func() {
-		if errors.Is(context.Cause(ctx), errVIPAbandoned) {
+		if errors.Is(context.Cause(ctx), errAbandoned) {
 			return
 		}
 		gone, err := v.link.remove()
@@ -383,14 +387,14 @@ func (v *NetlinkVIP) loop(ctx context.Context, r *vipRun, renewed time.Time) {
 		switch {
 		case err != nil:
 			v.log.Error("cannot delete the VIP", "err", err)
-		case !errors.Is(context.Cause(ctx), errVIPReleased):
+		case !errors.Is(context.Cause(ctx), errReleased):
 			v.log.Warn("acquire context ended without a release; VIP dropped", "was_present", gone)
 		default:
 			v.log.Info("VIP released", "was_present", gone)
 		}
 	}()
 	burst := v.cfg.Announce - 1
-	burstT := time.NewTimer(vipAnnounceGap)
+	burstT := time.NewTimer(announceGap)
 	defer burstT.Stop()
 	if burst <= 0 {
 		burstT.Stop()
@@ -404,7 +408,7 @@ func (v *NetlinkVIP) loop(ctx context.Context, r *vipRun, renewed time.Time) {
 		case <-burstT.C:
 			v.announce()
 			if burst--; burst > 0 {
-				burstT.Reset(vipAnnounceGap)
+				burstT.Reset(announceGap)
 			}
 		case <-tick.C:
 			if gap := time.Since(renewed); gap > v.cfg.Lifetime {
@@ -430,7 +434,7 @@ func (v *NetlinkVIP) loop(ctx context.Context, r *vipRun, renewed time.Time) {
 				if readded && burst <= 0 && v.cfg.Announce > 1 {
 					// re-added: announce it like a fresh acquire
 					burst = v.cfg.Announce - 1
-					burstT.Reset(vipAnnounceGap)
+					burstT.Reset(announceGap)
 				}
 			}
 		}
@@ -440,7 +444,7 @@ func (v *NetlinkVIP) loop(ctx context.Context, r *vipRun, renewed time.Time) {
 // refresh renews the address (re-adding it when missing) and announces it;
 // it reports whether the address is on the interface again, and whether it
 // had gone.
-func (v *NetlinkVIP) refresh() (ok, readded bool) {
+func (v *Netlink) refresh() (ok, readded bool) {
 	_, present, err := v.link.lookup()
 	if err != nil {
 		v.log.Warn("cannot look the VIP up", "err", err)
