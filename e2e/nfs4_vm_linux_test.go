@@ -90,6 +90,7 @@ type drillResult struct {
 	nlmWhy    string
 	v4Why     string
 	newLock   float64
+	steps     map[string]float64 // per step, seconds after the fault (steps_vm_linux_test.go)
 }
 
 func (r drillResult) row() string {
@@ -196,6 +197,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	res := drillResult{name: name, grace: grace, reclaimed: map[string]float64{}}
 
 	t0 := time.Now()
+	vw := watchVIP(p.w.ns, pairVIP, st.SMState, t0)
 	switch fault {
 	case "kill":
 		leader.vm.kill()
@@ -279,6 +281,20 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	})
 	prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/free-*", probe, v4ProbeDir))
 	t.Logf("DRILL %s", res.row())
+	vipAt, vipSeen := vw.seen()
+	steps, err := p.takeoverSteps(other, st.SMState, vipAt, vipSeen)
+	if err != nil {
+		t.Logf("STEPS %s (grace %ds): %v", name, grace, err)
+		steps = map[string]float64{}
+	}
+	for v, at := range res.reclaimed {
+		steps["lock_"+v] = at
+	}
+	if res.newLock > 0 {
+		steps["new_lock"] = res.newLock
+	}
+	res.steps = steps
+	t.Logf("STEPS %s (grace %ds) of %s → %s, seconds after the fault (host clock to the VIP answering, %s's clock from there):\n%s", name, grace, leader.id, other.id, other.id, stepsTable(steps))
 	if !control {
 		checkHeld(t, cs, name+" after")
 		checkClientKernels(t, cs, name)
@@ -435,12 +451,20 @@ func TestHAPairKeepsLocksOnEveryNFSVersion(t *testing.T) {
 		tbl.WriteString(r.row() + "\n")
 	}
 	t.Logf("lock downtime with nsmd, seconds after the fault:%s", tbl.String())
+	var stepNames []string
+	var stepRuns []map[string]float64
+	for _, r := range results {
+		stepNames = append(stepNames, fmt.Sprintf("%s %ds", r.name, r.grace))
+		stepRuns = append(stepRuns, r.steps)
+	}
 
 	failovers := envInt(t, "NSMD_E2E_LOCK_FAILOVERS", 5)
 	if quick {
 		failovers = 1
 	}
-	p.lockWorkload(cs, failovers)
+	wnames, wsteps := p.lockWorkload(cs, failovers)
+	stepNames, stepRuns = append(stepNames, wnames...), append(stepRuns, wsteps...)
+	t.Logf("failover steps, seconds after the fault (drills, then the workload's failovers):\n%s", stepsMatrix(stepNames, stepRuns))
 	p.clientReboot(cs)
 	p.checkWitness()
 	p.checkHookRefusesWithoutVIP()
@@ -663,7 +687,7 @@ func workerLog(t *testing.T, c *nfsClient, pid int) (secs []section, problems []
 // progress after every failover, and per file the sequence numbers
 // written are 1…N, each once, each written by the holder that read N−1 —
 // two holders at once would both read N and write N+1.
-func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
+func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string, steps []map[string]float64) {
 	t := p.t
 	t.Helper()
 	pids := map[*nfsClient]int{}
@@ -709,6 +733,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 		p.waitFollowing(other, st.SMState, 120*time.Second)
 		fault := []string{"transfer", "kill"}[i%2]
 		t0 := time.Now()
+		vw := watchVIP(p.w.ns, pairVIP, st.SMState, t0)
 		if fault == "kill" {
 			leader.vm.kill()
 		} else {
@@ -719,7 +744,15 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 			resp.Body.Close()
 		}
 		waitProgress(fmt.Sprintf("failover %d (%s of %s): every worker past it", i+1, fault, leader.id), 180*time.Second)
-		t.Logf("WORKLOAD failover %d/%d: %s of %s; every worker made progress %.1fs later", i+1, failovers, fault, leader.id, time.Since(t0).Seconds())
+		progressAt := time.Since(t0).Seconds()
+		t.Logf("WORKLOAD failover %d/%d: %s of %s; every worker made progress %.1fs later", i+1, failovers, fault, leader.id, progressAt)
+		vipAt, vipSeen := vw.seen()
+		if ss, err := p.takeoverSteps(other, st.SMState, vipAt, vipSeen); err != nil {
+			t.Logf("STEPS workload %d: %v", i+1, err)
+		} else {
+			ss["progress"] = progressAt
+			names, steps = append(names, fmt.Sprintf("workload %d %s", i+1, fault)), append(steps, ss)
+		}
 		if fault == "kill" {
 			leader.vm.boot()
 			leader.vm.waitReady()
@@ -745,6 +778,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 	}
 	checkSequences(t, all)
 	t.Logf("WORKLOAD %d failovers in %v: %d critical sections, no overlap, no lost lock", failovers, time.Since(start).Round(time.Second), len(all))
+	return names, steps
 }
 
 // checkSequences: per file, the written numbers are 1…N with no gap or
