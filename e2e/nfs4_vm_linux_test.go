@@ -91,6 +91,9 @@ type drillResult struct {
 	v4Why     string
 	newLock   float64
 	steps     map[string]float64 // per step, seconds after the fault (steps_vm_linux_test.go)
+	// notBefore: for a step the host saw by polling, when its previous
+	// look did not see it yet.
+	notBefore map[string]float64
 }
 
 func (r drillResult) row() string {
@@ -194,7 +197,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	if !control {
 		checkHeld(t, cs, name+" before")
 	}
-	res := drillResult{name: name, grace: grace, reclaimed: map[string]float64{}}
+	res := drillResult{name: name, grace: grace, reclaimed: map[string]float64{}, notBefore: map[string]float64{}}
 
 	t0 := time.Now()
 	vw := watchVIP(p.w.ns, pairVIP, st.SMState, t0)
@@ -214,9 +217,13 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	// The first new lock: a prober on a client starts a fresh attempt on a
 	// new file every 500 ms (each attempt waits out the client's own
 	// backoff while the server is in grace).
+	probeCall := time.Since(t0).Seconds()
 	_, probe := prober.start(5*time.Second, "mkdir -p "+v4ProbeDir+" 2>/dev/null; vmagent firstlock "+v4ProbeDir+" 500ms")
+	probeStarted := time.Since(t0).Seconds() // the prober said "probing" by now (on the host's clock)
+	var probeAfter float64                   // its own "after": seconds since "probing" on the client's clock
 
 	since := func() float64 { return time.Since(t0).Seconds() }
+	lastLocks := 0.0 // when the host last read the survivor's /proc/locks
 	timeout := time.Duration(grace)*time.Second + 90*time.Second
 	var sawGrace [2]bool  // lockd, nfsd: seen in grace on the survivor
 	var ended [2]float64  // when seen over after that
@@ -227,8 +234,10 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 			for _, c := range cs {
 				if _, done := res.reclaimed[c.vers]; !done && l[c.ino] > 0 {
 					res.reclaimed[c.vers] = since()
+					res.notBefore["lock_"+c.vers] = lastLocks
 				}
 			}
+			lastLocks = since()
 			seen = append(seen, fmt.Sprintf("locks %v", l))
 		}
 		// Each grace's end: the survivor's kernel files go from N (in
@@ -269,6 +278,9 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		if res.newLock == 0 {
 			if rc, out, err := prober.try(5*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", probe)); err == nil && rc == 0 && strings.Contains(out, "granted") {
 				res.newLock = since()
+				if _, after, ok := strings.Cut(out, " after "); ok {
+					probeAfter, _ = strconv.ParseFloat(strings.Fields(after)[0], 64)
+				}
 			}
 		}
 		over := res.nlmWhy != "" && res.v4Why != "" && res.newLock > 0
@@ -281,20 +293,27 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	})
 	prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/free-*", probe, v4ProbeDir))
 	t.Logf("DRILL %s", res.row())
-	vipAt, vipSeen := vw.seen()
+	vipAt, vipLo, vipSeen := vw.seen()
 	steps, err := p.takeoverSteps(other, st.SMState, vipAt, vipSeen)
 	if err != nil {
 		t.Logf("STEPS %s (grace %ds): %v", name, grace, err)
 		steps = map[string]float64{}
 	}
+	res.notBefore["vip_host"] = vipLo
 	for v, at := range res.reclaimed {
 		steps["lock_"+v] = at
 	}
-	if res.newLock > 0 {
+	if probeAfter > 0 {
+		// The prober's own time to its grant, from when the host knew it
+		// probing: late by at most the start call (probeStarted − probeCall).
+		steps["new_lock"] = probeStarted + probeAfter
+		res.notBefore["new_lock"] = probeCall + probeAfter
+	} else if res.newLock > 0 {
 		steps["new_lock"] = res.newLock
 	}
 	res.steps = steps
-	t.Logf("STEPS %s (grace %ds) of %s → %s, seconds after the fault (host clock to the VIP answering, %s's clock from there):\n%s", name, grace, leader.id, other.id, other.id, stepsTable(steps))
+	t.Logf("STEPS %s (grace %ds) of %s → %s at %s UTC (host), seconds after the fault (host clock to the VIP answering, %s's clock from there; (> x): the host's look before did not see it yet, or for the new lock the earliest it can have been):\n%s",
+		name, grace, leader.id, other.id, t0.UTC().Format("15:04:05.000"), other.id, stepsTable(steps, res.notBefore))
 	if !control {
 		checkHeld(t, cs, name+" after")
 		checkClientKernels(t, cs, name)
@@ -371,6 +390,13 @@ func TestHAPairKeepsLocksOnEveryNFSVersion(t *testing.T) {
 			v.kill()
 		}
 	})
+	if dir := os.Getenv("NSMD_E2E_CAPTURES"); dir != "" {
+		// Every frame on the bridge but raft, gossip and the admin API,
+		// on the host's clock: what the clients sent when (the STEPS
+		// lines say when each fault was).
+		startCapture(t, p.tp.sw, "br0", "ha-pair-bridge", dir, p.w.ns, topoNet+".254")
+		t.Logf("capturing the bridge into %s/ha-pair-bridge.pcapng", dir)
+	}
 	bootStart := time.Now()
 	for _, v := range all {
 		v.boot()
@@ -746,7 +772,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string,
 		waitProgress(fmt.Sprintf("failover %d (%s of %s): every worker past it", i+1, fault, leader.id), 180*time.Second)
 		progressAt := time.Since(t0).Seconds()
 		t.Logf("WORKLOAD failover %d/%d: %s of %s; every worker made progress %.1fs later", i+1, failovers, fault, leader.id, progressAt)
-		vipAt, vipSeen := vw.seen()
+		vipAt, _, vipSeen := vw.seen()
 		if ss, err := p.takeoverSteps(other, st.SMState, vipAt, vipSeen); err != nil {
 			t.Logf("STEPS workload %d: %v", i+1, err)
 		} else {

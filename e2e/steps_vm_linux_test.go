@@ -42,6 +42,7 @@ type vipWatch struct {
 
 	mu sync.Mutex
 	at time.Duration // since t0; 0 while not seen
+	lo time.Duration // the start of the look before, which did not see it
 }
 
 // watchVIP starts polling at once; t0 is the fault's time (host clock).
@@ -54,13 +55,16 @@ func watchVIP(ns, vip string, old int32, t0 time.Time) *vipWatch {
 		inNetnsThread(ns, func() error {
 			tick := time.NewTicker(vipWatchPoll)
 			defer tick.Stop()
+			var prev time.Duration
 			for {
+				start := time.Since(w.t0)
 				if st, err := smStatOnce(addr); err == nil && st > old {
 					w.mu.Lock()
-					w.at = time.Since(w.t0)
+					w.at, w.lo = time.Since(w.t0), prev
 					w.mu.Unlock()
 					return nil
 				}
+				prev = start
 				select {
 				case <-w.stop:
 					return nil
@@ -75,9 +79,11 @@ func watchVIP(ns, vip string, old int32, t0 time.Time) *vipWatch {
 // smStatOnce calls SM_STAT over UDP with a fresh socket (a VIP that moved
 // to another machine must not be asked through a stale one).
 func smStatOnce(addr string) (int32, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	// Short: while the VIP is dead a look times out, and one that spans
+	// the VIP's move answers late (the anchor's error).
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "udp", Addr: addr, Timeout: 200 * time.Millisecond, Retransmit: 50 * time.Millisecond})
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "udp", Addr: addr, Timeout: 100 * time.Millisecond, Retransmit: 30 * time.Millisecond})
 	if err != nil {
 		return 0, err
 	}
@@ -93,8 +99,9 @@ func smStatOnce(addr string) (int32, error) {
 }
 
 // seen stops the watcher and returns when the VIP answered with the new
-// state, in seconds after the fault (false: never).
-func (w *vipWatch) seen() (float64, bool) {
+// state, in seconds after the fault (false: never), and the start of the
+// look before, which did not get it: the VIP moved between the two.
+func (w *vipWatch) seen() (at, lo float64, ok bool) {
 	select {
 	case <-w.stop:
 	default:
@@ -103,7 +110,7 @@ func (w *vipWatch) seen() (float64, bool) {
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.at.Seconds(), w.at > 0
+	return w.at.Seconds(), w.lo.Seconds(), w.at > 0
 }
 
 // Step names of a failover, in the order they usually happen. host: seen
@@ -169,7 +176,9 @@ func failoverStepsOf(tl *admin.Timeline, g *admin.Status, vipHost float64) map[s
 
 // stepsTable is one failover's steps, in time order, with the gap to the
 // step before: the rows a slow failover is read from.
-func stepsTable(steps map[string]float64) string {
+// notBefore gives, for steps the host saw by polling, the time of its
+// previous look.
+func stepsTable(steps, notBefore map[string]float64) string {
 	type row struct {
 		label string
 		at    float64
@@ -177,7 +186,11 @@ func stepsTable(steps map[string]float64) string {
 	var rows []row
 	for _, s := range failoverSteps {
 		if at, ok := steps[s.key]; ok {
-			rows = append(rows, row{s.label, at})
+			label := s.label
+			if nb, ok := notBefore[s.key]; ok {
+				label += fmt.Sprintf(" (> %.2f)", nb)
+			}
+			rows = append(rows, row{label, at})
 		}
 	}
 	slices.SortStableFunc(rows, func(a, b row) int {

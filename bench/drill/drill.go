@@ -222,17 +222,17 @@ type Stat struct {
 }
 
 type Report struct {
-	Date    time.Time  `json:"date"`
-	Fault   string     `json:"fault"`
-	VIP     string     `json:"vip"`
-	Nodes   []Node     `json:"nodes"`
-	Asked   int        `json:"runs_asked"`
-	PollMS  float64    `json:"poll_ms"` // each time includes up to one interval
-	Runs    []Failover `json:"runs"`
-	Stats   []Stat     `json:"stats,omitempty"`
+	Date   time.Time  `json:"date"`
+	Fault  string     `json:"fault"`
+	VIP    string     `json:"vip"`
+	Nodes  []Node     `json:"nodes"`
+	Asked  int        `json:"runs_asked"`
+	PollMS float64    `json:"poll_ms"` // each time includes up to one interval
+	Runs   []Failover `json:"runs"`
+	Stats  []Stat     `json:"stats,omitempty"`
 	// StepStats: the new leaders' takeover steps over the runs (StepStats).
 	StepStats []Stat `json:"step_stats,omitempty"`
-	Stopped string     `json:"stopped,omitempty"` // why fewer runs than asked
+	Stopped   string `json:"stopped,omitempty"` // why fewer runs than asked
 }
 
 // failed counts the runs that missed a milestone.
