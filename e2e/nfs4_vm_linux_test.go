@@ -198,6 +198,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		checkHeld(t, cs, name+" before")
 	}
 	res := drillResult{name: name, grace: grace, reclaimed: map[string]float64{}, notBefore: map[string]float64{}}
+	prober.sh(30*time.Second, "mkdir -p "+v4ProbeDir)
 
 	t0 := time.Now()
 	vw := watchVIP(p.w.ns, pairVIP, st.SMState, t0)
@@ -205,7 +206,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	case "kill":
 		leader.vm.kill()
 	case "transfer":
-		resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+		resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +219,9 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	// new file every 500 ms (each attempt waits out the client's own
 	// backoff while the server is in grace).
 	probeCall := time.Since(t0).Seconds()
-	_, probe := prober.start(5*time.Second, "mkdir -p "+v4ProbeDir+" 2>/dev/null; vmagent firstlock "+v4ProbeDir+" 500ms")
+	// The directory exists (made before the fault: a mkdir now would
+	// wait for the server), so the prober says "probing" at once.
+	_, probe := prober.start(5*time.Second, "vmagent firstlock "+v4ProbeDir+" 500ms")
 	probeStarted := time.Since(t0).Seconds() // the prober said "probing" by now (on the host's clock)
 	var probeAfter float64                   // its own "after": seconds since "probing" on the client's clock
 
@@ -763,7 +766,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string,
 		if fault == "kill" {
 			leader.vm.kill()
 		} else {
-			resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+			resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -849,7 +852,7 @@ func (p *pairTopo) negativeControl(cs []*nfsClient) {
 	p.stopServer(other)
 	p.startServer(other)
 	p.waitFollowing(other, st.SMState, 120*time.Second)
-	resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+	resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
