@@ -296,8 +296,8 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	})
 	prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/free-*", probe, v4ProbeDir))
 	t.Logf("DRILL %s", res.row())
-	vipAt, vipLo, vipSeen := vw.seen()
-	steps, err := p.takeoverSteps(other, st.SMState, vipAt, vipSeen)
+	_, vipLo, _ := vw.seen()
+	steps, err := p.takeoverSteps(other, vw)
 	if err != nil {
 		t.Logf("STEPS %s (grace %ds): %v", name, grace, err)
 		steps = map[string]float64{}
@@ -775,8 +775,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string,
 		waitProgress(fmt.Sprintf("failover %d (%s of %s): every worker past it", i+1, fault, leader.id), 180*time.Second)
 		progressAt := time.Since(t0).Seconds()
 		t.Logf("WORKLOAD failover %d/%d: %s of %s; every worker made progress %.1fs later", i+1, failovers, fault, leader.id, progressAt)
-		vipAt, _, vipSeen := vw.seen()
-		if ss, err := p.takeoverSteps(other, st.SMState, vipAt, vipSeen); err != nil {
+		if ss, err := p.takeoverSteps(other, vw); err != nil {
 			t.Logf("STEPS workload %d: %v", i+1, err)
 		} else {
 			ss["progress"] = progressAt

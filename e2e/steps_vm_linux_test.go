@@ -40,9 +40,10 @@ type vipWatch struct {
 	stop chan struct{}
 	done chan struct{}
 
-	mu sync.Mutex
-	at time.Duration // since t0; 0 while not seen
-	lo time.Duration // the start of the look before, which did not see it
+	mu    sync.Mutex
+	at    time.Duration // since t0; 0 while not seen
+	lo    time.Duration // the start of the look before, which did not see it
+	state int32         // the new state it answered
 }
 
 // watchVIP starts polling at once; t0 is the fault's time (host clock).
@@ -60,7 +61,7 @@ func watchVIP(ns, vip string, old int32, t0 time.Time) *vipWatch {
 				start := time.Since(w.t0)
 				if st, err := smStatOnce(addr); err == nil && st > old {
 					w.mu.Lock()
-					w.at, w.lo = time.Since(w.t0), prev
+					w.at, w.lo, w.state = time.Since(w.t0), prev, st
 					w.mu.Unlock()
 					return nil
 				}
@@ -102,6 +103,12 @@ func smStatOnce(addr string) (int32, error) {
 // state, in seconds after the fault (false: never), and the start of the
 // look before, which did not get it: the VIP moved between the two.
 func (w *vipWatch) seen() (at, lo float64, ok bool) {
+	at, lo, _, ok = w.seenState()
+	return at, lo, ok
+}
+
+// seenState is seen, with the new state the VIP answered.
+func (w *vipWatch) seenState() (at, lo float64, state int32, ok bool) {
 	select {
 	case <-w.stop:
 	default:
@@ -110,13 +117,13 @@ func (w *vipWatch) seen() (at, lo float64, ok bool) {
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.at.Seconds(), w.lo.Seconds(), w.at > 0
+	return w.at.Seconds(), w.lo.Seconds(), w.state, w.at > 0
 }
 
 // Step names of a failover, in the order they usually happen. host: seen
 // by the test on its clock; the others come from the new leader's timeline.
 var failoverSteps = []struct{ key, label string }{
-	{"prev_contact", "old leader last heard (agent)"},
+	{"prev_contact", "previous leader (or witness) last heard"},
 	{"elected", "new leader elected"},
 	{"committed", "takeover committed"},
 	{"vip", "VIP taken"},
@@ -250,18 +257,24 @@ func stepsMatrix(names []string, runs []map[string]float64) string {
 	return b.String()
 }
 
-// takeoverSteps fetches new leader n's timeline of the takeover after
-// oldState and places it on the host's axis (nil timeline: not found).
-func (p *pairTopo) takeoverSteps(n *pairNode, oldState int32, vipHost float64, vipSeen bool) (map[string]float64, error) {
+// takeoverSteps fetches new leader n's timeline of the takeover whose
+// state the VIP watcher w saw first and places it on the host's axis. A
+// node that took over again since has another timeline: no steps then.
+func (p *pairTopo) takeoverSteps(n *pairNode, w *vipWatch) (map[string]float64, error) {
+	vipHost, _, state, ok := w.seenState()
+	if !ok {
+		return nil, fmt.Errorf("the VIP watcher never saw a new state")
+	}
 	s, err := p.status(n)
 	if err != nil {
 		return nil, err
 	}
-	if s.Takeover == nil || s.Takeover.State <= oldState {
-		return nil, fmt.Errorf("%s: no timeline of a takeover after sm_state %d", n.id, oldState)
-	}
-	if !vipSeen {
-		return nil, fmt.Errorf("the VIP watcher never saw sm_state %d", s.Takeover.State)
+	if s.Takeover == nil || s.Takeover.State != state {
+		got := int32(0)
+		if s.Takeover != nil {
+			got = s.Takeover.State
+		}
+		return nil, fmt.Errorf("%s: its last takeover is of sm_state %d, the VIP first answered %d (another takeover followed): no steps", n.id, got, state)
 	}
 	return failoverStepsOf(s.Takeover, &s, vipHost), nil
 }

@@ -136,7 +136,7 @@ type Step struct {
 // StepDefs are a takeover's steps in their usual order: name, label.
 func StepDefs() []MilestoneDef {
 	return []MilestoneDef{
-		{"prev_leader_contact", "old leader last heard"},
+		{"prev_leader_contact", "previous leader (or witness) last heard"},
 		{"elected", "elected"},
 		{"committed", "takeover committed"},
 		{"vip", "VIP taken"},
