@@ -774,7 +774,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string,
 		}
 		waitProgress(fmt.Sprintf("failover %d (%s of %s): every worker past it", i+1, fault, leader.id), 180*time.Second)
 		progressAt := time.Since(t0).Seconds()
-		t.Logf("WORKLOAD failover %d/%d: %s of %s; every worker made progress %.1fs later", i+1, failovers, fault, leader.id, progressAt)
+		t.Logf("WORKLOAD failover %d/%d: %s of %s at %s UTC (host); every worker made progress %.1fs later", i+1, failovers, fault, leader.id, t0.UTC().Format("15:04:05.000"), progressAt)
 		if ss, err := p.takeoverSteps(other, vw); err != nil {
 			t.Logf("STEPS workload %d: %v", i+1, err)
 		} else {
