@@ -201,7 +201,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	prober.sh(30*time.Second, "mkdir -p "+v4ProbeDir)
 
 	t0 := time.Now()
-	vw := watchVIP(p.w.ns, pairVIP, st.SMState, t0)
+	vw := watchVIP(t, p.w.ns, pairVIP, st.SMState, t0)
 	switch fault {
 	case "kill":
 		leader.vm.kill()
@@ -762,7 +762,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string,
 		p.waitFollowing(other, st.SMState, 120*time.Second)
 		fault := []string{"transfer", "kill"}[i%2]
 		t0 := time.Now()
-		vw := watchVIP(p.w.ns, pairVIP, st.SMState, t0)
+		vw := watchVIP(t, p.w.ns, pairVIP, st.SMState, t0)
 		if fault == "kill" {
 			leader.vm.kill()
 		} else {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
@@ -38,6 +39,7 @@ const vipWatchPoll = 20 * time.Millisecond
 type vipWatch struct {
 	t0   time.Time
 	stop chan struct{}
+	once sync.Once // closes stop
 	done chan struct{}
 
 	mu    sync.Mutex
@@ -47,8 +49,10 @@ type vipWatch struct {
 }
 
 // watchVIP starts polling at once; t0 is the fault's time (host clock).
-func watchVIP(ns, vip string, old int32, t0 time.Time) *vipWatch {
+// It stops at seen, or when the test ends.
+func watchVIP(t *testing.T, ns, vip string, old int32, t0 time.Time) *vipWatch {
 	w := &vipWatch{t0: t0, stop: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(func() { w.seen() })
 	addr := net.JoinHostPort(vip, strconv.Itoa(nsmPort))
 	go func() {
 		defer close(w.done)
@@ -109,11 +113,7 @@ func (w *vipWatch) seen() (at, lo float64, ok bool) {
 
 // seenState is seen, with the new state the VIP answered.
 func (w *vipWatch) seenState() (at, lo float64, state int32, ok bool) {
-	select {
-	case <-w.stop:
-	default:
-		close(w.stop)
-	}
+	w.once.Do(func() { close(w.stop) })
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
