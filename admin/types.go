@@ -73,14 +73,40 @@ type NotifyProgress struct {
 	State   int32 `json:"state"`   // sm_state it sends
 }
 
-// Timeline is a node's last takeover, step by step: elected, its
-// Takeover committed, the VIP taken, the on_leader hook done.
+// Timeline is a node's last takeover, step by step, on that node's clock
+// (zero, or absent for the later steps: not reached, or not on this node):
+// elected, its Takeover committed, the VIP taken, the on_leader hook run,
+// the SM_NOTIFY fan-out, the clients coming back, the kernel graces' end.
+// Differences between its times are durations on one clock; compare them
+// with another machine's clock only through a shared event (the drill
+// anchors them on the VIP answering with the new state).
 type Timeline struct {
 	Elected      time.Time `json:"elected"`
 	Committed    time.Time `json:"committed"`      // its Takeover applied
 	VIP          time.Time `json:"vip"`            // the VIP acquired (or none to take)
 	OnLeaderDone time.Time `json:"on_leader_done"` // OnLeader (the on_leader hook) returned; notify starts
 	State        int32     `json:"sm_state"`
+	// PrevLeaderContact: this node, as a follower, last heard from the
+	// leader before it (after a crash: within a heartbeat before it).
+	PrevLeaderContact time.Time `json:"prev_leader_contact,omitzero"`
+	HookStarted       time.Time `json:"hook_started,omitzero"`   // the on_leader script started
+	NotifyStarted     time.Time `json:"notify_started,omitzero"` // the SM_NOTIFY fan-out started
+	NotifyDone        time.Time `json:"notify_done,omitzero"`    // every host answered or was given up
+	// NFSdGraceStart: nsmd answered the GraceStart upcall of the nfsd the
+	// hook started.
+	NFSdGraceStart time.Time `json:"nfsd_grace_start,omitzero"`
+	// NLMFirstBack: the first SM_MON committed after the takeover (the
+	// lockd here monitors a client at its first lock: a reclaim);
+	// NLMAllBack: every host monitored at the takeover did so.
+	NLMFirstBack time.Time `json:"nlm_first_back,omitzero"`
+	NLMAllBack   time.Time `json:"nlm_all_back,omitzero"`
+	// NFSv4FirstBack: the first NFSv4 client back (a cld Create committed,
+	// or an NFSv4.0 client of the recovery epoch confirmed by nfsd);
+	// NFSv4AllBack: every client of the recovery epoch.
+	NFSv4FirstBack time.Time `json:"nfsv4_first_back,omitzero"`
+	NFSv4AllBack   time.Time `json:"nfsv4_all_back,omitzero"`
+	NLMGraceEnd    time.Time `json:"nlm_grace_end,omitzero"`   // lockd's grace seen over
+	NFSv4GraceEnd  time.Time `json:"nfsv4_grace_end,omitzero"` // nfsd's grace seen over
 }
 
 // Disk is the health of a node's data directory.

@@ -181,6 +181,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
+	a.hooks.onStart = a.hookStarted
 	a.hooks.start(context.Background())
 	if opts.RaftMetrics {
 		if err := cluster.BridgeRaftMetrics(a.reg); err != nil {
@@ -410,6 +411,14 @@ func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
 		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
 	}
 	a.v4.serving(ctx)
+}
+
+// hookStarted records the on_leader script's start in the takeover's
+// timeline.
+func (a *Agent) hookStarted(event string, state int32, at time.Time) {
+	if event == hookEventLeader && a.node != nil {
+		a.node.MarkTimeline(state, func(tl *cluster.Timeline) { tl.HookStarted = at })
+	}
 }
 
 // onFollower runs the on_follower hook and returns when it has run

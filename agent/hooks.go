@@ -84,6 +84,8 @@ type hookRunner struct {
 	// variables: settings the hooks need (notify name, grace, NFSv4
 	// tracking). Set before start.
 	fixedEnv []string
+	// onStart, when set, is told when a script starts (set before start).
+	onStart func(event string, state int32, at time.Time)
 
 	runs     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
@@ -365,6 +367,9 @@ func (h *hookRunner) execScript(ctx context.Context, job hookJob) (string, error
 
 	log.InfoContext(job.ctx, "running hook", "script", script, "sm_state", job.env.SMState, "reason", job.env.Reason)
 	start := time.Now()
+	if h.onStart != nil {
+		h.onStart(job.event, job.env.SMState, start)
+	}
 	err := cmd.Run()
 	took := time.Since(start)
 	stdout.flush()

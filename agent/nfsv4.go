@@ -218,12 +218,37 @@ func (v *nfsv4) takeover(state int32) {
 	for i, t := range targets {
 		hosts[i] = t.MonName
 	}
+	mark := func(f func(*cluster.Timeline, time.Time)) {
+		at := time.Now()
+		v.a.node.MarkTimeline(state, func(tl *cluster.Timeline) { f(tl, at) })
+	}
 	k := nlm.NewKeeper(nlm.KeeperConfig{
 		Settle: v.a.cfg.GraceSettle,
 		Logger: v.log,
 		OnEnd: func(m nlm.Manager, reason string, after time.Duration) {
 			v.endedTotal.WithLabelValues(string(m), reason).Inc()
 			v.graceSecs.WithLabelValues(string(m)).Observe(after.Seconds())
+			mark(func(tl *cluster.Timeline, at time.Time) {
+				if m == nlm.NLM {
+					tl.NLMGraceEnd = at
+				} else {
+					tl.NFSv4GraceEnd = at
+				}
+			})
+		},
+		OnBack: func(m nlm.Manager, _ string, last bool) {
+			mark(func(tl *cluster.Timeline, at time.Time) {
+				first, all := &tl.NLMFirstBack, &tl.NLMAllBack
+				if m == nlm.NFSv4 {
+					first, all = &tl.NFSv4FirstBack, &tl.NFSv4AllBack
+				}
+				if first.IsZero() {
+					*first = at
+				}
+				if last && all.IsZero() {
+					*all = at
+				}
+			})
 		},
 	}, hosts, time.Now())
 	v.mu.Lock()
@@ -354,7 +379,9 @@ func (s trackingStore) GraceStart(ctx context.Context) ([]cld.Record, error) {
 	v.mu.Lock()
 	k := v.keeper
 	v.graceStartState, v.graceStartAt = s.node().FSM().State(), time.Now()
+	state, at := v.graceStartState, v.graceStartAt
 	v.mu.Unlock()
+	s.node().MarkTimeline(state, func(tl *cluster.Timeline) { tl.NFSdGraceStart = at })
 	if k != nil {
 		k.ExpectV4(names)
 	}

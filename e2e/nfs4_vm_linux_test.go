@@ -90,6 +90,10 @@ type drillResult struct {
 	nlmWhy    string
 	v4Why     string
 	newLock   float64
+	steps     map[string]float64 // per step, seconds after the fault (steps_vm_linux_test.go)
+	// notBefore: for a step the host saw by polling, when its previous
+	// look did not see it yet.
+	notBefore map[string]float64
 }
 
 func (r drillResult) row() string {
@@ -193,14 +197,16 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	if !control {
 		checkHeld(t, cs, name+" before")
 	}
-	res := drillResult{name: name, grace: grace, reclaimed: map[string]float64{}}
+	res := drillResult{name: name, grace: grace, reclaimed: map[string]float64{}, notBefore: map[string]float64{}}
+	prober.sh(30*time.Second, "mkdir -p "+v4ProbeDir)
 
 	t0 := time.Now()
+	vw := watchVIP(t, p.w.ns, pairVIP, st.SMState, t0)
 	switch fault {
 	case "kill":
 		leader.vm.kill()
 	case "transfer":
-		resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+		resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,9 +218,15 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	// The first new lock: a prober on a client starts a fresh attempt on a
 	// new file every 500 ms (each attempt waits out the client's own
 	// backoff while the server is in grace).
-	_, probe := prober.start(5*time.Second, "mkdir -p "+v4ProbeDir+" 2>/dev/null; vmagent firstlock "+v4ProbeDir+" 500ms")
+	probeCall := time.Since(t0).Seconds()
+	// The directory exists (made before the fault: a mkdir now would
+	// wait for the server), so the prober says "probing" at once.
+	_, probe := prober.start(5*time.Second, "vmagent firstlock "+v4ProbeDir+" 500ms")
+	probeStarted := time.Since(t0).Seconds() // the prober said "probing" by now (on the host's clock)
+	var probeAfter float64                   // its own "after": seconds since "probing" on the client's clock
 
 	since := func() float64 { return time.Since(t0).Seconds() }
+	lastLocks := 0.0 // when the host last read the survivor's /proc/locks
 	timeout := time.Duration(grace)*time.Second + 90*time.Second
 	var sawGrace [2]bool  // lockd, nfsd: seen in grace on the survivor
 	var ended [2]float64  // when seen over after that
@@ -225,8 +237,10 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 			for _, c := range cs {
 				if _, done := res.reclaimed[c.vers]; !done && l[c.ino] > 0 {
 					res.reclaimed[c.vers] = since()
+					res.notBefore["lock_"+c.vers] = lastLocks
 				}
 			}
+			lastLocks = since()
 			seen = append(seen, fmt.Sprintf("locks %v", l))
 		}
 		// Each grace's end: the survivor's kernel files go from N (in
@@ -267,6 +281,9 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		if res.newLock == 0 {
 			if rc, out, err := prober.try(5*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", probe)); err == nil && rc == 0 && strings.Contains(out, "granted") {
 				res.newLock = since()
+				if _, after, ok := strings.Cut(out, " after "); ok {
+					probeAfter, _ = strconv.ParseFloat(strings.Fields(after)[0], 64)
+				}
 			}
 		}
 		over := res.nlmWhy != "" && res.v4Why != "" && res.newLock > 0
@@ -279,6 +296,27 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	})
 	prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/free-*", probe, v4ProbeDir))
 	t.Logf("DRILL %s", res.row())
+	_, vipLo, _ := vw.seen()
+	steps, err := p.takeoverSteps(other, vw)
+	if err != nil {
+		t.Logf("STEPS %s (grace %ds): %v", name, grace, err)
+		steps = map[string]float64{}
+	}
+	res.notBefore["vip_host"] = vipLo
+	for v, at := range res.reclaimed {
+		steps["lock_"+v] = at
+	}
+	if probeAfter > 0 {
+		// The prober's own time to its grant, from when the host knew it
+		// probing: late by at most the start call (probeStarted − probeCall).
+		steps["new_lock"] = probeStarted + probeAfter
+		res.notBefore["new_lock"] = probeCall + probeAfter
+	} else if res.newLock > 0 {
+		steps["new_lock"] = res.newLock
+	}
+	res.steps = steps
+	t.Logf("STEPS %s (grace %ds) of %s → %s at %s UTC (host), seconds after the fault (host clock to the VIP answering, %s's clock from there; (> x): the host's look before did not see it yet, or for the new lock the earliest it can have been):\n%s",
+		name, grace, leader.id, other.id, t0.UTC().Format("15:04:05.000"), other.id, stepsTable(steps, res.notBefore))
 	if !control {
 		checkHeld(t, cs, name+" after")
 		checkClientKernels(t, cs, name)
@@ -355,6 +393,13 @@ func TestHAPairKeepsLocksOnEveryNFSVersion(t *testing.T) {
 			v.kill()
 		}
 	})
+	if dir := os.Getenv("NSMD_E2E_CAPTURES"); dir != "" {
+		// Every frame on the bridge but raft, gossip and the admin API,
+		// on the host's clock: what the clients sent when (the STEPS
+		// lines say when each fault was).
+		startCapture(t, p.tp.sw, "br0", "ha-pair-bridge", dir, p.w.ns, topoNet+".254")
+		t.Logf("capturing the bridge into %s/ha-pair-bridge.pcapng", dir)
+	}
 	bootStart := time.Now()
 	for _, v := range all {
 		v.boot()
@@ -435,12 +480,20 @@ func TestHAPairKeepsLocksOnEveryNFSVersion(t *testing.T) {
 		tbl.WriteString(r.row() + "\n")
 	}
 	t.Logf("lock downtime with nsmd, seconds after the fault:%s", tbl.String())
+	var stepNames []string
+	var stepRuns []map[string]float64
+	for _, r := range results {
+		stepNames = append(stepNames, fmt.Sprintf("%s %ds", r.name, r.grace))
+		stepRuns = append(stepRuns, r.steps)
+	}
 
 	failovers := envInt(t, "NSMD_E2E_LOCK_FAILOVERS", 5)
 	if quick {
 		failovers = 1
 	}
-	p.lockWorkload(cs, failovers)
+	wnames, wsteps := p.lockWorkload(cs, failovers)
+	stepNames, stepRuns = append(stepNames, wnames...), append(stepRuns, wsteps...)
+	t.Logf("failover steps, seconds after the fault (drills, then the workload's failovers):\n%s", stepsMatrix(stepNames, stepRuns))
 	p.clientReboot(cs)
 	p.checkWitness()
 	p.checkHookRefusesWithoutVIP()
@@ -663,7 +716,7 @@ func workerLog(t *testing.T, c *nfsClient, pid int) (secs []section, problems []
 // progress after every failover, and per file the sequence numbers
 // written are 1…N, each once, each written by the holder that read N−1 —
 // two holders at once would both read N and write N+1.
-func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
+func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string, steps []map[string]float64) {
 	t := p.t
 	t.Helper()
 	pids := map[*nfsClient]int{}
@@ -709,17 +762,25 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 		p.waitFollowing(other, st.SMState, 120*time.Second)
 		fault := []string{"transfer", "kill"}[i%2]
 		t0 := time.Now()
+		vw := watchVIP(t, p.w.ns, pairVIP, st.SMState, t0)
 		if fault == "kill" {
 			leader.vm.kill()
 		} else {
-			resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+			resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			resp.Body.Close()
 		}
 		waitProgress(fmt.Sprintf("failover %d (%s of %s): every worker past it", i+1, fault, leader.id), 180*time.Second)
-		t.Logf("WORKLOAD failover %d/%d: %s of %s; every worker made progress %.1fs later", i+1, failovers, fault, leader.id, time.Since(t0).Seconds())
+		progressAt := time.Since(t0).Seconds()
+		t.Logf("WORKLOAD failover %d/%d: %s of %s at %s UTC (host); every worker made progress %.1fs later", i+1, failovers, fault, leader.id, t0.UTC().Format("15:04:05.000"), progressAt)
+		if ss, err := p.takeoverSteps(other, vw); err != nil {
+			t.Logf("STEPS workload %d: %v", i+1, err)
+		} else {
+			ss["progress"] = progressAt
+			names, steps = append(names, fmt.Sprintf("workload %d %s", i+1, fault)), append(steps, ss)
+		}
 		if fault == "kill" {
 			leader.vm.boot()
 			leader.vm.waitReady()
@@ -745,6 +806,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) {
 	}
 	checkSequences(t, all)
 	t.Logf("WORKLOAD %d failovers in %v: %d critical sections, no overlap, no lost lock", failovers, time.Since(start).Round(time.Second), len(all))
+	return names, steps
 }
 
 // checkSequences: per file, the written numbers are 1…N with no gap or
@@ -789,7 +851,7 @@ func (p *pairTopo) negativeControl(cs []*nfsClient) {
 	p.stopServer(other)
 	p.startServer(other)
 	p.waitFollowing(other, st.SMState, 120*time.Second)
-	resp, err := p.http.Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+	resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

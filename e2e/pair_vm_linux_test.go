@@ -189,6 +189,14 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
+// transferClient is p.http with room for a leadership transfer, which
+// answers once the target leads (seconds on busy TCG guests).
+func (p *pairTopo) transferClient() *http.Client {
+	c := *p.http
+	c.Timeout = 30 * time.Second
+	return &c
+}
+
 // status is GET /v1/status of n ("" error when it does not answer).
 func (p *pairTopo) status(n *pairNode) (admin.Status, error) {
 	var s admin.Status

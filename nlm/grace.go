@@ -192,17 +192,31 @@ func (r *Reclaims) expect(m Manager, names []string) {
 // that host from this server's lockd; a Cld_Create for that NFSv4 client,
 // or an NFSv4.0 client confirmed by nfsd). The first time a client comes
 // back is reclaim activity, expected client or not; a repeat is not.
-func (r *Reclaims) Back(m Manager, name string, t time.Time) {
+func (r *Reclaims) Back(m Manager, name string, t time.Time) { r.back(m, name, t) }
+
+// back is Back; it says whether name came back now for the first time,
+// and whether it was the last expected client of m still out.
+func (r *Reclaims) back(m Manager, name string, t time.Time) (first, last bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.seen[m][name] {
-		return
+		return false, false
 	}
 	r.seen[m][name] = true
 	r.activity(t)
 	if r.want[m][name] {
 		r.left[m]--
+		return true, r.left[m] == 0
 	}
+	return true, false
+}
+
+// LastActivity is when reclaim activity was last seen (a client back, a
+// new lock), or the start.
+func (r *Reclaims) LastActivity() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
 }
 
 // Activity records reclaim activity at t (a new lock appeared while in grace).

@@ -23,7 +23,11 @@ type KeeperConfig struct {
 	Poll time.Duration
 	// OnEnd, when set, is called once per lock manager when its grace
 	// ended (by the Keeper or by the kernel). It must not block.
-	OnEnd  func(m Manager, reason string, after time.Duration)
+	OnEnd func(m Manager, reason string, after time.Duration)
+	// OnBack, when set, is called when a client of m comes back for the
+	// first time; last: it was the last expected client of m still out.
+	// It must not block.
+	OnBack func(m Manager, name string, last bool)
 	Logger *slog.Logger
 	Now    func() time.Time
 }
@@ -96,7 +100,13 @@ func (k *Keeper) ExpectV4(names []string) {
 }
 
 // Back records that an expected client came back (see Reclaims.Back).
-func (k *Keeper) Back(m Manager, name string) { k.r.Back(m, name, k.cfg.Now()) }
+func (k *Keeper) Back(m Manager, name string) { k.back(m, name, k.cfg.Now()) }
+
+func (k *Keeper) back(m Manager, name string, now time.Time) {
+	if first, last := k.r.back(m, name, now); first && k.cfg.OnBack != nil {
+		k.cfg.OnBack(m, name, last)
+	}
+}
 
 // Run polls the kernel and ends each grace period when the rule allows,
 // until both are over or ctx ends.
@@ -242,7 +252,7 @@ func (k *Keeper) sampleV40Clients(now time.Time) {
 	}
 	for _, c := range cs {
 		if c.Minor == 0 && c.Confirmed() {
-			k.r.Back(NFSv4, c.Name, now)
+			k.back(NFSv4, c.Name, now)
 		}
 	}
 }
@@ -257,6 +267,9 @@ type GraceStatus struct {
 	NLM     ManagerStatus `json:"nlm"`
 	NFSv4   ManagerStatus `json:"nfsv4"`
 	Error   string        `json:"error,omitempty"`
+	// LastActivity is when reclaim activity was last seen (a client
+	// back, a new lock in /proc/locks): nsmd ends a grace Settle after it.
+	LastActivity time.Time `json:"last_activity,omitzero"`
 }
 
 // ManagerStatus is one lock manager's grace.
@@ -275,7 +288,7 @@ type ManagerStatus struct {
 
 // Status reports both grace periods.
 func (k *Keeper) Status() GraceStatus {
-	s := GraceStatus{Started: k.started.UTC(), Settle: k.cfg.Settle.String()}
+	s := GraceStatus{Started: k.started.UTC(), Settle: k.cfg.Settle.String(), LastActivity: k.r.LastActivity().UTC()}
 	k.mu.Lock()
 	s.Error = k.lastErr
 	ended := map[Manager]GraceEnd{}

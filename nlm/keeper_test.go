@@ -1,6 +1,7 @@
 package nlm
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,15 +48,19 @@ func TestKeeperEndsEachGraceWhenItsClientsAreBack(t *testing.T) {
 	write(t, root, "fs/nfsd/v4_end_grace", "N\n")
 	write(t, root, "locks", "")
 	clk := &fakeClock{t: time.Unix(5000, 0)}
-	var ends []string
+	var ends, backs []string
 	k := NewKeeper(KeeperConfig{Proc: root, Settle: 2 * time.Second, Now: clk.now,
-		OnEnd: func(m Manager, reason string, after time.Duration) { ends = append(ends, string(m)+":"+reason) }},
+		OnEnd: func(m Manager, reason string, after time.Duration) { ends = append(ends, string(m)+":"+reason) },
+		OnBack: func(m Manager, name string, last bool) {
+			backs = append(backs, fmt.Sprintf("%s:%s:%v", m, name, last))
+		}},
 		[]string{"10.0.0.21"}, clk.now())
 	if k.step() {
 		t.Fatal("done before anything happened")
 	}
 	k.ExpectV4([]string{"Linux NFSv4.1 c41", "Linux NFSv4.0 c40/10.0.0.100"})
 	k.Back(NLM, "10.0.0.21")
+	k.Back(NLM, "10.0.0.21") // a repeat: not back again
 	clk.add(time.Second)
 	write(t, root, "locks", "1: POSIX  ADVISORY  WRITE 1 fe:00:12 0 EOF\n") // its reclaim
 	k.step()
@@ -87,7 +92,14 @@ func TestKeeperEndsEachGraceWhenItsClientsAreBack(t *testing.T) {
 	if strings.Join(ends, ",") != "nlm:all_reclaimed,nfsv4:all_reclaimed" {
 		t.Fatalf("ends %v", ends)
 	}
+	// Each client once; the last expected one of each manager says so.
+	if got := strings.Join(backs, ","); got != "nlm:10.0.0.21:true,nfsv4:Linux NFSv4.1 c41:false,nfsv4:Linux NFSv4.0 c40/10.0.0.100:true" {
+		t.Fatalf("backs %s", got)
+	}
 	st := k.Status()
+	if want := time.Unix(5000, 0).Add(13500 * time.Millisecond); !st.LastActivity.Equal(want) {
+		t.Fatalf("last activity %v, want %v (the NFSv4.0 client seen confirmed)", st.LastActivity, want)
+	}
 	if st.NLM.Ended == nil || st.NFSv4.Back != 2 || st.NFSv4.Expected != 2 || st.NFSv4.Seconds != 15.5 {
 		t.Fatalf("status %+v / %+v", st.NLM, st.NFSv4)
 	}

@@ -122,6 +122,16 @@
         const ok = at && new Date(at).getUTCFullYear() > 1;
         steps.push(row(name, ok ? fmtTime(at) : 'not reached', ok ? '+' + (ms - t0) + ' ms' : ''));
       }
+      // Later steps, shown once reached (absent otherwise).
+      for (const [name, at] of [['on_leader hook started', tl.hook_started], ['nfsd GraceStart answered', tl.nfsd_grace_start],
+        ['SM_NOTIFY fan-out started', tl.notify_started], ['SM_NOTIFY fan-out done', tl.notify_done],
+        ['first NLM client back (SM_MON)', tl.nlm_first_back], ['every NLM client back', tl.nlm_all_back],
+        ['first NFSv4 client back', tl.nfsv4_first_back], ['every NFSv4 client back', tl.nfsv4_all_back],
+        ['lockd grace over', tl.nlm_grace_end], ['nfsd grace over', tl.nfsv4_grace_end]]) {
+        if (at) {
+          steps.push(row(name, fmtTime(at), '+' + (new Date(at).getTime() - t0) + ' ms'));
+        }
+      }
       steps.push(row('sm_state', tl.sm_state, ''));
     } else {
       steps.push(row('this node has not taken over since it started', '', ''));

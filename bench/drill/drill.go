@@ -3,8 +3,12 @@
 // leader (a planned transfer, a crash through POST /v1/drill/crash, or an
 // operator's kill command) and times, from the fault, four milestones: a
 // new leader elected, the VIP answering NSM NULL, SM_STAT on the VIP with
-// the new sm_state, and the new leader's SM_NOTIFY fan-out complete. It
-// talks to the cluster only as an operator does — the admin HTTP API and
+// the new sm_state, and the new leader's SM_NOTIFY fan-out complete; then
+// it reads the new leader's own timeline of the takeover (VIP taken, hook
+// started and done, notify sent and complete, the first and last client
+// back, each kernel grace over) and places those steps on its axis,
+// anchored on the VIP's new state (TakeoverSteps). It talks to the
+// cluster only as an operator does — the admin HTTP API and
 // NSM over UDP on the VIP — so it runs against any nsmd cluster. The
 // report prints as a table, JSON, or a self-contained HTML page
 // (report.go).
@@ -115,7 +119,78 @@ type Failover struct {
 	// when the run failed before; each manager "not running" on nodes
 	// without kernel nfsd, like nsmd dev).
 	Grace []GraceEnd `json:"grace,omitempty"`
-	Err   string     `json:"error,omitempty"`
+	// Steps are the new leader's takeover, step by step (its timeline in
+	// GET /v1/status), in time order: see TakeoverSteps for the clock.
+	Steps []Step `json:"steps,omitempty"`
+	Err   string `json:"error,omitempty"`
+}
+
+// Step is one step of a takeover as the new leader recorded it, placed on
+// the drill's time axis (ms after the fault).
+type Step struct {
+	Name    string  `json:"name"`
+	Label   string  `json:"label"`
+	AfterMS float64 `json:"after_ms"`
+}
+
+// StepDefs are a takeover's steps in their usual order: name, label.
+func StepDefs() []MilestoneDef {
+	return []MilestoneDef{
+		{"prev_leader_contact", "previous leader (or witness) last heard"},
+		{"elected", "elected"},
+		{"committed", "takeover committed"},
+		{"vip", "VIP taken"},
+		{"hook_started", "on_leader hook started"},
+		{"nfsd_grace_start", "nfsd GraceStart answered"},
+		{"on_leader_done", "on_leader hook done"},
+		{"notify_started", "SM_NOTIFY fan-out started"},
+		{"notify_done", "SM_NOTIFY fan-out complete"},
+		{"nlm_first_back", "first SM_MON (NLM reclaim)"},
+		{"nlm_all_back", "every NLM client back"},
+		{"nfsv4_first_back", "first NFSv4 client back"},
+		{"nfsv4_all_back", "every NFSv4 client back"},
+		{"nlm_grace_end", "lockd grace over"},
+		{"nfsv4_grace_end", "nfsd grace over"},
+	}
+}
+
+// TakeoverSteps places timeline tl (on the new leader's clock) on the
+// drill's axis: its "VIP taken" falls on vipAfter, when the drill (on its
+// own clock) first got the new state from SM_STAT on the VIP, and every
+// other step keeps its distance from it. Only differences of one clock are
+// used, so the two machines' clocks need not agree; the anchor is late by
+// up to one poll and one SM_STAT round trip. Unreached steps are left out.
+func TakeoverSteps(tl *admin.Timeline, vipAfter time.Duration) []Step {
+	if tl == nil || tl.VIP.IsZero() {
+		return nil
+	}
+	at := map[string]time.Time{
+		"prev_leader_contact": tl.PrevLeaderContact, "elected": tl.Elected, "committed": tl.Committed, "vip": tl.VIP,
+		"hook_started": tl.HookStarted, "nfsd_grace_start": tl.NFSdGraceStart, "on_leader_done": tl.OnLeaderDone,
+		"notify_started": tl.NotifyStarted, "notify_done": tl.NotifyDone,
+		"nlm_first_back": tl.NLMFirstBack, "nlm_all_back": tl.NLMAllBack,
+		"nfsv4_first_back": tl.NFSv4FirstBack, "nfsv4_all_back": tl.NFSv4AllBack,
+		"nlm_grace_end": tl.NLMGraceEnd, "nfsv4_grace_end": tl.NFSv4GraceEnd,
+	}
+	var out []Step
+	for _, d := range StepDefs() {
+		t := at[d.Name]
+		if t.IsZero() {
+			continue
+		}
+		after := vipAfter + t.Sub(tl.VIP)
+		out = append(out, Step{Name: d.Name, Label: d.Label, AfterMS: float64(after.Microseconds()) / 1000})
+	}
+	slices.SortStableFunc(out, func(a, b Step) int {
+		switch {
+		case a.AfterMS < b.AfterMS:
+			return -1
+		case a.AfterMS > b.AfterMS:
+			return 1
+		}
+		return 0
+	})
+	return out
 }
 
 // GraceEnd is one kernel lock manager's grace after a failover.
@@ -147,15 +222,17 @@ type Stat struct {
 }
 
 type Report struct {
-	Date    time.Time  `json:"date"`
-	Fault   string     `json:"fault"`
-	VIP     string     `json:"vip"`
-	Nodes   []Node     `json:"nodes"`
-	Asked   int        `json:"runs_asked"`
-	PollMS  float64    `json:"poll_ms"` // each time includes up to one interval
-	Runs    []Failover `json:"runs"`
-	Stats   []Stat     `json:"stats,omitempty"`
-	Stopped string     `json:"stopped,omitempty"` // why fewer runs than asked
+	Date   time.Time  `json:"date"`
+	Fault  string     `json:"fault"`
+	VIP    string     `json:"vip"`
+	Nodes  []Node     `json:"nodes"`
+	Asked  int        `json:"runs_asked"`
+	PollMS float64    `json:"poll_ms"` // each time includes up to one interval
+	Runs   []Failover `json:"runs"`
+	Stats  []Stat     `json:"stats,omitempty"`
+	// StepStats: the new leaders' takeover steps over the runs (StepStats).
+	StepStats []Stat `json:"step_stats,omitempty"`
+	Stopped   string `json:"stopped,omitempty"` // why fewer runs than asked
 }
 
 // failed counts the runs that missed a milestone.
@@ -256,6 +333,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	rep.Stats = Stats(rep.Runs)
+	rep.StepStats = StepStats(rep.Runs)
 	return rep, nil
 }
 
@@ -777,6 +855,7 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 	}
 	if r.Err == "" {
 		d.waitGrace(ctx, &r, t0, deadline)
+		d.takeoverSteps(ctx, &r)
 	}
 	if r.Err != "" {
 		d.progressf("run %d: %s\n", n, r.Err)
@@ -829,6 +908,21 @@ func (d *runner) waitGrace(ctx context.Context, r *Failover, t0, deadline time.T
 			r.Grace = append(r.Grace, *e)
 		} else {
 			r.Grace = append(r.Grace, GraceEnd{Manager: string(m), Running: true, Reason: "still in grace at the timeout"})
+		}
+	}
+}
+
+// takeoverSteps reads the new leader's timeline of this run's takeover
+// and records its steps, anchored on the VIP's new state.
+func (d *runner) takeoverSteps(ctx context.Context, r *Failover) {
+	m := r.Milestones[MilestoneState]
+	if !m.Reached {
+		return
+	}
+	for _, a := range d.statuses(ctx, "", func(s admin.Status) bool { return s.NodeID == r.NewLeader }) {
+		if a.err == nil && a.s.NodeID == r.NewLeader && a.s.Takeover != nil && a.s.Takeover.State == r.NewState {
+			r.Steps = TakeoverSteps(a.s.Takeover, m.After)
+			return
 		}
 	}
 }
@@ -927,6 +1021,37 @@ func Stats(runs []Failover) []Stat {
 	return out
 }
 
+// StepStats is min/p50/p90/max per takeover step over the runs that
+// recorded it, in StepDefs order (steps no run recorded are left out).
+func StepStats(runs []Failover) []Stat {
+	var out []Stat
+	for _, def := range StepDefs() {
+		var v []float64
+		for _, r := range runs {
+			if ms, ok := stepAfter(r, def.Name); ok {
+				v = append(v, ms)
+			}
+		}
+		if len(v) == 0 {
+			continue
+		}
+		slices.Sort(v)
+		out = append(out, Stat{Name: def.Name, Label: def.Label, N: len(v),
+			MinMS: v[0], P50MS: Percentile(v, 0.5), P90MS: Percentile(v, 0.9), MaxMS: v[len(v)-1]})
+	}
+	return out
+}
+
+// stepAfter is when run r's step name happened (ms after the fault).
+func stepAfter(r Failover, name string) (float64, bool) {
+	for _, s := range r.Steps {
+		if s.Name == name {
+			return s.AfterMS, true
+		}
+	}
+	return 0, false
+}
+
 func Percentile(sorted []float64, q float64) float64 {
 	i := int(math.Ceil(q*float64(len(sorted)))) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
@@ -973,6 +1098,29 @@ func Print(w io.Writer, rep *Report) error {
 			fmt.Fprintln(tw)
 		}
 		fmt.Fprintln(w)
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if steps := StepStats(rep.Runs); len(steps) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprint(tw, "NEW LEADER'S STEP (since the fault)\t")
+		for _, r := range rep.Runs {
+			fmt.Fprintf(tw, "RUN %d\t", r.Run)
+		}
+		fmt.Fprintln(tw)
+		for _, st := range steps {
+			fmt.Fprintf(tw, "%s\t", st.Label)
+			for _, r := range rep.Runs {
+				if ms, ok := stepAfter(r, st.Name); ok {
+					fmt.Fprintf(tw, "%s\t", FormatMS(ms))
+				} else {
+					fmt.Fprint(tw, "-\t")
+				}
+			}
+			fmt.Fprintln(tw)
+		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}

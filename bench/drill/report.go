@@ -36,6 +36,12 @@ func WriteReport(w io.Writer, rep *Report) error {
 		"fault": FaultLabel,
 		"date":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
 		"clock": func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
+		"step": func(r Failover, name string) string {
+			if ms, ok := stepAfter(r, name); ok {
+				return FormatMS(ms)
+			}
+			return "—"
+		},
 	}).Parse(reportHTML)
 	if err != nil {
 		return err
@@ -209,6 +215,21 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 {{$runs := .R.Runs}}{{range $i, $d := .Defs}}<tr><td>{{$d.Label}} <span class="note">({{$d.Name}})</span></td>{{range $runs}}{{with index .Milestones $i}}<td class="num">{{if .Reached}}{{dur .After}}{{else}}<span class="bad">—</span>{{end}}</td>{{end}}{{end}}</tr>
 {{end}}</table>
 
+{{with .R.StepStats}}<h2>The new leader's steps (time since the fault)</h2>
+<table>
+<tr><th>step</th>{{range $.R.Runs}}<th>run {{.Run}}</th>{{end}}</tr>
+{{range .}}{{$name := .Name}}<tr><td>{{.Label}} <span class="note">({{.Name}})</span></td>{{range $.R.Runs}}<td class="num">{{step . $name}}</td>{{end}}</tr>
+{{end}}</table>
+{{if gt (len $.R.Runs) 1}}<table>
+<tr><th>step</th><th>runs</th><th>min</th><th>p50</th><th>p90</th><th>max</th></tr>
+{{range .}}<tr><td>{{.Label}}</td><td class="num">{{.N}}</td><td class="num">{{ms .MinMS}}</td><td class="num">{{ms .P50MS}}</td><td class="num">{{ms .P90MS}}</td><td class="num">{{ms .MaxMS}}</td></tr>
+{{end}}</table>{{end}}
+<p class="note">Each new leader records its takeover's steps on its own clock (GET /v1/status, takeover).
+They are placed on this page's axis through one shared event: the new leader's "VIP taken" is put at the time
+this drill first got the new state from SM_STAT on the VIP, and every other step keeps its distance from it on the
+leader's clock. No two clocks are compared; the anchor is late by up to one polling interval and one round trip,
+so a step may show a few ms before the milestone that caused it.</p>
+{{end}}
 {{if gt (len .R.Runs) 1}}<h2>Distribution</h2>
 <table>
 <tr><th>milestone</th><th>runs</th><th>min</th><th>p50</th><th>p90</th><th>max</th></tr>

@@ -2,9 +2,12 @@ package drill
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/admin"
 )
 
 // TestDrillReportManyRuns: more than 12 runs are drawn as one lane per
@@ -60,5 +63,58 @@ func TestNiceStepAndPercentile(t *testing.T) {
 	v := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 	if Percentile(v, 0.5) != 5 || Percentile(v, 0.9) != 9 || Percentile(v[:1], 0.9) != 1 {
 		t.Error("Percentile")
+	}
+}
+
+// TestTakeoverStepsAnchorOnTheVIP: the leader's steps keep their distances
+// on its clock and land on the drill's axis with "VIP taken" at the time
+// the drill saw the new state — however far the two clocks are apart;
+// unreached steps are left out; the report shows them per run.
+func TestTakeoverStepsAnchorOnTheVIP(t *testing.T) {
+	leaderClock := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC) // hours off the drill's clock
+	at := func(ms int) time.Time { return leaderClock.Add(time.Duration(ms) * time.Millisecond) }
+	tl := &admin.Timeline{PrevLeaderContact: at(0), Elected: at(600), Committed: at(610), VIP: at(4000), HookStarted: at(4001),
+		OnLeaderDone: at(6000), NotifyStarted: at(6001), NotifyDone: at(6100), NLMFirstBack: at(5500), State: 5}
+	steps := TakeoverSteps(tl, 4200*time.Millisecond)
+	var got []string
+	for _, s := range steps {
+		got = append(got, fmt.Sprintf("%s=%g", s.Name, s.AfterMS))
+	}
+	want := "prev_leader_contact=200 elected=800 committed=810 vip=4200 hook_started=4201 nlm_first_back=5700 on_leader_done=6200 notify_started=6201 notify_done=6300"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("steps\n got %s\nwant %s", strings.Join(got, " "), want)
+	}
+	if TakeoverSteps(&admin.Timeline{Elected: at(1)}, time.Second) != nil {
+		t.Fatal("steps without a VIP step to anchor on")
+	}
+
+	rep := &Report{Date: time.Now(), Fault: FaultKill, Asked: 2}
+	for i := range 2 {
+		r := Failover{Run: i + 1, Steps: steps}
+		for _, def := range MilestoneDefs() {
+			r.Milestones = append(r.Milestones, Milestone{Name: def.Name, Label: def.Label, Reached: true, After: time.Second, AfterMS: 1000})
+		}
+		rep.Runs = append(rep.Runs, r)
+	}
+	rep.Runs[1].Steps = steps[:3]
+	rep.StepStats = StepStats(rep.Runs)
+	if st := rep.StepStats[0]; st.Name != "prev_leader_contact" || st.N != 2 || len(rep.StepStats) != len(steps) {
+		t.Fatalf("step stats %+v", rep.StepStats)
+	}
+	var b bytes.Buffer
+	if err := WriteReport(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"The new leader's steps", "first SM_MON (NLM reclaim)", "6.3s", "—"} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("report lacks %q", w)
+		}
+	}
+	var table bytes.Buffer
+	if err := Print(&table, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "NEW LEADER'S STEP") || !strings.Contains(table.String(), "6.3s") {
+		t.Errorf("summary:\n%s", table.String())
 	}
 }

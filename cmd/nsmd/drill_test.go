@@ -43,6 +43,28 @@ func checkDrillRun(t *testing.T, r drill.Failover) {
 	if len(r.Grace) != 2 || r.Grace[0].Running || r.Grace[1].Running {
 		t.Errorf("run %d: kernel grace %+v, want lockd and nfsd not running", r.Run, r.Grace)
 	}
+	// The new leader's steps: at least elected … fan-out complete, in
+	// order, the VIP taken by the time SM_STAT on it gave the new state
+	// (the anchor), the fan-out complete before the drill saw it so.
+	want := []string{"elected", "committed", "vip", "on_leader_done", "notify_started", "notify_done"}
+	got := map[string]float64{}
+	for i, s := range r.Steps {
+		got[s.Name] = s.AfterMS
+		if i > 0 && s.AfterMS < r.Steps[i-1].AfterMS {
+			t.Errorf("run %d: steps out of order: %+v", r.Run, r.Steps)
+		}
+	}
+	for _, name := range want {
+		if _, ok := got[name]; !ok {
+			t.Errorf("run %d: step %s missing: %+v", r.Run, name, r.Steps)
+		}
+	}
+	if vip := float64(r.Milestones[drill.MilestoneState].After.Microseconds()) / 1000; got["vip"] != vip {
+		t.Errorf("run %d: VIP taken at %v ms, want the anchor %v ms", r.Run, got["vip"], vip)
+	}
+	if nd := float64(r.Milestones[drill.MilestoneNotify].After.Microseconds()) / 1000; got["notify_done"] > nd+250 {
+		t.Errorf("run %d: fan-out complete at %v ms by the leader's timeline, the drill saw it at %v ms", r.Run, got["notify_done"], nd)
+	}
 	t.Logf("run %d: %s -> %s, %d -> %d: %v %v %v %v", r.Run, r.OldLeader, r.NewLeader, r.OldState, r.NewState,
 		r.Milestones[0].After, r.Milestones[1].After, r.Milestones[2].After, r.Milestones[3].After)
 }
@@ -58,6 +80,7 @@ func checkDrillHTML(t *testing.T, path string) {
 	for _, def := range drill.MilestoneDefs() {
 		want = append(want, def.Label, def.Name)
 	}
+	want = append(want, "The new leader's steps", "notify_done", "SM_NOTIFY fan-out complete")
 	for _, w := range want {
 		if !strings.Contains(s, w) {
 			t.Errorf("report lacks %q", w)

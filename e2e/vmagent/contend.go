@@ -133,8 +133,9 @@ func section(name, path string, hold time.Duration) error {
 }
 
 // firstLock starts a lock attempt on a new file every interval until one
-// is granted; it prints "granted FILE" then and returns (the other
-// attempts die with the process).
+// is granted; it prints "granted FILE after SECONDS" then (since its
+// "probing" line, on this machine's monotonic clock) and returns (the
+// other attempts die with the process).
 func firstLock(args []string) error {
 	if len(args) != 2 {
 		return errors.New("usage: vmagent firstlock DIR EVERY")
@@ -146,6 +147,7 @@ func firstLock(args []string) error {
 	granted := make(chan string, 1)
 	failed := make(chan error, 1)
 	fmt.Println("probing", args[0])
+	start := time.Now()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for i := 0; ; i++ {
@@ -166,7 +168,7 @@ func firstLock(args []string) error {
 		}()
 		select {
 		case p := <-granted:
-			fmt.Println("granted", p)
+			fmt.Printf("granted %s after %.3f\n", p, time.Since(start).Seconds())
 			return nil
 		case err := <-failed:
 			fmt.Println("attempt failed:", err)

@@ -20,8 +20,8 @@
 //	vmagent firstlock DIR EVERY
 //	                       every EVERY, a new attempt (open + F_SETLK) on a
 //	                       fresh file in DIR, each in its own thread: the
-//	                       first that gets its lock prints "granted FILE"
-//	                       and the process exits (the time a new lock is
+//	                       first that gets its lock prints "granted FILE
+//	                       after SECONDS" (since "probing") and the process exits (the time a new lock is
 //	                       first granted after a failover, despite the
 //	                       client's own backoff while the server is in grace)
 //

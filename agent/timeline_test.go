@@ -1,0 +1,66 @@
+package agent_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/agent"
+	"github.com/nsmd/nsmd/agent/agenttest"
+	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/internal/testutil"
+)
+
+// TestTakeoverTimelineRecordsEveryStepInOrder: a takeover's timeline, as
+// GET /v1/status shows it, has the steps the agent sees beside the leader
+// loop's — the on_leader script's start (which waited 300 ms before the
+// hook returned) and the SM_NOTIFY fan-out's start and end — in the order
+// they happen; a mark for an older takeover is dropped.
+func TestTakeoverTimelineRecordsEveryStepInOrder(t *testing.T) {
+	dir := t.TempDir()
+	hook := filepath.Join(dir, "on-leader.sh")
+	if err := os.WriteFile(hook, []byte("#!/bin/sh\nsleep 0.3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := agenttest.DevOptions(t, "127.0.0.142", 1)
+	o.Tune = func(c *config.Config) { c.OnLeader = hook }
+	d := agenttest.StartDev(t, o, agent.Options{})
+	a := agenttest.Leader(t, d, nil, 10*time.Second)
+
+	var st = a.Status()
+	testutil.WaitFor(t, 10*time.Second, "the takeover's fan-out done", func() bool {
+		st = a.Status()
+		return st.Takeover != nil && !st.Takeover.NotifyDone.IsZero()
+	})
+	tl := st.Takeover
+	steps := []struct {
+		name string
+		at   time.Time
+	}{
+		{"elected", tl.Elected}, {"committed", tl.Committed}, {"vip", tl.VIP}, {"hook_started", tl.HookStarted},
+		{"on_leader_done", tl.OnLeaderDone}, {"notify_started", tl.NotifyStarted}, {"notify_done", tl.NotifyDone},
+	}
+	for i, s := range steps {
+		if s.at.IsZero() {
+			t.Fatalf("step %s not recorded: %+v", s.name, tl)
+		}
+		if i > 0 && s.at.Before(steps[i-1].at) {
+			t.Errorf("step %s (%v) before %s (%v)", s.name, s.at, steps[i-1].name, steps[i-1].at)
+		}
+	}
+	if took := tl.OnLeaderDone.Sub(tl.HookStarted); took < 300*time.Millisecond {
+		t.Errorf("hook started %v before it returned, want ≥ 300 ms (the script's sleep)", took)
+	}
+	if tl.State != st.SMState {
+		t.Errorf("timeline of sm_state %d, status says %d", tl.State, st.SMState)
+	}
+
+	// A late event of another takeover does not land in this one.
+	a.Node().MarkTimeline(tl.State-2, func(x *cluster.Timeline) { x.NLMGraceEnd = time.Now() })
+	a.Node().MarkTimeline(tl.State, func(x *cluster.Timeline) { x.NFSv4GraceEnd = time.Now() })
+	if got := a.Status().Takeover; !got.NLMGraceEnd.IsZero() || got.NFSv4GraceEnd.IsZero() {
+		t.Fatalf("marks: nlm_grace_end %v (older takeover's: want none), nfsv4_grace_end %v (want set)", got.NLMGraceEnd, got.NFSv4GraceEnd)
+	}
+}
