@@ -427,6 +427,49 @@ func (m *membership) isAlive(id string) bool {
 	return ok && p.state == stateAlive && !p.leaving
 }
 
+// answering pings each of ids over gossip at once and reports which
+// answered within memberlist's probe timeout (250 ms). A member gossip
+// knows no address for counts as not answering.
+func (m *membership) answering(ctx context.Context, ids []string) map[string]bool {
+	type target struct {
+		id   string
+		addr net.Addr
+	}
+	var ts []target
+	m.mu.Lock()
+	for _, id := range ids {
+		p, ok := m.peers[id]
+		if !ok {
+			continue
+		}
+		ua, err := net.ResolveUDPAddr("udp", p.gossipAddr)
+		if err != nil {
+			continue
+		}
+		ts = append(ts, target{id, ua})
+	}
+	m.mu.Unlock()
+	out := make(map[string]bool, len(ids))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, t := range ts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if ctx.Err() != nil {
+				return
+			}
+			if _, err := m.list.Ping(t.id, t.addr); err == nil {
+				mu.Lock()
+				out[t.id] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
 // joinLoop joins the seeds, retrying with backoff until one answers.
 func (m *membership) joinLoop(ctx context.Context) {
 	wait := joinBackoffMin

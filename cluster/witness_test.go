@@ -202,3 +202,93 @@ func TestOldLeaderSaysHeldUntilOnFollowerReturned(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// The witness's hand-off target after a serving leader's crash: gossip may
+// still list the dead node alive, and servingVoters re-sorts every round.
+// The policy must not pick a node whose transfer just failed while another
+// exists, and must prefer a node that answers a ping. The rotation the
+// witness used before (an index advanced on failure, over a list re-sorted
+// between rounds) is run through the same rounds as the negative control:
+// it picks the dead node twice, which is what cost a kernel drill 8.5 s.
+func TestHandoffTargetPassesOverADeadNode(t *testing.T) {
+	s1 := raft.Server{ID: "s1", Address: "a1", Suffrage: raft.Voter}
+	s2 := raft.Server{ID: "s2", Address: "a2", Suffrage: raft.Voter}
+	now := time.Unix(1000, 0)
+
+	// Each round: the targets in servingVoters' order and whether the
+	// transfer to the picked one succeeds (only s2 is alive).
+	rounds := [][]raft.Server{{s1, s2}, {s2, s1}}
+	works := func(s raft.Server) bool { return s.ID == "s2" }
+
+	policy := func(targets []raft.Server, failed map[raft.ServerID]time.Time, at time.Time) raft.Server {
+		s, ok := handoffTarget(targets, nil, failed, at)
+		if !ok {
+			t.Fatal("no target picked from a non-empty list")
+		}
+		return s
+	}
+	next := 0
+	rotation := func(targets []raft.Server, _ map[raft.ServerID]time.Time, _ time.Time) raft.Server {
+		return targets[next%len(targets)]
+	}
+	run := func(pick func([]raft.Server, map[raft.ServerID]time.Time, time.Time) raft.Server) (picks []raft.ServerID) {
+		failed := map[raft.ServerID]time.Time{}
+		for i, targets := range rounds {
+			at := now.Add(time.Duration(i) * time.Second)
+			s := pick(targets, failed, at)
+			picks = append(picks, s.ID)
+			if works(s) {
+				return picks
+			}
+			failed[s.ID] = at
+			next++
+		}
+		return picks
+	}
+	if got := run(policy); len(got) != 2 || got[1] != "s2" {
+		t.Fatalf("handoffTarget picked %v, want s1 then s2", got)
+	}
+	if got := run(rotation); len(got) == 2 && got[1] == "s2" {
+		t.Fatalf("negative control: the old rotation picked %v; the rounds no longer reproduce the drill's double pick", got)
+	}
+
+	// A ping answered by s2 alone sends the first transfer there.
+	if s, _ := handoffTarget([]raft.Server{s1, s2}, map[string]bool{"s2": true}, nil, now); s.ID != "s2" {
+		t.Fatalf("with only s2 answering the ping: picked %s", s.ID)
+	}
+	// Nobody answers (a partition): still try, fresh targets first.
+	if s, _ := handoffTarget([]raft.Server{s1, s2}, map[string]bool{}, map[raft.ServerID]time.Time{"s1": now}, now); s.ID != "s2" {
+		t.Fatalf("with no answers and s1 failed just now: picked %s", s.ID)
+	}
+	// Every target failed lately: the one that failed longest ago.
+	failed := map[raft.ServerID]time.Time{"s1": now.Add(-time.Second), "s2": now.Add(-2 * time.Second)}
+	if s, _ := handoffTarget([]raft.Server{s1, s2}, nil, failed, now); s.ID != "s2" {
+		t.Fatalf("with both failed lately: picked %s, want s2 (failed longest ago)", s.ID)
+	}
+	// A lone target is tried again after its failure: nothing else exists.
+	if s, ok := handoffTarget([]raft.Server{s1}, nil, map[raft.ServerID]time.Time{"s1": now}, now); !ok || s.ID != "s1" {
+		t.Fatalf("lone target: %v %v", s.ID, ok)
+	}
+	if _, ok := handoffTarget(nil, nil, nil, now); ok {
+		t.Fatal("a target picked from an empty list")
+	}
+}
+
+// membership.answering pings over real gossip on loopback: every live
+// member answers; a member killed a moment ago (gossip may still list it
+// alive) does not.
+func TestGossipAnsweringLeavesOutAKilledMember(t *testing.T) {
+	_, nodes := formGossipCluster(t, "n1", "n2", "n3")
+	ctx := context.Background()
+	got := nodes[0].member.answering(ctx, []string{"n2", "n3"})
+	if !got["n2"] || !got["n3"] {
+		t.Fatalf("before the kill: answering %v, want n2 and n3 (the check cannot tell a live node)", got)
+	}
+	if err := nodes[2].Kill(); err != nil {
+		t.Fatalf("kill n3: %v", err)
+	}
+	got = nodes[0].member.answering(ctx, []string{"n2", "n3"})
+	if !got["n2"] || got["n3"] {
+		t.Fatalf("after killing n3: answering %v, want n2 only", got)
+	}
+}
