@@ -86,7 +86,7 @@ type Timing struct {
 func ProfileTiming(name string) (Timing, bool) {
 	switch name {
 	case ProfileFast:
-		return Timing{name, 100 * time.Millisecond, 100 * time.Millisecond, 50 * time.Millisecond, 1 * time.Second}, true
+		return Timing{name, 100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond, 1 * time.Second}, true
 	case ProfileDefault:
 		return Timing{name, 300 * time.Millisecond, 300 * time.Millisecond, 150 * time.Millisecond, 2 * time.Second}, true
 	case ProfileWAN:
