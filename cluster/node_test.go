@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // freeAddr returns a free loopback TCP address.
@@ -293,4 +295,44 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	if _, err := start(boltDir, addr, "wal", tk); err == nil || !strings.Contains(err.Error(), "raft_log_store bolt") {
 		t.Fatalf("wal on a bolt directory: %v, want a refusal naming raft_log_store bolt", err)
 	}
+}
+
+// TestRestartedNodeKnowsThePreviousLeader: raft runs from New on, so a
+// restarted node hears the leader before Start registers its leader
+// observer. It must still know that leader: elected next, it asks it
+// whether the VIP is released (a refused NSM port: gone) instead of
+// waiting out the VIP's lifetime (seen as a 2.5 s failover in the e2e
+// SIGKILL runs with raft_profile fast).
+func TestRestartedNodeKnowsThePreviousLeader(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	c.waitTakeover(10 * time.Second)
+	li, lead := c.leader(5 * time.Second)
+	f := (li + 1) % 3
+	c.kill(f)
+	c.beforeStart = func(n *Node) {
+		ch := make(chan raft.Observation, 4)
+		obs := raft.NewObserver(ch, true, func(o *raft.Observation) bool {
+			lo, ok := o.Data.(raft.LeaderObservation)
+			return ok && lo.LeaderID != ""
+		})
+		n.raft.RegisterObserver(obs)
+		defer n.raft.DeregisterObserver(obs)
+		if _, id := n.raft.LeaderWithID(); id != "" {
+			return
+		}
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the restarted node heard no leader")
+		}
+	}
+	c.start(f)
+	n := c.nodes[f].n
+	// Start's observer goroutine records it; no later leader change
+	// happens to tell it again.
+	testutil.WaitForSeen(t, 2*time.Second, "the restarted node to know the leader it heard before Start", func() (bool, string) {
+		n.lcMu.Lock()
+		defer n.lcMu.Unlock()
+		return n.prevLeader == lead.id, fmt.Sprintf("previous leader %q, want %s", n.prevLeader, lead.id)
+	})
 }
