@@ -219,8 +219,8 @@ func TestRaftProfileSetsTiming(t *testing.T) {
 func TestRaftProfileExplicitKeysOverride(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct{ file, envKey, envVal string }{
-		{"raft_profile: fast\n", "NSMD_HEARTBEAT_TIMEOUT", "80ms"},
-		{"heartbeat_timeout: 80ms\n", "NSMD_RAFT_PROFILE", "fast"},
+		{"raft_profile: fast\n", "NSMD_ELECTION_TIMEOUT", "250ms"},
+		{"election_timeout: 250ms\n", "NSMD_RAFT_PROFILE", "fast"},
 	} {
 		path := filepath.Join(dir, "nsmd.yaml")
 		if err := os.WriteFile(path, []byte("node_id: n1\n"+tc.file), 0o600); err != nil {
@@ -237,15 +237,15 @@ func TestRaftProfileExplicitKeysOverride(t *testing.T) {
 			t.Fatal(err)
 		}
 		want, _ := ProfileTiming(ProfileFast)
-		want.HeartbeatTimeout = 80 * time.Millisecond
+		want.ElectionTimeout = 250 * time.Millisecond
 		if got := c.Timing(); got != want {
 			t.Errorf("file %q, %s=%s: Timing() = %+v, want %+v", tc.file, tc.envKey, tc.envVal, got, want)
 		}
-		if v, _ := c.Get("election_timeout"); v != "" {
-			t.Errorf("election_timeout not set, yet Get says %q (want empty: the profile's)", v)
+		if v, _ := c.Get("heartbeat_timeout"); v != "" {
+			t.Errorf("heartbeat_timeout not set, yet Get says %q (want empty: the profile's)", v)
 		}
-		if v, _ := c.Get("heartbeat_timeout"); v != "80ms" {
-			t.Errorf("Get(heartbeat_timeout) = %q", v)
+		if v, _ := c.Get("election_timeout"); v != "250ms" {
+			t.Errorf("Get(election_timeout) = %q", v)
 		}
 	}
 	// "" gives a key back to the profile.
