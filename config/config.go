@@ -86,7 +86,7 @@ type Timing struct {
 func ProfileTiming(name string) (Timing, bool) {
 	switch name {
 	case ProfileFast:
-		return Timing{name, 100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond, 1 * time.Second}, true
+		return Timing{name, 100 * time.Millisecond, 100 * time.Millisecond, 50 * time.Millisecond, 1 * time.Second}, true
 	case ProfileDefault:
 		return Timing{name, 300 * time.Millisecond, 300 * time.Millisecond, 150 * time.Millisecond, 2 * time.Second}, true
 	case ProfileWAN:
@@ -322,7 +322,7 @@ func (c *Config) bindings() []binding {
 		integer("nsm_max_conns", "open NSM TCP connections at most; at the cap the longest-idle one is closed for a new one", &c.NSMMaxConns),
 		integer("nsm_max_conns_per_host", "open NSM TCP connections from one IP address at most", &c.NSMMaxConnsHost),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
-		str("raft_profile", "fast | default | wan: the raft timeouts and vip_lifetime in one name (heartbeat/election/lease, vip_lifetime: fast 100/100/100 ms, 1s; default 300/300/150 ms, 2s; wan 1s/1s/500ms, 2s); heartbeat_timeout, election_timeout, leader_lease_timeout and vip_lifetime, when set, override it (docs/running.md)", &c.RaftProfile),
+		str("raft_profile", "fast | default | wan: the raft timeouts and vip_lifetime in one name (heartbeat/election/lease, vip_lifetime: fast 100/100/50 ms, 1s; default 300/300/150 ms, 2s; wan 1s/1s/500ms, 2s); heartbeat_timeout, election_timeout, leader_lease_timeout and vip_lifetime, when set, override it (docs/running.md)", &c.RaftProfile),
 		profiled("heartbeat_timeout", "raft heartbeat timeout (default: raft_profile's)", &c.HeartbeatTimeout),
 		profiled("election_timeout", "raft election timeout (default: raft_profile's)", &c.ElectionTimeout),
 		profiled("leader_lease_timeout", "raft leader lease, not longer than the heartbeat timeout (default: raft_profile's)", &c.LeaderLeaseTimeout),
