@@ -204,6 +204,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		PmapPort: cfg.PmapPort,
 		Metrics:  a.nsmm,
 	}
+	timing := cfg.Timing() // raft_profile, with explicit keys over it
 	ccfg := cluster.Config{
 		NodeID:   cfg.NodeID,
 		Version:  build.Gossip(),
@@ -214,9 +215,9 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		// given --join waits for the leader to add it.
 		Bootstrap:          cfg.BootstrapExpect <= 1 && len(cfg.Join) == 0,
 		GracePeriod:        cfg.GracePeriod,
-		HeartbeatTimeout:   cfg.HeartbeatTimeout,
-		ElectionTimeout:    cfg.ElectionTimeout,
-		LeaderLeaseTimeout: cfg.LeaderLeaseTimeout,
+		HeartbeatTimeout:   timing.HeartbeatTimeout,
+		ElectionTimeout:    timing.ElectionTimeout,
+		LeaderLeaseTimeout: timing.LeaderLeaseTimeout,
 		SnapshotThreshold:  cfg.SnapshotThreshold,
 		TrailingLogs:       cfg.TrailingLogs,
 		LogStore:           cfg.RaftLogStore,
@@ -292,7 +293,7 @@ func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
 	case config.VIPNetlink:
 		p, _ := netip.ParsePrefix(a.cfg.VIP) // validated
 		v, err := vip.NewNetlink(vip.NetlinkConfig{
-			Prefix: p, Interface: a.cfg.VIPInterface, Lifetime: a.cfg.VIPLifetime, Bind: a.cfg.VIPBind,
+			Prefix: p, Interface: a.cfg.VIPInterface, Lifetime: a.cfg.Timing().VIPLifetime, Bind: a.cfg.VIPBind,
 			Logger: a.log.With("component", "vip"), Registerer: a.reg,
 		})
 		if err != nil {

@@ -46,6 +46,8 @@ type DevOptions struct {
 	AdminPort  int // 0: no admin API
 	GossipPort int
 	LogLevel   string
+	// RaftProfile is every node's raft_profile ("": the default).
+	RaftProfile string
 	// RestartAfter > 0 starts a node killed by a crash drill again after
 	// that long; 0 leaves it down.
 	RestartAfter time.Duration
@@ -90,6 +92,9 @@ func StartDev(o DevOptions, opts Options) (*Dev, error) {
 		c.NFSv4Tracking = config.TrackingOff
 		c.DrillCrash = true // nsmd drill --kill works out of the box
 		c.LogLevel = o.LogLevel
+		if o.RaftProfile != "" {
+			c.RaftProfile = o.RaftProfile
+		}
 		if o.Tune != nil {
 			o.Tune(&c)
 		}

@@ -26,8 +26,9 @@ const (
 	fwdProcNull  uint32 = 0
 	fwdProcApply uint32 = 1
 	// fwdProcVIPHeld: void → bool, whether this node holds the VIP now
-	// (the kernel's view for a netlink VIP) or still believes it leads
-	// (it could be about to take it).
+	// (the kernel's view for a netlink VIP), still believes it leads
+	// (it could be about to take it), or cannot vouch for it (a term of
+	// it ended before it took the VIP: vipUnsure).
 	fwdProcVIPHeld uint32 = 2
 	// fwdProcState: void → fwdRes{fwdOK, sm_state} from a ready leader
 	// (its lease confirmed), fwdNotLeader from anyone else.

@@ -86,11 +86,33 @@ func (n *Node) acquireVIP(ctx context.Context, lastContact, elected time.Time) b
 	}
 }
 
+// vipUnsure records that a term of this node, elected at elected, ended
+// before it took the VIP. A previous holder (frozen, cut off) may still
+// have the address until elected + lease + lifetime + margin — when it
+// lost its quorum is before our election — and a next leader that asks
+// this node (the last leader it saw) must not hear "not held" until then.
+func (n *Node) vipUnsure(elected time.Time) {
+	if n.cfg.VIP == nil || n.cfg.VIP.Lifetime() == 0 {
+		return
+	}
+	until := elected.Add(n.cfg.LeaderLeaseTimeout + n.cfg.VIP.Lifetime() + vipMargin).UnixNano()
+	if until > n.vipUnsureUntil.Load() {
+		n.vipUnsureUntil.Store(until)
+		n.log.Info("leadership ended before the VIP was taken: answering held until a previous holder's copy must have expired", "until", time.Unix(0, until).Format(time.RFC3339Nano))
+	}
+}
+
+// vipVouchable reports whether this node may say it does not hold the VIP
+// (see vipUnsure).
+func (n *Node) vipVouchable() bool { return time.Now().UnixNano() >= n.vipUnsureUntil.Load() }
+
 // serveVIPHeld answers fwdProcVIPHeld: true while this node holds the VIP
 // (the kernel's view for a netlink VIP), still believes it leads (it could
-// be about to take it) or is standing down (OnFollower still running).
+// be about to take it), is standing down (OnFollower still running) or
+// cannot vouch for it (a term of it ended before it took the VIP:
+// vipUnsure).
 func (n *Node) serveVIPHeld(res *oncrpc.Writer) {
-	res.Bool(n.VIPHeld() || n.raft.State() == raft.Leader || n.standingDown.Load())
+	res.Bool(n.VIPHeld() || n.raft.State() == raft.Leader || n.standingDown.Load() || !n.vipVouchable())
 }
 
 // boolRes decodes an XDR bool result.

@@ -48,6 +48,9 @@ type tcluster struct {
 	mu      sync.Mutex
 	cut     map[[2]int]bool // links cut by partition()
 	tuneCfg func(*Config)
+	// beforeStart, when set, runs between New (raft runs, linked to the
+	// others) and Start of every node started.
+	beforeStart func(*Node)
 }
 
 func newTestCluster(t testing.TB, size int, tune func(*Config)) *tcluster {
@@ -113,6 +116,9 @@ func (c *tcluster) start(i int) {
 	go tn.srv.ServeTCP(ln)
 	tn.alive = true
 	c.relink()
+	if c.beforeStart != nil {
+		c.beforeStart(n)
+	}
 	n.Start()
 }
 

@@ -71,6 +71,12 @@ func (n *Node) startTerm() *term {
 func (n *Node) lead(ctx context.Context) {
 	start := time.Now()
 	lastContact := n.raft.LastContact() // the previous leader, as a follower last heard it
+	vipTaken := false
+	defer func() {
+		if !vipTaken { // this term ends without the VIP: see vipUnsure
+			n.vipUnsure(start)
+		}
+	}()
 	// A barrier enqueued while raft is handing leadership over (or being
 	// shut down) may not resolve until raft shuts down: wait for it only
 	// as long as this term lasts, so shutdown is never stuck behind it.
@@ -113,6 +119,7 @@ func (n *Node) lead(ctx context.Context) {
 	if n.cfg.VIP != nil && !n.acquireVIP(ctx, lastContact, start) {
 		return
 	}
+	vipTaken = true
 	n.MarkTimeline(res.State, func(tl *Timeline) { tl.VIP = time.Now() })
 	if n.cfg.OnLeader != nil {
 		n.cfg.OnLeader(ctx, t, res.State) // returns once the on_leader hook ran

@@ -30,17 +30,19 @@ func (n *Node) observeLeadership() {
 	})
 	n.raft.RegisterObserver(obs)
 	defer n.raft.DeregisterObserver(obs)
+	// Raft ran before the observer was registered: a leader it heard from
+	// in between (a restarted node hears one within a heartbeat) was not
+	// observed. Without it, this node, elected next, could not ask the
+	// killed leader about the VIP and would wait out its lifetime.
+	_, id := n.raft.LeaderWithID()
+	n.notePrevLeader(string(id))
 	for {
 		select {
 		case leader := <-n.leaderCh:
 			offerLatest(n.termCh, leader)
 		case o := <-ch:
-			// A witness never holds the VIP: the previous holder to ask
-			// about it is the last *serving* leader.
-			if lo, ok := o.Data.(raft.LeaderObservation); ok && lo.LeaderID != "" && string(lo.LeaderID) != n.cfg.NodeID && !n.IsWitness(string(lo.LeaderID)) {
-				n.lcMu.Lock()
-				n.prevLeader = string(lo.LeaderID)
-				n.lcMu.Unlock()
+			if lo, ok := o.Data.(raft.LeaderObservation); ok {
+				n.notePrevLeader(string(lo.LeaderID))
 			}
 			n.wakeWriters()
 			if n.member != nil {
@@ -50,6 +52,18 @@ func (n *Node) observeLeadership() {
 			return
 		}
 	}
+}
+
+// notePrevLeader records id as the last other node seen leading. A
+// witness never holds the VIP: the previous holder to ask about it is the
+// last *serving* leader.
+func (n *Node) notePrevLeader(id string) {
+	if id == "" || id == n.cfg.NodeID || n.IsWitness(id) {
+		return
+	}
+	n.lcMu.Lock()
+	n.prevLeader = id
+	n.lcMu.Unlock()
 }
 
 // offerLatest leaves v in the one-slot channel ch, replacing a value its

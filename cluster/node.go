@@ -273,6 +273,10 @@ type Node struct {
 	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)
 	handoffs     atomic.Uint64 // leadership hand-offs made as a witness
 	standingDown atomic.Bool   // OnFollower is running after leadership ended
+	// vipUnsureUntil (unix ns): a term of this node ended before it took
+	// the VIP, so a previous holder may still have it until then; asked
+	// about the VIP, this node says "held" (cluster/vip.go).
+	vipUnsureUntil atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -9,10 +9,14 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/oncrpc"
 )
 
 // freeAddr returns a free loopback TCP address.
@@ -292,5 +296,103 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	b.Close()
 	if _, err := start(boltDir, addr, "wal", tk); err == nil || !strings.Contains(err.Error(), "raft_log_store bolt") {
 		t.Fatalf("wal on a bolt directory: %v, want a refusal naming raft_log_store bolt", err)
+	}
+}
+
+// TestRestartedNodeKnowsThePreviousLeader: raft runs from New on, so a
+// restarted node hears the leader before Start registers its leader
+// observer. It must still know that leader: elected next, it asks it
+// whether the VIP is released (a refused NSM port: gone) instead of
+// waiting out the VIP's lifetime (seen as a 2.5 s failover in the e2e
+// SIGKILL runs with raft_profile fast).
+func TestRestartedNodeKnowsThePreviousLeader(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	c.waitTakeover(10 * time.Second)
+	li, lead := c.leader(5 * time.Second)
+	f := (li + 1) % 3
+	c.kill(f)
+	c.beforeStart = func(n *Node) {
+		ch := make(chan raft.Observation, 4)
+		obs := raft.NewObserver(ch, true, func(o *raft.Observation) bool {
+			lo, ok := o.Data.(raft.LeaderObservation)
+			return ok && lo.LeaderID != ""
+		})
+		n.raft.RegisterObserver(obs)
+		defer n.raft.DeregisterObserver(obs)
+		if _, id := n.raft.LeaderWithID(); id != "" {
+			return
+		}
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the restarted node heard no leader")
+		}
+	}
+	c.start(f)
+	n := c.nodes[f].n
+	// Start's observer goroutine records it; no later leader change
+	// happens to tell it again.
+	testutil.WaitForSeen(t, 2*time.Second, "the restarted node to know the leader it heard before Start", func() (bool, string) {
+		n.lcMu.Lock()
+		defer n.lcMu.Unlock()
+		return n.prevLeader == lead.id, fmt.Sprintf("previous leader %q, want %s", n.prevLeader, lead.id)
+	})
+}
+
+// lifeVIP is a FloatingAddr whose lifetime a test can change.
+type lifeVIP struct {
+	life atomic.Int64
+	held atomic.Bool
+}
+
+func (v *lifeVIP) Acquire(context.Context) error { v.held.Store(true); return nil }
+func (v *lifeVIP) Release() error                { v.held.Store(false); return nil }
+func (v *lifeVIP) Held() bool                    { return v.held.Load() }
+func (v *lifeVIP) Lifetime() time.Duration       { return time.Duration(v.life.Load()) }
+
+// TestLeaderOustedBeforeTheVIPDoesNotVouchForIt: the holder dies (nobody
+// can ask it), the next leader waits out its VIP lifetime and loses
+// leadership before taking the VIP. Asked by the leader after it (to which
+// it is the last leader seen), it must answer "held": it never released
+// the VIP, the dead holder's copy may still be up. It answered "not held",
+// and in a checked schedule (seed 11, default profile) the leader after it
+// took the VIP 159 ms before a SIGSTOPped holder's copy expired.
+func TestLeaderOustedBeforeTheVIPDoesNotVouchForIt(t *testing.T) {
+	vips := map[string]*lifeVIP{}
+	var mu sync.Mutex
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		mu.Lock()
+		defer mu.Unlock()
+		if vips[cfg.NodeID] == nil {
+			vips[cfg.NodeID] = &lifeVIP{}
+		}
+		cfg.VIP = vips[cfg.NodeID]
+	})
+	c.waitTakeover(10 * time.Second) // lifetime 0: taken at once
+	ai, _ := c.leader(5 * time.Second)
+	mu.Lock()
+	for _, v := range vips {
+		v.life.Store(int64(time.Minute)) // from now on a holder's copy outlives it by a minute
+	}
+	mu.Unlock()
+	c.kill(ai)
+	bi, b := c.leader(10 * time.Second)
+	testutil.WaitFor(t, 5*time.Second, b.id+" committed its takeover (and waits for the VIP)", b.n.Leading)
+	if b.n.VIPHeld() {
+		t.Fatalf("%s took the VIP at once; a dead holder's copy outlives it by a minute", b.id)
+	}
+	c.partition(bi) // its lease runs out: it steps down, VIP not taken
+	testutil.WaitFor(t, 5*time.Second, b.id+" stepped down", func() bool { return !b.n.IsLeader() && !b.n.Leading() })
+	cl, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: b.nsmAddr, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var held boolRes
+	if err := cl.Call(context.Background(), ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
+		t.Fatal(err)
+	}
+	if !held.V {
+		t.Fatalf("%s, ousted while waiting for a dead holder's VIP to expire, answers not held", b.id)
 	}
 }

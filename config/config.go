@@ -56,6 +56,70 @@ const (
 	GraceEndTimer = "timer" // leave it to the kernel's timer
 )
 
+// Timing profiles (raft_profile): the raft timeouts and the netlink VIP
+// lifetime in one name. A key set explicitly (heartbeat_timeout,
+// election_timeout, leader_lease_timeout, vip_lifetime) overrides its
+// profile's value, whichever layer (file, environment, flag) set either.
+const (
+	ProfileFast    = "fast"    // failover in ~0.2-0.3 s: a low-latency LAN and disks that do not stall
+	ProfileDefault = "default" // the timings before profiles existed
+	ProfileWAN     = "wan"     // long links: raft's library defaults
+)
+
+// Timing is what a raft_profile sets: the values a node runs with once
+// explicit keys are applied over the profile's (Config.Timing).
+type Timing struct {
+	Profile            string
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	VIPLifetime        time.Duration
+}
+
+// ProfileTiming is the timing of profile name; false for an unknown name.
+//
+// A follower starts an election once it has not heard from the leader for
+// a random 1-2 heartbeat timeouts, and the other follower votes only once
+// its own timer ran out too, so a killed leader is replaced after about
+// 2 heartbeat timeouts (at most 3); the rest of a failover (pre-vote, vote,
+// the takeover commit, the VIP) takes milliseconds (BENCHMARKS.md).
+func ProfileTiming(name string) (Timing, bool) {
+	switch name {
+	case ProfileFast:
+		return Timing{name, 100 * time.Millisecond, 100 * time.Millisecond, 50 * time.Millisecond, 1 * time.Second}, true
+	case ProfileDefault:
+		return Timing{name, 300 * time.Millisecond, 300 * time.Millisecond, 150 * time.Millisecond, 2 * time.Second}, true
+	case ProfileWAN:
+		return Timing{name, 1 * time.Second, 1 * time.Second, 500 * time.Millisecond, 2 * time.Second}, true
+	}
+	return Timing{}, false
+}
+
+// Profiles are the names raft_profile accepts.
+func Profiles() []string { return []string{ProfileFast, ProfileDefault, ProfileWAN} }
+
+// Timing is the node's timing: raft_profile's values, each replaced by its
+// key when that was set (non-zero). An unknown profile counts as default
+// (Validate refuses it).
+func (c Config) Timing() Timing {
+	t, ok := ProfileTiming(c.RaftProfile)
+	if !ok {
+		t, _ = ProfileTiming(ProfileDefault)
+		t.Profile = c.RaftProfile
+	}
+	for _, o := range []struct{ set, to *time.Duration }{
+		{&c.HeartbeatTimeout, &t.HeartbeatTimeout},
+		{&c.ElectionTimeout, &t.ElectionTimeout},
+		{&c.LeaderLeaseTimeout, &t.LeaderLeaseTimeout},
+		{&c.VIPLifetime, &t.VIPLifetime},
+	} {
+		if *o.set != 0 {
+			*o.to = *o.set
+		}
+	}
+	return t
+}
+
 // rpcbind modes.
 const (
 	RpcbindRegister = "register" // register 100024 with the local rpcbind
@@ -78,7 +142,7 @@ type Config struct {
 	VIP             string
 	VIPInterface    string
 	VIPMode         string
-	VIPLifetime     time.Duration
+	VIPLifetime     time.Duration // 0: raft_profile's (Timing)
 	VIPBind         string
 	NotifyName      string
 	TrustedCallers  []string
@@ -107,7 +171,8 @@ type Config struct {
 	GraceEnd        string
 	GraceSettle     time.Duration
 
-	// Raft timing (LAN defaults).
+	// Raft timing: 0 is raft_profile's value (Timing).
+	RaftProfile        string
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
@@ -130,7 +195,6 @@ func Default() Config {
 		AdminAddr:          "127.0.0.1:8024",
 		BootstrapExpect:    1,
 		VIPMode:            VIPNone,
-		VIPLifetime:        2 * time.Second,
 		VIPBind:            "auto",
 		GracePeriod:        90 * time.Second,
 		NotifyWindow:       15 * time.Minute,
@@ -145,9 +209,10 @@ func Default() Config {
 		HookTimeout:        30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
-		HeartbeatTimeout:   300 * time.Millisecond,
-		ElectionTimeout:    300 * time.Millisecond,
-		LeaderLeaseTimeout: 150 * time.Millisecond,
+		RaftProfile:        ProfileDefault,
+		HeartbeatTimeout:   0, // these three 0: raft_profile's (Timing); a key set overrides it
+		ElectionTimeout:    0,
+		LeaderLeaseTimeout: 0,
 		SnapshotThreshold:  16_384,
 		RaftLogStore:       "bolt",
 		TrailingLogs:       10_240,
@@ -229,7 +294,7 @@ func (c *Config) bindings() []binding {
 		str("vip", "floating address held by the leader, in CIDR form", &c.VIP),
 		str("vip_interface", "interface for the VIP in netlink mode", &c.VIPInterface),
 		str("vip_mode", "netlink | loopback | none", &c.VIPMode),
-		duration("vip_lifetime", "netlink VIP valid_lft: how long the address outlives a holder that dies (whole seconds)", &c.VIPLifetime),
+		profiled("vip_lifetime", "netlink VIP valid_lft: how long the address outlives a holder that dies (whole seconds; default: raft_profile's)", &c.VIPLifetime),
 		str("vip_bind", "netlink VIP: process (IPv4; on a TUN device that dies with nsmd, so a killed leader's VIP goes at once) | interface (on vip_interface; outlives a killed process by vip_lifetime) | auto (process when possible)", &c.VIPBind),
 		str("notify_name", "name sent in SM_NOTIFY (default: the VIP, else the hostname)", &c.NotifyName),
 		list("trusted_callers", "CIDRs allowed to SM_MON besides loopback, comma separated", &c.TrustedCallers),
@@ -257,9 +322,10 @@ func (c *Config) bindings() []binding {
 		integer("nsm_max_conns", "open NSM TCP connections at most; at the cap the longest-idle one is closed for a new one", &c.NSMMaxConns),
 		integer("nsm_max_conns_per_host", "open NSM TCP connections from one IP address at most", &c.NSMMaxConnsHost),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
-		duration("heartbeat_timeout", "raft heartbeat timeout", &c.HeartbeatTimeout),
-		duration("election_timeout", "raft election timeout", &c.ElectionTimeout),
-		duration("leader_lease_timeout", "raft leader lease (shorter than the heartbeat timeout)", &c.LeaderLeaseTimeout),
+		str("raft_profile", "fast | default | wan: the raft timeouts and vip_lifetime in one name (heartbeat/election/lease, vip_lifetime: fast 100/100/50 ms, 1s; default 300/300/150 ms, 2s; wan 1s/1s/500ms, 2s); heartbeat_timeout, election_timeout, leader_lease_timeout and vip_lifetime, when set, override it (docs/running.md)", &c.RaftProfile),
+		profiled("heartbeat_timeout", "raft heartbeat timeout (default: raft_profile's)", &c.HeartbeatTimeout),
+		profiled("election_timeout", "raft election timeout (default: raft_profile's)", &c.ElectionTimeout),
+		profiled("leader_lease_timeout", "raft leader lease, not longer than the heartbeat timeout (default: raft_profile's)", &c.LeaderLeaseTimeout),
 		unsigned("snapshot_threshold", "log entries between snapshots", &c.SnapshotThreshold),
 		str("raft_log_store", "bolt (raft-boltdb/v2; wal, hashicorp/raft-wal, is refused until raft-wal#31 is fixed: see BENCHMARKS.md)", &c.RaftLogStore),
 		unsigned("trailing_logs", "log entries kept after a snapshot", &c.TrailingLogs),
@@ -309,6 +375,33 @@ func duration(key, help string, p *time.Duration) binding {
 			return nil
 		},
 		func() string { return p.String() }}
+}
+
+// profiled is a duration whose zero value (also given as "") means "the
+// raft_profile's" (Config.Timing).
+func profiled(key, help string, p *time.Duration) binding {
+	b := duration(key, help, p)
+	set := b.set
+	b.set = func(s string) error {
+		if s == "" {
+			*p = 0
+			return nil
+		}
+		if err := set(s); err != nil {
+			return err
+		}
+		if *p <= 0 {
+			return fmt.Errorf("%v must be positive (or empty for raft_profile's)", *p)
+		}
+		return nil
+	}
+	b.get = func() string {
+		if *p == 0 {
+			return ""
+		}
+		return p.String()
+	}
+	return b
 }
 
 func boolean(key, help string, p *bool) binding {
@@ -426,8 +519,19 @@ func (c *Config) Validate() error {
 	default:
 		bad("vip_bind", "%q is not one of auto, process, interface", c.VIPBind)
 	}
-	if c.VIPLifetime < time.Second || c.VIPLifetime%time.Second != 0 {
-		bad("vip_lifetime", "%v must be whole seconds, at least 1s (the kernel's valid_lft unit)", c.VIPLifetime)
+	tm := c.Timing()
+	if _, ok := ProfileTiming(c.RaftProfile); !ok {
+		bad("raft_profile", "%q is not one of %s", c.RaftProfile, strings.Join(Profiles(), ", "))
+	}
+	// from names where a value came from, so an error names the key to set.
+	from := func(set time.Duration) string {
+		if set == 0 {
+			return fmt.Sprintf(" (raft_profile %s's)", tm.Profile)
+		}
+		return ""
+	}
+	if tm.VIPLifetime < time.Second || tm.VIPLifetime%time.Second != 0 {
+		bad("vip_lifetime", "%v must be whole seconds, at least 1s (the kernel's valid_lft unit)", tm.VIPLifetime)
 	}
 	for _, t := range c.TrustedCallers {
 		if _, err := netip.ParsePrefix(t); err != nil {
@@ -500,14 +604,14 @@ func (c *Config) Validate() error {
 			bad(key, "%q must be an absolute path", p)
 		}
 	}
-	if c.HeartbeatTimeout < 5*time.Millisecond {
-		bad("heartbeat_timeout", "%v is too short (at least 5ms)", c.HeartbeatTimeout)
+	if tm.HeartbeatTimeout < 5*time.Millisecond {
+		bad("heartbeat_timeout", "%v is too short (at least 5ms)", tm.HeartbeatTimeout)
 	}
-	if c.ElectionTimeout < c.HeartbeatTimeout {
-		bad("election_timeout", "%v must be at least heartbeat_timeout (%v)", c.ElectionTimeout, c.HeartbeatTimeout)
+	if tm.ElectionTimeout < tm.HeartbeatTimeout {
+		bad("election_timeout", "%v%s must be at least heartbeat_timeout (%v%s)", tm.ElectionTimeout, from(c.ElectionTimeout), tm.HeartbeatTimeout, from(c.HeartbeatTimeout))
 	}
-	if c.LeaderLeaseTimeout <= 0 || c.LeaderLeaseTimeout > c.HeartbeatTimeout {
-		bad("leader_lease_timeout", "%v must be positive and not longer than heartbeat_timeout (%v)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	if tm.LeaderLeaseTimeout <= 0 || tm.LeaderLeaseTimeout > tm.HeartbeatTimeout {
+		bad("leader_lease_timeout", "%v%s must be positive and not longer than heartbeat_timeout (%v%s)", tm.LeaderLeaseTimeout, from(c.LeaderLeaseTimeout), tm.HeartbeatTimeout, from(c.HeartbeatTimeout))
 	}
 	if c.SnapshotThreshold == 0 {
 		bad("snapshot_threshold", "must be positive")

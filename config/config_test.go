@@ -180,3 +180,129 @@ func TestWrongTypedValueNamesKeyAndLine(t *testing.T) {
 		t.Errorf("loaded %+v", c)
 	}
 }
+
+func TestRaftProfileSetsTiming(t *testing.T) {
+	for _, name := range Profiles() {
+		c := Default()
+		c.NodeID = "n1"
+		if err := c.Set("raft_profile", name); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("raft_profile %s: %v", name, err)
+		}
+		want, ok := ProfileTiming(name)
+		if !ok || want.HeartbeatTimeout == 0 || want.VIPLifetime == 0 {
+			t.Fatalf("ProfileTiming(%s) = %+v, %v", name, want, ok)
+		}
+		if got := c.Timing(); got != want {
+			t.Errorf("raft_profile %s: Timing() = %+v, want %+v", name, got, want)
+		}
+	}
+	fast, _ := ProfileTiming(ProfileFast)
+	def, _ := ProfileTiming(ProfileDefault)
+	wan, _ := ProfileTiming(ProfileWAN)
+	if !(fast.HeartbeatTimeout < def.HeartbeatTimeout && def.HeartbeatTimeout < wan.HeartbeatTimeout) {
+		t.Errorf("heartbeat timeouts not ordered fast < default < wan: %v %v %v", fast.HeartbeatTimeout, def.HeartbeatTimeout, wan.HeartbeatTimeout)
+	}
+	// The default profile keeps the timings nsmd had before profiles.
+	c := Default()
+	if got := c.Timing(); got.HeartbeatTimeout != 300*time.Millisecond || got.ElectionTimeout != 300*time.Millisecond ||
+		got.LeaderLeaseTimeout != 150*time.Millisecond || got.VIPLifetime != 2*time.Second {
+		t.Errorf("Default().Timing() = %+v", got)
+	}
+}
+
+// An explicit key wins over the profile whichever layer set either: here
+// the file sets a key and the environment the profile, and the other way
+// round.
+func TestRaftProfileExplicitKeysOverride(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ file, envKey, envVal string }{
+		{"raft_profile: fast\n", "NSMD_ELECTION_TIMEOUT", "250ms"},
+		{"election_timeout: 250ms\n", "NSMD_RAFT_PROFILE", "fast"},
+	} {
+		path := filepath.Join(dir, "nsmd.yaml")
+		if err := os.WriteFile(path, []byte("node_id: n1\n"+tc.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := Default()
+		if err := c.LoadFile(path); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ApplyEnv(func(k string) (string, bool) { return tc.envVal, k == tc.envKey }); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := ProfileTiming(ProfileFast)
+		want.ElectionTimeout = 250 * time.Millisecond
+		if got := c.Timing(); got != want {
+			t.Errorf("file %q, %s=%s: Timing() = %+v, want %+v", tc.file, tc.envKey, tc.envVal, got, want)
+		}
+		if v, _ := c.Get("heartbeat_timeout"); v != "" {
+			t.Errorf("heartbeat_timeout not set, yet Get says %q (want empty: the profile's)", v)
+		}
+		if v, _ := c.Get("election_timeout"); v != "250ms" {
+			t.Errorf("Get(election_timeout) = %q", v)
+		}
+	}
+	// "" gives a key back to the profile.
+	c := Default()
+	c.RaftProfile = ProfileWAN
+	for _, v := range []string{"100ms", ""} {
+		if err := c.Set("heartbeat_timeout", v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := c.Timing().HeartbeatTimeout, time.Second; got != want {
+		t.Errorf("heartbeat_timeout reset to the profile's: %v, want %v", got, want)
+	}
+	if err := c.Set("heartbeat_timeout", "-1s"); err == nil {
+		t.Error("a negative heartbeat_timeout accepted")
+	}
+}
+
+func TestRaftProfileUnknownIsRefused(t *testing.T) {
+	c := Default()
+	c.NodeID = "n1"
+	if err := c.Set("raft-profile", "turbo"); err != nil { // checked by Validate, with every other key
+		t.Fatal(err)
+	}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("raft_profile turbo accepted")
+	}
+	if want := `raft_profile: "turbo" is not one of fast, default, wan`; err.Error() != want {
+		t.Errorf("error %q, want %q", err, want)
+	}
+}
+
+// An explicit key that does not fit the profile's others is refused,
+// saying which values came from the profile.
+func TestRaftProfileConflictNamesTheProfile(t *testing.T) {
+	c := Default()
+	c.NodeID = "n1"
+	c.RaftProfile = ProfileWAN
+	c.HeartbeatTimeout = 100 * time.Millisecond
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("heartbeat_timeout 100ms under the wan profile's 500ms lease accepted")
+	}
+	for _, want := range []string{"leader_lease_timeout: 500ms (raft_profile wan's) must be positive and not longer than heartbeat_timeout (100ms)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
+	}
+	c.RaftProfile = ProfileFast
+	c.HeartbeatTimeout = 200 * time.Millisecond
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "election_timeout: 100ms (raft_profile fast's) must be at least heartbeat_timeout (200ms)") {
+		t.Errorf("fast with heartbeat_timeout 200ms: %v", err)
+	}
+	c.HeartbeatTimeout = 0
+	c.VIPLifetime = 1500 * time.Millisecond
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "vip_lifetime: 1.5s must be whole seconds") {
+		t.Errorf("vip_lifetime 1.5s: %v", err)
+	}
+}

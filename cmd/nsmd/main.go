@@ -210,6 +210,7 @@ is given (then a restart keeps registrations and raises sm_state).`,
 	f.IntVar(&o.AdminPort, "admin-port", 8024, "admin API port on every node")
 	f.IntVar(&o.GossipPort, "gossip-port", 7946, "gossip port on every node")
 	f.StringVar(&o.LogLevel, "log-level", "info", "debug | info | warn | error")
+	f.StringVar(&o.RaftProfile, "raft-profile", config.Default().RaftProfile, "raft_profile of every node: fast | default | wan (docs/running.md)")
 	f.DurationVar(&o.RestartAfter, "restart-after", 2*time.Second, "start a node killed by a crash drill again after this long (0: leave it down)")
 	return cmd
 }
