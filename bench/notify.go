@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -52,6 +53,10 @@ const (
 	// ICMP port unreachable, as an up host without rpcbind does).
 	DeadSilent  = "silent"
 	DeadRefused = "refused"
+	// How the fake hosts get their sockets (NotifyOptions.Fakes).
+	FakesAuto     = "auto"
+	FakesPerHost  = "per-host"
+	FakesWildcard = "wildcard"
 )
 
 type NotifyOptions struct {
@@ -65,8 +70,16 @@ type NotifyOptions struct {
 	Timeout         time.Duration `json:"timeout"`
 	Conns           int           `json:"conns"`
 	LogLevel        string        `json:"log_level"`
-	CPUProfile      string        `json:"cpu_profile,omitempty"` // absolute path: the child's CPU profile from the fault to the last live host
-	sharedPort      bool          // set in the child: the statd shares port 111
+	// Fakes is how the fake hosts get their sockets: per-host (a
+	// portmapper socket on each host's 127.x.y.z:111 and a statd socket of
+	// its own; 111 shared when the open-file limit allows only one per
+	// host), wildcard (two sockets per CPU on 0.0.0.0 for all the hosts,
+	// replies sent from the address each call was sent to: IP_PKTINFO), or
+	// auto (per-host when the open-file limit allows, else wildcard).
+	Fakes      string `json:"fakes"`
+	CPUProfile string `json:"cpu_profile,omitempty"` // absolute path: the child's CPU profile from the fault to the last live host
+	sharedPort bool   // set in the child: the statd shares port 111
+	wildcard   bool   // set in the child: the wildcard sockets serve every host
 }
 
 // notifySpareFDs is the open-file budget for everything but the fake
@@ -89,6 +102,15 @@ func (o *NotifyOptions) Validate() error {
 	}
 	if o.Timeout <= 0 || o.SMNotifyTimeout <= 0 {
 		errs = append(errs, errors.New("--timeout and --sm-notify-timeout must be positive"))
+	}
+	switch o.Fakes {
+	case FakesAuto, FakesPerHost:
+	case FakesWildcard:
+		if o.DeadMode == DeadRefused {
+			errs = append(errs, fmt.Errorf("--dead-mode %s needs --fakes %s (with the wildcard sockets every address has a listener)", DeadRefused, FakesPerHost))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--fakes must be %s, %s or %s, not %q", FakesAuto, FakesPerHost, FakesWildcard, o.Fakes))
 	}
 	if o.Conns < 1 {
 		errs = append(errs, fmt.Errorf("--conns must be at least 1, not %d", o.Conns))
@@ -148,6 +170,7 @@ type NotifyReport struct {
 	Nodes       int     `json:"nodes"`
 	Netns       string  `json:"netns"`
 	StatdPort   string  `json:"statd_port"` // where each fake statd listens
+	Fakes       string  `json:"fakes"`      // per-host | wildcard sockets
 	RegisterMS  float64 `json:"register_ms"`
 	RegisterPS  float64 `json:"register_per_s"`
 	OldState    int32   `json:"old_state"`
@@ -182,22 +205,32 @@ func NotifyChild(ctx context.Context, progress io.Writer) error {
 	if err := notifyCheckPrivateNetns(); err != nil {
 		return err
 	}
-	live := len(notifyLive(o.Hosts, o.DeadPct))
-	deadSockets := 0
-	if o.DeadMode == DeadSilent {
-		deadSockets = o.Hosts - live
-	}
-	two, one := uint64(2*live+deadSockets+notifySpareFDs), uint64(live+deadSockets+notifySpareFDs)
-	limit, err := notifyRaiseNofile(two)
-	if err != nil {
-		return err
-	}
-	// Two sockets per live host when the open-file limit allows (a
-	// portmapper on 111 and the statd on its own port), else one: the
-	// statd answers on port 111 too (GETPORT says so).
-	o.sharedPort = limit < two
-	if limit < one {
-		return fmt.Errorf("the open-file limit %d is too low for %d hosts (%d sockets, plus %d); lower --hosts", limit, o.Hosts, one-notifySpareFDs, notifySpareFDs)
+	if o.Fakes != FakesWildcard {
+		live := len(notifyLive(o.Hosts, o.DeadPct))
+		deadSockets := 0
+		if o.DeadMode == DeadSilent {
+			deadSockets = o.Hosts - live
+		}
+		two, one := uint64(2*live+deadSockets+notifySpareFDs), uint64(live+deadSockets+notifySpareFDs)
+		limit, err := notifyRaiseNofile(two)
+		if err != nil {
+			return err
+		}
+		// Two sockets per live host when the open-file limit allows (a
+		// portmapper on 111 and the statd on its own port), else one: the
+		// statd answers on port 111 too (GETPORT says so); below that, the
+		// wildcard sockets (auto).
+		o.sharedPort = limit < two
+		switch {
+		case limit >= one:
+		case o.Fakes == FakesAuto && o.DeadMode == DeadSilent:
+			o.sharedPort, o.wildcard = false, true
+		default:
+			return fmt.Errorf("the open-file limit %d is too low for %d hosts on sockets of their own (%d sockets, plus %d); lower --hosts or use --fakes %s",
+				limit, o.Hosts, one-notifySpareFDs, notifySpareFDs, FakesWildcard)
+		}
+	} else {
+		o.wildcard = true
 	}
 	out := os.NewFile(3, "report")
 	if out == nil {
@@ -223,6 +256,18 @@ func notifyAddr(i int) netip.Addr {
 // notifyDead reports whether host i of a list with deadPct % dead
 // hosts is dead: exactly round-down(n·pct/100) of the first n hosts are,
 // spread evenly over the list.
+// notifyIndex is the host number of address a (notifyAddr's inverse).
+func notifyIndex(a netip.Addr) (int, bool) {
+	if !a.Is4() {
+		return 0, false
+	}
+	b := a.As4()
+	if b[0] != 127 || b[1] == 0 || b[3] == 0 || b[3] > 250 {
+		return 0, false
+	}
+	return ((int(b[1])-1)*256+int(b[2]))*250 + int(b[3]) - 1, true
+}
+
 func notifyDead(i int, deadPct float64) bool {
 	q := int64(math.Round(deadPct * 100)) // per 10,000
 	return (int64(i)+1)*q/10000 > int64(i)*q/10000
@@ -270,12 +315,22 @@ type benchHost struct {
 	first atomic.Int64 // UnixNano of this phase's first counted SM_NOTIFY; 0: none
 }
 
-func startBenchHosts(n int, deadPct float64, deadMode string, shared bool) (*benchHosts, error) {
+func startBenchHosts(n int, deadPct float64, deadMode string, shared, wildcard bool) (*benchHosts, error) {
 	h := &benchHosts{hosts: make([]benchHost, n)}
 	h.minState.Store(math.MaxInt32) // nothing counts until a phase starts
 	for i := range h.hosts {
 		hh := &h.hosts[i]
 		hh.addr, hh.dead = notifyAddr(i), notifyDead(i, deadPct)
+	}
+	if wildcard {
+		if err := h.startWildcard(runtime.GOMAXPROCS(0)); err != nil {
+			h.Close()
+			return nil, err
+		}
+		return h, nil
+	}
+	for i := range h.hosts {
+		hh := &h.hosts[i]
 		if hh.dead {
 			if deadMode == DeadSilent {
 				pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, oncrpc.PmapPort)))
@@ -367,43 +422,107 @@ func (h *benchHosts) serve(host *benchHost, c *net.UDPConn, isPmap, isStatd bool
 			}
 			continue
 		}
-		r := oncrpc.NewReader(buf[:n])
-		var call oncrpc.CallHeader
-		if call.UnmarshalXDR(r) != nil {
-			continue // not an RPC version 2 call: no answer
+		var ok bool
+		if out, ok = h.answer(host, buf[:n], from, out, isPmap, isStatd, statdPort); ok {
+			c.WriteToUDPAddrPort(out, from)
 		}
-		prog, vers, proc := call.Prog, call.Vers, call.Proc
-		rep := oncrpc.ReplyHeader{XID: call.XID, Stat: oncrpc.ReplyAccepted, AcceptStat: oncrpc.AcceptSuccess}
-		getport, port := false, uint32(0)
-		switch {
-		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcNull:
-		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcGetPort:
-			h.getportRx.Add(1)
-			getport = true
-			mp, mv, prot := r.Uint32(), r.Uint32(), r.Uint32()
-			if mp == nsm.Program.Prog && mv == nsm.Program.Vers && prot == oncrpc.IPProtoUDP {
-				port = statdPort
-			}
-		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNull:
-		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNotify:
-			var sc nsm.StatChge
-			if sc.UnmarshalXDR(r) != nil {
-				continue
-			}
-			h.record(host, from, sc)
-		case (isPmap && prog == oncrpc.PmapProg) || (isStatd && prog == nsm.Program.Prog):
-			rep.AcceptStat = oncrpc.AcceptProcUnavail
-		default:
-			rep.AcceptStat = oncrpc.AcceptProgUnavail
-		}
-		w := oncrpc.NewWriter(out)
-		rep.MarshalXDR(w)
-		if getport {
-			w.Uint32(port)
-		}
-		out = w.Bytes()
-		c.WriteToUDPAddrPort(out, from)
 	}
+}
+
+// startWildcard serves every host from a few sockets instead of one or two
+// per host (the open-file limit caps those at some 10,000 hosts): per CPU,
+// one on 0.0.0.0:111 (every portmapper) and one on 0.0.0.0:P (every statd),
+// bound with SO_REUSEPORT so the kernel spreads the calls over them. The
+// destination address of each call (IP_PKTINFO) tells which host it is
+// for; the answer leaves from that address, as a host of its own would
+// send it. A dead host's calls are dropped (silent).
+func (h *benchHosts) startWildcard(perPort int) error {
+	var statdPort uint16
+	for range max(perPort, 1) {
+		pmap, err := listenPktinfo(oncrpc.PmapPort)
+		if err != nil {
+			return fmt.Errorf("fake portmappers on 0.0.0.0:%d: %w", oncrpc.PmapPort, err)
+		}
+		h.conns = append(h.conns, pmap)
+		statd, err := listenPktinfo(statdPort)
+		if err != nil {
+			return fmt.Errorf("fake statds on 0.0.0.0:%d: %w", statdPort, err)
+		}
+		h.conns = append(h.conns, statd)
+		statdPort = uint16(statd.LocalAddr().(*net.UDPAddr).Port)
+		h.wg.Go(func() { h.serveWildcard(pmap, true, false, uint32(statdPort)) })
+		h.wg.Go(func() { h.serveWildcard(statd, false, true, 0) })
+	}
+	return nil
+}
+
+func (h *benchHosts) serveWildcard(c *net.UDPConn, isPmap, isStatd bool, statdPort uint32) {
+	buf, oob := make([]byte, benchMaxFakeMessage), make([]byte, 128)
+	out := make([]byte, 0, 64)
+	for {
+		n, oobn, _, from, err := c.ReadMsgUDPAddrPort(buf, oob)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		dst, ok := pktinfoDst(oob[:oobn])
+		if !ok {
+			continue
+		}
+		i, ok := notifyIndex(dst)
+		if !ok || i >= len(h.hosts) {
+			continue // not one of the hosts
+		}
+		host := &h.hosts[i]
+		if host.dead {
+			h.deadRx.Add(1)
+			continue
+		}
+		if out, ok = h.answer(host, buf[:n], from, out, isPmap, isStatd, statdPort); ok {
+			c.WriteMsgUDPAddrPort(out, pktinfoSrc(dst), from)
+		}
+	}
+}
+
+// answer is a fake host's answer to one datagram (ok false: none).
+func (h *benchHosts) answer(host *benchHost, msg []byte, from netip.AddrPort, out []byte, isPmap, isStatd bool, statdPort uint32) ([]byte, bool) {
+	r := oncrpc.NewReader(msg)
+	var call oncrpc.CallHeader
+	if call.UnmarshalXDR(r) != nil {
+		return out, false // not an RPC version 2 call: no answer
+	}
+	prog, vers, proc := call.Prog, call.Vers, call.Proc
+	rep := oncrpc.ReplyHeader{XID: call.XID, Stat: oncrpc.ReplyAccepted, AcceptStat: oncrpc.AcceptSuccess}
+	getport, port := false, uint32(0)
+	switch {
+	case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcNull:
+	case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcGetPort:
+		h.getportRx.Add(1)
+		getport = true
+		mp, mv, prot := r.Uint32(), r.Uint32(), r.Uint32()
+		if mp == nsm.Program.Prog && mv == nsm.Program.Vers && prot == oncrpc.IPProtoUDP {
+			port = statdPort
+		}
+	case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNull:
+	case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNotify:
+		var sc nsm.StatChge
+		if sc.UnmarshalXDR(r) != nil {
+			return out, false
+		}
+		h.record(host, from, sc)
+	case (isPmap && prog == oncrpc.PmapProg) || (isStatd && prog == nsm.Program.Prog):
+		rep.AcceptStat = oncrpc.AcceptProcUnavail
+	default:
+		rep.AcceptStat = oncrpc.AcceptProgUnavail
+	}
+	w := oncrpc.NewWriter(out)
+	rep.MarshalXDR(w)
+	if getport {
+		w.Uint32(port)
+	}
+	return w.Bytes(), true
 }
 
 func (h *benchHosts) record(host *benchHost, from netip.AddrPort, sc nsm.StatChge) {
@@ -493,14 +612,19 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	vip := netip.MustParseAddr(notifyVIP)
 
 	tSetup := time.Now()
-	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.DeadMode, o.sharedPort)
+	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.DeadMode, o.sharedPort, o.wildcard)
 	if err != nil {
 		return nil, err
 	}
 	defer hosts.Close()
 	rep.StatdPort = "own port"
-	if o.sharedPort {
+	rep.Fakes = FakesPerHost
+	switch {
+	case o.sharedPort:
 		rep.StatdPort = "111 (shared with the portmapper: open-file limit)"
+	case o.wildcard:
+		rep.Fakes = FakesWildcard
+		rep.StatdPort = fmt.Sprintf("a shared port (wildcard sockets, %d per port)", runtime.GOMAXPROCS(0))
 	}
 	fmt.Fprintf(progress, "bench notify: %d fake hosts (%d live, %d dead; statd on %s) up in %v\n", o.Hosts, live, rep.Dead, rep.StatdPort, time.Since(tSetup).Round(time.Millisecond))
 
@@ -858,7 +982,7 @@ func (t *benchTail) String() string {
 func PrintNotify(w io.Writer, r *NotifyReport) {
 	fmt.Fprintf(w, "nsmd bench notify: %d hosts (%d live, %d dead: %s), fault %s, %d nodes in one process, %d CPUs, netns %s\n",
 		r.Hosts, r.Live, r.Dead, r.DeadMode, r.Fault, r.Nodes, r.CPUs, r.Netns)
-	fmt.Fprintf(w, "  each fake host: portmapper on its 127.x.y.z:111, statd on %s\n", r.StatdPort)
+	fmt.Fprintf(w, "  each fake host (%s sockets): portmapper on its 127.x.y.z:111, statd on %s\n", r.Fakes, r.StatdPort)
 	fmt.Fprintf(w, "  registration: %d SM_MON committed in %s (%.0f/s)\n", r.Hosts, drill.FormatMS(r.RegisterMS), r.RegisterPS)
 	fmt.Fprintf(w, "  %s → takeover: %s (sm_state %d → %d, notify name %s)\n", r.Fault, drill.FormatMS(r.FaultToTkMS), r.OldState, r.NewState, r.NotifyName)
 	fmt.Fprintf(w, "\n  %-10s %13s %10s %9s %9s %9s %9s %9s %11s %11s\n", "", "notified", "all done", "first", "p50", "p90", "p99", "max", "NOTIFY rx", "GETPORT rx")
