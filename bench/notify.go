@@ -162,26 +162,32 @@ type NotifySends struct {
 }
 
 type NotifyReport struct {
-	Hosts       int     `json:"hosts"`
-	Live        int     `json:"live"`
-	Dead        int     `json:"dead"`
-	DeadMode    string  `json:"dead_mode"`
-	Fault       string  `json:"fault"`
-	Nodes       int     `json:"nodes"`
-	Netns       string  `json:"netns"`
-	StatdPort   string  `json:"statd_port"` // where each fake statd listens
-	Fakes       string  `json:"fakes"`      // per-host | wildcard sockets
-	RegisterMS  float64 `json:"register_ms"`
-	RegisterPS  float64 `json:"register_per_s"`
-	OldState    int32   `json:"old_state"`
-	NewState    int32   `json:"new_state"`
-	NotifyName  string  `json:"notify_name"`
-	FaultToTkMS float64 `json:"fault_to_takeover_ms"` // fault → takeover command stamped by the new leader
+	Hosts      int     `json:"hosts"`
+	Live       int     `json:"live"`
+	Dead       int     `json:"dead"`
+	DeadMode   string  `json:"dead_mode"`
+	Fault      string  `json:"fault"`
+	Nodes      int     `json:"nodes"`
+	Netns      string  `json:"netns"`
+	StatdPort  string  `json:"statd_port"` // where each fake statd listens
+	Fakes      string  `json:"fakes"`      // per-host | wildcard sockets
+	RegisterMS float64 `json:"register_ms"`
+	RegisterPS float64 `json:"register_per_s"`
+	// RegisterRetried counts SM_MON calls sent again because the first
+	// failed (a leader change under the registration load).
+	RegisterRetried int     `json:"register_retried,omitempty"`
+	OldState        int32   `json:"old_state"`
+	NewState        int32   `json:"new_state"`
+	NotifyName      string  `json:"notify_name"`
+	FaultToTkMS     float64 `json:"fault_to_takeover_ms"` // fault → takeover command stamped by the new leader
 	// EarlyNotify counts SM_NOTIFYs the hosts got before the fault (should be 0).
-	EarlyNotify int64        `json:"early_notify"`
-	NSMD        NotifyPhase  `json:"nsmd"`
-	Sends       NotifySends  `json:"nsmd_sends"`
-	SMNotify    *NotifyPhase `json:"sm_notify,omitempty"`
+	EarlyNotify int64       `json:"early_notify"`
+	NSMD        NotifyPhase `json:"nsmd"`
+	// Memory and UDP are from the fault to the last live host's SM_NOTIFY.
+	Memory   NotifyMemory `json:"memory"`
+	UDP      UDPCounters  `json:"udp"`
+	Sends    NotifySends  `json:"nsmd_sends"`
+	SMNotify *NotifyPhase `json:"sm_notify,omitempty"`
 	// Ratio is sm-notify's completion over nsmd's (a lower bound when
 	// sm-notify did not reach every live host).
 	Ratio      float64 `json:"ratio,omitempty"`
@@ -665,9 +671,11 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 
 	// Register every host through the VIP, as the server's lockd would.
 	tReg := time.Now()
-	if err := benchRegister(ctx, vipAddr, o.Hosts, o.Conns); err != nil {
+	retried, err := benchRegister(ctx, d, vipAddr, o.Hosts, o.Conns)
+	if err != nil {
 		return nil, err
 	}
+	rep.RegisterRetried = retried
 	if err := benchWaitCond(ctx, 60*time.Second, "every node to apply the registrations", func() bool {
 		for _, a := range d.Agents() {
 			if a.Node().FSM().Len() != o.Hosts {
@@ -681,7 +689,15 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	regTook := time.Since(tReg)
 	rep.RegisterMS = float64(regTook) / float64(time.Millisecond)
 	rep.RegisterPS = float64(o.Hosts) / regTook.Seconds()
-	fmt.Fprintf(progress, "bench notify: %d SM_MON committed on all nodes in %v (%.0f/s)\n", o.Hosts, regTook.Round(time.Millisecond), rep.RegisterPS)
+	fmt.Fprintf(progress, "bench notify: %d SM_MON committed on all nodes in %v (%.0f/s, %d sent again)\n", o.Hosts, regTook.Round(time.Millisecond), rep.RegisterPS, retried)
+	if retried > 0 {
+		// The leadership moved under the load: the leader to fail is the
+		// one holding the VIP now, and its state is the old one.
+		if leader, err = benchWaitLeader(ctx, d, 30*time.Second); err != nil {
+			return nil, err
+		}
+		rep.OldState = leader.Node().FSM().State()
+	}
 	rep.EarlyNotify = hosts.notifyRx.Load()
 	allNotified := hosts.phase(rep.OldState, vip, rep.NotifyName, live)
 
@@ -693,6 +709,8 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 		defer stop()
 	}
 
+	udp0 := readUDPCounters()
+	mem := startMemSampler(runtime.GC)
 	// The fault.
 	t0 := time.Now()
 	switch o.Fault {
@@ -726,6 +744,8 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	rep.Memory = mem.stop()
+	rep.UDP = readUDPCounters().sub(udp0)
 	rep.NSMD = hosts.result("nsmd", tk, live, !all, o.Timeout)
 	rep.NSMD.ProgressEvery = perSecond
 	if o.CPUProfile != "" {
@@ -807,42 +827,83 @@ func benchWaitLeader(ctx context.Context, d *agent.Dev, timeout time.Duration) (
 
 // benchRegister sends SM_MON{mon_name: host i's address} for every host to
 // addr over conns TCP connections from 127.0.0.1, 64 calls in flight on each.
-func benchRegister(ctx context.Context, addr string, hosts, conns int) error {
+// A call that fails (the leader lost its lease under the load and the VIP
+// moved: the whole cluster shares two cores with the fake hosts) is sent
+// again in the next round, after a leader holds the VIP again; it returns
+// how many calls were sent again, and an error after 5 rounds.
+func benchRegister(ctx context.Context, d *agent.Dev, addr string, hosts, conns int) (retried int, err error) {
+	todo := make([]int32, hosts)
+	for i := range todo {
+		todo[i] = int32(i)
+	}
+	for round := 0; ; round++ {
+		failed, firstErr := benchRegisterRound(ctx, addr, todo, conns)
+		if len(failed) == 0 {
+			return retried, nil
+		}
+		if round == 4 || ctx.Err() != nil {
+			return retried, fmt.Errorf("%d SM_MON calls failed after %d rounds, e.g. %w", len(failed), round+1, firstErr)
+		}
+		retried += len(failed)
+		if _, err := benchWaitLeader(ctx, d, 30*time.Second); err != nil {
+			return retried, fmt.Errorf("after %d failed SM_MON calls (%w): %w", len(failed), firstErr, err)
+		}
+		todo = failed
+	}
+}
+
+// benchRegisterRound sends SM_MON for each host in todo; it returns those
+// that failed, and the first error.
+func benchRegisterRound(ctx context.Context, addr string, todo []int32, conns int) (failed []int32, firstErr error) {
 	var next atomic.Int64
-	errs := make(chan error, conns*64)
+	var mu sync.Mutex
+	fail := func(i int32, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		failed = append(failed, i)
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
 	var wg sync.WaitGroup
 	for range conns {
 		c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 30 * time.Second,
 			LocalAddr: netip.AddrFrom4([4]byte{127, 0, 0, 1})})
 		if err != nil {
-			return fmt.Errorf("connect to the VIP %s: %w", addr, err)
+			fail(-1, fmt.Errorf("connect to the VIP %s: %w", addr, err))
+			continue // the others may still work; all of todo is retried if none does
 		}
 		defer c.Close()
 		for range 64 {
 			wg.Go(func() {
 				for {
-					i := int(next.Add(1)) - 1
-					if i >= hosts {
+					k := int(next.Add(1)) - 1
+					if k >= len(todo) {
 						return
 					}
-					mon := nsm.Mon{ID: nsm.MonID{MonName: notifyAddr(i).String(),
+					i := todo[k]
+					mon := nsm.Mon{ID: nsm.MonID{MonName: notifyAddr(int(i)).String(),
 						My: nsm.MyID{MyName: notifyMyName, Prog: 100021, Vers: 3, Proc: 16}}}
 					var res nsm.SMStatRes
 					if err := c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil {
-						errs <- fmt.Errorf("SM_MON %s: %w", mon.ID.MonName, err)
-						return
+						fail(i, fmt.Errorf("SM_MON %s: %w", mon.ID.MonName, err))
+						continue
 					}
 					if res.Res != nsm.StatSucc {
-						errs <- fmt.Errorf("SM_MON %s: answered %v", mon.ID.MonName, res.Res)
-						return
+						fail(i, fmt.Errorf("SM_MON %s: answered %v", mon.ID.MonName, res.Res))
 					}
 				}
 			})
 		}
 	}
 	wg.Wait()
-	close(errs)
-	return <-errs // nil when none
+	// A connection that could not be made leaves no host behind unless
+	// none could: then every host is still to do.
+	failed = slices.DeleteFunc(failed, func(i int32) bool { return i < 0 })
+	if int(next.Load()) == 0 && len(todo) > 0 {
+		failed = append(failed[:0], todo...)
+	}
+	return failed, firstErr
 }
 
 // notifySendsOf reads the notifier's send counters from n's metrics.
@@ -1004,6 +1065,12 @@ func PrintNotify(w io.Writer, r *NotifyReport) {
 		s.GetportFirst, s.GetportRetry, s.NotifyFirst, s.NotifyRetry)
 	fmt.Fprintf(w, "  live hosts received duplicates: SM_NOTIFY %d, GETPORT %d; wrong source %d, wrong mon_name %d; SM_NOTIFY before the fault %d\n",
 		max(0, r.NSMD.NotifyRx-int64(r.NSMD.Notified)), max(0, r.NSMD.GetportRx-int64(r.NSMD.Notified)), r.NSMD.WrongSource, r.NSMD.WrongMonName, r.EarlyNotify)
+	m := r.Memory
+	fmt.Fprintf(w, "  memory (whole process: 3 nodes, fake hosts, bench): before the fault heap %.0f MiB, RSS %.0f MiB; fan-out: heap peak %.0f MiB (+%.0f), %.0f MiB allocated, RSS peak %.0f MiB, goroutines %d → max %d\n",
+		m.HeapBeforeMiB, m.RSSBeforeMiB, m.HeapPeakMiB, m.FanoutHeapMiB, m.AllocMiB, m.RSSPeakMiB, m.Goroutines, m.GoroutinesMax)
+	u := r.UDP
+	fmt.Fprintf(w, "  UDP in the namespace during the fan-out: %d datagrams in, %d out, %d receive-buffer drops, %d to no socket\n",
+		u.InDatagrams, u.OutDatagrams, u.RcvbufErrors, u.NoPorts)
 	if r.Dead > 0 && r.DeadMode == DeadSilent {
 		fmt.Fprintf(w, "  dead hosts received %d datagrams until the last live host was notified\n", r.NSMD.DeadRx)
 	}
