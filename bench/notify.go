@@ -183,6 +183,10 @@ type NotifyReport struct {
 	// EarlyNotify counts SM_NOTIFYs the hosts got before the fault (should be 0).
 	EarlyNotify int64       `json:"early_notify"`
 	NSMD        NotifyPhase `json:"nsmd"`
+	// TakeoversAfter counts the takeovers after the measured one until the
+	// last live host was notified (each bumps sm_state by 2 and starts the
+	// fan-out again): the leader lost its lease under the load.
+	TakeoversAfter int `json:"takeovers_after,omitempty"`
 	// Memory and UDP are from the fault to the last live host's SM_NOTIFY.
 	Memory   NotifyMemory `json:"memory"`
 	UDP      UDPCounters  `json:"udp"`
@@ -744,6 +748,13 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	for _, a := range d.Agents() {
+		if a != leader {
+			if st := a.Node().FSM().State(); st > rep.NewState {
+				rep.TakeoversAfter = max(rep.TakeoversAfter, int(st-rep.NewState)/2)
+			}
+		}
+	}
 	rep.Memory = mem.stop()
 	rep.UDP = readUDPCounters().sub(udp0)
 	rep.NSMD = hosts.result("nsmd", tk, live, !all, o.Timeout)
@@ -1065,6 +1076,9 @@ func PrintNotify(w io.Writer, r *NotifyReport) {
 		s.GetportFirst, s.GetportRetry, s.NotifyFirst, s.NotifyRetry)
 	fmt.Fprintf(w, "  live hosts received duplicates: SM_NOTIFY %d, GETPORT %d; wrong source %d, wrong mon_name %d; SM_NOTIFY before the fault %d\n",
 		max(0, r.NSMD.NotifyRx-int64(r.NSMD.Notified)), max(0, r.NSMD.GetportRx-int64(r.NSMD.Notified)), r.NSMD.WrongSource, r.NSMD.WrongMonName, r.EarlyNotify)
+	if r.TakeoversAfter > 0 {
+		fmt.Fprintf(w, "  WARNING: %d more takeover(s) during the fan-out (a leader lost its lease under the load; each starts the fan-out again)\n", r.TakeoversAfter)
+	}
 	m := r.Memory
 	fmt.Fprintf(w, "  memory (whole process: 3 nodes, fake hosts, bench): before the fault heap %.0f MiB, RSS %.0f MiB; fan-out: heap peak %.0f MiB (+%.0f), %.0f MiB allocated, RSS peak %.0f MiB, goroutines %d → max %d\n",
 		m.HeapBeforeMiB, m.RSSBeforeMiB, m.HeapPeakMiB, m.FanoutHeapMiB, m.AllocMiB, m.RSSPeakMiB, m.Goroutines, m.GoroutinesMax)
