@@ -841,7 +841,7 @@ func benchWaitLeader(ctx context.Context, d *agent.Dev, timeout time.Duration) (
 // A call that fails (the leader lost its lease under the load and the VIP
 // moved: the whole cluster shares two cores with the fake hosts) is sent
 // again in the next round, after a leader holds the VIP again; it returns
-// how many calls were sent again, and an error after 5 rounds.
+// how many calls were sent again, and an error after 20 rounds.
 func benchRegister(ctx context.Context, d *agent.Dev, addr string, hosts, conns int) (retried int, err error) {
 	todo := make([]int32, hosts)
 	for i := range todo {
@@ -852,7 +852,7 @@ func benchRegister(ctx context.Context, d *agent.Dev, addr string, hosts, conns 
 		if len(failed) == 0 {
 			return retried, nil
 		}
-		if round == 4 || ctx.Err() != nil {
+		if round == 19 || ctx.Err() != nil {
 			return retried, fmt.Errorf("%d SM_MON calls failed after %d rounds, e.g. %w", len(failed), round+1, firstErr)
 		}
 		retried += len(failed)
