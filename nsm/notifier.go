@@ -37,8 +37,10 @@ type NotifierConfig struct {
 	// may be dead), after that long. Its call stays outstanding and it
 	// continues on its own backoff schedule outside the budget, so dead
 	// hosts never hold up live ones, while a stall of the sender or of the
-	// network (no answers, not overtaken) frees no place: the calls in
-	// flight stay bounded instead of piling up behind it. Default 1024.
+	// network (no answers, nobody overtaken) shorter than 100 ms frees no
+	// place, and a longer one the budget once per 100 ms: the calls in
+	// flight stay bounded instead of piling up behind it. A host waiting
+	// for its name lookup is overtaken in the same way. Default 1024.
 	Parallel int
 	// InitialRTO is the first retransmit timeout; it doubles up to MaxRTO.
 	// Defaults 500 ms and 30 s.
@@ -452,6 +454,9 @@ func (r *run) fill() {
 		}
 		if len(h.addrs) == 0 {
 			h.phase = phResolve
+			// Calls sent from now on and answered overtake the lookup.
+			h.seq = r.sendSeq
+			r.firstQ = append(r.firstQ, firstSend{idx: int32(i), seq: h.seq})
 			r.lookup(i)
 			r.arm(i)
 			continue
