@@ -236,8 +236,12 @@ func NotifyChild(ctx context.Context, progress io.Writer) error {
 		case o.Fakes == FakesAuto && o.DeadMode == DeadSilent:
 			o.sharedPort, o.wildcard = false, true
 		default:
-			return fmt.Errorf("the open-file limit %d is too low for %d hosts on sockets of their own (%d sockets, plus %d); lower --hosts or use --fakes %s",
-				limit, o.Hosts, one-notifySpareFDs, notifySpareFDs, FakesWildcard)
+			hint := "lower --hosts or use --fakes " + FakesWildcard
+			if o.DeadMode == DeadRefused {
+				hint = "lower --hosts (--dead-mode " + DeadRefused + " needs them)"
+			}
+			return fmt.Errorf("the open-file limit %d is too low for %d hosts on sockets of their own (%d sockets, plus %d); %s",
+				limit, o.Hosts, one-notifySpareFDs, notifySpareFDs, hint)
 		}
 	} else {
 		o.wildcard = true
