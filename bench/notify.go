@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -52,6 +53,10 @@ const (
 	// ICMP port unreachable, as an up host without rpcbind does).
 	DeadSilent  = "silent"
 	DeadRefused = "refused"
+	// How the fake hosts get their sockets (NotifyOptions.Fakes).
+	FakesAuto     = "auto"
+	FakesPerHost  = "per-host"
+	FakesWildcard = "wildcard"
 )
 
 type NotifyOptions struct {
@@ -65,8 +70,16 @@ type NotifyOptions struct {
 	Timeout         time.Duration `json:"timeout"`
 	Conns           int           `json:"conns"`
 	LogLevel        string        `json:"log_level"`
-	CPUProfile      string        `json:"cpu_profile,omitempty"` // absolute path: the child's CPU profile from the fault to the last live host
-	sharedPort      bool          // set in the child: the statd shares port 111
+	// Fakes is how the fake hosts get their sockets: per-host (a
+	// portmapper socket on each host's 127.x.y.z:111 and a statd socket of
+	// its own; 111 shared when the open-file limit allows only one per
+	// host), wildcard (two sockets per CPU on 0.0.0.0 for all the hosts,
+	// replies sent from the address each call was sent to: IP_PKTINFO), or
+	// auto (per-host when the open-file limit allows, else wildcard).
+	Fakes      string `json:"fakes"`
+	CPUProfile string `json:"cpu_profile,omitempty"` // absolute path: the child's CPU profile from the fault to the last live host
+	sharedPort bool   // set in the child: the statd shares port 111
+	wildcard   bool   // set in the child: the wildcard sockets serve every host
 }
 
 // notifySpareFDs is the open-file budget for everything but the fake
@@ -89,6 +102,15 @@ func (o *NotifyOptions) Validate() error {
 	}
 	if o.Timeout <= 0 || o.SMNotifyTimeout <= 0 {
 		errs = append(errs, errors.New("--timeout and --sm-notify-timeout must be positive"))
+	}
+	switch o.Fakes {
+	case FakesAuto, FakesPerHost:
+	case FakesWildcard:
+		if o.DeadMode == DeadRefused {
+			errs = append(errs, fmt.Errorf("--dead-mode %s needs --fakes %s (with the wildcard sockets every address has a listener)", DeadRefused, FakesPerHost))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--fakes must be %s, %s or %s, not %q", FakesAuto, FakesPerHost, FakesWildcard, o.Fakes))
 	}
 	if o.Conns < 1 {
 		errs = append(errs, fmt.Errorf("--conns must be at least 1, not %d", o.Conns))
@@ -140,25 +162,36 @@ type NotifySends struct {
 }
 
 type NotifyReport struct {
-	Hosts       int     `json:"hosts"`
-	Live        int     `json:"live"`
-	Dead        int     `json:"dead"`
-	DeadMode    string  `json:"dead_mode"`
-	Fault       string  `json:"fault"`
-	Nodes       int     `json:"nodes"`
-	Netns       string  `json:"netns"`
-	StatdPort   string  `json:"statd_port"` // where each fake statd listens
-	RegisterMS  float64 `json:"register_ms"`
-	RegisterPS  float64 `json:"register_per_s"`
-	OldState    int32   `json:"old_state"`
-	NewState    int32   `json:"new_state"`
-	NotifyName  string  `json:"notify_name"`
-	FaultToTkMS float64 `json:"fault_to_takeover_ms"` // fault → takeover command stamped by the new leader
+	Hosts      int     `json:"hosts"`
+	Live       int     `json:"live"`
+	Dead       int     `json:"dead"`
+	DeadMode   string  `json:"dead_mode"`
+	Fault      string  `json:"fault"`
+	Nodes      int     `json:"nodes"`
+	Netns      string  `json:"netns"`
+	StatdPort  string  `json:"statd_port"` // where each fake statd listens
+	Fakes      string  `json:"fakes"`      // per-host | wildcard sockets
+	RegisterMS float64 `json:"register_ms"`
+	RegisterPS float64 `json:"register_per_s"`
+	// RegisterRetried counts SM_MON calls sent again because the first
+	// failed (a leader change under the registration load).
+	RegisterRetried int     `json:"register_retried,omitempty"`
+	OldState        int32   `json:"old_state"`
+	NewState        int32   `json:"new_state"`
+	NotifyName      string  `json:"notify_name"`
+	FaultToTkMS     float64 `json:"fault_to_takeover_ms"` // fault → takeover command stamped by the new leader
 	// EarlyNotify counts SM_NOTIFYs the hosts got before the fault (should be 0).
-	EarlyNotify int64        `json:"early_notify"`
-	NSMD        NotifyPhase  `json:"nsmd"`
-	Sends       NotifySends  `json:"nsmd_sends"`
-	SMNotify    *NotifyPhase `json:"sm_notify,omitempty"`
+	EarlyNotify int64       `json:"early_notify"`
+	NSMD        NotifyPhase `json:"nsmd"`
+	// TakeoversAfter counts the takeovers after the measured one until the
+	// last live host was notified (each bumps sm_state by 2 and starts the
+	// fan-out again): the leader lost its lease under the load.
+	TakeoversAfter int `json:"takeovers_after,omitempty"`
+	// Memory and UDP are from the fault to the last live host's SM_NOTIFY.
+	Memory   NotifyMemory `json:"memory"`
+	UDP      UDPCounters  `json:"udp"`
+	Sends    NotifySends  `json:"nsmd_sends"`
+	SMNotify *NotifyPhase `json:"sm_notify,omitempty"`
 	// Ratio is sm-notify's completion over nsmd's (a lower bound when
 	// sm-notify did not reach every live host).
 	Ratio      float64 `json:"ratio,omitempty"`
@@ -182,22 +215,36 @@ func NotifyChild(ctx context.Context, progress io.Writer) error {
 	if err := notifyCheckPrivateNetns(); err != nil {
 		return err
 	}
-	live := len(notifyLive(o.Hosts, o.DeadPct))
-	deadSockets := 0
-	if o.DeadMode == DeadSilent {
-		deadSockets = o.Hosts - live
-	}
-	two, one := uint64(2*live+deadSockets+notifySpareFDs), uint64(live+deadSockets+notifySpareFDs)
-	limit, err := notifyRaiseNofile(two)
-	if err != nil {
-		return err
-	}
-	// Two sockets per live host when the open-file limit allows (a
-	// portmapper on 111 and the statd on its own port), else one: the
-	// statd answers on port 111 too (GETPORT says so).
-	o.sharedPort = limit < two
-	if limit < one {
-		return fmt.Errorf("the open-file limit %d is too low for %d hosts (%d sockets, plus %d); lower --hosts", limit, o.Hosts, one-notifySpareFDs, notifySpareFDs)
+	if o.Fakes != FakesWildcard {
+		live := len(notifyLive(o.Hosts, o.DeadPct))
+		deadSockets := 0
+		if o.DeadMode == DeadSilent {
+			deadSockets = o.Hosts - live
+		}
+		two, one := uint64(2*live+deadSockets+notifySpareFDs), uint64(live+deadSockets+notifySpareFDs)
+		limit, err := notifyRaiseNofile(two)
+		if err != nil {
+			return err
+		}
+		// Two sockets per live host when the open-file limit allows (a
+		// portmapper on 111 and the statd on its own port), else one: the
+		// statd answers on port 111 too (GETPORT says so); below that, the
+		// wildcard sockets (auto).
+		o.sharedPort = limit < two
+		switch {
+		case limit >= one:
+		case o.Fakes == FakesAuto && o.DeadMode == DeadSilent:
+			o.sharedPort, o.wildcard = false, true
+		default:
+			hint := "lower --hosts or use --fakes " + FakesWildcard
+			if o.DeadMode == DeadRefused {
+				hint = "lower --hosts (--dead-mode " + DeadRefused + " needs them)"
+			}
+			return fmt.Errorf("the open-file limit %d is too low for %d hosts on sockets of their own (%d sockets, plus %d); %s",
+				limit, o.Hosts, one-notifySpareFDs, notifySpareFDs, hint)
+		}
+	} else {
+		o.wildcard = true
 	}
 	out := os.NewFile(3, "report")
 	if out == nil {
@@ -223,6 +270,18 @@ func notifyAddr(i int) netip.Addr {
 // notifyDead reports whether host i of a list with deadPct % dead
 // hosts is dead: exactly round-down(n·pct/100) of the first n hosts are,
 // spread evenly over the list.
+// notifyIndex is the host number of address a (notifyAddr's inverse).
+func notifyIndex(a netip.Addr) (int, bool) {
+	if !a.Is4() {
+		return 0, false
+	}
+	b := a.As4()
+	if b[0] != 127 || b[1] == 0 || b[3] == 0 || b[3] > 250 {
+		return 0, false
+	}
+	return ((int(b[1])-1)*256+int(b[2]))*250 + int(b[3]) - 1, true
+}
+
 func notifyDead(i int, deadPct float64) bool {
 	q := int64(math.Round(deadPct * 100)) // per 10,000
 	return (int64(i)+1)*q/10000 > int64(i)*q/10000
@@ -270,12 +329,22 @@ type benchHost struct {
 	first atomic.Int64 // UnixNano of this phase's first counted SM_NOTIFY; 0: none
 }
 
-func startBenchHosts(n int, deadPct float64, deadMode string, shared bool) (*benchHosts, error) {
+func startBenchHosts(n int, deadPct float64, deadMode string, shared, wildcard bool) (*benchHosts, error) {
 	h := &benchHosts{hosts: make([]benchHost, n)}
 	h.minState.Store(math.MaxInt32) // nothing counts until a phase starts
 	for i := range h.hosts {
 		hh := &h.hosts[i]
 		hh.addr, hh.dead = notifyAddr(i), notifyDead(i, deadPct)
+	}
+	if wildcard {
+		if err := h.startWildcard(runtime.GOMAXPROCS(0)); err != nil {
+			h.Close()
+			return nil, err
+		}
+		return h, nil
+	}
+	for i := range h.hosts {
+		hh := &h.hosts[i]
 		if hh.dead {
 			if deadMode == DeadSilent {
 				pc, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(hh.addr, oncrpc.PmapPort)))
@@ -367,43 +436,107 @@ func (h *benchHosts) serve(host *benchHost, c *net.UDPConn, isPmap, isStatd bool
 			}
 			continue
 		}
-		r := oncrpc.NewReader(buf[:n])
-		var call oncrpc.CallHeader
-		if call.UnmarshalXDR(r) != nil {
-			continue // not an RPC version 2 call: no answer
+		var ok bool
+		if out, ok = h.answer(host, buf[:n], from, out, isPmap, isStatd, statdPort); ok {
+			c.WriteToUDPAddrPort(out, from)
 		}
-		prog, vers, proc := call.Prog, call.Vers, call.Proc
-		rep := oncrpc.ReplyHeader{XID: call.XID, Stat: oncrpc.ReplyAccepted, AcceptStat: oncrpc.AcceptSuccess}
-		getport, port := false, uint32(0)
-		switch {
-		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcNull:
-		case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcGetPort:
-			h.getportRx.Add(1)
-			getport = true
-			mp, mv, prot := r.Uint32(), r.Uint32(), r.Uint32()
-			if mp == nsm.Program.Prog && mv == nsm.Program.Vers && prot == oncrpc.IPProtoUDP {
-				port = statdPort
-			}
-		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNull:
-		case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNotify:
-			var sc nsm.StatChge
-			if sc.UnmarshalXDR(r) != nil {
-				continue
-			}
-			h.record(host, from, sc)
-		case (isPmap && prog == oncrpc.PmapProg) || (isStatd && prog == nsm.Program.Prog):
-			rep.AcceptStat = oncrpc.AcceptProcUnavail
-		default:
-			rep.AcceptStat = oncrpc.AcceptProgUnavail
-		}
-		w := oncrpc.NewWriter(out)
-		rep.MarshalXDR(w)
-		if getport {
-			w.Uint32(port)
-		}
-		out = w.Bytes()
-		c.WriteToUDPAddrPort(out, from)
 	}
+}
+
+// startWildcard serves every host from a few sockets instead of one or two
+// per host (the open-file limit caps those at some 10,000 hosts): per CPU,
+// one on 0.0.0.0:111 (every portmapper) and one on 0.0.0.0:P (every statd),
+// bound with SO_REUSEPORT so the kernel spreads the calls over them. The
+// destination address of each call (IP_PKTINFO) tells which host it is
+// for; the answer leaves from that address, as a host of its own would
+// send it. A dead host's calls are dropped (silent).
+func (h *benchHosts) startWildcard(perPort int) error {
+	var statdPort uint16
+	for range max(perPort, 1) {
+		pmap, err := listenPktinfo(oncrpc.PmapPort)
+		if err != nil {
+			return fmt.Errorf("fake portmappers on 0.0.0.0:%d: %w", oncrpc.PmapPort, err)
+		}
+		h.conns = append(h.conns, pmap)
+		statd, err := listenPktinfo(statdPort)
+		if err != nil {
+			return fmt.Errorf("fake statds on 0.0.0.0:%d: %w", statdPort, err)
+		}
+		h.conns = append(h.conns, statd)
+		statdPort = uint16(statd.LocalAddr().(*net.UDPAddr).Port)
+		h.wg.Go(func() { h.serveWildcard(pmap, true, false, uint32(statdPort)) })
+		h.wg.Go(func() { h.serveWildcard(statd, false, true, 0) })
+	}
+	return nil
+}
+
+func (h *benchHosts) serveWildcard(c *net.UDPConn, isPmap, isStatd bool, statdPort uint32) {
+	buf, oob := make([]byte, benchMaxFakeMessage), make([]byte, 128)
+	out := make([]byte, 0, 64)
+	for {
+		n, oobn, _, from, err := c.ReadMsgUDPAddrPort(buf, oob)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		dst, ok := pktinfoDst(oob[:oobn])
+		if !ok {
+			continue
+		}
+		i, ok := notifyIndex(dst)
+		if !ok || i >= len(h.hosts) {
+			continue // not one of the hosts
+		}
+		host := &h.hosts[i]
+		if host.dead {
+			h.deadRx.Add(1)
+			continue
+		}
+		if out, ok = h.answer(host, buf[:n], from, out, isPmap, isStatd, statdPort); ok {
+			c.WriteMsgUDPAddrPort(out, pktinfoSrc(dst), from)
+		}
+	}
+}
+
+// answer is a fake host's answer to one datagram (ok false: none).
+func (h *benchHosts) answer(host *benchHost, msg []byte, from netip.AddrPort, out []byte, isPmap, isStatd bool, statdPort uint32) ([]byte, bool) {
+	r := oncrpc.NewReader(msg)
+	var call oncrpc.CallHeader
+	if call.UnmarshalXDR(r) != nil {
+		return out, false // not an RPC version 2 call: no answer
+	}
+	prog, vers, proc := call.Prog, call.Vers, call.Proc
+	rep := oncrpc.ReplyHeader{XID: call.XID, Stat: oncrpc.ReplyAccepted, AcceptStat: oncrpc.AcceptSuccess}
+	getport, port := false, uint32(0)
+	switch {
+	case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcNull:
+	case isPmap && prog == oncrpc.PmapProg && vers == oncrpc.PmapVers && proc == oncrpc.PmapProcGetPort:
+		h.getportRx.Add(1)
+		getport = true
+		mp, mv, prot := r.Uint32(), r.Uint32(), r.Uint32()
+		if mp == nsm.Program.Prog && mv == nsm.Program.Vers && prot == oncrpc.IPProtoUDP {
+			port = statdPort
+		}
+	case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNull:
+	case isStatd && prog == nsm.Program.Prog && vers == nsm.Program.Vers && proc == nsm.ProcNotify:
+		var sc nsm.StatChge
+		if sc.UnmarshalXDR(r) != nil {
+			return out, false
+		}
+		h.record(host, from, sc)
+	case (isPmap && prog == oncrpc.PmapProg) || (isStatd && prog == nsm.Program.Prog):
+		rep.AcceptStat = oncrpc.AcceptProcUnavail
+	default:
+		rep.AcceptStat = oncrpc.AcceptProgUnavail
+	}
+	w := oncrpc.NewWriter(out)
+	rep.MarshalXDR(w)
+	if getport {
+		w.Uint32(port)
+	}
+	return w.Bytes(), true
 }
 
 func (h *benchHosts) record(host *benchHost, from netip.AddrPort, sc nsm.StatChge) {
@@ -493,14 +626,19 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	vip := netip.MustParseAddr(notifyVIP)
 
 	tSetup := time.Now()
-	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.DeadMode, o.sharedPort)
+	hosts, err := startBenchHosts(o.Hosts, o.DeadPct, o.DeadMode, o.sharedPort, o.wildcard)
 	if err != nil {
 		return nil, err
 	}
 	defer hosts.Close()
 	rep.StatdPort = "own port"
-	if o.sharedPort {
+	rep.Fakes = FakesPerHost
+	switch {
+	case o.sharedPort:
 		rep.StatdPort = "111 (shared with the portmapper: open-file limit)"
+	case o.wildcard:
+		rep.Fakes = FakesWildcard
+		rep.StatdPort = fmt.Sprintf("a shared port (wildcard sockets, %d per port)", runtime.GOMAXPROCS(0))
 	}
 	fmt.Fprintf(progress, "bench notify: %d fake hosts (%d live, %d dead; statd on %s) up in %v\n", o.Hosts, live, rep.Dead, rep.StatdPort, time.Since(tSetup).Round(time.Millisecond))
 
@@ -541,9 +679,11 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 
 	// Register every host through the VIP, as the server's lockd would.
 	tReg := time.Now()
-	if err := benchRegister(ctx, vipAddr, o.Hosts, o.Conns); err != nil {
+	retried, err := benchRegister(ctx, d, vipAddr, o.Hosts, o.Conns)
+	if err != nil {
 		return nil, err
 	}
+	rep.RegisterRetried = retried
 	if err := benchWaitCond(ctx, 60*time.Second, "every node to apply the registrations", func() bool {
 		for _, a := range d.Agents() {
 			if a.Node().FSM().Len() != o.Hosts {
@@ -557,7 +697,15 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	regTook := time.Since(tReg)
 	rep.RegisterMS = float64(regTook) / float64(time.Millisecond)
 	rep.RegisterPS = float64(o.Hosts) / regTook.Seconds()
-	fmt.Fprintf(progress, "bench notify: %d SM_MON committed on all nodes in %v (%.0f/s)\n", o.Hosts, regTook.Round(time.Millisecond), rep.RegisterPS)
+	fmt.Fprintf(progress, "bench notify: %d SM_MON committed on all nodes in %v (%.0f/s, %d sent again)\n", o.Hosts, regTook.Round(time.Millisecond), rep.RegisterPS, retried)
+	if retried > 0 {
+		// The leadership moved under the load: the leader to fail is the
+		// one holding the VIP now, and its state is the old one.
+		if leader, err = benchWaitLeader(ctx, d, 30*time.Second); err != nil {
+			return nil, err
+		}
+		rep.OldState = leader.Node().FSM().State()
+	}
 	rep.EarlyNotify = hosts.notifyRx.Load()
 	allNotified := hosts.phase(rep.OldState, vip, rep.NotifyName, live)
 
@@ -569,6 +717,8 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 		defer stop()
 	}
 
+	udp0 := readUDPCounters()
+	mem := startMemSampler(runtime.GC)
 	// The fault.
 	t0 := time.Now()
 	switch o.Fault {
@@ -602,6 +752,15 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	for _, a := range d.Agents() {
+		if a != leader {
+			if st := a.Node().FSM().State(); st > rep.NewState {
+				rep.TakeoversAfter = max(rep.TakeoversAfter, int(st-rep.NewState)/2)
+			}
+		}
+	}
+	rep.Memory = mem.stop()
+	rep.UDP = readUDPCounters().sub(udp0)
 	rep.NSMD = hosts.result("nsmd", tk, live, !all, o.Timeout)
 	rep.NSMD.ProgressEvery = perSecond
 	if o.CPUProfile != "" {
@@ -683,42 +842,83 @@ func benchWaitLeader(ctx context.Context, d *agent.Dev, timeout time.Duration) (
 
 // benchRegister sends SM_MON{mon_name: host i's address} for every host to
 // addr over conns TCP connections from 127.0.0.1, 64 calls in flight on each.
-func benchRegister(ctx context.Context, addr string, hosts, conns int) error {
+// A call that fails (the leader lost its lease under the load and the VIP
+// moved: the whole cluster shares two cores with the fake hosts) is sent
+// again in the next round, after a leader holds the VIP again; it returns
+// how many calls were sent again, and an error after 20 rounds.
+func benchRegister(ctx context.Context, d *agent.Dev, addr string, hosts, conns int) (retried int, err error) {
+	todo := make([]int32, hosts)
+	for i := range todo {
+		todo[i] = int32(i)
+	}
+	for round := 0; ; round++ {
+		failed, firstErr := benchRegisterRound(ctx, addr, todo, conns)
+		if len(failed) == 0 {
+			return retried, nil
+		}
+		if round == 19 || ctx.Err() != nil {
+			return retried, fmt.Errorf("%d SM_MON calls failed after %d rounds, e.g. %w", len(failed), round+1, firstErr)
+		}
+		retried += len(failed)
+		if _, err := benchWaitLeader(ctx, d, 30*time.Second); err != nil {
+			return retried, fmt.Errorf("after %d failed SM_MON calls (%w): %w", len(failed), firstErr, err)
+		}
+		todo = failed
+	}
+}
+
+// benchRegisterRound sends SM_MON for each host in todo; it returns those
+// that failed, and the first error.
+func benchRegisterRound(ctx context.Context, addr string, todo []int32, conns int) (failed []int32, firstErr error) {
 	var next atomic.Int64
-	errs := make(chan error, conns*64)
+	var mu sync.Mutex
+	fail := func(i int32, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		failed = append(failed, i)
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
 	var wg sync.WaitGroup
 	for range conns {
 		c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 30 * time.Second,
 			LocalAddr: netip.AddrFrom4([4]byte{127, 0, 0, 1})})
 		if err != nil {
-			return fmt.Errorf("connect to the VIP %s: %w", addr, err)
+			fail(-1, fmt.Errorf("connect to the VIP %s: %w", addr, err))
+			continue // the others may still work; all of todo is retried if none does
 		}
 		defer c.Close()
 		for range 64 {
 			wg.Go(func() {
 				for {
-					i := int(next.Add(1)) - 1
-					if i >= hosts {
+					k := int(next.Add(1)) - 1
+					if k >= len(todo) {
 						return
 					}
-					mon := nsm.Mon{ID: nsm.MonID{MonName: notifyAddr(i).String(),
+					i := todo[k]
+					mon := nsm.Mon{ID: nsm.MonID{MonName: notifyAddr(int(i)).String(),
 						My: nsm.MyID{MyName: notifyMyName, Prog: 100021, Vers: 3, Proc: 16}}}
 					var res nsm.SMStatRes
 					if err := c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil {
-						errs <- fmt.Errorf("SM_MON %s: %w", mon.ID.MonName, err)
-						return
+						fail(i, fmt.Errorf("SM_MON %s: %w", mon.ID.MonName, err))
+						continue
 					}
 					if res.Res != nsm.StatSucc {
-						errs <- fmt.Errorf("SM_MON %s: answered %v", mon.ID.MonName, res.Res)
-						return
+						fail(i, fmt.Errorf("SM_MON %s: answered %v", mon.ID.MonName, res.Res))
 					}
 				}
 			})
 		}
 	}
 	wg.Wait()
-	close(errs)
-	return <-errs // nil when none
+	// A connection that could not be made leaves no host behind unless
+	// none could: then every host is still to do.
+	failed = slices.DeleteFunc(failed, func(i int32) bool { return i < 0 })
+	if int(next.Load()) == 0 && len(todo) > 0 {
+		failed = append(failed[:0], todo...)
+	}
+	return failed, firstErr
 }
 
 // notifySendsOf reads the notifier's send counters from n's metrics.
@@ -858,7 +1058,7 @@ func (t *benchTail) String() string {
 func PrintNotify(w io.Writer, r *NotifyReport) {
 	fmt.Fprintf(w, "nsmd bench notify: %d hosts (%d live, %d dead: %s), fault %s, %d nodes in one process, %d CPUs, netns %s\n",
 		r.Hosts, r.Live, r.Dead, r.DeadMode, r.Fault, r.Nodes, r.CPUs, r.Netns)
-	fmt.Fprintf(w, "  each fake host: portmapper on its 127.x.y.z:111, statd on %s\n", r.StatdPort)
+	fmt.Fprintf(w, "  each fake host (%s sockets): portmapper on its 127.x.y.z:111, statd on %s\n", r.Fakes, r.StatdPort)
 	fmt.Fprintf(w, "  registration: %d SM_MON committed in %s (%.0f/s)\n", r.Hosts, drill.FormatMS(r.RegisterMS), r.RegisterPS)
 	fmt.Fprintf(w, "  %s → takeover: %s (sm_state %d → %d, notify name %s)\n", r.Fault, drill.FormatMS(r.FaultToTkMS), r.OldState, r.NewState, r.NotifyName)
 	fmt.Fprintf(w, "\n  %-10s %13s %10s %9s %9s %9s %9s %9s %11s %11s\n", "", "notified", "all done", "first", "p50", "p90", "p99", "max", "NOTIFY rx", "GETPORT rx")
@@ -880,6 +1080,15 @@ func PrintNotify(w io.Writer, r *NotifyReport) {
 		s.GetportFirst, s.GetportRetry, s.NotifyFirst, s.NotifyRetry)
 	fmt.Fprintf(w, "  live hosts received duplicates: SM_NOTIFY %d, GETPORT %d; wrong source %d, wrong mon_name %d; SM_NOTIFY before the fault %d\n",
 		max(0, r.NSMD.NotifyRx-int64(r.NSMD.Notified)), max(0, r.NSMD.GetportRx-int64(r.NSMD.Notified)), r.NSMD.WrongSource, r.NSMD.WrongMonName, r.EarlyNotify)
+	if r.TakeoversAfter > 0 {
+		fmt.Fprintf(w, "  WARNING: %d more takeover(s) during the fan-out (a leader lost its lease under the load; each starts the fan-out again)\n", r.TakeoversAfter)
+	}
+	m := r.Memory
+	fmt.Fprintf(w, "  memory (whole process: 3 nodes, fake hosts, bench): before the fault heap %.0f MiB, RSS %.0f MiB; fan-out: heap peak %.0f MiB (+%.0f), %.0f MiB allocated, RSS peak %.0f MiB, goroutines %d → max %d\n",
+		m.HeapBeforeMiB, m.RSSBeforeMiB, m.HeapPeakMiB, m.FanoutHeapMiB, m.AllocMiB, m.RSSPeakMiB, m.Goroutines, m.GoroutinesMax)
+	u := r.UDP
+	fmt.Fprintf(w, "  UDP in the namespace during the fan-out: %d datagrams in, %d out, %d receive-buffer drops, %d to no socket\n",
+		u.InDatagrams, u.OutDatagrams, u.RcvbufErrors, u.NoPorts)
 	if r.Dead > 0 && r.DeadMode == DeadSilent {
 		fmt.Fprintf(w, "  dead hosts received %d datagrams until the last live host was notified\n", r.NSMD.DeadRx)
 	}

@@ -6,11 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // NotifyInNetns creates the namespace nsmd-bench-<pid>, runs exe args
@@ -172,4 +177,50 @@ func notifyHosts(dir string) error {
 // we die first.
 func notifyChildAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// listenPktinfo opens a UDP socket on 0.0.0.0:port (0: any) with
+// SO_REUSEPORT, so that several can share the port, and IP_PKTINFO, so
+// that each datagram read says which address it was sent to. Its receive
+// buffer is forced to 8 MiB (SO_RCVBUFFORCE: root; best effort).
+func listenPktinfo(port uint16) (*net.UDPConn, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); serr != nil {
+				return
+			}
+			if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1); serr != nil {
+				return
+			}
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
+		})
+		return errors.Join(err, serr)
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp4", net.JoinHostPort("0.0.0.0", strconv.Itoa(int(port))))
+	if err != nil {
+		return nil, err
+	}
+	return pc.(*net.UDPConn), nil
+}
+
+// pktinfoDst is the destination address in a datagram's IP_PKTINFO.
+func pktinfoDst(oob []byte) (netip.Addr, bool) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_PKTINFO && len(m.Data) >= unix.SizeofInet4Pktinfo {
+			var a [4]byte
+			copy(a[:], m.Data[8:12]) // struct in_pktinfo: ipi_ifindex, ipi_spec_dst, ipi_addr
+			return netip.AddrFrom4(a), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// pktinfoSrc is the control message that sends a datagram from src.
+func pktinfoSrc(src netip.Addr) []byte {
+	return unix.PktInfo4(&unix.Inet4Pktinfo{Spec_dst: src.As4()})
 }

@@ -35,7 +35,11 @@ func benchNotifyCanNetns() string {
 // a small scale: 50 hosts, 5 of them dead, in a namespace of its own, with
 // the leader crashed; every live host must have SM_NOTIFY with the new
 // state from the VIP, and the report must add up. With sm-notify installed
-// it runs that too on the same hosts.
+// it runs that too on the same hosts. Both ways of giving the fake hosts
+// sockets: their own (per-host), and the wildcard sockets answering from
+// each call's destination address — the notifier, which drops a reply
+// from any address but the one it asked, and sm-notify must both accept
+// those.
 func TestBenchNotifyNotifiesEveryLiveHostAfterAKill(t *testing.T) {
 	if os.Getenv(bench.NotifyChildEnv) != "" {
 		t.Skip("inside the bench child")
@@ -43,7 +47,13 @@ func TestBenchNotifyNotifiesEveryLiveHostAfterAKill(t *testing.T) {
 	if why := benchNotifyCanNetns(); why != "" {
 		t.Skip("bench notify: " + why)
 	}
-	o := bench.NotifyOptions{Hosts: 50, DeadPct: 10, DeadMode: bench.DeadSilent, Fault: bench.FaultKill, Timeout: 30 * time.Second,
+	for _, fakes := range []string{bench.FakesPerHost, bench.FakesWildcard} {
+		t.Run(fakes, func(t *testing.T) { testBenchNotify(t, fakes) })
+	}
+}
+
+func testBenchNotify(t *testing.T, fakes string) {
+	o := bench.NotifyOptions{Hosts: 50, DeadPct: 10, DeadMode: bench.DeadSilent, Fakes: fakes, Fault: bench.FaultKill, Timeout: 30 * time.Second,
 		SMNotifyPath: "/usr/sbin/sm-notify", SMNotifyTimeout: 30 * time.Second, Conns: 2, LogLevel: "error"}
 	if _, err := os.Stat(o.SMNotifyPath); err == nil {
 		o.SMNotify = true
@@ -62,6 +72,9 @@ func TestBenchNotifyNotifiesEveryLiveHostAfterAKill(t *testing.T) {
 	bench.PrintNotify(&table, rep)
 	t.Log("\n" + table.String())
 
+	if rep.Fakes != fakes {
+		t.Errorf("fake hosts on %q sockets, want %q", rep.Fakes, fakes)
+	}
 	if rep.Hosts != 50 || rep.Live != 45 || rep.Dead != 5 {
 		t.Errorf("hosts %d live %d dead %d, want 50/45/5", rep.Hosts, rep.Live, rep.Dead)
 	}

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"net/netip"
 	"syscall"
 )
 
@@ -22,3 +24,9 @@ func notifyRaiseNofile(uint64) (uint64, error) { return 0, errBenchNotifyLinux }
 func notifyHosts(string) error { return errBenchNotifyLinux }
 
 func notifyChildAttr() *syscall.SysProcAttr { return nil }
+
+func listenPktinfo(uint16) (*net.UDPConn, error) { return nil, errBenchNotifyLinux }
+
+func pktinfoDst([]byte) (netip.Addr, bool) { return netip.Addr{}, false }
+
+func pktinfoSrc(netip.Addr) []byte { return nil }

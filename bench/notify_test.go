@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,14 @@ func TestBenchNotifyHostListIsDistinctLoopbackWithEvenlySpreadDeadHosts(t *testi
 			t.Fatalf("host %d: address %v (127.x.y.z with x ≥ 1, z in 1..254, distinct)", i, a)
 		}
 		seen[a.String()] = true
+		if j, ok := notifyIndex(a); !ok || j != i {
+			t.Fatalf("notifyIndex(%v) = %d, %v; want %d", a, j, ok, i)
+		}
+	}
+	for _, a := range []string{"127.0.0.100", "127.0.0.1", "10.1.0.1", "127.1.0.251", "127.1.0.0", "::1"} {
+		if j, ok := notifyIndex(netip.MustParseAddr(a)); ok {
+			t.Errorf("notifyIndex(%s) = %d: not a host address", a, j)
+		}
 	}
 	for _, c := range []struct {
 		hosts int
@@ -43,7 +52,7 @@ func TestBenchNotifyHostListIsDistinctLoopbackWithEvenlySpreadDeadHosts(t *testi
 }
 
 func TestBenchNotifyRefusesBadOptions(t *testing.T) {
-	good := NotifyOptions{Hosts: 10, DeadMode: DeadSilent, Fault: FaultKill, Timeout: time.Second, SMNotifyTimeout: time.Second, Conns: 1}
+	good := NotifyOptions{Hosts: 10, DeadMode: DeadSilent, Fakes: FakesAuto, Fault: FaultKill, Timeout: time.Second, SMNotifyTimeout: time.Second, Conns: 1}
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +64,10 @@ func TestBenchNotifyRefusesBadOptions(t *testing.T) {
 		"dead mode":      func(o *NotifyOptions) { o.DeadMode = "zombie" },
 		"timeout":        func(o *NotifyOptions) { o.Timeout = 0 },
 		"conns":          func(o *NotifyOptions) { o.Conns = 0 },
+		"fakes":          func(o *NotifyOptions) { o.Fakes = "" },
+		"refused dead hosts on wildcard sockets": func(o *NotifyOptions) {
+			o.Fakes, o.DeadMode = FakesWildcard, DeadRefused
+		},
 	} {
 		o := good
 		mod(&o)

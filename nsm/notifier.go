@@ -29,12 +29,18 @@ type NotifierConfig struct {
 	// from the start of Run. Default 15 min (sm-notify's -m default).
 	Window time.Duration
 	// Parallel bounds the hosts in their first round trip. A host leaves
-	// this budget when it answers, or when it has not answered within a
-	// few round trips (the slot timeout: smoothed RTT + 4 × its variance,
-	// as RFC 6298 computes an RTO, measured on this run's answers, at
-	// least 5 ms and at most InitialRTO); its call stays outstanding and
-	// it continues on its own backoff schedule outside the budget, so dead
-	// hosts never hold up live ones. Default 1024.
+	// this budget when it answers, or when it is overtaken: calls sent
+	// after its own have been answered (Parallel/32 of them, 1..32), so a
+	// dead host among live ones gives its place up after a few answers,
+	// however slow the round trips are; or, when no call at all has been
+	// answered for 100 ms (at most InitialRTO: every host in the budget
+	// may be dead), after that long. Its call stays outstanding and it
+	// continues on its own backoff schedule outside the budget, so dead
+	// hosts never hold up live ones, while a stall of the sender or of the
+	// network (no answers, nobody overtaken) shorter than 100 ms frees no
+	// place, and a longer one the budget once per 100 ms: the calls in
+	// flight stay bounded instead of piling up behind it. A host waiting
+	// for its name lookup is overtaken in the same way. Default 1024.
 	Parallel int
 	// InitialRTO is the first retransmit timeout; it doubles up to MaxRTO.
 	// Defaults 500 ms and 30 s.
@@ -56,6 +62,12 @@ type NotifierConfig struct {
 	Resolve func(ctx context.Context, name string) ([]netip.Addr, error)
 	Logger  *slog.Logger
 	Metrics *Metrics
+
+	// Tests: how many later calls answered overtake a call (default
+	// Parallel/32, 1..32), and how long without any answer frees a place
+	// in the budget (default 100 ms, at most InitialRTO).
+	overtake int
+	silence  time.Duration
 }
 
 func (c *NotifierConfig) setDefaults() {
@@ -85,6 +97,12 @@ func (c *NotifierConfig) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.overtake == 0 {
+		c.overtake = min(max(c.Parallel/32, 1), 32)
+	}
+	if c.silence == 0 {
+		c.silence = min(silenceFree, c.InitialRTO)
 	}
 }
 
@@ -177,7 +195,7 @@ func (n *Notifier) Run(ctx context.Context, state int32, targets []fsm.Target) S
 	n.failed.Store(0)
 	n.publish()
 
-	r := &run{n: n, cfg: &n.cfg, state: state, start: start, deadline: start.Add(n.cfg.Window)}
+	r := &run{n: n, cfg: &n.cfg, state: state, start: start, deadline: start.Add(n.cfg.Window), lastAnswer: start}
 	sum := r.run(ctx, targets)
 	sum.RTT = r.srtt
 	sum.State = state
@@ -219,6 +237,7 @@ type host struct {
 	rtoAt                time.Time // the current call's retransmit timeout
 	sentAt               time.Time // the current call's last send
 	callSends            uint8     // sends of the current call (XID), saturating
+	seq                  uint64    // the run's send sequence number of the last send
 	gen                  uint32    // timer generation; older heap entries are stale
 	first                bool      // in its first round trip (counts toward Parallel)
 	// resolving: a lookup is in flight (at most one per host, so the
@@ -240,6 +259,12 @@ type resolved struct {
 	err   error
 }
 
+// firstSend is one send of a host in its first round trip.
+type firstSend struct {
+	idx int32
+	seq uint64
+}
+
 type run struct {
 	n        *Notifier
 	cfg      *NotifierConfig
@@ -257,11 +282,19 @@ type run struct {
 	timers  timerHeap
 	buf     []byte
 	// Round-trip estimate from answers to calls sent once (Karn), RFC
-	// 6298 §2: it sets the slot timeout.
+	// 6298 §2 (reported in the Summary).
 	srtt, rttvar time.Duration
 	rttSamples   int
-	resolve      chan int
-	results      chan resolved
+	// The first-round budget: sends numbered in order, the highest number
+	// answered (calls sent once only), when the last answer came, and the
+	// first-round sends not yet overtaken, oldest first.
+	sendSeq    uint64
+	ackedSeq   uint64
+	lastAnswer time.Time
+	firstQ     []firstSend
+	firstHead  int
+	resolve    chan int
+	results    chan resolved
 }
 
 func (r *run) run(ctx context.Context, targets []fsm.Target) Summary {
@@ -421,6 +454,9 @@ func (r *run) fill() {
 		}
 		if len(h.addrs) == 0 {
 			h.phase = phResolve
+			// Calls sent from now on and answered overtake the lookup.
+			h.seq = r.sendSeq
+			r.firstQ = append(r.firstQ, firstSend{idx: int32(i), seq: h.seq})
 			r.lookup(i)
 			r.arm(i)
 			continue
@@ -502,6 +538,11 @@ func (r *run) send(i int) {
 		h.callSends++
 	}
 	h.sentAt = time.Now()
+	r.sendSeq++
+	h.seq = r.sendSeq
+	if h.first {
+		r.firstQ = append(r.firstQ, firstSend{idx: int32(i), seq: h.seq})
+	}
 	w := oncrpc.NewWriter(r.buf)
 	var dst netip.AddrPort
 	switch h.phase {
@@ -528,8 +569,8 @@ func (r *run) send(i int) {
 }
 
 // arm schedules the host's next timeout (never past the window's end): its
-// retransmit timeout, or first its slot timeout while it holds a place in
-// the first-round budget.
+// retransmit timeout, or first, while it holds a place in the first-round
+// budget, the silence check.
 func (r *run) arm(i int) {
 	h := &r.hosts[i]
 	h.gen++
@@ -540,30 +581,43 @@ func (r *run) arm(i int) {
 	}
 	at := h.rtoAt
 	if h.first {
-		if st := now.Add(r.slotTimeout()); st.Before(at) {
+		if st := now.Add(r.cfg.silence); st.Before(at) {
 			at = st
 		}
 	}
 	heap.Push(&r.timers, timerEntry{at: at, idx: int32(i), gen: h.gen})
 }
 
-const (
-	// minSlot is the least time a first-round call holds its place in the
-	// Parallel budget.
-	minSlot = 5 * time.Millisecond
-	// slotBeforeRTT is the slot timeout until the first answer gives a
-	// round-trip sample (capped by InitialRTO).
-	slotBeforeRTT = 100 * time.Millisecond
-)
+// silenceFree is how long without any answer frees the places in the
+// first-round budget (capped by InitialRTO).
+const silenceFree = 100 * time.Millisecond
 
-// slotTimeout is how long a host in its first round trip may hold its
-// place in the budget without an answer.
-func (r *run) slotTimeout() time.Duration {
-	st := slotBeforeRTT
-	if r.rttSamples > 0 {
-		st = max(r.srtt+4*r.rttvar, minSlot)
+// leaveFirst takes host i out of the first-round budget.
+func (r *run) leaveFirst(i int) {
+	if h := &r.hosts[i]; h.first {
+		h.first = false
+		r.inFirst--
 	}
-	return min(st, r.cfg.InitialRTO)
+}
+
+// overtaken takes the hosts whose first-round call has been overtaken —
+// answered calls sent at least overtake sends after it — out of the
+// budget. Their calls stay outstanding until their retransmit timeout.
+func (r *run) overtaken() {
+	for r.firstHead < len(r.firstQ) {
+		e := r.firstQ[r.firstHead]
+		if e.seq+uint64(r.cfg.overtake) > r.ackedSeq {
+			break
+		}
+		r.firstHead++
+		if h := &r.hosts[e.idx]; h.first && h.seq == e.seq && h.phase < phDone {
+			r.leaveFirst(int(e.idx))
+		}
+	}
+	if r.firstHead > 1024 && r.firstHead*2 > len(r.firstQ) {
+		r.firstQ = append(r.firstQ[:0], r.firstQ[r.firstHead:]...)
+		r.firstHead = 0
+	}
 }
 
 // sampleRTT folds one round trip into the estimate (RFC 6298 §2.2-2.3).
@@ -594,19 +648,25 @@ func (r *run) fire(now time.Time) {
 			r.finish(i, false, fmt.Errorf("no answer within %v", r.cfg.Window))
 			continue
 		}
-		if h.first && now.Before(h.rtoAt) {
-			// No answer within a few round trips: probably dead. It gives
-			// its place to a host that has not started; its call stays
+		if now.Before(h.rtoAt) {
+			// The silence check of a host in its first round trip. If
+			// nothing at all has been answered for that long, every host in
+			// the budget may be dead: this one gives its place to a host
+			// that has not started. Else answers are coming and it stays
+			// until they overtake it. Either way its call stays
 			// outstanding until its retransmit timeout.
-			h.first = false
-			r.inFirst--
+			if h.first {
+				if since := now.Sub(r.lastAnswer); since >= r.cfg.silence {
+					r.leaveFirst(i)
+				} else {
+					heap.Push(&r.timers, timerEntry{at: now.Add(r.cfg.silence - since), idx: e.idx, gen: h.gen})
+					continue
+				}
+			}
 			heap.Push(&r.timers, timerEntry{at: h.rtoAt, idx: e.idx, gen: h.gen})
 			continue
 		}
-		if h.first {
-			h.first = false
-			r.inFirst--
-		}
+		r.leaveFirst(i)
 		h.rto = min(2*h.rto, r.cfg.MaxRTO)
 		switch {
 		case h.phase == phResolve:
@@ -642,8 +702,12 @@ func (r *run) onReply(rep reply) {
 	if rep.from != h.addr {
 		return // not from the host we asked: ignore (spoofed or stray)
 	}
+	r.lastAnswer = time.Now()
 	if h.callSends == 1 {
-		r.sampleRTT(time.Since(h.sentAt))
+		r.sampleRTT(r.lastAnswer.Sub(h.sentAt))
+		// Only a call sent once says which send was answered (Karn).
+		r.ackedSeq = max(r.ackedSeq, h.seq)
+		r.overtaken()
 	}
 	switch h.phase {
 	case phPmap:
@@ -678,10 +742,7 @@ func (r *run) finish(i int, ok bool, err error) {
 		return
 	}
 	r.retire(h)
-	if h.first {
-		h.first = false
-		r.inFirst--
-	}
+	r.leaveFirst(i)
 	h.gen++
 	r.left--
 	r.n.pending.Add(-1)

@@ -1,6 +1,7 @@
 package nsm
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"net"
@@ -407,12 +408,183 @@ func TestNotifierScalesTo10kHosts(t *testing.T) {
 	}
 }
 
-func BenchmarkNotify10k(b *testing.B) {
+func BenchmarkNotify10k(b *testing.B) { benchmarkNotify(b, 10_000, "ms/10k-hosts") }
+
+// BenchmarkNotify100k: the notifier alone (no cluster) on 100,000 targets.
+func BenchmarkNotify100k(b *testing.B) { benchmarkNotify(b, 100_000, "ms/100k-hosts") }
+
+func benchmarkNotify(b *testing.B, n int, unit string) {
 	for b.Loop() {
-		sum, _ := notifyMany(b, 10_000)
-		if sum.Done != 10_000 {
+		sum, _ := notifyMany(b, n)
+		if sum.Done != n {
 			b.Fatalf("summary %+v", sum)
 		}
-		b.ReportMetric(float64(sum.Elapsed.Milliseconds()), "ms/10k-hosts")
+		b.ReportMetric(float64(sum.Elapsed.Milliseconds()), unit)
+	}
+}
+
+// startBlackHoles opens a UDP socket on each address at port that reads
+// and never answers (a host that is down), and sends each datagram's
+// destination on got.
+func startBlackHoles(t *testing.T, addrs []netip.Addr, port int, got chan<- netip.Addr) {
+	t.Helper()
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait) // runs after the sockets' cleanups (last in, first out)
+	for _, a := range addrs {
+		pc, err := net.ListenPacket("udp", netip.AddrPortFrom(a, uint16(port)).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			buf := make([]byte, 512)
+			for {
+				if _, _, err := pc.ReadFrom(buf); err != nil {
+					return
+				}
+				got <- a
+			}
+		})
+		t.Cleanup(func() { pc.Close() })
+	}
+}
+
+// overtakeHosts is the list of TestNotifierOvertakenDeadHostsLeaveTheBudget:
+// live and dead hosts alternating, a live one first.
+func overtakeHosts(t *testing.T, pairs int, port int, notified chan<- netip.Addr, holes chan<- netip.Addr) (targets []fsm.Target, live []*fakeHost) {
+	var dead []netip.Addr
+	for i := range 2 * pairs {
+		a := addr4(700 + i)
+		targets = append(targets, fsm.Target{MonName: a.String(), Addrs: []netip.Addr{a}})
+		if i%2 == 1 {
+			dead = append(dead, a)
+			continue
+		}
+		h, err := startFakeHost(t, a, port, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		h.notified = notified
+		h.mu.Unlock()
+		live = append(live, h)
+	}
+	startBlackHoles(t, dead, port, holes)
+	return targets, live
+}
+
+// DESIGN.md invariant 4, "dead hosts ... without delaying live ones", by
+// the order of answers alone: with the first-round budget (Parallel 4)
+// far smaller than the number of dead hosts, and neither a retransmit
+// timeout nor the silence check within the test (an hour each), a dead
+// host leaves the budget only because calls sent after its own were
+// answered; every live host is notified with one GETPORT and one SM_NOTIFY.
+// The negative control turns overtaking off: the budget then fills with
+// the first four dead hosts, after the four live hosts before them, and
+// stays full — the fan-out is stuck at exactly four.
+func TestNotifierOvertakenDeadHostsLeaveTheBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		overtake int
+	}{{"overtaking", 1}, {"negative control: never overtaken", 1 << 30}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const pairs, parallel = 20, 4
+			port := sharedPmapPort(t)
+			notified, holes := make(chan netip.Addr, 4*pairs), make(chan netip.Addr, 4*pairs)
+			targets, live := overtakeHosts(t, pairs, port, notified, holes)
+			m := NewMetrics(prometheus.NewRegistry())
+			n, err := NewNotifier(NotifierConfig{Name: "nfs.example.test", Source: lo, PmapPort: port, Parallel: parallel,
+				InitialRTO: time.Hour, MaxRTO: time.Hour, Window: 2 * time.Hour, Metrics: m,
+				overtake: tc.overtake, silence: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			got := make(chan Summary, 1)
+			go func() { got <- n.Run(ctx, 13, targets) }()
+			wantLive, wantHoles := len(live), pairs
+			if tc.overtake > pairs*4 {
+				wantLive, wantHoles = parallel, parallel // stuck: see the comment above
+			}
+			seen, holed := map[netip.Addr]bool{}, map[netip.Addr]bool{}
+			guard := time.After(30 * time.Second) // a failure guard, not a timing assertion
+			for len(seen) < wantLive || len(holed) < wantHoles {
+				select {
+				case a := <-notified:
+					seen[a] = true
+				case a := <-holes:
+					holed[a] = true
+				case <-guard:
+					t.Fatalf("%d live hosts notified (want %d), %d dead hosts asked (want %d)", len(seen), wantLive, len(holed), wantHoles)
+				}
+			}
+			// The hosts answer after recording: wait for the notifier to count them.
+			for _, d, _ := n.Progress(); d < wantLive; _, d, _ = n.Progress() {
+				select {
+				case <-guard:
+					t.Fatalf("notifier counts %d of %d live hosts done", d, wantLive)
+				case <-time.After(time.Millisecond):
+				}
+			}
+			cancel()
+			sum := <-got
+			if sum.Done != wantLive || sum.Pending != len(targets)-wantLive {
+				t.Errorf("summary %+v, want %d done and the rest pending", sum, wantLive)
+			}
+			if f := counterOrGauge(m.notifySends.WithLabelValues("getport", "first")); int(f) != wantLive+wantHoles {
+				t.Errorf("%v first GETPORTs, want %d (%d live, %d dead hosts started)", f, wantLive+wantHoles, wantLive, wantHoles)
+			}
+			for _, kind := range []string{"getport", "notify"} {
+				if r := counterOrGauge(m.notifySends.WithLabelValues(kind, "retry")); r != 0 {
+					t.Errorf("%v %s retransmissions with an hour's timeout", r, kind)
+				}
+			}
+			for _, h := range live[:wantLive] {
+				if recs, pmaps := h.snapshot(); len(recs) != 1 || len(pmaps) != 1 {
+					t.Errorf("host %v: %d SM_NOTIFY, %d GETPORT; want one of each", h.addr, len(recs), len(pmaps))
+				}
+			}
+		})
+	}
+}
+
+// The silence check, on the scheduler alone (no sockets): a host in its
+// first round trip keeps its place while answers keep coming within the
+// silence period — however long it has itself been waiting — and gives
+// it up once nothing has been answered for that long.
+func TestNotifierSilenceFreesTheBudgetOnlyWhenNothingIsAnswered(t *testing.T) {
+	const silence = 100 * time.Millisecond
+	t0 := time.Now()
+	cfg := NotifierConfig{Name: "nfs", InitialRTO: time.Hour, MaxRTO: time.Hour, Window: 2 * time.Hour, silence: silence}
+	cfg.setDefaults()
+	n := &Notifier{cfg: cfg, log: cfg.Logger}
+	r := &run{n: n, cfg: &n.cfg, start: t0, deadline: t0.Add(cfg.Window), lastAnswer: t0, hosts: make([]host, 4)}
+	for i := range r.hosts {
+		r.hosts[i] = host{phase: phPmap, first: true, xid: uint32(i + 1), rto: time.Hour, rtoAt: t0.Add(time.Hour), gen: 1}
+		heap.Push(&r.timers, timerEntry{at: t0.Add(silence), idx: int32(i), gen: 1})
+	}
+	r.next, r.inFirst, r.left = len(r.hosts), len(r.hosts), len(r.hosts)
+	// Answers (to other calls) up to 90 ms in: at 100 ms nobody leaves.
+	r.lastAnswer = t0.Add(90 * time.Millisecond)
+	r.fire(t0.Add(silence))
+	if r.inFirst != 4 {
+		t.Fatalf("%d hosts in the budget after 100 ms with an answer 10 ms ago, want 4", r.inFirst)
+	}
+	if r.timers.Len() != 4 || r.timers[0].at != t0.Add(190*time.Millisecond) {
+		t.Fatalf("checks re-armed at %v (%d), want 190 ms in", r.timers[0].at.Sub(t0), r.timers.Len())
+	}
+	// Nothing answered since: at 190 ms every host leaves the budget, its
+	// call still outstanding until its retransmit timeout (an hour).
+	r.fire(t0.Add(190 * time.Millisecond))
+	if r.inFirst != 0 {
+		t.Fatalf("%d hosts in the budget after 100 ms without answers, want 0", r.inFirst)
+	}
+	for i, h := range r.hosts {
+		if h.phase != phPmap || h.xid == 0 || h.first {
+			t.Errorf("host %d: %+v, want still asking the portmapper, out of the budget", i, h)
+		}
+	}
+	if r.timers.Len() != 4 || r.timers[0].at != t0.Add(time.Hour) {
+		t.Errorf("next timeouts %v (%d), want the retransmit timeout", r.timers[0].at.Sub(t0), r.timers.Len())
 	}
 }

@@ -223,6 +223,7 @@ Needs root (network namespaces, port 111).`,
 	f.IntVar(&o.Hosts, "hosts", 1000, "fake client hosts to register and notify")
 	f.Float64Var(&o.DeadPct, "dead-pct", 0, "percentage of the hosts that never answer (registered, spread evenly over the list)")
 	f.StringVar(&o.DeadMode, "dead-mode", bench.DeadSilent, "how a dead host does not answer: silent (its port 111 drops everything, like a host that is down) | refused (nothing listens: ICMP port unreachable; see the note in --help)")
+	f.StringVar(&o.Fakes, "fakes", bench.FakesAuto, "how the fake hosts get sockets: per-host (port 111 on each host's address; one or two sockets per host) | wildcard (a few sockets on 0.0.0.0 answering from each call's destination address: past the open-file limit) | auto (per-host when the open-file limit allows)")
 	f.StringVar(&o.Fault, "fault", bench.FaultKill, "how the leader goes: kill (in-process crash, like SIGKILL) | transfer (leadership transfer)")
 	f.BoolVar(&o.SMNotify, "sm-notify", false, "also run the real sm-notify on the same host list and print the ratio")
 	f.StringVar(&o.SMNotifyPath, "sm-notify-path", "/usr/sbin/sm-notify", "the sm-notify to run")
