@@ -114,6 +114,10 @@ type Config struct {
 	// DataDir to find a full or failing disk before raft does (default 5 s;
 	// every second while the disk fails).
 	DiskProbeInterval time.Duration
+	// DiskSlowThreshold: a node whose data directory writes take longer
+	// than this (median over 2 s) stays out of leadership (diskslow.go).
+	// 0: 50 ms; negative: never.
+	DiskSlowThreshold time.Duration
 	// HoldTimeout bounds how long a write waits for a leader during an
 	// election before it fails (default 5 s).
 	HoldTimeout time.Duration
