@@ -91,6 +91,7 @@ type e2eCluster struct {
 	vip     netip.Addr // the VIP
 	vipOK   bool       // the leader really takes the VIP: VIP checks are on
 	vipWhy  string     // why VIP checks are off in netlink mode
+	slowWhy string     // why the data directories have no slow passthrough (clusterSpec.slowDisks)
 
 	pki *clusterPKI // mutual TLS, gossip key, admin token (nsmd tls init)
 
@@ -159,9 +160,12 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 			http:    httpIn(h.ns, c.pki.clientTLS(t)),
 			witness: spec.witness && i == len(c.top.nodes)-1,
 		}
-		if spec.slowDisks {
-			n.disk = slowDisk(t, n.dataDir)
-			n.dataDir = n.disk.Dir
+		if spec.slowDisks && c.slowWhy == "" {
+			if n.disk, c.slowWhy = slowDisk(t, n.dataDir); n.disk != nil {
+				n.dataDir = n.disk.Dir
+			} else {
+				t.Logf("slow-disk faults off: %s", c.slowWhy)
+			}
 		}
 		c.nodes = append(c.nodes, n)
 	}
@@ -215,23 +219,24 @@ func dataDir(t *testing.T, mb int) string {
 }
 
 // slowDisk mounts a slow passthrough of backing (internal/slowfs, served
-// by this test process) and returns it; it is unmounted when the test
-// ends, after the nodes (whose cleanup is registered later) are gone.
-func slowDisk(t *testing.T, backing string) *slowfs.FS {
+// by this test process) and returns it, or nil and why not; it is
+// unmounted when the test ends, after the nodes (whose cleanup is
+// registered later) are gone.
+func slowDisk(t *testing.T, backing string) (*slowfs.FS, string) {
 	t.Helper()
 	if why := slowfs.Usable(); why != "" {
-		t.Skipf("slow-disk faults: %s", why)
+		return nil, why
 	}
 	f, err := slowfs.Mount(backing, t.TempDir())
 	if err != nil {
-		t.Skipf("slow-disk faults: cannot mount a FUSE passthrough here: %v", err)
+		return nil, fmt.Sprintf("cannot mount a FUSE passthrough here: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := f.Unmount(); err != nil {
 			t.Error(err)
 		}
 	})
-	return f
+	return f, ""
 }
 
 // servers are the nodes that may lead (all but a witness).
