@@ -62,6 +62,7 @@ type slowState struct {
 	handedOff    bool // leadership handed away in this episode
 	lastTry      time.Time
 	lastResort   bool // eligible for elections despite the slow disk
+	nextTarget   int  // rotates hand-off targets (one per attempt)
 	episodes     uint64
 }
 
@@ -188,19 +189,17 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 	}
 	d.mu.Lock()
 	s := &d.slowState
-	handedOff, lastTry, lastResort := s.handedOff, s.lastTry, s.lastResort
+	handedOff, lastTry, lastResort, next := s.handedOff, s.lastTry, s.lastResort, s.nextTarget
 	d.mu.Unlock()
 	switch r.State() {
 	case raft.Leader:
-		if handedOff || d.n.cfg.Witness || now.Sub(lastTry) < slowTransferRetry {
+		// Not after a last-resort election either: no healthy node took
+		// leadership when it could, so the others are slow or gone.
+		if handedOff || lastResort || d.n.cfg.Witness || now.Sub(lastTry) < slowTransferRetry {
 			return // a witness hands off by itself (handOff)
 		}
-		d.mu.Lock()
-		s.lastTry = now
-		d.mu.Unlock()
-		targets := d.n.servingVoters()
 		var to []raft.Server
-		for _, t := range targets {
+		for _, t := range d.n.servingVoters() {
 			if d.n.member == nil || d.n.member.isAlive(string(t.ID)) {
 				to = append(to, t)
 			}
@@ -209,20 +208,25 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 			d.n.log.Warn("data directory slow, but no other serving voter is up: keeping leadership")
 			return
 		}
-		for _, t := range to {
-			if err := r.LeadershipTransferToServer(t.ID, t.Address).Error(); err != nil {
-				d.n.log.Warn("data directory slow: leadership transfer failed", "to", t.ID, "err", err)
-				continue
-			}
-			d.mu.Lock()
-			s.handedOff = true
-			d.mu.Unlock()
-			d.n.metrics.diskSlowHandoffs.Inc()
-			d.n.log.Warn("data directory slow: handed leadership over", "to", t.ID)
+		// One target per attempt, the next one next time: a transfer to
+		// a node that is down (no gossip to say so in a static cluster)
+		// holds writes for an election timeout, so it is not retried at
+		// once.
+		t := to[next%len(to)]
+		d.mu.Lock()
+		s.lastTry, s.nextTarget = now, next+1
+		d.mu.Unlock()
+		if err := r.LeadershipTransferToServer(t.ID, t.Address).Error(); err != nil {
+			d.n.log.Warn("data directory slow: leadership transfer failed; next attempt in a while", "to", t.ID, "err", err, "retry", slowTransferRetry)
 			return
 		}
+		d.mu.Lock()
+		s.handedOff = true
+		d.mu.Unlock()
+		d.n.metrics.diskSlowHandoffs.Inc()
+		d.n.log.Warn("data directory slow: handed leadership over", "to", t.ID)
 	case raft.Follower:
-		if lastResort {
+		if lastResort || d.n.cfg.noSlowLastResort {
 			return
 		}
 		last := r.LastContact()

@@ -160,3 +160,67 @@ func TestSlowDiskLeaderStepsAside(t *testing.T) {
 		})
 	}
 }
+
+// TestSlowFollowersElectOneWhenTheLeaderDies: both followers' disks are
+// slow (they stay out of elections) and the healthy leader dies; one of
+// them must still take over — a slow leader beats none. Negative control:
+// without the last resort nobody campaigns and the cluster stays
+// leaderless.
+func TestSlowFollowersElectOneWhenTheLeaderDies(t *testing.T) {
+	// A vote is three stable-store commits (six fsyncs with bolt), so a
+	// delay near raft's election timeout stops elections altogether: a
+	// 40 ms delay with a 20 ms threshold keeps a vote at ~250 ms, under
+	// the 1 s election timeout here.
+	const delay = 40 * time.Millisecond
+	for _, tc := range []struct {
+		name         string
+		noLastResort bool
+	}{{"last-resort", false}, {"no-last-resort-negative-control", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dirs, fss := slowDisks(t, 3)
+			nodes, took := tcpCluster(t, dirs, func(c *Config) {
+				c.noSlowLastResort = tc.noLastResort
+				c.DiskSlowThreshold = 20 * time.Millisecond
+				if testing.Verbose() {
+					c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
+				}
+				c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
+			})
+			first := nextTakeover(t, took, 10*time.Second)
+			var leader *tcpNode
+			var slow []*tcpNode
+			for i, tn := range nodes {
+				if tn.id == first.node {
+					leader = tn
+					continue
+				}
+				slow = append(slow, tn)
+				fss[i].SetDelay(delay)
+			}
+			waitCond(t, 10*time.Second, "both followers judge their disks slow", func() bool {
+				return slow[0].n.Disk().Slow && slow[1].n.Disk().Slow
+			})
+			killWithin(t, leader, 15*time.Second)
+			killed := time.Now()
+			if tc.noLastResort {
+				select {
+				case ev := <-took:
+					t.Fatalf("takeover by %s without the last resort", ev.node)
+				case <-time.After(5 * time.Second):
+				}
+				for _, tn := range slow {
+					if tn.n.IsLeader() {
+						t.Fatalf("%s leads without the last resort", tn.id)
+					}
+				}
+				t.Logf("without the last resort: no leader 5 s after the healthy leader died")
+				return
+			}
+			ev := nextTakeover(t, took, 20*time.Second)
+			if ev.node == leader.id || ev.state != first.state+2 {
+				t.Fatalf("takeover %+v after %s died; want a slow node with %d", ev, leader.id, first.state+2)
+			}
+			t.Logf("healthy leader %s died; slow %s took over after %v", leader.id, ev.node, time.Since(killed).Round(time.Millisecond))
+		})
+	}
+}

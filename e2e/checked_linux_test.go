@@ -162,6 +162,7 @@ type scheduleSummary struct {
 	faults    map[string]int
 	topos     map[string]int
 	anomalies int
+	falseSlow int // slow-disk verdicts in schedules with no slow-disk fault
 	failed    []uint64
 	took      []time.Duration
 }
@@ -188,6 +189,7 @@ func (s *scheduleSummary) table(count int, seed uint64) string {
 		med = d[len(d)/2]
 	}
 	fmt.Fprintf(&b, "| %d | %d | %d | %d | %v |\n\n", count, count-len(s.failed), total, s.anomalies, med.Round(100*time.Millisecond))
+	fmt.Fprintf(&b, "slow-disk verdicts in schedules without a slow-disk fault: %d\n\n", s.falseSlow)
 	fmt.Fprintf(&b, "| topology | schedules |\n|---|---|\n")
 	for _, k := range sortedKeys(s.topos) {
 		fmt.Fprintf(&b, "| %s | %d |\n", k, s.topos[k])
@@ -260,6 +262,7 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	c.mu.Lock()
 	lastState := c.lastState
 	c.mu.Unlock()
+	logMarks := c.logMarks()
 
 	// Workers.
 	nWorkers := 4 + rng.IntN(9)
@@ -398,6 +401,15 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	took := time.Since(start)
 	sum.mu.Lock()
 	sum.took = append(sum.took, took)
+	// Slow-disk verdicts: expected in a slow-disk fault, a false alarm
+	// (a needless takeover) anywhere else.
+	slowFault := slices.ContainsFunc(plan, func(f string) bool { return strings.HasPrefix(f, "slow-disk-") })
+	for id, lines := range c.logLinesSince(logMarks, "data directory slow: handing") {
+		if !slowFault {
+			sum.falseSlow += len(lines)
+			t.Logf("%s judged its disk slow with no slow-disk fault: %v", id, lines)
+		}
+	}
 	sum.mu.Unlock()
 	answered, unknown := 0, 0
 	for _, op := range h.ops {
@@ -658,6 +670,35 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 	}
 	t.Fatalf("unknown fault %q", kind)
 	return ""
+}
+
+// logMarks are the nodes' log sizes now.
+func (c *e2eCluster) logMarks() map[string]int64 {
+	m := map[string]int64{}
+	for _, n := range c.nodes {
+		if fi, err := os.Stat(n.logPath); err == nil {
+			m[n.id] = fi.Size()
+		}
+	}
+	return m
+}
+
+// logLinesSince returns each node's log lines containing s written after
+// marks.
+func (c *e2eCluster) logLinesSince(marks map[string]int64, s string) map[string][]string {
+	out := map[string][]string{}
+	for _, n := range c.nodes {
+		b, err := os.ReadFile(n.logPath)
+		if err != nil || int64(len(b)) < marks[n.id] {
+			continue
+		}
+		for _, l := range strings.Split(string(b[marks[n.id]:]), "\n") {
+			if strings.Contains(l, s) {
+				out[n.id] = append(out[n.id], l)
+			}
+		}
+	}
+	return out
 }
 
 // slowDiskThreshold is nsmd's default disk_slow_threshold.

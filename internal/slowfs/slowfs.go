@@ -14,7 +14,6 @@ package slowfs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // FS is one mounted slow passthrough.
@@ -82,18 +82,34 @@ func (f *FS) Delay() time.Duration { return time.Duration(f.delay.Load()) }
 // Syncs counts the fsync/fdatasync calls served.
 func (f *FS) Syncs() uint64 { return f.syncs.Load() }
 
-// Unmount drops any delay and unmounts (lazily if the mount is busy).
+// Unmount drops any delay and unmounts (lazily if the mount is busy). It
+// waits a second at most for the server to stop: a process that
+// unshared its mount namespace while the mount was up (an nsmd started by
+// another test with unshare --mount) keeps a copy of it, and the kernel
+// ends the connection only when that copy goes too — or when this process
+// exits. Where fusectl is mounted, the connection is aborted instead, and
+// such copies answer ENOTCONN.
 func (f *FS) Unmount() error {
 	f.SetDelay(0)
-	err := f.server.Unmount()
-	if err != nil {
-		// A process still holding a file there (a node being killed):
-		// detach now, the kernel finishes when it lets go.
+	var st syscall.Stat_t
+	statErr := syscall.Stat(f.Dir, &st)
+	if err := syscall.Unmount(f.Dir, 0); err != nil {
 		if lerr := syscall.Unmount(f.Dir, syscall.MNT_DETACH); lerr != nil {
-			return errors.Join(fmt.Errorf("slowfs: unmount %s: %w", f.Dir, err), lerr)
+			return fmt.Errorf("slowfs: unmount %s: %w (lazily: %w)", f.Dir, err, lerr)
 		}
 	}
-	f.server.Wait()
+	if statErr == nil {
+		abort := fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", unix.Minor(st.Dev))
+		os.WriteFile(abort, []byte("1"), 0) // absent without fusectl
+	}
+	done := make(chan struct{})
+	go func() { f.server.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		// Still referenced elsewhere (see above): its readers end with
+		// this process.
+	}
 	return nil
 }
 
