@@ -404,6 +404,17 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	// Slow-disk verdicts: expected in a slow-disk fault, a false alarm
 	// (a needless takeover) anywhere else.
 	slowFault := slices.ContainsFunc(plan, func(f string) bool { return strings.HasPrefix(f, "slow-disk-") })
+	if t.Failed() {
+		// The nodes' logs of this schedule (the cluster's cleanup shows
+		// only the tails, at the end of every schedule of the topology).
+		for _, n := range c.nodes {
+			lines := c.logLinesSince(logMarks, "")[n.id]
+			if len(lines) > 300 {
+				lines = lines[len(lines)-300:]
+			}
+			t.Logf("---- %s log during seed %d (last %d lines) ----\n%s", n.id, seed, len(lines), strings.Join(lines, "\n"))
+		}
+	}
 	for id, lines := range c.logLinesSince(logMarks, "data directory slow: handing") {
 		if !slowFault {
 			sum.falseSlow += len(lines)
