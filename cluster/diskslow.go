@@ -18,7 +18,9 @@ import (
 // "Slow" is the median of the data directory's writes (raft log and stable
 // store commits, and the probe's 64 KiB write + fsync) over the last
 // slowWindow above DiskSlowThreshold (default 50 ms), with at least
-// slowMinSamples writes in the window. The median, not a high percentile:
+// slowMinSamples writes: when the window holds fewer (a disk so slow that
+// a follower's probes take half a second each), the last slowMinSamples
+// writes of the last slowMaxAge. The median, not a high percentile:
 // one stalled fsync (a journal commit, a pause) is not a slow disk, and a
 // disk whose every other fsync takes 50 ms is. 50 ms is ten times the
 // SM_MON p99 goal (10 ms) and two hundred times this project's VM disk
@@ -44,6 +46,7 @@ const (
 	slowTransferRetry        = 5 * time.Second
 	slowLastResort           = 3 // election timeouts with no leader heard
 	slowMaxSamples           = 4096
+	slowMaxAge               = 10 * time.Second
 )
 
 type writeSample struct {
@@ -115,13 +118,18 @@ func (d *diskHealth) slowVerdict(now time.Time) (became, cleared, fast bool) {
 		return false, false, false
 	}
 	cut := 0
-	for cut < len(s.samples) && now.Sub(s.samples[cut].at) > slowWindow {
+	for cut < len(s.samples) && now.Sub(s.samples[cut].at) > slowMaxAge {
 		cut++
 	}
 	s.samples = slices.Delete(s.samples, 0, cut)
-	if len(s.samples) >= slowMinSamples {
-		ds := make([]time.Duration, len(s.samples))
-		for i, w := range s.samples {
+	win := len(s.samples) // the samples of the last slowWindow, at least slowMinSamples
+	for win > 0 && now.Sub(s.samples[len(s.samples)-win].at) > slowWindow {
+		win--
+	}
+	win = min(max(win, slowMinSamples), len(s.samples))
+	if win >= slowMinSamples {
+		ds := make([]time.Duration, win)
+		for i, w := range s.samples[len(s.samples)-win:] {
 			ds[i] = w.d
 		}
 		slices.Sort(ds)

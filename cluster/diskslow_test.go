@@ -224,3 +224,29 @@ func TestSlowFollowersElectOneWhenTheLeaderDies(t *testing.T) {
 		})
 	}
 }
+
+// TestVerySlowFollowerDiskIsJudgedSlow: a follower whose fsyncs take 500 ms
+// writes fewer than slowMinSamples times in slowWindow (its probes alone
+// take that long); it must still judge its disk slow (from its last
+// writes), and fast again once the delay is gone. Found by the checked
+// schedules: a 432 ms disk was never judged slow.
+func TestVerySlowFollowerDiskIsJudgedSlow(t *testing.T) {
+	dirs, fss := slowDisks(t, 3)
+	nodes, took := tcpCluster(t, dirs, func(c *Config) {
+		c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
+		c.DiskProbeInterval = 5 * time.Second // the agent's
+	})
+	first := nextTakeover(t, took, 10*time.Second)
+	for i, tn := range nodes {
+		if tn.id == first.node {
+			continue
+		}
+		fss[i].SetDelay(500 * time.Millisecond)
+		start := time.Now()
+		waitCond(t, 15*time.Second, tn.id+" judges its 500 ms disk slow", func() bool { return tn.n.Disk().Slow })
+		t.Logf("%s: disk slow after %v (%+v)", tn.id, time.Since(start).Round(10*time.Millisecond), tn.n.Disk())
+		fss[i].SetDelay(0)
+		waitCond(t, 15*time.Second, tn.id+" judges its disk fast again", func() bool { return !tn.n.Disk().Slow })
+		return
+	}
+}

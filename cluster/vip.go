@@ -74,7 +74,9 @@ func (n *Node) acquireVIP(ctx context.Context, lastContact, elected time.Time) b
 		}
 	}
 	for {
-		err := n.cfg.VIP.Acquire(ctx)
+		// Renewed only while a quorum confirms the leadership
+		// (vipNotBefore counts on it; see WithRenewGate).
+		err := n.cfg.VIP.Acquire(WithRenewGate(ctx, n.leaderLeaseFresh))
 		if err == nil {
 			return true
 		}
