@@ -238,7 +238,10 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 			return
 		}
 		last := r.LastContact()
-		if wait := slowLastResort * d.n.cfg.ElectionTimeout; !last.IsZero() && now.Sub(last) > wait {
+		if last.IsZero() {
+			last = d.n.started // never heard from a leader: count from the start
+		}
+		if wait := slowLastResort * d.n.cfg.ElectionTimeout; now.Sub(last) > wait {
 			d.mu.Lock()
 			s.lastResort = true
 			d.mu.Unlock()
