@@ -206,14 +206,24 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 		if handedOff || lastResort || d.n.cfg.Witness || now.Sub(lastTry) < slowTransferRetry {
 			return // a witness hands off by itself (handOff)
 		}
+		d.mu.Lock()
+		s.lastTry = now
+		d.mu.Unlock()
 		var to []raft.Server
-		for _, t := range d.n.servingVoters() {
+		all := d.n.servingVoters()
+		for _, t := range all {
 			if d.n.member == nil || d.n.member.isAlive(string(t.ID)) {
 				to = append(to, t)
 			}
 		}
 		if len(to) == 0 {
-			d.n.log.Warn("data directory slow, but no other serving voter is up: keeping leadership")
+			// Gossip lags raft (a voter back from a cut replicates for
+			// seconds before gossip says it is alive): try the others
+			// too, one per slowTransferRetry.
+			to = all
+		}
+		if len(to) == 0 {
+			d.n.log.Warn("data directory slow, but there is no other serving voter: keeping leadership")
 			return
 		}
 		// One target per attempt, the next one next time: a transfer to
@@ -222,7 +232,7 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 		// once.
 		t := to[next%len(to)]
 		d.mu.Lock()
-		s.lastTry, s.nextTarget = now, next+1
+		s.nextTarget = next + 1
 		d.mu.Unlock()
 		if err := r.LeadershipTransferToServer(t.ID, t.Address).Error(); err != nil {
 			d.n.log.Warn("data directory slow: leadership transfer failed; next attempt in a while", "to", t.ID, "err", err, "retry", slowTransferRetry)
