@@ -115,6 +115,11 @@ type Disk struct {
 	Since    time.Time `json:"since"`
 	Error    string    `json:"error,omitempty"`
 	Failures uint64    `json:"write_failures"`
+	// Slow: the median write over the last 2 s is above disk_slow_threshold;
+	// the node hands leadership away and stays out of elections.
+	Slow      bool          `json:"slow"`
+	SlowSince time.Time     `json:"slow_since,omitzero"`
+	WriteP50  time.Duration `json:"write_p50_ns"`
 }
 
 // HookFailure is the last hook run that did not succeed.

@@ -228,6 +228,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
 		StandDownWait:      standDownWait(cfg),
+		DiskSlowThreshold:  diskSlowThreshold(cfg.DiskSlowThreshold),
 		RaftTLS:            a.sec.tls,
 		TLSRefusals:        a.sec.refusals,
 		Logger:             opts.Logger,
@@ -623,4 +624,13 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// diskSlowThreshold maps disk_slow_threshold to cluster.Config's: there 0
+// is the default and a negative value turns the check off.
+func diskSlowThreshold(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -85,6 +85,7 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 		{"holders summed across clusters", "sum by (job, cluster) (nsmd_vip_held)", "sum(nsmd_vip_held)"},
 		{"grace for", "expr: max by (job, cluster) (nsmd_grace_active) == 1\n        for: 15m", "expr: max by (job, cluster) (nsmd_grace_active) == 1\n        for: 1m"},
 		{"disk for", "expr: nsmd_disk_writable == 0\n        for: 1m", "expr: nsmd_disk_writable == 0\n        for: 0s"},
+		{"slow disk for", "expr: nsmd_disk_slow == 1\n        for: 5m", "expr: nsmd_disk_slow == 1\n        for: 1m"},
 		{"tracking threshold", "expr: nsmd_cld_tracking_error == 1", "expr: nsmd_cld_tracking_error == 0"},
 		{"backlog on any node", "nsmd_notify_targets{state=\"pending\"} > 0 and on (job, instance) nsmd_is_leader == 1", "nsmd_notify_targets{state=\"pending\"} > 0"},
 	} {

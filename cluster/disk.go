@@ -38,6 +38,8 @@ type diskHealth struct {
 	lastErr  error
 	failures uint64
 	lastLog  time.Time
+
+	slowState slowState // write latency (diskslow.go)
 }
 
 const (
@@ -51,10 +53,17 @@ type DiskStatus struct {
 	Since    time.Time `json:"since"`
 	Error    string    `json:"error,omitempty"`
 	Failures uint64    `json:"write_failures"`
+	// Slow: the median write over the last 2 s is above the threshold
+	// (diskslow.go); the node stays out of leadership while it is.
+	Slow      bool          `json:"slow"`
+	SlowSince time.Time     `json:"slow_since,omitzero"`
+	WriteP50  time.Duration `json:"write_p50_ns"`
 }
 
 func newDiskHealth(n *Node, dir string) *diskHealth {
-	return &diskHealth{n: n, dir: dir, wake: make(chan struct{}, 1), ok: true, since: time.Now()}
+	d := &diskHealth{n: n, dir: dir, wake: make(chan struct{}, 1), ok: true, since: time.Now()}
+	d.slowState.threshold = diskSlowThreshold(n.cfg.DiskSlowThreshold)
+	return d
 }
 
 // failed records a failed write; the first one takes the node out of
@@ -97,7 +106,10 @@ func (d *diskHealth) setTimeouts(hb, el time.Duration) {
 func (d *diskHealth) Status() DiskStatus {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s := DiskStatus{Writable: d.ok, Since: d.since, Failures: d.failures}
+	s := DiskStatus{Writable: d.ok, Since: d.since, Failures: d.failures, Slow: d.slowState.slow, WriteP50: d.slowState.p50}
+	if s.Slow {
+		s.SlowSince = d.slowState.since
+	}
 	if !d.ok && d.lastErr != nil {
 		s.Error = d.lastErr.Error()
 	}
@@ -121,7 +133,9 @@ func (d *diskHealth) probe() error {
 	_, werr := f.Write(make([]byte, probeSize))
 	serr := f.Sync()
 	if werr == nil && serr == nil {
-		d.n.metrics.diskWrite.WithLabelValues("probe").Observe(time.Since(start).Seconds())
+		took := time.Since(start)
+		d.n.metrics.diskWrite.WithLabelValues("probe").Observe(took.Seconds())
+		d.sample(took)
 	}
 	cerr := f.Close()
 	os.Remove(p)
@@ -158,11 +172,11 @@ func (d *diskHealth) run(done <-chan struct{}, probeEvery time.Duration) {
 			d.mu.Lock()
 			d.ok, d.since, d.lastErr = true, time.Now(), nil
 			d.mu.Unlock()
-			d.setTimeouts(d.n.cfg.HeartbeatTimeout, d.n.cfg.ElectionTimeout)
+			d.restoreTimeoutsIfOK() // unless the disk is slow as well
 			d.n.log.Info("data directory writable again: eligible for elections", "dir", d.dir)
 		}
 		if d.writable() {
-			t.Reset(probeEvery)
+			t.Reset(d.checkSlow(probeEvery))
 		} else {
 			if d.n.raft != nil && d.n.raft.State() == raft.Leader {
 				// Found by the probe while leading: let a node that can
@@ -184,7 +198,9 @@ func (d *diskHealth) wrote(op, what string, start time.Time, err error) {
 		d.failed(what, err)
 		return
 	}
-	d.n.metrics.diskWrite.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	took := time.Since(start)
+	d.n.metrics.diskWrite.WithLabelValues(op).Observe(took.Seconds())
+	d.sample(took)
 }
 
 // guardedLogs reports the log store's write times and failures to diskHealth.

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"github.com/nsmd/nsmd/vip"
+
 	"context"
 	"errors"
 	"syscall"
@@ -70,7 +72,9 @@ func (n *Node) acquireVIP(ctx context.Context, lastContact, elected time.Time) b
 		}
 	}
 	for {
-		err := n.cfg.VIP.Acquire(ctx)
+		// Renewed only while a quorum confirms the leadership
+		// (vipNotBefore counts on it; see vip.WithRenewGate).
+		err := n.cfg.VIP.Acquire(vip.WithRenewGate(ctx, n.leaderLeaseFresh))
 		if err == nil {
 			return true
 		}

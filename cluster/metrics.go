@@ -9,16 +9,17 @@ import (
 )
 
 type metrics struct {
-	batchSize       prometheus.Histogram
-	applyLatency    prometheus.Histogram
-	takeovers       prometheus.Counter
-	takeoverSeconds prometheus.Histogram
-	failoverSeconds prometheus.Histogram
-	diskWrite       *prometheus.HistogramVec
-	leaderChanges   prometheus.Counter
-	forwarded       *prometheus.CounterVec
-	witnessHandoffs *prometheus.CounterVec
-	diskWriteErrors prometheus.Counter
+	batchSize        prometheus.Histogram
+	applyLatency     prometheus.Histogram
+	takeovers        prometheus.Counter
+	takeoverSeconds  prometheus.Histogram
+	failoverSeconds  prometheus.Histogram
+	diskWrite        *prometheus.HistogramVec
+	leaderChanges    prometheus.Counter
+	forwarded        *prometheus.CounterVec
+	witnessHandoffs  *prometheus.CounterVec
+	diskWriteErrors  prometheus.Counter
+	diskSlowHandoffs prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -57,6 +58,9 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		diskWriteErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_disk_write_errors_total", Help: "Failed writes to the raft log or stable store, and failed disk probes, in the data directory.",
 		}),
+		diskSlowHandoffs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_disk_slow_handoffs_total", Help: "Leadership handed to another node because this node's data directory was slow.",
+		}),
 		witnessHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_witness_handoffs_total", Help: "Leadership hand-offs by this witness after it won an election (ok, failed).",
 		}, []string{"result"}),
@@ -66,9 +70,15 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 	}
 	cs := []prometheus.Collector{
 		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
-		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors,
+		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs,
 		gauge("nsmd_disk_writable", "1 while the data directory takes writes; 0 while it does not and this node stays out of elections.", func() float64 {
 			if n.disk == nil || n.disk.writable() {
+				return 1
+			}
+			return 0
+		}),
+		gauge("nsmd_disk_slow", "1 while the data directory's writes are slow (median over 2 s above disk_slow_threshold) and this node stays out of leadership.", func() float64 {
+			if n.disk != nil && n.disk.Status().Slow {
 				return 1
 			}
 			return 0

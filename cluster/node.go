@@ -116,6 +116,13 @@ type Config struct {
 	// DataDir to find a full or failing disk before raft does (default 5 s;
 	// every second while the disk fails).
 	DiskProbeInterval time.Duration
+	// DiskSlowThreshold: a node whose data directory writes take longer
+	// than this (median over 2 s) stays out of leadership (diskslow.go).
+	// 0: 50 ms; negative: never.
+	DiskSlowThreshold time.Duration
+	// noSlowLastResort: a slow node never becomes eligible again while
+	// slow (the negative control of the last resort, in tests only).
+	noSlowLastResort bool
 	// HoldTimeout bounds how long a write waits for a leader during an
 	// election before it fails (default 5 s).
 	HoldTimeout time.Duration

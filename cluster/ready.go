@@ -58,6 +58,14 @@ func (n *Node) fresh() bool {
 	return false
 }
 
+// leaderLeaseFresh: raft says leader and a quorum confirmed it within the
+// lease. The VIP's renew gate (vip.WithRenewGate); not fresh() alone: a
+// deposed leader becomes a follower with a fresh contact inside raft
+// before the leader loop hears of it.
+func (n *Node) leaderLeaseFresh() bool {
+	return n.raft.State() == raft.Leader && n.fresh()
+}
+
 // mono is the monotonic time since the node started, in nanoseconds: it
 // keeps running while the process is stopped, so a lease taken before a
 // pause has expired after it.

@@ -170,6 +170,9 @@ type Config struct {
 	RPCPipefs       string
 	GraceEnd        string
 	GraceSettle     time.Duration
+	// DiskSlowThreshold: data directory writes slower than this (median
+	// over 2 s) keep the node out of leadership; 0: never.
+	DiskSlowThreshold time.Duration
 
 	// Raft timing: 0 is raft_profile's value (Timing).
 	RaftProfile        string
@@ -206,6 +209,7 @@ func Default() Config {
 		RPCPipefs:          "/var/lib/nfs/rpc_pipefs",
 		GraceEnd:           GraceEndAuto,
 		GraceSettle:        3 * time.Second,
+		DiskSlowThreshold:  50 * time.Millisecond,
 		HookTimeout:        30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
@@ -317,6 +321,7 @@ func (c *Config) bindings() []binding {
 		str("on_follower", "script run after this node stops being leader", &c.OnFollower),
 		str("on_fault", "script run when the node hits a fault it cannot fix (VIP, takeover, hook)", &c.OnFault),
 		duration("hook_timeout", "how long a hook script may run before it is killed", &c.HookTimeout),
+		duration("disk_slow_threshold", "a node whose data_dir writes (fsync included) take longer than this, median over 2s, hands leadership away and stays out of elections while they do; 0 turns this off", &c.DiskSlowThreshold),
 		boolean("witness", "a voter that never holds the VIP, runs no hook and sends no SM_NOTIFY: the third vote of a server pair", &c.Witness),
 		boolean("drill_crash", "allow POST /v1/drill/crash to kill this node (failover drills)", &c.DrillCrash),
 		integer("nsm_max_conns", "open NSM TCP connections at most; at the cap the longest-idle one is closed for a new one", &c.NSMMaxConns),
@@ -612,6 +617,9 @@ func (c *Config) Validate() error {
 	}
 	if tm.LeaderLeaseTimeout <= 0 || tm.LeaderLeaseTimeout > tm.HeartbeatTimeout {
 		bad("leader_lease_timeout", "%v%s must be positive and not longer than heartbeat_timeout (%v%s)", tm.LeaderLeaseTimeout, from(c.LeaderLeaseTimeout), tm.HeartbeatTimeout, from(c.HeartbeatTimeout))
+	}
+	if c.DiskSlowThreshold < 0 {
+		bad("disk_slow_threshold", "%v must not be negative (0 turns the check off)", c.DiskSlowThreshold)
 	}
 	if c.SnapshotThreshold == 0 {
 		bad("snapshot_threshold", "must be positive")

@@ -27,7 +27,10 @@ import (
 // TestCheckedFaultSchedules: seeded, randomized fault schedules against the
 // three-node cluster in namespaces, with concurrent clients whose every
 // call is recorded and checked for linearizability (porcupine, the model in
-// nsmmodel_test.go) against the final registration table.
+// nsmmodel_test.go) against the final registration table. One seed in four
+// (seed % 4 == 3: 5 of the default 20) runs on the HA pair's topology
+// instead: two servers and a witness (n3, --witness), whose witness is
+// killed, stopped, cut off or given a slow disk as well.
 //
 // Per schedule: 4–12 workers send SM_MON / SM_UNMON / SM_UNMON_ALL /
 // SM_STAT, half through the VIP from the client hosts, half as a lock
@@ -35,7 +38,11 @@ import (
 // nemesis draws 1–3 faults from: SIGKILL of the leader or a follower (then
 // restarted), SIGSTOP of the leader longer than the VIP's lifetime, the
 // leader or a follower cut off, 20 % loss on the client links, a planned
-// transfer, and the leader's or a follower's data directory full (a tmpfs).
+// transfer, the leader's or a follower's data directory full (a tmpfs), and
+// the leader's or a follower's disk slow: every fsync 50–500 ms longer for
+// 5–7 s (a FUSE passthrough, internal/slowfs, under every data directory).
+// A slow node (fsync ≥ 100 ms, twice nsmd's disk_slow_threshold) must end
+// that fault out of leadership: a slow leader hands over.
 // After healing: the history is linearizable, no answered state was even
 // or fell, the VIP never had two holders, every node applied the same
 // index, every acknowledged SM_MON of the set-up is there, and every client
@@ -63,25 +70,43 @@ func TestCheckedFaultSchedules(t *testing.T) {
 	}
 	t.Logf("seeds %d..%d", seed, seed+uint64(count)-1)
 
-	c := startClusterWith(t, clusterSpec{clients: clusterClients, fakeClients: true, diskMB: 256})
-	first := c.settle(t, 30*time.Second, 1)
-	c.probeVIP(t, first.leader)
-	leader, _ := c.restore(t)
-	// One registration per client host that no worker touches: every
-	// client host is monitored throughout, so each must hear of every
-	// new state.
-	c.monAll(t, leader, "init")
-
 	sum := newScheduleSummary()
-	for i := range count {
-		s := seed + uint64(i)
-		ok := t.Run(fmt.Sprintf("%02d-seed-%d", i+1, s), func(t *testing.T) {
-			runCheckedSchedule(t, c, s, sum)
-		})
-		if !ok {
-			t.Logf("replay: NSMD_E2E_SEED=%d NSMD_E2E_SCHEDULES=1 make e2e E2E_RUN=TestCheckedFaultSchedules", s)
-			sum.failed = append(sum.failed, s)
+	for _, topo := range []string{topoThree, topoWitness} {
+		var seeds []int // schedule numbers (0-based) on this topology
+		for i := range count {
+			if scheduleTopology(seed+uint64(i)) == topo {
+				seeds = append(seeds, i)
+			}
 		}
+		if len(seeds) == 0 {
+			continue
+		}
+		// Each topology in a subtest of its own: its namespaces, nodes
+		// and mounts are gone before the next one is built.
+		t.Run(topo, func(t *testing.T) {
+			c := startClusterWith(t, clusterSpec{clients: clusterClients, fakeClients: true, diskMB: 256,
+				witness: topo == topoWitness, slowDisks: true})
+			first := c.settle(t, 30*time.Second, 1)
+			c.probeVIP(t, first.leader)
+			leader, _ := c.restore(t)
+			// One registration per client host that no worker touches:
+			// every client host is monitored throughout, so each must
+			// hear of every new state.
+			c.monAll(t, leader, "init")
+			for _, i := range seeds {
+				s := seed + uint64(i)
+				ok := t.Run(fmt.Sprintf("%02d-seed-%d", i+1, s), func(t *testing.T) {
+					runCheckedSchedule(t, c, s, sum)
+				})
+				sum.mu.Lock()
+				sum.topos[topo]++
+				sum.mu.Unlock()
+				if !ok {
+					t.Logf("replay: NSMD_E2E_SEED=%d NSMD_E2E_SCHEDULES=1 make e2e E2E_RUN=TestCheckedFaultSchedules", s)
+					sum.failed = append(sum.failed, s)
+				}
+			}
+		})
 	}
 	table := sum.table(count, seed)
 	t.Logf("summary:\n%s", table)
@@ -92,10 +117,38 @@ func TestCheckedFaultSchedules(t *testing.T) {
 	}
 }
 
-// fault kinds the nemesis draws from.
+// The topologies of the schedules.
+const (
+	topoThree   = "three-nodes"
+	topoWitness = "two-servers-witness"
+)
+
+// scheduleTopology is the topology seed runs on: one seed in four on two
+// servers and a witness.
+func scheduleTopology(seed uint64) string {
+	if seed%4 == 3 {
+		return topoWitness
+	}
+	return topoThree
+}
+
+// fault kinds the nemesis draws from; a "follower" is a server that does
+// not lead (never the witness).
 var faultKinds = []string{
 	"kill-leader", "kill-follower", "stop-leader", "cut-leader", "cut-follower",
 	"loss-clients", "transfer", "disk-full-leader", "disk-full-follower",
+	"slow-disk-leader", "slow-disk-follower",
+}
+
+// witnessFaultKinds are drawn as well on two servers and a witness.
+var witnessFaultKinds = []string{"kill-witness", "stop-witness", "cut-witness", "slow-disk-witness"}
+
+// faultsFor is what the nemesis draws from on topology topo.
+func faultsFor(topo string) []string {
+	if topo == topoWitness {
+		return append(slices.Clone(faultKinds), witnessFaultKinds...)
+	}
+	return faultKinds
 }
 
 // myNames are the workers' my_names (the porcupine partitions).
@@ -107,13 +160,15 @@ type scheduleSummary struct {
 	schedules int
 	ops       map[string]int // "SM_MON ok" / "SM_MON unknown" ...
 	faults    map[string]int
+	topos     map[string]int
 	anomalies int
+	falseSlow int // slow-disk verdicts in schedules with no slow-disk fault
 	failed    []uint64
 	took      []time.Duration
 }
 
 func newScheduleSummary() *scheduleSummary {
-	return &scheduleSummary{ops: map[string]int{}, faults: map[string]int{}}
+	return &scheduleSummary{ops: map[string]int{}, faults: map[string]int{}, topos: map[string]int{}}
 }
 
 func (s *scheduleSummary) table(count int, seed uint64) string {
@@ -134,7 +189,12 @@ func (s *scheduleSummary) table(count int, seed uint64) string {
 		med = d[len(d)/2]
 	}
 	fmt.Fprintf(&b, "| %d | %d | %d | %d | %v |\n\n", count, count-len(s.failed), total, s.anomalies, med.Round(100*time.Millisecond))
-	fmt.Fprintf(&b, "| operation | outcome | count |\n|---|---|---|\n")
+	fmt.Fprintf(&b, "slow-disk verdicts in schedules without a slow-disk fault: %d\n\n", s.falseSlow)
+	fmt.Fprintf(&b, "| topology | schedules |\n|---|---|\n")
+	for _, k := range sortedKeys(s.topos) {
+		fmt.Fprintf(&b, "| %s | %d |\n", k, s.topos[k])
+	}
+	fmt.Fprintf(&b, "\n| operation | outcome | count |\n|---|---|---|\n")
 	for _, k := range sortedKeys(s.ops) {
 		kind, outcome, _ := strings.Cut(k, " ")
 		fmt.Fprintf(&b, "| %s | %s | %d |\n", kind, outcome, s.ops[k])
@@ -202,6 +262,7 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	c.mu.Lock()
 	lastState := c.lastState
 	c.mu.Unlock()
+	logMarks := c.logMarks()
 
 	// Workers.
 	nWorkers := 4 + rng.IntN(9)
@@ -212,7 +273,8 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 			h := c.clients[i/2%len(c.clients)].host
 			w.ns, w.addr, w.via = h.ns, net.JoinHostPort(c.vip.String(), strconv.Itoa(nsmPort)), "VIP from "+h.name
 		} else {
-			n := c.nodes[i/2%len(c.nodes)]
+			servers := c.servers() // no lock manager runs on a witness
+			n := servers[i/2%len(servers)]
 			w.ns, w.addr, w.via = n.host.ns, net.JoinHostPort("127.0.0.1", strconv.Itoa(nsmPort)), "lockd on "+n.id
 		}
 		workers = append(workers, w)
@@ -237,10 +299,11 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	// Nemesis.
 	nFaults := 1 + rng.IntN(3)
 	var plan []string
+	kinds := faultsFor(scheduleTopology(seed))
 	for range nFaults {
-		plan = append(plan, faultKinds[rng.IntN(len(faultKinds))])
+		plan = append(plan, kinds[rng.IntN(len(kinds))])
 	}
-	t.Logf("seed %d: %d workers (%s), faults %v", seed, nWorkers, describeWorkers(workers), plan)
+	t.Logf("seed %d on %s: %d workers (%s), faults %v", seed, scheduleTopology(seed), nWorkers, describeWorkers(workers), plan)
 	time.Sleep(time.Duration(300+rng.IntN(500)) * time.Millisecond) // load before the first fault
 	for _, f := range plan {
 		d := time.Duration(1000+rng.IntN(2000)) * time.Millisecond
@@ -338,6 +401,26 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	took := time.Since(start)
 	sum.mu.Lock()
 	sum.took = append(sum.took, took)
+	// Slow-disk verdicts: expected in a slow-disk fault, a false alarm
+	// (a needless takeover) anywhere else.
+	slowFault := slices.ContainsFunc(plan, func(f string) bool { return strings.HasPrefix(f, "slow-disk-") })
+	if t.Failed() {
+		// The nodes' logs of this schedule (the cluster's cleanup shows
+		// only the tails, at the end of every schedule of the topology).
+		for _, n := range c.nodes {
+			lines := c.logLinesSince(logMarks, "")[n.id]
+			if len(lines) > 300 {
+				lines = lines[len(lines)-300:]
+			}
+			t.Logf("---- %s log during seed %d (last %d lines) ----\n%s", n.id, seed, len(lines), strings.Join(lines, "\n"))
+		}
+	}
+	for id, lines := range c.logLinesSince(logMarks, "data directory slow: handing") {
+		if !slowFault {
+			sum.falseSlow += len(lines)
+			t.Logf("%s judged its disk slow with no slow-disk fault: %v", id, lines)
+		}
+	}
 	sum.mu.Unlock()
 	answered, unknown := 0, 0
 	for _, op := range h.ops {
@@ -504,14 +587,32 @@ func finalTables(leader *nsmNode, monLabels []string) ([][monNames]string, error
 func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *rand.Rand) string {
 	t.Helper()
 	leader, st := c.restore(t)
-	followers := c.others(leader)
-	follower := followers[rng.IntN(len(followers))]
-	switch kind {
-	case "kill-leader", "kill-follower":
-		n := leader
-		if kind == "kill-follower" {
-			n = follower
+	var followers []*nsmNode
+	var witness *nsmNode
+	for _, n := range c.others(leader) {
+		if n.witness {
+			witness = n
+		} else {
+			followers = append(followers, n)
 		}
+	}
+	follower := followers[rng.IntN(len(followers))]
+	pick := func(role string) *nsmNode {
+		switch role {
+		case "follower":
+			return follower
+		case "witness":
+			if witness == nil {
+				t.Fatalf("fault %s without a witness", kind)
+			}
+			return witness
+		}
+		return leader
+	}
+	role := kind[strings.LastIndex(kind, "-")+1:]
+	switch kind {
+	case "kill-leader", "kill-follower", "kill-witness":
+		n := pick(role)
 		if !n.kill(syscall.SIGKILL, 5*time.Second) {
 			t.Fatalf("%s did not die of SIGKILL", n.id)
 		}
@@ -530,11 +631,17 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 			t.Fatal(err)
 		}
 		return fmt.Sprintf("SIGSTOP %s for %v", leader.id, pause)
-	case "cut-leader", "cut-follower":
-		n := leader
-		if kind == "cut-follower" {
-			n = follower
+	case "stop-witness":
+		if err := witness.signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
 		}
+		time.Sleep(d)
+		if err := witness.signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("SIGSTOP witness %s for %v", witness.id, d)
+	case "cut-leader", "cut-follower", "cut-witness":
+		n := pick(role)
 		var peers []*netHost
 		for _, o := range c.others(n) {
 			peers = append(peers, o.host)
@@ -569,9 +676,105 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 		time.Sleep(d)
 		free()
 		return fmt.Sprintf("%s's data directory full for %v", n.id, d)
+	case "slow-disk-leader", "slow-disk-follower", "slow-disk-witness":
+		return c.slowDiskFault(t, pick(role), d, rng)
 	}
 	t.Fatalf("unknown fault %q", kind)
 	return ""
+}
+
+// logMarks are the nodes' log sizes now.
+func (c *e2eCluster) logMarks() map[string]int64 {
+	m := map[string]int64{}
+	for _, n := range c.nodes {
+		if fi, err := os.Stat(n.logPath); err == nil {
+			m[n.id] = fi.Size()
+		}
+	}
+	return m
+}
+
+// logLinesSince returns each node's log lines containing s written after
+// marks.
+func (c *e2eCluster) logLinesSince(marks map[string]int64, s string) map[string][]string {
+	out := map[string][]string{}
+	for _, n := range c.nodes {
+		b, err := os.ReadFile(n.logPath)
+		if err != nil || int64(len(b)) < marks[n.id] {
+			continue
+		}
+		for _, l := range strings.Split(string(b[marks[n.id]:]), "\n") {
+			if strings.Contains(l, s) {
+				out[n.id] = append(out[n.id], l)
+			}
+		}
+	}
+	return out
+}
+
+// slowDiskThreshold is nsmd's default disk_slow_threshold.
+const slowDiskThreshold = 50 * time.Millisecond
+
+// slowDiskFault makes every fsync on n's data directory 50–500 ms longer
+// for d + 4 s (long enough for nsmd to judge the disk slow and hand
+// leadership over: its window is 2 s). A node whose fsyncs take at least
+// twice the threshold must end the fault saying its disk is slow and, if
+// it is a server, not leading.
+func (c *e2eCluster) slowDiskFault(t *testing.T, n *nsmNode, d time.Duration, rng *rand.Rand) string {
+	t.Helper()
+	if n.disk == nil {
+		time.Sleep(d)
+		return fmt.Sprintf("none (no slow passthrough: %s); %v of quiet instead", c.slowWhy, d)
+	}
+	delay := time.Duration(50+rng.IntN(451)) * time.Millisecond
+	dur := d + 4*time.Second
+	wasLeader := false
+	if s, err := n.status(); err == nil {
+		wasLeader = s.Role == "leader"
+	}
+	n.disk.SetDelay(delay)
+	start := time.Now()
+	// Watch n while the fault lasts (the fault's length is the sleep;
+	// the status is only observed).
+	var slowAt, gaveUpAt time.Duration
+	var last admin.Status
+	var lastErr error
+	for time.Since(start) < dur {
+		time.Sleep(100 * time.Millisecond)
+		s, err := n.status()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		last, lastErr = s, nil
+		if s.Disk.Slow && slowAt == 0 {
+			slowAt = time.Since(start)
+		}
+		if wasLeader && s.Role != "leader" && gaveUpAt == 0 {
+			gaveUpAt = time.Since(start)
+		}
+	}
+	syncs := n.disk.Syncs()
+	n.disk.SetDelay(0)
+	desc := fmt.Sprintf("%s's fsyncs %v slower for %v", n.id, delay, dur)
+	if slowAt > 0 {
+		desc += fmt.Sprintf("; disk slow after %v", slowAt.Round(100*time.Millisecond))
+	}
+	if gaveUpAt > 0 {
+		desc += fmt.Sprintf("; not leading after %v", gaveUpAt.Round(100*time.Millisecond))
+	}
+	if delay < 2*slowDiskThreshold {
+		return desc + " (under twice the threshold: no verdict required)"
+	}
+	switch {
+	case lastErr != nil:
+		t.Errorf("slow disk: %s's status at the end of the fault: %v", n.id, lastErr)
+	case !last.Disk.Slow:
+		t.Errorf("slow disk: %s's fsyncs took %v longer for %v (%d syncs) and it does not say its disk is slow: %+v", n.id, delay, dur, syncs, last.Disk)
+	case last.Role == "leader":
+		t.Errorf("slow disk: %s still leads after %v of fsyncs %v slower (disk %+v): a slow node must stay out of leadership", n.id, dur, delay, last.Disk)
+	}
+	return desc
 }
 
 // fillDir writes a filler file into dir until the file system is full; the

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/slowfs"
 	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -69,6 +70,8 @@ type nsmNode struct {
 	logPath string
 	http    *http.Client
 	c       *e2eCluster
+	witness bool       // runs --witness (clusterSpec.witness)
+	disk    *slowfs.FS // its data directory's slow passthrough (clusterSpec.slowDisks)
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -88,6 +91,7 @@ type e2eCluster struct {
 	vip     netip.Addr // the VIP
 	vipOK   bool       // the leader really takes the VIP: VIP checks are on
 	vipWhy  string     // why VIP checks are off in netlink mode
+	slowWhy string     // why the data directories have no slow passthrough (clusterSpec.slowDisks)
 
 	pki *clusterPKI // mutual TLS, gossip key, admin token (nsmd tls init)
 
@@ -118,6 +122,12 @@ type clusterSpec struct {
 	// diskMB > 0 puts every node's data directory on a tmpfs of that
 	// size: a disk the test can fill (ENOSPC) and free.
 	diskMB int
+	// witness makes the last node (n3) a witness: two servers and a
+	// witness, the HA pair's topology.
+	witness bool
+	// slowDisks puts every node's data directory behind a FUSE
+	// passthrough (internal/slowfs) whose fsync the test can slow down.
+	slowDisks bool
 }
 
 // startCluster is the default setup: three fake client hosts, nsmd's
@@ -141,14 +151,23 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 		ips[h.name] = h.ip.String()
 	}
 	c.pki = newClusterPKI(t, ips)
-	for _, h := range c.top.nodes {
-		c.nodes = append(c.nodes, &nsmNode{
+	for i, h := range c.top.nodes {
+		n := &nsmNode{
 			id: h.name, host: h, c: c,
 			admin:   net.JoinHostPort(h.ip.String(), strconv.Itoa(adminPort)),
 			dataDir: dataDir(t, spec.diskMB),
 			logPath: filepath.Join(logDir, h.name+".log"),
 			http:    httpIn(h.ns, c.pki.clientTLS(t)),
-		})
+			witness: spec.witness && i == len(c.top.nodes)-1,
+		}
+		if spec.slowDisks && c.slowWhy == "" {
+			if n.disk, c.slowWhy = slowDisk(t, n.dataDir); n.disk != nil {
+				n.dataDir = n.disk.Dir
+			} else {
+				t.Logf("slow-disk faults off: %s", c.slowWhy)
+			}
+		}
+		c.nodes = append(c.nodes, n)
 	}
 	c.watch = startVIPWatcher(c.vip, c.top.nodes)
 	// Registered after the topology's cleanup, so it runs before it.
@@ -199,6 +218,38 @@ func dataDir(t *testing.T, mb int) string {
 	return dir
 }
 
+// slowDisk mounts a slow passthrough of backing (internal/slowfs, served
+// by this test process) and returns it, or nil and why not; it is
+// unmounted when the test ends, after the nodes (whose cleanup is
+// registered later) are gone.
+func slowDisk(t *testing.T, backing string) (*slowfs.FS, string) {
+	t.Helper()
+	if why := slowfs.Usable(); why != "" {
+		return nil, why
+	}
+	f, err := slowfs.Mount(backing, t.TempDir())
+	if err != nil {
+		return nil, fmt.Sprintf("cannot mount a FUSE passthrough here: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := f.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	return f, ""
+}
+
+// servers are the nodes that may lead (all but a witness).
+func (c *e2eCluster) servers() []*nsmNode {
+	var out []*nsmNode
+	for _, n := range c.nodes {
+		if !n.witness {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // agentArgs are the node's flags (the same at every start).
 func (n *nsmNode) agentArgs() []string {
 	var join []string
@@ -226,6 +277,11 @@ func (n *nsmNode) agentArgs() []string {
 		"--log-level", "debug",
 	}
 	args = append(args, n.c.pki.nodeArgs(n.id)...)
+	if n.witness {
+		// The servers' flags, VIP included: the witness ignores what it
+		// never uses (as one configuration file for all three would).
+		args = append(args, "--witness")
+	}
 	if n.c.vipMode == "none" {
 		return append(args, "--vip-mode", "none")
 	}

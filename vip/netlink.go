@@ -401,6 +401,7 @@ func (v *Netlink) loop(ctx context.Context, r *hold, renewed time.Time) {
 	}
 	tick := time.NewTicker(v.cfg.Refresh)
 	defer tick.Stop()
+	gated := false // a renewal was skipped by the renew gate
 	for {
 		select {
 		case <-ctx.Done():
@@ -429,6 +430,15 @@ func (v *Netlink) loop(ctx context.Context, r *hold, renewed time.Time) {
 			if ctx.Err() != nil {
 				return
 			}
+			if gate := renewGate(ctx); gate != nil && !gate() {
+				if !gated {
+					v.log.Warn("VIP not renewed: leadership not confirmed by a quorum within the lease (a deposed leader whose raft loop is stuck, e.g. behind a slow disk)",
+						"last_renewed", renewed)
+				}
+				gated = true
+				continue
+			}
+			gated = false
 			if ok, readded := v.refresh(); ok {
 				renewed = time.Now()
 				if readded && burst <= 0 && v.cfg.Announce > 1 {
@@ -466,4 +476,23 @@ func (v *Netlink) refresh() (ok, readded bool) {
 	}
 	v.announce()
 	return true, !present
+}
+
+type renewGateKey struct{}
+
+// WithRenewGate returns a context for FloatingAddr.Acquire under which the
+// VIP is renewed only while ok() holds: the leader's read lease (a quorum
+// confirmed its leadership within the lease). A new leader waits until a
+// previous holder's address must have expired counting from that holder's
+// last quorum contact (vipNotBefore); without the gate a deposed leader
+// whose raft loop is stuck (behind fsyncs of a slow disk: it steps down
+// only when its loop runs again) kept renewing — found by the checked
+// schedules' slow-disk faults, the VIP on two nodes for 340 ms.
+func WithRenewGate(ctx context.Context, ok func() bool) context.Context {
+	return context.WithValue(ctx, renewGateKey{}, ok)
+}
+
+func renewGate(ctx context.Context) func() bool {
+	f, _ := ctx.Value(renewGateKey{}).(func() bool)
+	return f
 }

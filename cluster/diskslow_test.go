@@ -1,0 +1,252 @@
+//go:build linux
+
+package cluster
+
+import (
+	"log/slog"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/internal/slowfs"
+)
+
+// slowDisks mounts a slow passthrough (internal/slowfs) per node; each
+// starts with no delay.
+func slowDisks(t *testing.T, n int) ([]string, []*slowfs.FS) {
+	t.Helper()
+	if why := slowfs.Usable(); why != "" {
+		t.Skip(why)
+	}
+	var dirs []string
+	var fss []*slowfs.FS
+	for range n {
+		f, err := slowfs.Mount(t.TempDir(), t.TempDir())
+		if err != nil {
+			t.Skipf("cannot mount a FUSE slow disk here: %v", err)
+		}
+		// Registered before the nodes' cleanups, so it runs after them.
+		t.Cleanup(func() {
+			if err := f.Unmount(); err != nil {
+				t.Error(err)
+			}
+		})
+		dirs, fss = append(dirs, f.Dir), append(fss, f)
+	}
+	return dirs, fss
+}
+
+// monFor sends SM_MONs to whichever node leads for d and returns their
+// latencies (failures during a change of leader are skipped).
+func monFor(nodes []*tcpNode, d time.Duration, from int) []time.Duration {
+	var lat []time.Duration
+	deadline := time.Now().Add(d)
+	for i := from; time.Now().Before(deadline); i++ {
+		var l *Node
+		for _, tn := range nodes {
+			if tn.n.IsLeader() {
+				l = tn.n
+			}
+		}
+		if l == nil {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		start := time.Now()
+		if err := mon(l, i); err == nil {
+			lat = append(lat, time.Since(start))
+		}
+	}
+	return lat
+}
+
+func p50(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// TestSlowDiskLeaderStepsAside: in a 3-node cluster the leader's fsyncs
+// start taking 200 ms. It says so (Disk().Slow), hands leadership to a
+// healthy node (one takeover), never takes it back while slow, and the
+// cluster's SM_MONs are fast again; with the disk fast again it is
+// eligible again. Negative control: with the check off
+// (DiskSlowThreshold < 0) the slow leader keeps leading and every SM_MON
+// takes its fsync.
+func TestSlowDiskLeaderStepsAside(t *testing.T) {
+	const delay = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		threshold time.Duration
+	}{{"step-aside", 0}, {"off-negative-control", -1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dirs, fss := slowDisks(t, 3)
+			nodes, took := tcpCluster(t, dirs, func(c *Config) {
+				c.DiskSlowThreshold = tc.threshold
+				// The agent's default timings: tcpCluster's 100 ms ones
+				// are shorter than a vote on the slow disk (two fsyncs of
+				// the stable store).
+				c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
+				if testing.Verbose() {
+					c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
+				}
+			})
+			first := nextTakeover(t, took, 5*time.Second)
+			var slow *tcpNode
+			var slowFS *slowfs.FS
+			for i, tn := range nodes {
+				if tn.id == first.node {
+					slow, slowFS = tn, fss[i]
+				}
+			}
+			if err := mon(slow.n, 0); err != nil {
+				t.Fatal(err)
+			}
+			cands := countCandidacies(t, slow.n)
+			slowFS.SetDelay(delay)
+			start := time.Now()
+
+			if tc.threshold < 0 {
+				lat := monFor(nodes, 4*time.Second, 1)
+				select {
+				case ev := <-took:
+					t.Fatalf("takeover by %s with the check off", ev.node)
+				default:
+				}
+				if !slow.n.IsLeader() {
+					t.Fatal("the slow leader lost leadership with the check off")
+				}
+				if got := p50(lat); got < delay {
+					t.Fatalf("SM_MON p50 %v on a leader whose fsync takes %v", got, delay)
+				}
+				if slow.n.Disk().Slow {
+					t.Fatal("Disk().Slow with the check off")
+				}
+				t.Logf("check off: %s kept leading for 4 s; %d SM_MONs, p50 %v", slow.id, len(lat), p50(lat))
+				return
+			}
+
+			lat := monFor(nodes, 500*time.Millisecond, 1)
+			next := nextTakeover(t, took, 10*time.Second)
+			stepped := time.Since(start)
+			if next.node == slow.id || next.state != first.state+2 {
+				t.Fatalf("takeover by %s with %d after the slow leader; want another node with %d", next.node, next.state, first.state+2)
+			}
+			if st := slow.n.Disk(); !st.Slow || st.WriteP50 <= defaultDiskSlowThreshold {
+				t.Fatalf("slow node's disk status %+v", st)
+			}
+			c0 := cands.Load()
+			after := monFor(nodes, 2*time.Second, 10000)
+			select {
+			case ev := <-took:
+				t.Fatalf("another takeover (%s) while the slow node stayed slow", ev.node)
+			default:
+			}
+			if slow.n.IsLeader() || cands.Load() != c0 {
+				t.Fatalf("slow node leads=%v, candidacies %d → %d", slow.n.IsLeader(), c0, cands.Load())
+			}
+			if got := p50(after); got >= defaultDiskSlowThreshold {
+				t.Fatalf("SM_MON p50 %v after the step-aside", got)
+			}
+			t.Logf("slow leader %s handed over to %s %v after its fsyncs took %v (SM_MON p50 %v on it before); then %d SM_MONs, p50 %v, no election",
+				slow.id, next.node, stepped.Round(time.Millisecond), delay, p50(lat), len(after), p50(after))
+
+			slowFS.SetDelay(0)
+			waitCond(t, 10*time.Second, "the disk is fast again", func() bool { return !slow.n.Disk().Slow })
+		})
+	}
+}
+
+// TestSlowFollowersElectOneWhenTheLeaderDies: both followers' disks are
+// slow (they stay out of elections) and the healthy leader dies; one of
+// them must still take over — a slow leader beats none. Negative control:
+// without the last resort nobody campaigns and the cluster stays
+// leaderless.
+func TestSlowFollowersElectOneWhenTheLeaderDies(t *testing.T) {
+	// A vote is three stable-store commits (six fsyncs with bolt), so a
+	// delay near raft's election timeout stops elections altogether: a
+	// 40 ms delay with a 20 ms threshold keeps a vote at ~250 ms, under
+	// the 1 s election timeout here.
+	const delay = 40 * time.Millisecond
+	for _, tc := range []struct {
+		name         string
+		noLastResort bool
+	}{{"last-resort", false}, {"no-last-resort-negative-control", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dirs, fss := slowDisks(t, 3)
+			nodes, took := tcpCluster(t, dirs, func(c *Config) {
+				c.noSlowLastResort = tc.noLastResort
+				c.DiskSlowThreshold = 20 * time.Millisecond
+				if testing.Verbose() {
+					c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
+				}
+				c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
+			})
+			first := nextTakeover(t, took, 10*time.Second)
+			var leader *tcpNode
+			var slow []*tcpNode
+			for i, tn := range nodes {
+				if tn.id == first.node {
+					leader = tn
+					continue
+				}
+				slow = append(slow, tn)
+				fss[i].SetDelay(delay)
+			}
+			waitCond(t, 10*time.Second, "both followers judge their disks slow", func() bool {
+				return slow[0].n.Disk().Slow && slow[1].n.Disk().Slow
+			})
+			killWithin(t, leader, 15*time.Second)
+			killed := time.Now()
+			if tc.noLastResort {
+				select {
+				case ev := <-took:
+					t.Fatalf("takeover by %s without the last resort", ev.node)
+				case <-time.After(5 * time.Second):
+				}
+				for _, tn := range slow {
+					if tn.n.IsLeader() {
+						t.Fatalf("%s leads without the last resort", tn.id)
+					}
+				}
+				t.Logf("without the last resort: no leader 5 s after the healthy leader died")
+				return
+			}
+			ev := nextTakeover(t, took, 20*time.Second)
+			if ev.node == leader.id || ev.state != first.state+2 {
+				t.Fatalf("takeover %+v after %s died; want a slow node with %d", ev, leader.id, first.state+2)
+			}
+			t.Logf("healthy leader %s died; slow %s took over after %v", leader.id, ev.node, time.Since(killed).Round(time.Millisecond))
+		})
+	}
+}
+
+// TestVerySlowFollowerDiskIsJudgedSlow: a follower whose fsyncs take 500 ms
+// writes fewer than slowMinSamples times in slowWindow (its probes alone
+// take that long); it must still judge its disk slow (from its last
+// writes), and fast again once the delay is gone. Found by the checked
+// schedules: a 432 ms disk was never judged slow.
+func TestVerySlowFollowerDiskIsJudgedSlow(t *testing.T) {
+	dirs, fss := slowDisks(t, 3)
+	nodes, took := tcpCluster(t, dirs, func(c *Config) {
+		c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
+		c.DiskProbeInterval = 5 * time.Second // the agent's
+	})
+	first := nextTakeover(t, took, 10*time.Second)
+	for i, tn := range nodes {
+		if tn.id == first.node {
+			continue
+		}
+		fss[i].SetDelay(500 * time.Millisecond)
+		start := time.Now()
+		waitCond(t, 15*time.Second, tn.id+" judges its 500 ms disk slow", func() bool { return tn.n.Disk().Slow })
+		t.Logf("%s: disk slow after %v (%+v)", tn.id, time.Since(start).Round(10*time.Millisecond), tn.n.Disk())
+		fss[i].SetDelay(0)
+		waitCond(t, 15*time.Second, tn.id+" judges its disk fast again", func() bool { return !tn.n.Disk().Slow })
+		return
+	}
+}
