@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"slices"
 	"sync"
@@ -13,57 +15,174 @@ import (
 	"github.com/hashicorp/raft-wal/metadb"
 )
 
-// TestRaftWALCannotReopenAfterTailTruncation is a canary for a bug in
-// hashicorp/raft-wal v0.4.0 (hashicorp/raft-wal#31): DeleteRange on the
-// tail — what raft does on a follower whose uncommitted suffix conflicts
-// with a new leader's log, routine after a failover — marks the tail
-// segment sealed without writing its index, and after a restart every read
-// from that segment fails ("sealed segment has no index block"), so
-// raft.NewRaft panics and the node cannot start. Found by
-// TestRandomFaultsLoseNoAcknowledgedRegistration with
-// NSMD_CHAOS_LOGSTORE=wal (2 s in). It is why config refuses
-// raft_log_store wal. When this test fails, raft-wal has fixed the bug:
-// lift the refusal (config.Validate) and run the chaos test on wal.
-func TestRaftWALCannotReopenAfterTailTruncation(t *testing.T) {
-	dir := t.TempDir()
-	open := func() (*wal.WAL, *metadb.BoltMetaDB) {
-		meta := &metadb.BoltMetaDB{}
-		w, err := wal.Open(dir, wal.WithMetaStore(meta), wal.WithLogger(hclog.NewNullLogger()))
-		if err != nil {
+// TestRaftWALReopensAfterTailTruncation is the regression test of
+// hashicorp/raft-wal#31, which v0.4.0 had and v0.4.1 fixed (PR #33):
+// DeleteRange on the tail — what raft does on a follower whose uncommitted
+// suffix conflicts with a new leader's log, routine after a failover —
+// marked the tail segment sealed without writing its index, and after a
+// restart every read from that segment failed ("sealed segment has no index
+// block"), so raft.NewRaft panicked and the node could not start. The chaos
+// test found it in 2 s on v0.4.0.
+//
+// Each case truncates a tail, appends the new leader's entries, closes,
+// reopens twice and reads back every entry with its term. The negative
+// control puts the reopened directory into v0.4.0's state (the truncated
+// segment sealed with no index, as v0.4.0 left it in the meta database) and
+// shows the same check refuses it: the check sees the old behaviour.
+func TestRaftWALReopensAfterTailTruncation(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		segSize int    // raft-wal segment size; small ones rotate
+		data    int    // bytes per entry
+		n, cut  uint64 // entries written at term 1; the new leader's log conflicts from cut
+	}{
+		{"within the only segment", wal.DefaultSegmentSize, 1, 10, 8},
+		{"within the tail after rotations", 8 << 10, 1 << 10, 40, 39},
+		{"back into a sealed segment", 8 << 10, 1 << 10, 40, 12},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			truncateTail(t, dir, tc.segSize, tc.data, tc.n, tc.cut)
+			if err := checkWALLog(dir, tc.segSize, tc.data, tc.cut, tc.cut+1); err != nil {
+				t.Fatalf("first reopen after a tail truncation: %v", err)
+			}
+			// The reopened log takes appends and reopens again.
+			w, err := openTestWAL(dir, tc.segSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.StoreLogs(walEntries(tc.cut+2, tc.cut+2, 2, tc.data)); err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			if err := checkWALLog(dir, tc.segSize, tc.data, tc.cut, tc.cut+2); err != nil {
+				t.Fatalf("second reopen: %v", err)
+			}
+		})
+		t.Run(tc.name+"/negative control: v0.4.0's sealed segment without an index", func(t *testing.T) {
+			dir := t.TempDir()
+			truncateTail(t, dir, tc.segSize, tc.data, tc.n, tc.cut)
+			meta := &metadb.BoltMetaDB{}
+			st, err := meta.Load(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			unindexed := 0
+			for i := range st.Segments {
+				if s := &st.Segments[i]; !s.SealTime.IsZero() && s.MaxIndex >= tc.cut-1 {
+					s.IndexStart = 0 // v0.4.0 sealed the truncated tail without one
+					unindexed++
+				}
+			}
+			if unindexed == 0 {
+				t.Fatalf("no sealed segment ends at the truncation point in %+v", st.Segments)
+			}
+			if err := meta.CommitState(st); err != nil {
+				t.Fatal(err)
+			}
+			meta.Close()
+			t.Logf("segments: %+v", st.Segments)
+			err = checkWALLog(dir, tc.segSize, tc.data, tc.cut, tc.cut+1)
+			if err == nil {
+				t.Fatal("the check passed a log whose truncated segment has no index: it cannot see raft-wal#31")
+			}
+			t.Logf("v0.4.0's state refused as it should be: %v", err)
+		})
+	}
+}
+
+// testWAL closes its meta database itself too, as v0.4.0's Close did not
+// (a no-op since v0.4.1): the test then runs against v0.4.0 and fails.
+type testWAL struct {
+	*wal.WAL
+	meta *metadb.BoltMetaDB
+}
+
+func (w testWAL) Close() { w.WAL.Close(); w.meta.Close() }
+
+func openTestWAL(dir string, segSize int) (testWAL, error) {
+	meta := &metadb.BoltMetaDB{}
+	w, err := wal.Open(dir, wal.WithMetaStore(meta), wal.WithLogger(hclog.NewNullLogger()), wal.WithSegmentSize(segSize))
+	if err != nil {
+		meta.Close()
+	}
+	return testWAL{w, meta}, err
+}
+
+// walEntries are raft log entries from..to at term, data bytes each; the
+// payload names the index and term so a read-back can tell them apart.
+func walEntries(from, to, term uint64, data int) []*raft.Log {
+	var ls []*raft.Log
+	for i := from; i <= to; i++ {
+		ls = append(ls, &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: walPayload(i, term, data)})
+	}
+	return ls
+}
+
+func walPayload(i, term uint64, data int) []byte {
+	p := []byte(fmt.Sprintf("%d@%d;", i, term))
+	for len(p) < data {
+		p = append(p, 'x')
+	}
+	return p
+}
+
+// truncateTail writes 1..n at term 1, then does what a follower does when
+// a new leader's log conflicts from cut: drops cut..n and appends cut and
+// cut+1 at term 2.
+func truncateTail(t *testing.T, dir string, segSize, data int, n, cut uint64) {
+	t.Helper()
+	w, err := openTestWAL(dir, segSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for i := uint64(1); i <= n; i++ { // one append per entry, as rotation needs
+		if err := w.StoreLogs(walEntries(i, i, 1, data)); err != nil {
 			t.Fatal(err)
 		}
-		return w, meta
 	}
-	logs := func(from, to, term uint64) []*raft.Log {
-		var ls []*raft.Log
-		for i := from; i <= to; i++ {
-			ls = append(ls, &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: []byte("x")})
-		}
-		return ls
-	}
-	w, meta := open()
-	if err := w.StoreLogs(logs(1, 10, 1)); err != nil {
+	if err := w.DeleteRange(cut, n); err != nil {
 		t.Fatal(err)
 	}
-	// A new leader's log conflicts from index 8: raft drops 8..10 and
-	// appends the leader's entries.
-	if err := w.DeleteRange(8, 10); err != nil {
+	if err := w.StoreLogs(walEntries(cut, cut+1, 2, data)); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.StoreLogs(logs(8, 9, 2)); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	meta.Close()
+}
 
-	w, meta = open()
-	defer func() { w.Close(); meta.Close() }()
-	var l raft.Log
-	err := w.GetLog(1, &l)
-	if err == nil {
-		t.Fatal("raft-wal reopened a log after a tail truncation and read index 1: the bug (raft-wal#31) is fixed — allow raft_log_store wal in config.Validate and run TestRandomFaultsLoseNoAcknowledgedRegistration with NSMD_CHAOS_LOGSTORE=wal")
+// checkWALLog reopens dir and reads the whole log back: 1..cut-1 at term
+// 1 and cut..last at term 2, each with its own payload.
+func checkWALLog(dir string, segSize, data int, cut, last uint64) error {
+	w, err := openTestWAL(dir, segSize)
+	if err != nil {
+		return fmt.Errorf("open: %w", err)
 	}
-	t.Logf("raft-wal v0.4.0 after a tail truncation and a restart: GetLog(1): %v", err)
+	defer w.Close()
+	first, err := w.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("first index: %w", err)
+	}
+	end, err := w.LastIndex()
+	if err != nil {
+		return fmt.Errorf("last index: %w", err)
+	}
+	if first != 1 || end != last {
+		return fmt.Errorf("log holds %d..%d, want 1..%d", first, end, last)
+	}
+	for i := uint64(1); i <= last; i++ {
+		term := uint64(1)
+		if i >= cut {
+			term = 2
+		}
+		var l raft.Log
+		if err := w.GetLog(i, &l); err != nil {
+			return fmt.Errorf("GetLog(%d): %w", i, err)
+		}
+		if l.Index != i || l.Term != term || !bytes.Equal(l.Data, walPayload(i, term, data)) {
+			return fmt.Errorf("GetLog(%d): index %d term %d data %.12q, want term %d", i, l.Index, l.Term, l.Data, term)
+		}
+	}
+	return nil
 }
 
 // TestMeasureLogStores compares raft's log in bolt and in raft-wal: three
