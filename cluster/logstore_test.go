@@ -243,3 +243,31 @@ func TestMeasureLogStores(t *testing.T) {
 		}
 	}
 }
+
+// TestRaftSeesRaftWALAsMonotonic: raft-wal refuses an append that does not
+// follow its last index, so after installing a snapshot raft must clear
+// its whole log rather than compact it by trailing_logs — which raft does
+// only for a store that says so (raft.MonotonicLogStore), and the log
+// cache asks the store it wraps: nsmd's guardedLogs must pass the answer
+// on. raft's in-memory store is the control: not monotonic, through the
+// same wrappers.
+func TestRaftSeesRaftWALAsMonotonic(t *testing.T) {
+	w, err := openWAL(t.TempDir(), hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	n := &Node{}
+	for _, tc := range []struct {
+		store raft.LogStore
+		want  bool
+	}{{w, true}, {&raft.InmemStore{}, false}} {
+		cache, err := raft.NewLogCache(16, guardedLogs{LogStore: tc.store, d: newDiskHealth(n, t.TempDir())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cache.IsMonotonic(); got != tc.want {
+			t.Errorf("%T through guardedLogs and the log cache: monotonic %v, want %v", tc.store, got, tc.want)
+		}
+	}
+}
