@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"syscall"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/types"
 )
 
 // The raft log store is chosen per data directory (Config.LogStore):
@@ -94,20 +98,160 @@ func walSegments(dataDir string) (bool, error) {
 	return false, nil
 }
 
+// walLog is raft-wal (DataDir/wal) with one repair. When a segment
+// fills, raft-wal seals it and creates the next in the background; if that
+// fails — no room to preallocate the next segment (64 MiB), or the meta
+// database not written — v0.4.2 logs "rotate error", keeps the sealed
+// segment as its tail and refuses every later append with ErrSealed, even
+// once there is room again, until it is reopened. So on ErrSealed walLog
+// reopens it (Open completes the rotation from the meta database), when
+// the file system has room for a segment: a node whose disk filled up at
+// a rotation takes appends again once space returns, as with bolt, instead
+// of only after a restart (TestRaftWALRotationOnAFullDiskIsRepaired).
+type walLog struct {
+	dir     string
+	segSize int // 0: raft-wal's default
+	logger  hclog.Logger
+
+	mu sync.RWMutex
+	w  *wal.WAL // nil after a reopen that failed
+}
+
+var errWALClosed = errors.New("cluster: raft-wal log not open (a reopen failed)")
+
 // openWAL opens DataDir/wal as the log store.
-func openWAL(dataDir string, logger hclog.Logger) (*wal.WAL, error) {
-	dir := filepath.Join(dataDir, walDir)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return nil, fmt.Errorf("cluster: create %s: %w", dir, err)
+func openWAL(dataDir string, logger hclog.Logger) (*walLog, error) {
+	return openWALSized(dataDir, 0, logger)
+}
+
+func openWALSized(dataDir string, segSize int, logger hclog.Logger) (*walLog, error) {
+	l := &walLog{dir: filepath.Join(dataDir, walDir), segSize: segSize, logger: logger}
+	if err := os.MkdirAll(l.dir, 0o750); err != nil {
+		return nil, fmt.Errorf("cluster: create %s: %w", l.dir, err)
+	}
+	w, err := l.open()
+	if err != nil {
+		return nil, err
+	}
+	l.w = w
+	return l, nil
+}
+
+func (l *walLog) open() (*wal.WAL, error) {
+	size := l.segSize
+	if size <= 0 {
+		size = wal.DefaultSegmentSize
 	}
 	// WAL.Close closes the meta database too (since v0.4.1).
-	meta := &metadb.BoltMetaDB{}
-	w, err := wal.Open(dir, wal.WithLogger(logger), wal.WithMetaStore(meta))
+	w, err := wal.Open(l.dir, wal.WithLogger(l.logger), wal.WithMetaStore(&metadb.BoltMetaDB{}), wal.WithSegmentSize(size))
 	if err != nil {
-		meta.Close()
-		return nil, fmt.Errorf("cluster: open raft-wal in %s: %w", dir, err)
+		return nil, fmt.Errorf("cluster: open raft-wal in %s: %w", l.dir, err)
 	}
 	return w, nil
+}
+
+// store runs f on the open WAL.
+func (l *walLog) store(f func(*wal.WAL) error) error {
+	l.mu.RLock()
+	w := l.w
+	err := errWALClosed
+	if w != nil {
+		err = f(w)
+	}
+	l.mu.RUnlock()
+	if w != nil && !errors.Is(err, types.ErrSealed) {
+		return err
+	}
+	if rerr := l.reopen(w); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.w == nil {
+		return errWALClosed
+	}
+	return f(l.w)
+}
+
+// reopen closes and reopens the WAL if it is still was (another caller may
+// have done it) and there is room for a new segment.
+func (l *walLog) reopen(was *wal.WAL) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.w != was {
+		return nil
+	}
+	need := uint64(wal.DefaultSegmentSize)
+	if l.segSize > 0 {
+		need = uint64(l.segSize)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(l.dir, &st); err != nil {
+		return fmt.Errorf("cluster: statfs %s: %w", l.dir, err)
+	}
+	if free := st.Bavail * uint64(st.Bsize); free < need+need/4 {
+		return fmt.Errorf("cluster: raft-wal cannot start a new segment: %d bytes free in %s, %d needed", free, l.dir, need)
+	}
+	if l.w != nil {
+		l.w.Close()
+		l.w = nil
+	}
+	w, err := l.open()
+	if err != nil {
+		return err
+	}
+	l.logger.Warn("raft-wal reopened after a failed segment rotation", "dir", l.dir)
+	l.w = w
+	return nil
+}
+
+func (l *walLog) read(f func(*wal.WAL) error) error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.w == nil {
+		return errWALClosed
+	}
+	return f(l.w)
+}
+
+func (l *walLog) FirstIndex() (i uint64, err error) {
+	err = l.read(func(w *wal.WAL) (err error) { i, err = w.FirstIndex(); return })
+	return
+}
+
+func (l *walLog) LastIndex() (i uint64, err error) {
+	err = l.read(func(w *wal.WAL) (err error) { i, err = w.LastIndex(); return })
+	return
+}
+
+func (l *walLog) GetLog(index uint64, log *raft.Log) error {
+	return l.read(func(w *wal.WAL) error { return w.GetLog(index, log) })
+}
+
+func (l *walLog) StoreLog(log *raft.Log) error {
+	return l.store(func(w *wal.WAL) error { return w.StoreLog(log) })
+}
+
+func (l *walLog) StoreLogs(logs []*raft.Log) error {
+	return l.store(func(w *wal.WAL) error { return w.StoreLogs(logs) })
+}
+
+func (l *walLog) DeleteRange(min, max uint64) error {
+	return l.store(func(w *wal.WAL) error { return w.DeleteRange(min, max) })
+}
+
+// IsMonotonic: raft-wal refuses appends that do not follow its last index.
+func (l *walLog) IsMonotonic() bool { return true }
+
+func (l *walLog) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.w == nil {
+		return nil
+	}
+	err := l.w.Close()
+	l.w = nil
+	return err
 }
 
 // LogStore is where this node's raft log is: LogStoreWAL or LogStoreBolt.

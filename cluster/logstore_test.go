@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/types"
 )
 
 // TestRaftWALReopensAfterTailTruncation is the regression test of
@@ -81,7 +84,6 @@ func TestRaftWALReopensAfterTailTruncation(t *testing.T) {
 				t.Fatal(err)
 			}
 			meta.Close()
-			t.Logf("segments: %+v", st.Segments)
 			err = checkWALLog(dir, tc.segSize, tc.data, tc.cut, tc.cut+1)
 			if err == nil {
 				t.Fatal("the check passed a log whose truncated segment has no index: it cannot see raft-wal#31")
@@ -270,4 +272,81 @@ func TestRaftSeesRaftWALAsMonotonic(t *testing.T) {
 			t.Errorf("%T through guardedLogs and the log cache: monotonic %v, want %v", tc.store, got, tc.want)
 		}
 	}
+}
+
+// TestRaftWALRotationOnAFullDiskIsRepaired: raft-wal (v0.4.2) whose next
+// segment cannot be created — the disk filled up just as a segment did —
+// refuses every append with ErrSealed, and still does once there is room
+// again, until it is reopened. walLog reopens it: once space returns the
+// next append succeeds and every entry reads back after a restart. The
+// negative control is raft-wal alone, still refusing after the space came
+// back. A 1 MiB segment size on an 8 MiB tmpfs (needs root).
+func TestRaftWALRotationOnAFullDiskIsRepaired(t *testing.T) {
+	const seg, data = 1 << 20, 4 << 10
+	// fillUpTo fills dir, leaving room for the sealing append but not for
+	// a new segment.
+	fillUpTo := func(dir string) func() {
+		free := fill(t, dir)
+		p := filepath.Join(dir, "filler")
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, fi.Size()-256<<10); err != nil {
+			t.Fatal(err)
+		}
+		return free
+	}
+	// appendUntilRefused appends one entry at a time from 1 and returns
+	// the first index refused and its error.
+	appendUntilRefused := func(s raft.LogStore) (uint64, error) {
+		for i := uint64(1); i < 10_000; i++ {
+			if err := s.StoreLogs(walEntries(i, i, 1, data)); err != nil {
+				return i, err
+			}
+		}
+		t.Fatal("no append refused on a full disk")
+		return 0, nil
+	}
+
+	t.Run("walLog", func(t *testing.T) {
+		dir := smallDisk(t, 8)
+		l, err := openWALSized(dir, seg, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		free := fillUpTo(dir)
+		i, err := appendUntilRefused(l)
+		if !errors.Is(err, types.ErrSealed) {
+			t.Fatalf("append %d on a full disk: %v, want raft-wal's ErrSealed (a failed rotation)", i, err)
+		}
+		t.Logf("append %d refused while full: %v", i, err)
+		free()
+		for j := i; j < i+3; j++ {
+			if err := l.StoreLogs(walEntries(j, j, 1, data)); err != nil {
+				t.Fatalf("append %d once there is room: %v", j, err)
+			}
+		}
+		l.Close()
+		if err := checkWALLog(filepath.Join(dir, walDir), seg, data, 1<<62, i+2); err != nil {
+			t.Fatalf("after a restart: %v", err)
+		}
+	})
+	t.Run("negative control: raft-wal alone", func(t *testing.T) {
+		dir := smallDisk(t, 8)
+		w, err := openTestWAL(dir, seg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		free := fillUpTo(dir)
+		i, err := appendUntilRefused(w)
+		if !errors.Is(err, types.ErrSealed) {
+			t.Fatalf("append %d on a full disk: %v, want ErrSealed", i, err)
+		}
+		free()
+		if err := w.StoreLogs(walEntries(i, i, 1, data)); !errors.Is(err, types.ErrSealed) {
+			t.Fatalf("raft-wal alone, append %d once there is room: %v, want ErrSealed (the wedge walLog repairs)", i, err)
+		}
+	})
 }

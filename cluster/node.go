@@ -27,7 +27,6 @@ import (
 	"github.com/hashicorp/raft"
 
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	wal "github.com/hashicorp/raft-wal"
 	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -230,7 +229,7 @@ type Node struct {
 	fsm     *fsm.FSM
 	raft    *raft.Raft
 	store   *raftboltdb.BoltStore
-	wal     *wal.WAL // the log store when cfg.LogStore resolved to wal
+	wal     *walLog // the log store when cfg.LogStore resolved to wal
 	trans   raft.Transport
 	member  *membership // nil without gossip
 	metrics *metrics
