@@ -60,7 +60,7 @@ func fill(t *testing.T, dir string) func() {
 // diskCluster starts nodes on raft over TCP; dirs[i] is node i's data dir.
 // Their log is in bolt: these tests fill 8 MiB disks, and raft-wal
 // preallocates 64 MiB segments (it cannot open there; its own full-disk
-// case is TestRaftWALRotationOnAFullDiskIsRepaired).
+// case is TestRaftWALRepairedAfterAFullDisk).
 func diskCluster(t *testing.T, dirs []string) ([]*tcpNode, chan takeoverEvent) {
 	return tcpCluster(t, dirs, func(c *Config) { c.LogStore = LogStoreBolt })
 }

@@ -98,16 +98,21 @@ func walSegments(dataDir string) (bool, error) {
 	return false, nil
 }
 
-// walLog is raft-wal (DataDir/wal) with one repair. When a segment
-// fills, raft-wal seals it and creates the next in the background; if that
-// fails — no room to preallocate the next segment (64 MiB), or the meta
-// database not written — v0.4.2 logs "rotate error", keeps the sealed
-// segment as its tail and refuses every later append with ErrSealed, even
-// once there is room again, until it is reopened. So on ErrSealed walLog
-// reopens it (Open completes the rotation from the meta database), when
-// the file system has room for a segment: a node whose disk filled up at
-// a rotation takes appends again once space returns, as with bolt, instead
-// of only after a restart (TestRaftWALRotationOnAFullDiskIsRepaired).
+// walLog is raft-wal (DataDir/wal) with one repair. raft-wal (v0.4.2)
+// changes its segments — a rotation when one fills, a new tail after raft
+// truncates the log's tail — by committing the new state to its meta
+// database and then creating the new segment file, preallocated (64 MiB).
+// When creating it fails (ENOSPC), its in-memory state is left behind the
+// meta database: after a failed rotation every append is refused
+// (ErrSealed), after a failed tail truncation every retry fails on the
+// half-created file ("file exists"), even once there is room again, until
+// the WAL is reopened — a follower so stuck never catches up (the checked
+// schedules' disk-full-follower fault found it). So after a failed write
+// walLog reopens the WAL, once the file system has room for a segment:
+// Open loads the state the meta database has. It first drops any entries
+// of the failed append the reopened log holds (raft was told they were not
+// stored), and retries an append refused with ErrSealed (nothing of it
+// was written). TestRaftWALRepairedAfterAFullDisk.
 type walLog struct {
 	dir     string
 	segSize int // 0: raft-wal's default
@@ -150,32 +155,35 @@ func (l *walLog) open() (*wal.WAL, error) {
 	return w, nil
 }
 
-// store runs f on the open WAL.
-func (l *walLog) store(f func(*wal.WAL) error) error {
+// write runs f, a write, on the open WAL, and repairs the WAL after it
+// failed.
+func (l *walLog) write(f func(*wal.WAL) error) error {
 	l.mu.RLock()
 	w := l.w
+	var before uint64
 	err := errWALClosed
 	if w != nil {
-		err = f(w)
+		if before, err = w.LastIndex(); err == nil {
+			err = f(w)
+		}
 	}
 	l.mu.RUnlock()
-	if w != nil && !errors.Is(err, types.ErrSealed) {
-		return err
+	if err == nil {
+		return nil
 	}
-	if rerr := l.reopen(w); rerr != nil {
+	if rerr := l.reopen(w, before); rerr != nil {
 		return errors.Join(err, rerr)
 	}
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if l.w == nil {
-		return errWALClosed
+	if w == nil || errors.Is(err, types.ErrSealed) {
+		return l.read(f)
 	}
-	return f(l.w)
+	return err
 }
 
-// reopen closes and reopens the WAL if it is still was (another caller may
-// have done it) and there is room for a new segment.
-func (l *walLog) reopen(was *wal.WAL) error {
+// reopen closes and reopens the WAL if it still is was (another caller may
+// have done it) and there is room for a new segment, then drops entries
+// after before that the failed write left.
+func (l *walLog) reopen(was *wal.WAL, before uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.w != was {
@@ -190,7 +198,7 @@ func (l *walLog) reopen(was *wal.WAL) error {
 		return fmt.Errorf("cluster: statfs %s: %w", l.dir, err)
 	}
 	if free := st.Bavail * uint64(st.Bsize); free < need+need/4 {
-		return fmt.Errorf("cluster: raft-wal cannot start a new segment: %d bytes free in %s, %d needed", free, l.dir, need)
+		return fmt.Errorf("cluster: raft-wal not reopened: %d bytes free in %s, a segment needs %d", free, l.dir, need)
 	}
 	if l.w != nil {
 		l.w.Close()
@@ -200,8 +208,17 @@ func (l *walLog) reopen(was *wal.WAL) error {
 	if err != nil {
 		return err
 	}
-	l.logger.Warn("raft-wal reopened after a failed segment rotation", "dir", l.dir)
 	l.w = w
+	last, err := w.LastIndex()
+	if err != nil {
+		return fmt.Errorf("cluster: raft-wal reopened: last index: %w", err)
+	}
+	if was != nil && last > before {
+		if err := w.DeleteRange(before+1, last); err != nil {
+			return fmt.Errorf("cluster: raft-wal reopened: drop %d..%d of the failed append: %w", before+1, last, err)
+		}
+	}
+	l.logger.Warn("raft-wal reopened after a failed write", "dir", l.dir)
 	return nil
 }
 
@@ -229,15 +246,15 @@ func (l *walLog) GetLog(index uint64, log *raft.Log) error {
 }
 
 func (l *walLog) StoreLog(log *raft.Log) error {
-	return l.store(func(w *wal.WAL) error { return w.StoreLog(log) })
+	return l.write(func(w *wal.WAL) error { return w.StoreLog(log) })
 }
 
 func (l *walLog) StoreLogs(logs []*raft.Log) error {
-	return l.store(func(w *wal.WAL) error { return w.StoreLogs(logs) })
+	return l.write(func(w *wal.WAL) error { return w.StoreLogs(logs) })
 }
 
 func (l *walLog) DeleteRange(min, max uint64) error {
-	return l.store(func(w *wal.WAL) error { return w.DeleteRange(min, max) })
+	return l.write(func(w *wal.WAL) error { return w.DeleteRange(min, max) })
 }
 
 // IsMonotonic: raft-wal refuses appends that do not follow its last index.

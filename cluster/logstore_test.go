@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -274,17 +275,20 @@ func TestRaftSeesRaftWALAsMonotonic(t *testing.T) {
 	}
 }
 
-// TestRaftWALRotationOnAFullDiskIsRepaired: raft-wal (v0.4.2) whose next
-// segment cannot be created — the disk filled up just as a segment did —
-// refuses every append with ErrSealed, and still does once there is room
-// again, until it is reopened. walLog reopens it: once space returns the
-// next append succeeds and every entry reads back after a restart. The
-// negative control is raft-wal alone, still refusing after the space came
-// back. A 1 MiB segment size on an 8 MiB tmpfs (needs root).
-func TestRaftWALRotationOnAFullDiskIsRepaired(t *testing.T) {
+// TestRaftWALRepairedAfterAFullDisk: raft-wal (v0.4.2) that cannot create
+// a segment file — the disk filled up just as a segment did, or as raft
+// truncated the log's tail — stays stuck once there is room again, until
+// it is reopened: appends refused with ErrSealed after a failed rotation,
+// every retried truncation failing on the half-created file ("file
+// exists": the checked schedules' disk-full-follower fault found a
+// follower that never caught up). walLog reopens it: once space returns
+// the operation goes through and every entry reads back after a restart.
+// The negative controls are raft-wal alone, still stuck after the space
+// came back. 1 MiB segments on an 8 MiB tmpfs (needs root).
+func TestRaftWALRepairedAfterAFullDisk(t *testing.T) {
 	const seg, data = 1 << 20, 4 << 10
-	// fillUpTo fills dir, leaving room for the sealing append but not for
-	// a new segment.
+	// fillUpTo fills dir, leaving room for a sealing append but not for a
+	// new segment.
 	fillUpTo := func(dir string) func() {
 		free := fill(t, dir)
 		p := filepath.Join(dir, "filler")
@@ -308,45 +312,100 @@ func TestRaftWALRotationOnAFullDiskIsRepaired(t *testing.T) {
 		t.Fatal("no append refused on a full disk")
 		return 0, nil
 	}
-
-	t.Run("walLog", func(t *testing.T) {
-		dir := smallDisk(t, 8)
-		l, err := openWALSized(dir, seg, hclog.NewNullLogger())
-		if err != nil {
-			t.Fatal(err)
-		}
-		free := fillUpTo(dir)
-		i, err := appendUntilRefused(l)
-		if !errors.Is(err, types.ErrSealed) {
-			t.Fatalf("append %d on a full disk: %v, want raft-wal's ErrSealed (a failed rotation)", i, err)
-		}
-		t.Logf("append %d refused while full: %v", i, err)
-		free()
-		for j := i; j < i+3; j++ {
-			if err := l.StoreLogs(walEntries(j, j, 1, data)); err != nil {
-				t.Fatalf("append %d once there is room: %v", j, err)
+	type store interface {
+		raft.LogStore
+		Close() error
+	}
+	open := map[bool]func(t *testing.T, dir string) store{
+		true: func(t *testing.T, dir string) store {
+			l, err := openWALSized(dir, seg, hclog.NewNullLogger())
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		l.Close()
-		if err := checkWALLog(filepath.Join(dir, walDir), seg, data, 1<<62, i+2); err != nil {
-			t.Fatalf("after a restart: %v", err)
-		}
-	})
-	t.Run("negative control: raft-wal alone", func(t *testing.T) {
-		dir := smallDisk(t, 8)
-		w, err := openTestWAL(dir, seg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Close()
-		free := fillUpTo(dir)
-		i, err := appendUntilRefused(w)
-		if !errors.Is(err, types.ErrSealed) {
-			t.Fatalf("append %d on a full disk: %v, want ErrSealed", i, err)
-		}
-		free()
-		if err := w.StoreLogs(walEntries(i, i, 1, data)); !errors.Is(err, types.ErrSealed) {
-			t.Fatalf("raft-wal alone, append %d once there is room: %v, want ErrSealed (the wedge walLog repairs)", i, err)
-		}
-	})
+			return l
+		},
+		false: func(t *testing.T, dir string) store {
+			w, err := openTestWAL(dir, seg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return closer{w}
+		},
+	}
+	name := map[bool]string{true: "walLog", false: "negative control: raft-wal alone"}
+	walDirOf := map[bool]func(string) string{
+		true:  func(d string) string { return filepath.Join(d, walDir) },
+		false: func(d string) string { return d },
+	}
+	for _, repaired := range []bool{true, false} {
+		t.Run("rotation/"+name[repaired], func(t *testing.T) {
+			dir := smallDisk(t, 8)
+			s := open[repaired](t, dir)
+			free := fillUpTo(dir)
+			i, err := appendUntilRefused(s)
+			if !errors.Is(err, types.ErrSealed) {
+				t.Fatalf("append %d on a full disk: %v, want raft-wal's ErrSealed (a failed rotation)", i, err)
+			}
+			free()
+			err = s.StoreLogs(walEntries(i, i, 1, data))
+			if !repaired {
+				s.Close()
+				if !errors.Is(err, types.ErrSealed) {
+					t.Fatalf("append %d once there is room: %v, want ErrSealed still (the state walLog repairs)", i, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("append %d once there is room: %v", i, err)
+			}
+			if err := s.StoreLogs(walEntries(i+1, i+2, 1, data)); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			if err := checkWALLog(walDirOf[repaired](dir), seg, data, 1<<62, i+2); err != nil {
+				t.Fatalf("after a restart: %v", err)
+			}
+		})
+		t.Run("tail truncation/"+name[repaired], func(t *testing.T) {
+			dir := smallDisk(t, 8)
+			s := open[repaired](t, dir)
+			if err := s.StoreLogs(walEntries(1, 20, 1, data)); err != nil {
+				t.Fatal(err)
+			}
+			free := fillUpTo(dir)
+			// A new leader's log conflicts from 18: raft drops 18..20.
+			if err := s.DeleteRange(18, 20); err == nil {
+				t.Fatal("tail truncation on a full disk succeeded: nothing to repair")
+			}
+			free()
+			var err error
+			for range 3 { // raft retries at every AppendEntries
+				if err = s.DeleteRange(18, 20); err == nil {
+					break
+				}
+			}
+			if !repaired {
+				s.Close()
+				if err == nil || !strings.Contains(err.Error(), "file exists") {
+					t.Fatalf("truncation once there is room: %v, want it still failing on the half-created segment", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("truncation once there is room: %v", err)
+			}
+			if err := s.StoreLogs(walEntries(18, 19, 2, data)); err != nil {
+				t.Fatalf("the new leader's entries: %v", err)
+			}
+			s.Close()
+			if err := checkWALLog(walDirOf[repaired](dir), seg, data, 18, 19); err != nil {
+				t.Fatalf("after a restart: %v", err)
+			}
+		})
+	}
 }
+
+// closer gives testWAL an error-returning Close.
+type closer struct{ testWAL }
+
+func (c closer) Close() error { c.testWAL.Close(); return nil }
