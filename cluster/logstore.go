@@ -13,7 +13,6 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
-	"github.com/hashicorp/raft-wal/types"
 )
 
 // The raft log store is chosen per data directory (Config.LogStore):
@@ -109,10 +108,10 @@ func walSegments(dataDir string) (bool, error) {
 // the WAL is reopened — a follower so stuck never catches up (the checked
 // schedules' disk-full-follower fault found it). So after a failed write
 // walLog reopens the WAL, once the file system has room for a segment:
-// Open loads the state the meta database has. It first drops any entries
-// of the failed append the reopened log holds (raft was told they were not
-// stored), and retries an append refused with ErrSealed (nothing of it
-// was written). TestRaftWALRepairedAfterAFullDisk.
+// Open loads the state the meta database has. It drops any entries of a
+// failed append the reopened log holds (raft was told they were not
+// stored) and does the write again, so that raft's view of the log and the
+// store's agree. TestRaftWALRepairedAfterAFullDisk.
 type walLog struct {
 	dir     string
 	segSize int // 0: raft-wal's default
@@ -174,10 +173,11 @@ func (l *walLog) write(f func(*wal.WAL) error) error {
 	if rerr := l.reopen(w, before); rerr != nil {
 		return errors.Join(err, rerr)
 	}
-	if w == nil || errors.Is(err, types.ErrSealed) {
-		return l.read(f)
-	}
-	return err
+	// The reopened log is at most where raft believes it is: do the write
+	// again. (Raft's view must match the store's: a truncation the meta
+	// database took but raft was told failed left raft reading an entry
+	// that is gone, for good — the retry tells it the truncation is done.)
+	return l.read(f)
 }
 
 // reopen closes and reopens the WAL if it still is was (another caller may
@@ -197,7 +197,7 @@ func (l *walLog) reopen(was *wal.WAL, before uint64) error {
 	if err := syscall.Statfs(l.dir, &st); err != nil {
 		return fmt.Errorf("cluster: statfs %s: %w", l.dir, err)
 	}
-	if free := st.Bavail * uint64(st.Bsize); free < need+need/4 {
+	if free := st.Bavail * uint64(st.Bsize); free < need+1<<20 {
 		return fmt.Errorf("cluster: raft-wal not reopened: %d bytes free in %s, a segment needs %d", free, l.dir, need)
 	}
 	if l.w != nil {
