@@ -3,16 +3,17 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/types"
 )
 
 // The raft log store is chosen per data directory (Config.LogStore):
@@ -106,9 +107,8 @@ func walSegments(dataDir string) (bool, error) {
 // (ErrSealed), after a failed tail truncation every retry fails on the
 // half-created file ("file exists"), even once there is room again, until
 // the WAL is reopened — a follower so stuck never catches up (the checked
-// schedules' disk-full-follower fault found it). So after a failed write
-// walLog reopens the WAL, once the file system has room for a segment:
-// Open loads the state the meta database has. It drops any entries of a
+// schedules' disk-full-follower fault found it). So after such a failure
+// walLog reopens the WAL: Open loads the state the meta database has. It drops any entries of a
 // failed append the reopened log holds (raft was told they were not
 // stored) and does the write again, so that raft's view of the log and the
 // store's agree. TestRaftWALRepairedAfterAFullDisk.
@@ -155,7 +155,7 @@ func (l *walLog) open() (*wal.WAL, error) {
 }
 
 // write runs f, a write, on the open WAL, and repairs the WAL after it
-// failed.
+// failed in a way that left raft-wal's memory behind its meta database.
 func (l *walLog) write(f func(*wal.WAL) error) error {
 	l.mu.RLock()
 	w := l.w
@@ -170,6 +170,13 @@ func (l *walLog) write(f func(*wal.WAL) error) error {
 	if err == nil {
 		return nil
 	}
+	// ErrSealed: a rotation failed; "file exists": a new segment's file was
+	// left half-created by a failed rotation or truncation, and raft-wal
+	// retries the same name. Other errors (ENOSPC on an append) raft-wal
+	// rolls back itself.
+	if w != nil && !errors.Is(err, types.ErrSealed) && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
 	if rerr := l.reopen(w, before); rerr != nil {
 		return errors.Join(err, rerr)
 	}
@@ -181,24 +188,14 @@ func (l *walLog) write(f func(*wal.WAL) error) error {
 }
 
 // reopen closes and reopens the WAL if it still is was (another caller may
-// have done it) and there is room for a new segment, then drops entries
-// after before that the failed write left.
+// have done it), then drops entries after before that the failed write
+// left. Open needs no new segment for the states above (the half-created
+// file is opened as the tail), so it works on a disk still full.
 func (l *walLog) reopen(was *wal.WAL, before uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.w != was {
 		return nil
-	}
-	need := uint64(wal.DefaultSegmentSize)
-	if l.segSize > 0 {
-		need = uint64(l.segSize)
-	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(l.dir, &st); err != nil {
-		return fmt.Errorf("cluster: statfs %s: %w", l.dir, err)
-	}
-	if free := st.Bavail * uint64(st.Bsize); free < need+1<<20 {
-		return fmt.Errorf("cluster: raft-wal not reopened: %d bytes free in %s, a segment needs %d", free, l.dir, need)
 	}
 	if l.w != nil {
 		l.w.Close()
@@ -223,6 +220,14 @@ func (l *walLog) reopen(was *wal.WAL, before uint64) error {
 }
 
 func (l *walLog) read(f func(*wal.WAL) error) error {
+	l.mu.RLock()
+	w := l.w
+	l.mu.RUnlock()
+	if w == nil { // a reopen failed: try again
+		if err := l.reopen(nil, 0); err != nil {
+			return errors.Join(errWALClosed, err)
+		}
+	}
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.w == nil {

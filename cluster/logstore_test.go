@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -281,8 +282,11 @@ func TestRaftSeesRaftWALAsMonotonic(t *testing.T) {
 // it is reopened: appends refused with ErrSealed after a failed rotation,
 // every retried truncation failing on the half-created file ("file
 // exists": the checked schedules' disk-full-follower fault found a
-// follower that never caught up). walLog reopens it: once space returns
-// the operation goes through and every entry reads back after a restart.
+// follower that never caught up). walLog reopens it at once, which opens
+// the half-created file as the tail: appends go on into it until the disk
+// has no room for them (ENOSPC, like bolt), the truncation succeeds at
+// raft's next retry on the still-full disk, and once space returns every
+// entry reads back after a restart.
 // The negative controls are raft-wal alone, still stuck after the space
 // came back. 1 MiB segments on an 8 MiB tmpfs (needs root).
 func TestRaftWALRepairedAfterAFullDisk(t *testing.T) {
@@ -343,7 +347,13 @@ func TestRaftWALRepairedAfterAFullDisk(t *testing.T) {
 			s := open[repaired](t, dir)
 			free := fillUpTo(dir)
 			i, err := appendUntilRefused(s)
-			if !errors.Is(err, types.ErrSealed) {
+			if repaired {
+				// The reopened WAL writes on into the half-created
+				// segment until the disk has no room for the entries.
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatalf("append %d on a full disk: %v, want ENOSPC (not ErrSealed: the failed rotation repaired)", i, err)
+				}
+			} else if !errors.Is(err, types.ErrSealed) {
 				t.Fatalf("append %d on a full disk: %v, want raft-wal's ErrSealed (a failed rotation)", i, err)
 			}
 			free()
@@ -377,26 +387,27 @@ func TestRaftWALRepairedAfterAFullDisk(t *testing.T) {
 			if err := s.DeleteRange(18, 20); err == nil {
 				t.Fatal("tail truncation on a full disk succeeded: nothing to repair")
 			}
-			free()
-			// raft retries at every AppendEntries; walLog must succeed at
-			// once, and then hold what raft believes: 1..17.
-			err := s.DeleteRange(18, 20)
+			// raft retries at every AppendEntries. raft-wal alone fails on
+			// the half-created segment even once there is room; walLog
+			// succeeds at once, disk still full (the segment file exists),
+			// and then holds what raft believes: 1..17.
 			if !repaired {
-				for range 2 {
+				free()
+				var err error
+				for range 3 {
 					if err = s.DeleteRange(18, 20); err == nil {
 						break
 					}
 				}
-			}
-			if !repaired {
 				s.Close()
 				if err == nil || !strings.Contains(err.Error(), "file exists") {
 					t.Fatalf("truncation once there is room: %v, want it still failing on the half-created segment", err)
 				}
 				return
 			}
-			if err != nil {
-				t.Fatalf("truncation once there is room: %v", err)
+			defer free()
+			if err := s.DeleteRange(18, 20); err != nil {
+				t.Fatalf("truncation retried, disk still full: %v", err)
 			}
 			if last, err := s.LastIndex(); err != nil || last != 17 {
 				t.Fatalf("after the truncation: last index %d (%v), want 17", last, err)
