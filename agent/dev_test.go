@@ -117,8 +117,10 @@ func TestMeasureDevFailover(t *testing.T) {
 // retransmitted after 1 s), NSMD_MEASURE_NODES (3), NSMD_MEASURE_CONNS (comma list, "1,8,64"),
 // NSMD_MEASURE_CALLS (calls per phase, 20000), NSMD_MEASURE_DEPTH
 // (outstanding calls per connection, 1), NSMD_MEASURE_INFLIGHT (group-commit
-// entries in raft at once, cluster default), NSMD_MEASURE_NOSYNC=1 (log
-// store without fsync: not durable, for comparison only).
+// entries in raft at once, cluster default), NSMD_MEASURE_STORE (auto | wal
+// | bolt: raft's log store, default auto: wal in the fresh directories),
+// NSMD_MEASURE_NOSYNC=1 (bolt without fsync: not durable, for comparison
+// only).
 func TestMeasureDevMonThroughput(t *testing.T) {
 	if os.Getenv("NSMD_MEASURE") == "" {
 		t.Skip("measurement; set NSMD_MEASURE=1 to run")
@@ -150,8 +152,12 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 		tlsDir = t.TempDir()
 		agenttest.PKI(t, tlsDir, 3)
 	}
+	store := os.Getenv("NSMD_MEASURE_STORE")
 	tune := func(c *cluster.Config) {
 		c.NoSync = nosync
+		if store != "" {
+			c.LogStore = store
+		}
 		if inflight > 0 {
 			c.MaxInflightEntries = inflight
 		}
@@ -166,7 +172,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 	o := agenttest.DevOptions(t, "127.0.0.102", nodes)
 	d := agenttest.StartDev(t, o, agent.Options{TuneCluster: tune})
 	lead := agenttest.Leader(t, d, nil, 10*time.Second)
-	t.Logf("%d node(s), VIP %s over %s, depth %d, nosync %v, inflight entries %d (0: default), raft TLS %v", nodes, o.VIP, network, depth, nosync, inflight, tlsDir != "")
+	t.Logf("%d node(s), VIP %s over %s, depth %d, nosync %v, inflight entries %d (0: default), raft TLS %v, log store %s", nodes, o.VIP, network, depth, nosync, inflight, tlsDir != "", lead.Node().LogStore())
 	vip := net.JoinHostPort(o.VIP, strconv.Itoa(o.NSMPort))
 	next := 0
 	for _, conns := range connsList {

@@ -216,6 +216,14 @@ func (g guardedLogs) StoreLog(l *raft.Log) error {
 	return err
 }
 
+// IsMonotonic passes on raft.MonotonicLogStore: raft-wal refuses an
+// append that does not follow its last index, so raft must clear its log
+// after installing a snapshot (logstore_test.go).
+func (g guardedLogs) IsMonotonic() bool {
+	m, ok := g.LogStore.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
 func (g guardedLogs) StoreLogs(ls []*raft.Log) error {
 	start := time.Now()
 	err := g.LogStore.StoreLogs(ls)

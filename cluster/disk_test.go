@@ -58,8 +58,11 @@ func fill(t *testing.T, dir string) func() {
 }
 
 // diskCluster starts nodes on raft over TCP; dirs[i] is node i's data dir.
+// Their log is in bolt: these tests fill 8 MiB disks, and raft-wal
+// preallocates 64 MiB segments (it cannot open there; its own full-disk
+// case is TestRaftWALRepairedAfterAFullDisk).
 func diskCluster(t *testing.T, dirs []string) ([]*tcpNode, chan takeoverEvent) {
-	return tcpCluster(t, dirs, func(*Config) {})
+	return tcpCluster(t, dirs, func(c *Config) { c.LogStore = LogStoreBolt })
 }
 
 // tcpCluster starts len(dirs) nodes with raft over TCP on loopback

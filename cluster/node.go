@@ -71,14 +71,15 @@ type Config struct {
 	// fsync of one while followers fsync another) at the cost of smaller
 	// entries and more fsyncs per write; on one shared disk that loses.
 	MaxInflightEntries int
-	// NoSync skips fsync in the log store: only for benchmarks that say so
-	// (bolt only).
+	// NoSync skips fsync in bolt (the stable store, and the log when it is
+	// in bolt): only for benchmarks that say so. raft-wal always syncs.
 	NoSync bool
-	// LogStore is where raft's log lives: "bolt" (default: raft-boltdb/v2,
-	// the file that also holds the stable store) or "wal"
+	// LogStore is where raft's log lives (logstore.go): "wal"
 	// (hashicorp/raft-wal segment files under DataDir/wal; one fsync per
-	// append where bolt does two). Fixed for the life of a data directory:
-	// New refuses a directory whose log is in the other store.
+	// append), "bolt" (raft-boltdb/v2, the raft.db that also holds the
+	// stable store; two), or "auto"/"" (default): the store DataDir has,
+	// wal if it has no log yet. Fixed for the life of a data directory:
+	// New refuses one whose log is in the other store.
 	LogStore string
 
 	// Witness makes this node a witness (witness.go): a voter that serves
@@ -237,7 +238,7 @@ type Node struct {
 	fsm     *fsm.FSM
 	raft    *raft.Raft
 	store   *raftboltdb.BoltStore
-	wal     *walStore // the log store when Config.LogStore is "wal"
+	wal     *walLog // the log store when cfg.LogStore resolved to wal
 	trans   raft.Transport
 	member  *membership // nil without gossip
 	metrics *metrics
@@ -377,15 +378,19 @@ func New(cfg Config) (*Node, error) {
 
 	n.disk = newDiskHealth(n, cfg.DataDir)
 	var logStore raft.LogStore = store
-	if cfg.LogStore == "wal" {
-		if n.wal, err = openWAL(cfg.DataDir, store, hl.Named("wal")); err != nil {
+	kind, why, err := resolveLogStore(cfg.DataDir, cfg.LogStore, store)
+	if err != nil {
+		n.closeStores()
+		return nil, err
+	}
+	n.cfg.LogStore = kind
+	n.log.Info("raft log store", "store", kind, "why", why)
+	if kind == LogStoreWAL {
+		if n.wal, err = openWAL(cfg.DataDir, hl.Named("wal")); err != nil {
 			n.closeStores()
 			return nil, err
 		}
 		logStore = n.wal
-	} else if err := noWAL(cfg.DataDir); err != nil {
-		n.closeStores()
-		return nil, err
 	}
 	logs, err := raft.NewLogCache(1024, guardedLogs{LogStore: logStore, d: n.disk})
 	if err != nil {

@@ -235,10 +235,12 @@ func TestVIPWaitCoversThePreviousHoldersLifetime(t *testing.T) {
 	}
 }
 
-// TestWALLogStoreRestartsAndDirectoriesKeepTheirStore: with raft's log in
-// raft-wal a restarted node keeps every acknowledged registration and
-// rises by two, as with bolt; a data directory never silently changes its
-// log store (it would come up with an empty log).
+// TestWALLogStoreRestartsAndDirectoriesKeepTheirStore: a new data
+// directory gets raft-wal by default (auto); with raft's log in raft-wal a
+// restarted node keeps every acknowledged registration and rises by two,
+// as with bolt; a data directory never silently changes its log store (it
+// would come up with an empty log): auto keeps the one it has, a named one
+// that differs is refused.
 func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	start := func(dir, addr, store string, tk *takeovers) (*Node, error) {
 		n, err := New(Config{
@@ -252,9 +254,12 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 		return n, err
 	}
 	dir, addr, tk := t.TempDir(), freeAddr(t), newTakeovers()
-	n, err := start(dir, addr, "wal", tk)
+	n, err := start(dir, addr, "", tk)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := n.LogStore(); got != LogStoreWAL {
+		t.Fatalf("a new data directory with the default log store got %q, want wal", got)
 	}
 	s1 := tk.wait(t)
 	ctx := context.Background()
@@ -283,9 +288,18 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 		t.Errorf("registrations after restart: %d, want 19", got)
 	}
 	n.Close()
+	n, err = start(dir, addr, "auto", tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.wait(t)
+	if got, regs := n.LogStore(), n.FSM().Len(); got != LogStoreWAL || regs != 19 {
+		t.Errorf("auto on a raft-wal directory: store %q with %d registrations, want wal with 19", got, regs)
+	}
+	n.Close()
 
-	if _, err := start(dir, addr, "bolt", tk); err == nil || !strings.Contains(err.Error(), "raft_log_store wal") {
-		t.Fatalf("bolt on a raft-wal directory: %v, want a refusal naming raft_log_store wal", err)
+	if _, err := start(dir, addr, "bolt", tk); err == nil || !strings.Contains(err.Error(), "raft_log_store bolt, but") || !strings.Contains(err.Error(), "log store is wal") {
+		t.Fatalf("bolt on a raft-wal directory: %v, want a refusal naming the directory's store", err)
 	}
 	boltDir := t.TempDir()
 	b, err := start(boltDir, addr, "bolt", tk)
@@ -293,9 +307,25 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk.wait(t)
+	if _, err := b.Monitor(ctx, reg(1)); err != nil {
+		t.Fatal(err)
+	}
 	b.Close()
-	if _, err := start(boltDir, addr, "wal", tk); err == nil || !strings.Contains(err.Error(), "raft_log_store bolt") {
-		t.Fatalf("wal on a bolt directory: %v, want a refusal naming raft_log_store bolt", err)
+	if _, err := start(boltDir, addr, "wal", tk); err == nil || !strings.Contains(err.Error(), "raft_log_store wal, but") || !strings.Contains(err.Error(), "log store is bolt") {
+		t.Fatalf("wal on a bolt directory: %v, want a refusal naming the directory's store", err)
+	}
+	// The default keeps an existing bolt directory in bolt, log and all.
+	b, err = start(boltDir, addr, "", tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.wait(t)
+	if got, regs := b.LogStore(), b.FSM().Len(); got != LogStoreBolt || regs != 1 {
+		t.Errorf("the default on a bolt directory: store %q with %d registrations, want bolt with 1", got, regs)
+	}
+	b.Close()
+	if segs, _ := filepath.Glob(filepath.Join(boltDir, "wal", "*.wal")); len(segs) != 0 {
+		t.Errorf("raft-wal segments %v in a bolt directory", segs)
 	}
 }
 

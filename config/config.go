@@ -180,7 +180,7 @@ type Config struct {
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
 	SnapshotThreshold  uint64
-	RaftLogStore       string // bolt | wal
+	RaftLogStore       string // auto | wal | bolt
 	TrailingLogs       uint64
 }
 
@@ -218,7 +218,7 @@ func Default() Config {
 		ElectionTimeout:    0,
 		LeaderLeaseTimeout: 0,
 		SnapshotThreshold:  16_384,
-		RaftLogStore:       "bolt",
+		RaftLogStore:       "auto",
 		TrailingLogs:       10_240,
 	}
 }
@@ -332,7 +332,7 @@ func (c *Config) bindings() []binding {
 		profiled("election_timeout", "raft election timeout (default: raft_profile's)", &c.ElectionTimeout),
 		profiled("leader_lease_timeout", "raft leader lease, not longer than the heartbeat timeout (default: raft_profile's)", &c.LeaderLeaseTimeout),
 		unsigned("snapshot_threshold", "log entries between snapshots", &c.SnapshotThreshold),
-		str("raft_log_store", "bolt (raft-boltdb/v2; wal, hashicorp/raft-wal, is refused until raft-wal#31 is fixed: see BENCHMARKS.md)", &c.RaftLogStore),
+		str("raft_log_store", "auto | wal | bolt: where raft's log lives (wal: hashicorp/raft-wal, one fsync per append; bolt: raft-boltdb/v2, two); auto keeps the store the data directory has and takes wal in a new one; a named store refuses a directory that has the other", &c.RaftLogStore),
 		unsigned("trailing_logs", "log entries kept after a snapshot", &c.TrailingLogs),
 	}
 }
@@ -507,13 +507,9 @@ func (c *Config) Validate() error {
 		bad("vip_mode", "%q is not one of netlink, loopback, none", c.VIPMode)
 	}
 	switch c.RaftLogStore {
-	case "bolt":
-	case "wal":
-		// cluster supports it; hashicorp/raft-wal v0.4.0 cannot reopen a
-		// log after a tail truncation (cluster/logstore_test.go).
-		bad("raft_log_store", "wal is not safe yet: hashicorp/raft-wal v0.4.0 cannot reopen a log whose tail raft truncated (hashicorp/raft-wal#31), which a follower does after a failover; such a node would not start again. Use bolt")
+	case "auto", "wal", "bolt":
 	default:
-		bad("raft_log_store", "%q is not one of bolt, wal", c.RaftLogStore)
+		bad("raft_log_store", "%q is not one of auto, wal, bolt", c.RaftLogStore)
 	}
 	switch c.VIPBind {
 	case "auto", "interface":

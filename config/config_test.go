@@ -101,22 +101,25 @@ func TestFieldNames(t *testing.T) {
 	}
 }
 
-// raft_log_store: bolt is the default; wal is refused, naming the reason
-// (cluster.TestRaftWALCannotReopenAfterTailTruncation); anything else is
-// not a store.
+// raft_log_store: auto is the default (cluster resolves it per data
+// directory); auto, wal and bolt are accepted; anything else is not a
+// store.
 func TestRaftLogStore(t *testing.T) {
 	c := Default()
-	if c.RaftLogStore != "bolt" {
-		t.Fatalf("default raft_log_store %q, want bolt", c.RaftLogStore)
+	if c.RaftLogStore != "auto" {
+		t.Fatalf("default raft_log_store %q, want auto", c.RaftLogStore)
 	}
-	for v, want := range map[string]string{"wal": "raft-wal#31", "leveldb": "not one of bolt, wal"} {
+	for v, want := range map[string]string{"auto": "", "wal": "", "bolt": "", "leveldb": "not one of auto, wal, bolt", "": "not one of auto, wal, bolt"} {
 		c := Default()
 		if err := c.Set("raft_log_store", v); err != nil {
 			t.Fatal(err)
 		}
 		err := c.Validate()
-		if err == nil || !strings.Contains(err.Error(), "raft_log_store") || !strings.Contains(err.Error(), want) {
-			t.Errorf("raft_log_store %s: %v, want an error naming the key and %q", v, err, want)
+		if want == "" && err != nil {
+			t.Errorf("raft_log_store %q: %v", v, err)
+		}
+		if want != "" && (err == nil || !strings.Contains(err.Error(), "raft_log_store") || !strings.Contains(err.Error(), want)) {
+			t.Errorf("raft_log_store %q: %v, want an error naming the key and %q", v, err, want)
 		}
 	}
 }

@@ -159,6 +159,7 @@ func agentCmd() *cobra.Command {
 
 func devCmd() *cobra.Command {
 	var o agent.DevOptions
+	var logStore string
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run a local cluster in one process on 127.0.0.1..N with a loopback VIP",
@@ -175,6 +176,9 @@ is given (then a restart keeps registrations and raises sm_state).`,
 				}
 				defer os.RemoveAll(dir)
 				o.DataDir = dir
+			}
+			if logStore != "auto" {
+				o.Tune = func(c *config.Config) { c.RaftLogStore = logStore }
 			}
 			log := agent.NewLogger(os.Stderr, o.LogLevel, "text")
 			d, err := agent.StartDev(o, agent.Options{Logger: log})
@@ -212,6 +216,7 @@ is given (then a restart keeps registrations and raises sm_state).`,
 	f.StringVar(&o.LogLevel, "log-level", "info", "debug | info | warn | error")
 	f.StringVar(&o.RaftProfile, "raft-profile", config.Default().RaftProfile, "raft_profile of every node: fast | default | wan (docs/running.md)")
 	f.DurationVar(&o.RestartAfter, "restart-after", 2*time.Second, "start a node killed by a crash drill again after this long (0: leave it down)")
+	f.StringVar(&logStore, "raft-log-store", "auto", "auto | wal | bolt: raft's log store on every node (as raft_log_store)")
 	return cmd
 }
 
