@@ -242,3 +242,19 @@ func testReg(host string, node string, cookie byte) fsm.Registration {
 		Added: time.Unix(1700000000, 0).UTC(),
 	}
 }
+
+// askVIPHeld asks the node serving the forwarding program at addr
+// whether it holds the VIP (fwdProcVIPHeld), as a new leader does.
+func askVIPHeld(t testing.TB, addr string) bool {
+	t.Helper()
+	cl, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var held boolRes
+	if err := cl.Call(context.Background(), ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
+		t.Fatal(err)
+	}
+	return held.V
+}

@@ -18,7 +18,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // gossipSpec is everything needed to (re)start one gossiping node.
@@ -183,20 +184,6 @@ func sortedSpecs(specs ...*gossipSpec) []*gossipSpec {
 	return out
 }
 
-func metricValue(t testing.TB, c prometheus.Collector) float64 {
-	t.Helper()
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var pb dto.Metric
-	if err := (<-ch).Write(&pb); err != nil {
-		t.Fatal(err)
-	}
-	if pb.Counter != nil {
-		return pb.Counter.GetValue()
-	}
-	return pb.Gauge.GetValue()
-}
-
 // formGossipCluster starts specs (in the given order, each joining the
 // first) with BootstrapExpect len(specs) and waits for one cluster.
 func formGossipCluster(t testing.TB, ids ...string) ([]*gossipSpec, []*Node) {
@@ -244,11 +231,11 @@ func TestGossipBootstrapExpectFormsOneCluster(t *testing.T) {
 		if addr, ok := n.member.nsmAddr(l.ID()); !ok || addr != ls.nsmAddr {
 			t.Errorf("%s: nsmAddr(%s) = %q %v, want %q", n.ID(), l.ID(), addr, ok, ls.nsmAddr)
 		}
-		if got := metricValue(t, n.member.membersGauge.WithLabelValues(stateAlive)); got != 3 {
+		if got := testutil.MetricValue(t, n.member.membersGauge.WithLabelValues(stateAlive)); got != 3 {
 			t.Errorf("%s: nsmd_members{state=alive} = %v, want 3", n.ID(), got)
 		}
 	}
-	if got := metricValue(t, l.member.changes.WithLabelValues("add_voter")); got != 0 {
+	if got := testutil.MetricValue(t, l.member.changes.WithLabelValues("add_voter")); got != 0 {
 		t.Errorf("leader made %v add_voter changes; bootstrap-expect should have formed the whole cluster", got)
 	}
 }
@@ -276,7 +263,7 @@ func TestGossipLateJoinerBecomesVoter(t *testing.T) {
 		t.Fatalf("leader %v: want one of the original nodes", l)
 	}
 	gossipWaitFor(t, 5*time.Second, "add_voter counted", func() bool {
-		return metricValue(t, l.member.changes.WithLabelValues("add_voter")) >= 1
+		return testutil.MetricValue(t, l.member.changes.WithLabelValues("add_voter")) >= 1
 	})
 }
 
@@ -315,7 +302,7 @@ func TestGossipGracefulLeaveRemovesServer(t *testing.T) {
 	// The configuration changes when the leader appends the entry; the
 	// metric when the change has committed.
 	gossipWaitFor(t, 5*time.Second, "remove_server counted once", func() bool {
-		return metricValue(t, l.member.changes.WithLabelValues("remove_server")) == 1
+		return testutil.MetricValue(t, l.member.changes.WithLabelValues("remove_server")) == 1
 	})
 
 	// Now the leader leaves: it hands leadership over, and the new leader
@@ -369,10 +356,10 @@ func TestGossipFailedNodeStaysVoter(t *testing.T) {
 	if got, want := raftVoters(l), wantVoters(specs...); !slices.Equal(got, want) {
 		t.Errorf("voters after a failure %v, want unchanged %v", got, want)
 	}
-	if got := metricValue(t, l.member.membersGauge.WithLabelValues(stateDead)); got != 1 {
+	if got := testutil.MetricValue(t, l.member.membersGauge.WithLabelValues(stateDead)); got != 1 {
 		t.Errorf("nsmd_members{state=dead} = %v, want 1", got)
 	}
-	if got := metricValue(t, l.member.changes.WithLabelValues("remove_server")); got != 0 {
+	if got := testutil.MetricValue(t, l.member.changes.WithLabelValues("remove_server")); got != 0 {
 		t.Errorf("remove_server changes %v, want 0", got)
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/internal/testutil"
-	"github.com/nsmd/nsmd/oncrpc"
 )
 
 // freeAddr returns a free loopback TCP address.
@@ -413,16 +412,7 @@ func TestLeaderOustedBeforeTheVIPDoesNotVouchForIt(t *testing.T) {
 	}
 	c.partition(bi) // its lease runs out: it steps down, VIP not taken
 	testutil.WaitFor(t, 5*time.Second, b.id+" stepped down", func() bool { return !b.n.IsLeader() && !b.n.Leading() })
-	cl, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: b.nsmAddr, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var held boolRes
-	if err := cl.Call(context.Background(), ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
-		t.Fatal(err)
-	}
-	if !held.V {
+	if !askVIPHeld(t, b.nsmAddr) {
 		t.Fatalf("%s, ousted while waiting for a dead holder's VIP to expire, answers not held", b.id)
 	}
 }

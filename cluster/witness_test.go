@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-
-	"github.com/nsmd/nsmd/oncrpc"
 )
 
 // newPairWithWitness is two serving nodes (n1, n2) and a witness (n3).
@@ -163,19 +161,7 @@ func TestOldLeaderSaysHeldUntilOnFollowerReturned(t *testing.T) {
 	t.Cleanup(unblock)
 	c.waitTakeover(5 * time.Second)
 	_, ld := c.leader(5 * time.Second)
-	asked := func() bool {
-		t.Helper()
-		cl, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: ld.nsmAddr, Timeout: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
-		var held boolRes
-		if err := cl.Call(context.Background(), ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
-			t.Fatal(err)
-		}
-		return held.V
-	}
+	asked := func() bool { return askVIPHeld(t, ld.nsmAddr) }
 	if err := ld.n.TransferLeadership(""); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -200,15 +201,7 @@ func stepsTable(steps, notBefore map[string]float64) string {
 			rows = append(rows, row{label, at})
 		}
 	}
-	slices.SortStableFunc(rows, func(a, b row) int {
-		switch {
-		case a.at < b.at:
-			return -1
-		case a.at > b.at:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(rows, func(a, b row) int { return cmp.Compare(a.at, b.at) })
 	var b strings.Builder
 	b.WriteString("| step | s after the fault | since the step before |\n|---|---|---|\n")
 	for i, r := range rows {

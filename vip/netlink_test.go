@@ -23,8 +23,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 func TestNetlinkVIPConfigValidate(t *testing.T) {
@@ -433,7 +434,7 @@ func TestNetlinkVIPAcquireRelease(t *testing.T) {
 	if routes := string(runIP(t, "route", "show", "table", "all")); strings.Contains(routes, "src 10.77.9.100") {
 		t.Fatalf("a route prefers the VIP as source:\n%s", routes)
 	}
-	if got := metricValue(t, v.m.acquired); got != 1 {
+	if got := testutil.MetricValue(t, v.m.acquired); got != 1 {
 		t.Errorf("nsmd_vip_acquired_total = %v, want 1", got)
 	}
 	if err := v.Release(); err != nil {
@@ -522,7 +523,7 @@ func TestNetlinkVIPAnnouncesARP(t *testing.T) {
 		return peerLLAddr(t, peer, vipPeerDev, vip) == mac.String()
 	})
 	waitUntil(t, 2*time.Second, "the acquire burst (3 rounds of request + reply)", func() bool {
-		return metricValue(t, v.m.announcements) >= 6
+		return testutil.MetricValue(t, v.m.announcements) >= 6
 	})
 	// The peer reaches the VIP (answered from A), where ping is installed.
 	if _, err := exec.LookPath("ping"); err == nil {
@@ -550,7 +551,7 @@ func TestNetlinkVIPRefreshReadds(t *testing.T) {
 		t.Fatalf("re-added address %+v: want noprefixroute with a lifetime", a)
 	}
 	waitUntil(t, time.Second, "nsmd_vip_readded_total to count it", func() bool {
-		return metricValue(t, v.m.readded) == 1
+		return testutil.MetricValue(t, v.m.readded) == 1
 	})
 	if !v.Held() {
 		t.Fatal("not Held after the re-add")
@@ -563,7 +564,7 @@ func TestNetlinkVIPRefreshReadds(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if got := metricValue(t, v.m.readded); got != 1 {
+	if got := testutil.MetricValue(t, v.m.readded); got != 1 {
 		t.Fatalf("nsmd_vip_readded_total = %v after renewals, want 1", got)
 	}
 }
@@ -928,19 +929,4 @@ func TestNetlinkVIPBoundToProcessGoesAtSIGKILL(t *testing.T) {
 	if _, err := net.InterfaceByName(devs[0]); err == nil {
 		t.Fatalf("device %s outlived its process", devs[0])
 	}
-}
-
-// metricValue reads a counter or gauge.
-func metricValue(t testing.TB, c prometheus.Collector) float64 {
-	t.Helper()
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var pb dto.Metric
-	if err := (<-ch).Write(&pb); err != nil {
-		t.Fatal(err)
-	}
-	if pb.Counter != nil {
-		return pb.Counter.GetValue()
-	}
-	return pb.Gauge.GetValue()
 }

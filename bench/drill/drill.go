@@ -15,6 +15,7 @@
 package drill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -181,15 +182,7 @@ func TakeoverSteps(tl *admin.Timeline, vipAfter time.Duration) []Step {
 		after := vipAfter + t.Sub(tl.VIP)
 		out = append(out, Step{Name: d.Name, Label: d.Label, AfterMS: float64(after.Microseconds()) / 1000})
 	}
-	slices.SortStableFunc(out, func(a, b Step) int {
-		switch {
-		case a.AfterMS < b.AfterMS:
-			return -1
-		case a.AfterMS > b.AfterMS:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(out, func(a, b Step) int { return cmp.Compare(a.AfterMS, b.AfterMS) })
 	return out
 }
 

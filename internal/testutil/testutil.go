@@ -1,7 +1,8 @@
 // Package testutil holds the helpers that tests of several packages share:
 // a log sink a test can read while the code under test writes to it, and
 // polling for a condition that has no event to wait on (another process's
-// state, a server's internal bookkeeping), always with a bound. It imports
+// state, a server's internal bookkeeping), always with a bound, and reading
+// one metric's value. It imports
 // nothing of nsmd, so any package's tests can use it.
 package testutil
 
@@ -11,6 +12,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // LockedBuffer is a bytes.Buffer that a logger (or a child process's
@@ -76,4 +80,19 @@ func WaitForSeen(t testing.TB, timeout time.Duration, what string, cond func() (
 		time.Sleep(pause)
 		pause = min(2*pause, pollMax)
 	}
+}
+
+// MetricValue reads the one counter or gauge c collects.
+func MetricValue(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	var pb dto.Metric
+	if err := (<-ch).Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	if pb.Counter != nil {
+		return pb.Counter.GetValue()
+	}
+	return pb.Gauge.GetValue()
 }
