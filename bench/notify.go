@@ -826,11 +826,16 @@ func benchWaitCond(ctx context.Context, timeout time.Duration, what string, cond
 	return nil
 }
 
+// benchWaitLeader waits for a leader that holds the VIP and whose own
+// takeover fan-out has begun: a fan-out takes its targets when it starts
+// (after the VIP and the on_leader hook), so hosts registered before that
+// would be notified of the old state, before the fault (a flake of the
+// netns test until this wait).
 func benchWaitLeader(ctx context.Context, d *agent.Dev, timeout time.Duration) (*agent.Agent, error) {
 	var lead *agent.Agent
-	err := benchWaitCond(ctx, timeout, "a leader holding the VIP", func() bool {
+	err := benchWaitCond(ctx, timeout, "a leader holding the VIP, its takeover's notifier started", func() bool {
 		for _, a := range d.Agents() {
-			if a.Node().Leading() && a.VIPHeld() {
+			if st, _ := a.Node().NotifyRun(); a.Node().Leading() && a.VIPHeld() && st == a.Node().FSM().State() {
 				lead = a
 				return true
 			}
