@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
@@ -148,6 +149,9 @@ func (l *walLog) open() (*wal.WAL, error) {
 	}
 	// WAL.Close closes the meta database too (since v0.4.1).
 	w, err := wal.Open(l.dir, wal.WithLogger(l.logger), wal.WithMetaStore(&metadb.BoltMetaDB{}), wal.WithSegmentSize(size))
+	if errors.Is(err, syscall.ENOSPC) {
+		return nil, fmt.Errorf("cluster: open raft-wal in %s: %w (raft-wal preallocates each %d MiB segment: free that much on the data directory's file system, or give a new node raft_log_store: bolt)", l.dir, err, size>>20)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cluster: open raft-wal in %s: %w", l.dir, err)
 	}

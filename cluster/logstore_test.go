@@ -427,3 +427,19 @@ func TestRaftWALRepairedAfterAFullDisk(t *testing.T) {
 type closer struct{ testWAL }
 
 func (c closer) Close() error { c.testWAL.Close(); return nil }
+
+// A new raft-wal log on a file system with less room than one segment is
+// refused at open with what to do (raft-wal preallocates the segment);
+// the same directory on a roomy disk opens (the control).
+func TestRaftWALOnASmallDiskSaysWhatToDo(t *testing.T) {
+	small := smallDisk(t, 8)
+	_, err := openWAL(small, hclog.NewNullLogger())
+	if err == nil || !strings.Contains(err.Error(), "raft_log_store: bolt") || !strings.Contains(err.Error(), "64 MiB") {
+		t.Fatalf("raft-wal on an 8 MiB disk: %v, want a refusal naming the 64 MiB segment and raft_log_store: bolt", err)
+	}
+	l, err := openWAL(t.TempDir(), hclog.NewNullLogger())
+	if err != nil {
+		t.Fatalf("control: raft-wal on the test's temp dir: %v", err)
+	}
+	l.Close()
+}

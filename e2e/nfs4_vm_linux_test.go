@@ -351,7 +351,7 @@ func TestHAPairKeepsLocksOnEveryNFSVersion(t *testing.T) {
 	for i := range 2 {
 		name := fmt.Sprintf("s%d", i+1)
 		local := filepath.Join(p.dir, name+"-local.img")
-		makeDisk(t, local, 32)
+		makeDisk(t, local, 160) // raft-wal preallocates 64 MiB segments (a sparse image)
 		ip := fmt.Sprintf("%s.%d", topoNet, 12+i)
 		v := vmFor(name, ip, []string{shared, local}, "vm.disk=/dev/vdb:/var/lib/nsmd")
 		p.servers = append(p.servers, &pairNode{id: name, ip: netip.MustParseAddr(ip), vm: v, admin: net.JoinHostPort(ip, strconv.Itoa(adminPort))})
