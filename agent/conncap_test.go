@@ -11,6 +11,7 @@ import (
 	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // TestNSMConnectionFloodLeavesRoomForLockManagers: a hostile peer opens
@@ -57,8 +58,8 @@ func TestNSMConnectionFloodLeavesRoomForLockManagers(t *testing.T) {
 
 	// The accept loop counts before it serves the next connection, and
 	// our last SM_STAT was answered on a later one: all counted.
-	perHost := agenttest.MetricValue(t, a.Registry(), "nsmd_nsm_tcp_connections_total", map[string]string{"event": "refused_per_host"})
-	evicted := agenttest.MetricValue(t, a.Registry(), "nsmd_nsm_tcp_connections_total", map[string]string{"event": "evicted_idle"})
+	perHost := testutil.GatheredValue(t, a.Registry(), "nsmd_nsm_tcp_connections_total", "event", "refused_per_host")
+	evicted := testutil.GatheredValue(t, a.Registry(), "nsmd_nsm_tcp_connections_total", "event", "evicted_idle")
 	if perHost < 292 || evicted < 1 {
 		t.Fatalf("refused_per_host %v (want ≥ 292), evicted_idle %v (want ≥ 1)", perHost, evicted)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/cluster/pki"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -125,9 +126,9 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 	if os.Getenv("NSMD_MEASURE") == "" {
 		t.Skip("measurement; set NSMD_MEASURE=1 to run")
 	}
-	nodes := envInt(t, "NSMD_MEASURE_NODES", 3)
-	total := envInt(t, "NSMD_MEASURE_CALLS", 20000)
-	depth := envInt(t, "NSMD_MEASURE_DEPTH", 1)
+	nodes := testutil.EnvInt(t, "NSMD_MEASURE_NODES", 3)
+	total := testutil.EnvInt(t, "NSMD_MEASURE_CALLS", 20000)
+	depth := testutil.EnvInt(t, "NSMD_MEASURE_DEPTH", 1)
 	network := "tcp"
 	if v := os.Getenv("NSMD_MEASURE_NET"); v != "" {
 		network = v
@@ -144,7 +145,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 		}
 	}
 	nosync := os.Getenv("NSMD_MEASURE_NOSYNC") != ""
-	inflight := envInt(t, "NSMD_MEASURE_INFLIGHT", 0)
+	inflight := testutil.EnvInt(t, "NSMD_MEASURE_INFLIGHT", 0)
 	// NSMD_MEASURE_TLS=1: raft over mutual TLS (certificates from nsmd
 	// tls init), to compare with plaintext in the same session.
 	tlsDir := ""
@@ -231,19 +232,6 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 			100*cpu.Seconds()/el.Seconds(), (cpu / time.Duration(len(all))).Round(time.Microsecond),
 			entries, float64(len(all))/float64(max(entries, 1)))
 	}
-}
-
-func envInt(t testing.TB, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
 }
 
 // processCPU is this process's user + system CPU time so far.

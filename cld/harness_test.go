@@ -278,35 +278,6 @@ func inState(state string) func(cld.Status) bool {
 	return func(st cld.Status) bool { return st.State == state }
 }
 
-// metric returns the value of the counter or gauge name with the given
-// label pairs (0 if absent).
-func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return 0
-}
-
 // statusOf is the status of a fake-kernel call's error (0 for nil).
 func statusOf(t *testing.T, err error) int16 {
 	t.Helper()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cld/cldtest"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 var princA = bytes.Repeat([]byte{0xa5}, 32)
@@ -56,13 +57,13 @@ func TestNfsdStartNegotiatesV2AndReplaysTheRecoveryEpoch(t *testing.T) {
 	if st.State != cld.StateOpen || st.Version != 2 || st.Pipe != h.k.PipePath() {
 		t.Fatalf("status %+v", st)
 	}
-	if got := metric(t, h.reg, "nsmd_cld_pipe_open"); got != 1 {
+	if got := testutil.GatheredValue(t, h.reg, "nsmd_cld_pipe_open"); got != 1 {
 		t.Fatalf("nsmd_cld_pipe_open %v while open", got)
 	}
 
 	h.k.Stop()
 	waitStatus(t, h.srv, "waiting after nfsd stopped", inState(cld.StateWaiting))
-	if got := metric(t, h.reg, "nsmd_cld_pipe_open"); got != 0 {
+	if got := testutil.GatheredValue(t, h.reg, "nsmd_cld_pipe_open"); got != 0 {
 		t.Fatalf("nsmd_cld_pipe_open %v after nfsd stopped", got)
 	}
 
@@ -90,7 +91,7 @@ func TestNfsdStartNegotiatesV2AndReplaysTheRecoveryEpoch(t *testing.T) {
 		cmd  string
 		want float64
 	}{{"get_version", 2}, {"grace_start", 2}, {"create", 3}, {"remove", 1}, {"grace_done", 1}} {
-		if got := metric(t, h.reg, "nsmd_cld_upcalls_total", "command", c.cmd, "result", "ok"); got != c.want {
+		if got := testutil.GatheredValue(t, h.reg, "nsmd_cld_upcalls_total", "command", c.cmd, "result", "ok"); got != c.want {
 			t.Errorf("upcalls_total{%s,ok} = %v, want %v", c.cmd, got, c.want)
 		}
 	}
@@ -272,7 +273,7 @@ func TestMalformedUpcallsGetAnErrorDowncallAndNoStoreCall(t *testing.T) {
 	}
 	var refused float64
 	for _, c := range []string{"create", "remove", "grace_done", "unknown"} {
-		refused += metric(t, h.reg, "nsmd_cld_upcalls_total", "command", c, "result", "refused")
+		refused += testutil.GatheredValue(t, h.reg, "nsmd_cld_upcalls_total", "command", c, "result", "refused")
 	}
 	if want := float64(len(cases) + 1); refused != want {
 		t.Fatalf("refused upcalls counted %v, want %v", refused, want)
@@ -328,7 +329,7 @@ func TestStoreFailuresNeverAnswerZero(t *testing.T) {
 				result = "not_serving"
 			}
 			for _, c := range []string{"create", "remove", "check", "grace_done", "grace_start"} {
-				if got := metric(t, h.reg, "nsmd_cld_upcalls_total", "command", c, "result", result); got != 1 {
+				if got := testutil.GatheredValue(t, h.reg, "nsmd_cld_upcalls_total", "command", c, "result", result); got != 1 {
 					t.Errorf("upcalls_total{%s,%s} = %v, want 1", c, result, got)
 				}
 			}
@@ -463,7 +464,7 @@ func TestConcurrentCreatesAreAnsweredTogether(t *testing.T) {
 	if n := len(h.store.currentNames()); n != 100 {
 		t.Fatalf("%d clients recorded, want 100", n)
 	}
-	if got := metric(t, h.reg, "nsmd_cld_upcalls_total", "command", "create", "result", "ok"); got != 100 {
+	if got := testutil.GatheredValue(t, h.reg, "nsmd_cld_upcalls_total", "command", "create", "result", "ok"); got != 100 {
 		t.Fatalf("upcalls_total{create,ok} = %v", got)
 	}
 }
@@ -796,7 +797,7 @@ func TestNoPipefsReportsThePathAndTheFix(t *testing.T) {
 			t.Errorf("status error %q does not say %q", st.Err, want)
 		}
 	}
-	if got := metric(t, reg, "nsmd_cld_tracking_error"); got != 1 {
+	if got := testutil.GatheredValue(t, reg, "nsmd_cld_tracking_error"); got != 1 {
 		t.Errorf("nsmd_cld_tracking_error = %v, want 1", got)
 	}
 }
@@ -806,7 +807,7 @@ func TestNoPipefsReportsThePathAndTheFix(t *testing.T) {
 func TestTrackingErrorIsZeroWhileWaiting(t *testing.T) {
 	h := newHarness(t, nil, nil)
 	waitStatus(t, h.srv, "waiting", inState(cld.StateWaiting))
-	if got := metric(t, h.reg, "nsmd_cld_tracking_error"); got != 0 {
+	if got := testutil.GatheredValue(t, h.reg, "nsmd_cld_tracking_error"); got != 0 {
 		t.Errorf("nsmd_cld_tracking_error = %v while waiting", got)
 	}
 }
@@ -870,7 +871,7 @@ func TestOpenRefusedNamesThePrivilege(t *testing.T) {
 			t.Errorf("status error %q does not say %q", st.Err, want)
 		}
 	}
-	if got := metric(t, h.reg, "nsmd_cld_tracking_error"); got != 1 {
+	if got := testutil.GatheredValue(t, h.reg, "nsmd_cld_tracking_error"); got != 1 {
 		t.Errorf("nsmd_cld_tracking_error = %v, want 1", got)
 	}
 	mu.Lock()

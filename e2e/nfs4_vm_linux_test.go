@@ -487,7 +487,7 @@ func TestHAPairKeepsLocksOnEveryNFSVersion(t *testing.T) {
 		stepRuns = append(stepRuns, r.steps)
 	}
 
-	failovers := envInt(t, "NSMD_E2E_LOCK_FAILOVERS", 5)
+	failovers := testutil.EnvInt(t, "NSMD_E2E_LOCK_FAILOVERS", 5)
 	if quick {
 		failovers = 1
 	}
@@ -658,20 +658,6 @@ func (p *pairTopo) checkHookRefusesWithoutVIP() {
 	if th := strings.TrimSpace(leader.vm.sh(5*time.Second, "cat /proc/fs/nfsd/threads")); th == "0" {
 		t.Fatalf("the refused hook stopped nfsd on %s", leader.id)
 	}
-}
-
-// envInt reads a positive integer setting of the e2e tier (def if unset).
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
 }
 
 // workFiles are the files every client contends for.

@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/nsmd/nsmd/config"
@@ -115,34 +113,6 @@ func SMStat(ctx context.Context, network, addr string) (nsm.SMStatRes, error) {
 	defer c.Close()
 	err = c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, &nsm.SMName{MonName: "x"}, &res)
 	return res, err
-}
-
-// MetricValue is the value of the first sample of name in g whose labels
-// include labels (0 if none).
-func MetricValue(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
-					continue next
-				}
-			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
 }
 
 // PKI writes into dir what `nsmd tls init --node node1=127.0.0.1 …` does

@@ -17,6 +17,7 @@ import (
 	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // TestVersionCommandAndFlag: `nsmd version`, `nsmd --version` and
@@ -75,7 +76,7 @@ func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
 	a := agenttest.Leader(t, alpha, nil, 10*time.Second)
 	b := beta.Agents()[0]
 	refused := func(ag *agent.Agent) float64 {
-		return agenttest.MetricValue(t, ag.Registry(), "nsmd_cluster_join_refused_total", map[string]string{"reason": cluster.RefusedClusterID})
+		return testutil.GatheredValue(t, ag.Registry(), "nsmd_cluster_join_refused_total", "reason", cluster.RefusedClusterID)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for refused(a) < 1 || refused(b) < 1 {

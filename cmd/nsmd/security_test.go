@@ -12,6 +12,7 @@ import (
 	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/agent/agenttest"
 	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // runCLI runs nsmd with args in-process and returns its output.
@@ -66,7 +67,7 @@ func TestTLSClusterAdminNeedsCertificateOrToken(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "needs a client certificate") {
 		t.Fatalf("transfer without certificate or token: %v\n%s", err, out)
 	}
-	if got := agenttest.MetricValue(t, lead.Registry(), "nsmd_admin_denied_total", map[string]string{"path": "/v1/leadership/transfer"}); got != 1 {
+	if got := testutil.GatheredValue(t, lead.Registry(), "nsmd_admin_denied_total", "path", "/v1/leadership/transfer"); got != 1 {
 		t.Fatalf("nsmd_admin_denied_total{transfer} = %v, want 1", got)
 	}
 	if lead2 := agenttest.Leader(t, d, nil, time.Second); lead2 != lead {
@@ -92,7 +93,7 @@ func TestTLSClusterAdminNeedsCertificateOrToken(t *testing.T) {
 	}
 	// net/http reports the failed handshake before it closes the
 	// connection, and the client's request returned after the close.
-	if got := agenttest.MetricValue(t, lead.Registry(), "nsmd_tls_handshake_failures_total", map[string]string{"listener": "admin", "reason": "plaintext"}); got < 1 {
+	if got := testutil.GatheredValue(t, lead.Registry(), "nsmd_tls_handshake_failures_total", "listener", "admin", "reason", "plaintext"); got < 1 {
 		t.Fatalf("plaintext refusal not counted (%v)", got)
 	}
 	_ = o

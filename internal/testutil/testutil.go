@@ -8,6 +8,8 @@ package testutil
 
 import (
 	"bytes"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -95,4 +97,49 @@ func MetricValue(t testing.TB, c prometheus.Collector) float64 {
 		return pb.Counter.GetValue()
 	}
 	return pb.Gauge.GetValue()
+}
+
+// GatheredValue is the value of the first counter or gauge named name in
+// g whose labels include every pair of labelPairs ("key", "value", …); 0
+// if there is none.
+func GatheredValue(t testing.TB, g prometheus.Gatherer, name string, labelPairs ...string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for i := 0; i+1 < len(labelPairs); i += 2 {
+				if v, ok := have[labelPairs[i]]; !ok || v != labelPairs[i+1] {
+					continue next
+				}
+			}
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// EnvInt reads a positive integer setting of a measurement or test tier
+// from the environment (def if unset); anything else fails the test.
+func EnvInt(t testing.TB, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
 }
