@@ -1,0 +1,170 @@
+//go:build linux
+
+package fence
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// These tests never open a watchdog: a missing path, a regular file, and
+// /dev/null (a character device that is not a watchdog, harmless to
+// open).
+
+func TestOpenDeviceMissing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "watchdog")
+	_, err := OpenDevice(path)
+	if !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("OpenDevice(missing) = %v, want ENOENT", err)
+	}
+	for _, want := range []string{"no watchdog device " + path, "modprobe softdog", "fence_watchdog: off"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
+
+func TestOpenDeviceRegularFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "watchdog")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := OpenDevice(path)
+	if err == nil || !strings.Contains(err.Error(), "not a character device") {
+		t.Fatalf("OpenDevice(regular file) = %v, want a refusal", err)
+	}
+	// Refused before any open: a write would have pinged a real one, and
+	// here would have written the file.
+	if b, _ := os.ReadFile(path); len(b) != 0 {
+		t.Fatalf("the file was written: %q", b)
+	}
+}
+
+func TestOpenDeviceNotAWatchdog(t *testing.T) {
+	_, err := OpenDevice("/dev/null")
+	if !errors.Is(err, unix.ENOTTY) || !strings.Contains(err.Error(), "/dev/null is not a watchdog") {
+		t.Fatalf("OpenDevice(/dev/null) = %v, want ENOTTY and that it is not a watchdog", err)
+	}
+}
+
+func TestProbe(t *testing.T) {
+	dir := t.TempDir()
+	if err := Probe(filepath.Join(dir, "watchdog")); !errors.Is(err, unix.ENOENT) || !strings.Contains(err.Error(), "load a driver") {
+		t.Errorf("Probe(missing) = %v", err)
+	}
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Probe(file); err == nil || !strings.Contains(err.Error(), "not a character device") {
+		t.Errorf("Probe(regular file) = %v", err)
+	}
+	// A writable character device passes: Probe does not open, so it cannot
+	// tell a watchdog from /dev/null.
+	if err := Probe("/dev/null"); err != nil {
+		t.Errorf("Probe(/dev/null) = %v", err)
+	}
+}
+
+func TestOpenErrorSaysWhatToDo(t *testing.T) {
+	for _, c := range []struct {
+		errno unix.Errno
+		want  []string
+	}{
+		{unix.EBUSY, []string{"/dev/watchdog is held by another process", "RuntimeWatchdogSec", "sbd"}},
+		{unix.EACCES, []string{"needs root or write access to /dev/watchdog", "DeviceAllow=/dev/watchdog rw"}},
+		{unix.EPERM, []string{"needs root or write access"}},
+		{unix.ENODEV, []string{"no watchdog device /dev/watchdog", "modprobe softdog"}},
+		{unix.EIO, []string{"open watchdog /dev/watchdog"}},
+	} {
+		err := openError("/dev/watchdog", &os.PathError{Op: "open", Path: "/dev/watchdog", Err: c.errno})
+		if !errors.Is(err, c.errno) {
+			t.Errorf("%v: %v does not wrap it", c.errno, err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: %q does not say %q", c.errno, err, w)
+			}
+		}
+	}
+}
+
+func TestDeviceState(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, content string) {
+		t.Helper()
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("dev/char/248:0/state", "active\n")
+	write("dev/char/248:1/state", "inactive\n")
+	write("class/watchdog/watchdog0/state", "active\n")
+
+	for _, c := range []struct {
+		major, minor uint32
+		state        string
+		known        bool
+	}{
+		{248, 0, "active", true},
+		{248, 1, "inactive", true},
+		{10, 130, "active", true}, // /dev/watchdog is watchdog0's
+		{248, 2, "", false},       // no such device, or no watchdog sysfs
+		{1, 3, "", false},         // /dev/null
+	} {
+		state, known := deviceState(root, c.major, c.minor)
+		if state != c.state || known != c.known {
+			t.Errorf("deviceState(%d:%d) = %q, %v; want %q, %v", c.major, c.minor, state, known, c.state, c.known)
+		}
+	}
+}
+
+// The descriptor plumbing, on /dev/null: its ioctls fail with ENOTTY, its
+// writes succeed, and a closed device says so.
+func TestLinuxDeviceOnDevNull(t *testing.T) {
+	open := func(keepalive bool) *linuxDevice {
+		fd, err := unix.Open("/dev/null", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &linuxDevice{path: "/dev/null", fd: fd, keepalive: keepalive}
+	}
+	d := open(true)
+	if err := d.Keepalive(); !errors.Is(err, unix.ENOTTY) {
+		t.Errorf("Keepalive = %v, want ENOTTY", err)
+	}
+	if _, err := d.SetTimeout(5); !errors.Is(err, unix.ENOTTY) || !strings.Contains(err.Error(), "set timeout 5s") {
+		t.Errorf("SetTimeout = %v, want ENOTTY", err)
+	}
+	if err := d.MagicClose(); err != nil {
+		t.Errorf("MagicClose = %v", err)
+	}
+	for name, op := range map[string]func() error{
+		"Keepalive":  d.Keepalive,
+		"SetTimeout": func() error { _, err := d.SetTimeout(5); return err },
+		"MagicClose": d.MagicClose,
+		"Close":      d.Close,
+	} {
+		if err := op(); !errors.Is(err, os.ErrClosed) {
+			t.Errorf("%s after close = %v, want os.ErrClosed", name, err)
+		}
+	}
+
+	// A driver without WDIOF_KEEPALIVEPING is pinged by a write.
+	d = open(false)
+	if err := d.Keepalive(); err != nil {
+		t.Errorf("Keepalive by write = %v", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+}
