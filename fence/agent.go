@@ -355,6 +355,10 @@ func (a *Agent) run(ctx context.Context, action, node string) (*AgentError, erro
 		log = log.With("node", node)
 	}
 
+	if err := ctx.Err(); err != nil {
+		res.Err = err
+		return nil, res
+	}
 	runCtx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
 	// Keep a secret's length more than the tail, so that one cut at the
@@ -408,6 +412,11 @@ func (a *Agent) run(ctx context.Context, action, node string) (*AgentError, erro
 		log.Warn("fence agent stopped", "keys", keys, "timed_out", res.TimedOut, "took", took)
 		return nil, res
 	}
+	if cmd.ProcessState == nil {
+		res.Err = werr
+		log.Error("fence agent: its exit status is unknown", "keys", keys, "err", werr)
+		return nil, res
+	}
 	res.ExitCode = cmd.ProcessState.ExitCode()
 	if errors.Is(werr, exec.ErrWaitDelay) {
 		log.Warn("fence agent exited but something it started kept its output open", "exit", res.ExitCode)
@@ -418,7 +427,11 @@ func (a *Agent) run(ctx context.Context, action, node string) (*AgentError, erro
 		log.Warn("fence agent killed", "keys", keys, "state", cmd.ProcessState.String(), "took", took)
 		return nil, res
 	}
-	log.Info("fence agent ran", "keys", keys, "exit", res.ExitCode, "took", took)
+	level := slog.LevelInfo
+	if action != "off" && res.ExitCode == AgentOK {
+		level = slog.LevelDebug // a routine status or monitor
+	}
+	log.Log(context.Background(), level, "fence agent ran", "keys", keys, "exit", res.ExitCode, "took", took)
 	return res, nil
 }
 

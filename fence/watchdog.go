@@ -90,8 +90,9 @@ type WatchdogStatus struct {
 // serving, feed only with proof, starve otherwise, disarm after stopping
 // (see the package documentation). It has no goroutine of its own: the
 // caller decides, at each of its ticks, whether to Feed or Starve, and
-// must do so well within the timeout. Its methods are safe for concurrent
-// use.
+// must do so well within the timeout. There is no Close: a process that
+// exits without Disarm leaves the watchdog running, as it must. Its
+// methods are safe for concurrent use.
 type Watchdog struct {
 	cfg     WatchdogConfig
 	timeout int // cfg.Timeout in seconds
@@ -313,13 +314,17 @@ func (w *Watchdog) ResetSoon() error {
 		}
 		w.dev = dev
 		w.running = true
-		w.devTimeout = 1 << 16 // the driver's own, unknown: longer than any we set
+		// The driver's own timeout is unknown: try any up to ours.
+		w.devTimeout = w.timeout + 1
 		w.kernelDeadline = time.Time{}
 	}
 	w.resetPending = true
 	w.starving = false
 	if err := w.shrinkLocked(1); err != nil {
 		return fmt.Errorf("reset soon: watchdog %s: %w", w.cfg.Path, err)
+	}
+	if w.devTimeout > w.timeout {
+		return fmt.Errorf("reset soon: watchdog %s: the driver took no timeout from %ds to %ds; it resets the machine at the end of its own", w.cfg.Path, w.minTimeout, w.timeout)
 	}
 	w.log.Warn("watchdog set to reset the machine", "deadline", w.kernelDeadline)
 	return nil

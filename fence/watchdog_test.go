@@ -483,3 +483,16 @@ func TestArmOpenError(t *testing.T) {
 		t.Fatalf("armed after a failed open: %+v", st)
 	}
 }
+
+// ResetSoon on a driver that takes no short timeout says so: the caller
+// must reset the machine another way.
+func TestResetSoonDriverTakesNoShortTimeout(t *testing.T) {
+	r := newRig(t, 10*time.Second, func(d *fencetest.FakeDevice) { d.MinTimeout = 30 })
+	err := r.w.ResetSoon()
+	if err == nil || !strings.Contains(err.Error(), "took no timeout") {
+		t.Fatalf("ResetSoon = %v, want an error", err)
+	}
+	if n := len(r.dev.Events()); n > 12 {
+		t.Fatalf("%d device operations, want at most one open and ten tries", n)
+	}
+}
