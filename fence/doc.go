@@ -23,10 +23,12 @@
 //     interval.
 //   - A process that dies while fed leaves the watchdog running; the
 //     kernel's ping at the death moves the deadline to the death plus the
-//     timeout, so at most one feed interval past D. A successor that waits
-//     for the timeout plus the feed interval (plus a margin for clocks)
-//     after the last moment the node could have held proof knows the node
-//     has been reset, whether its process lived, hung, or died.
+//     timeout, so at most one feed interval past D.
+//   - So a successor that waits, from the last moment the node could have
+//     fed the watchdog (the end of its last proof), for the timeout plus
+//     one feed or Starve interval plus 1 s, and a margin for the rates of
+//     the two clocks, knows that the node has been reset, whether its
+//     process lived, hung, or died.
 //   - A process that finds the watchdog left running by a predecessor that
 //     died does not feed it: [OpenDevice] refuses the device
 //     ([ErrLeftRunning]), and the machine resets when it expires.
