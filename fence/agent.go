@@ -296,14 +296,14 @@ func (a *Agent) Fence(ctx context.Context, node string, onAttempt func(try int, 
 			onAttempt(try, err)
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("fence node %s: gave up after %d tries: %w", node, try, errors.Join(ctx.Err(), err))
+			return fmt.Errorf("fence node %s: gave up after try %d: %w (last try: %w)", node, try, ctx.Err(), err)
 		}
 		a.log.Warn("fencing failed; retrying", "node", node, "try", try, "retry_in", delay, "err", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("fence node %s: gave up after %d tries: %w", node, try, errors.Join(ctx.Err(), err))
+			return fmt.Errorf("fence node %s: gave up after try %d: %w (last try: %w)", node, try, ctx.Err(), err)
 		case <-t.C:
 		}
 		delay = min(2*delay, a.cfg.MaxBackoff)

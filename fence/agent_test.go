@@ -444,3 +444,19 @@ func TestAgentQuotedValue(t *testing.T) {
 		t.Fatalf("stdin %q, want %q", calls, want)
 	}
 }
+
+func TestAgentContextDoneBeforeStart(t *testing.T) {
+	f := newFakeAgent(t, "exit 0")
+	a := newAgent(t, f, agentOpts{})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := a.Off(ctx, "s2"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Off = %v, want context.Canceled", err)
+	}
+	if err := a.Fence(ctx, "s2", nil); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "gave up after try 1") {
+		t.Fatalf("Fence = %v, want context.Canceled after one try", err)
+	}
+	if calls := f.calls(t); len(calls) != 0 {
+		t.Fatalf("the agent ran: %q", calls)
+	}
+}
