@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +25,9 @@ const sysRoot = "/sys"
 // that is about to need the watchdog ([Probe] checks a device without
 // opening it).
 //
-// Before opening, it reads the device's state in sysfs: a watchdog that is
+// Before opening, it asks sysfs what the device is, and refuses one of
+// another class (a write to /dev/mem or a tty does harm); and it reads the
+// watchdog's state there: a watchdog that is
 // already active while nobody holds it was left running by a process that
 // died without disarming it, and is refused with an error wrapping
 // [ErrLeftRunning] (opening it would not ping it, but feeding it would
@@ -42,6 +45,11 @@ const sysRoot = "/sys"
 // exits, rather than being closed, which pings it, by a garbage
 // collection at some unknown time.
 func OpenDevice(path string) (Device, error) {
+	return openDevice(sysRoot, path)
+}
+
+// openDevice is OpenDevice with sysfs at root.
+func openDevice(root, path string) (Device, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, openError(path, err)
@@ -49,8 +57,16 @@ func OpenDevice(path string) (Device, error) {
 	if st.Mode()&os.ModeDevice == 0 || st.Mode()&os.ModeCharDevice == 0 {
 		return nil, fmt.Errorf("%s is not a character device (%s), so not a watchdog: set fence_watchdog to the watchdog device, e.g. /dev/watchdog", path, st.Mode().Type())
 	}
-	if sys, ok := st.Sys().(*unix.Stat_t); ok {
-		if state, known := deviceState(sysRoot, unix.Major(sys.Rdev), unix.Minor(sys.Rdev)); known && state == "active" {
+	known := false // sysfs says it is a watchdog
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		major, minor := unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev))
+		if class, ok := deviceClass(root, major, minor); ok && class != "watchdog" {
+			// Not opened: a write to another device (/dev/mem, a tty) does harm.
+			return nil, fmt.Errorf("%s is a %s device, not a watchdog: set fence_watchdog to the watchdog device, e.g. /dev/watchdog", path, class)
+		} else if ok {
+			known = true
+		}
+		if state, ok := deviceState(root, major, minor); ok && state == "active" {
 			return nil, fmt.Errorf("%s: %w: it resets the machine when it expires; to use it again, reboot", path, ErrLeftRunning)
 		}
 	}
@@ -60,6 +76,10 @@ func OpenDevice(path string) (Device, error) {
 	}
 	info, err := unix.IoctlGetWatchdogInfo(fd)
 	if err != nil {
+		if known {
+			// A watchdog, started by the open: stop it again if it lets us.
+			_, _ = unix.Write(fd, []byte("V"))
+		}
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s is not a watchdog (ioctl WDIOC_GETSUPPORT: %w): set fence_watchdog to the watchdog device, e.g. /dev/watchdog", path, err)
 	}
@@ -115,12 +135,31 @@ func deviceState(root string, major, minor uint32) (state string, known bool) {
 	return strings.TrimSpace(string(b)), true
 }
 
+// deviceClass is the sysfs class of the character device major:minor
+// under root ("watchdog", "mem", "tty", …); ok is false when sysfs does
+// not say. The legacy /dev/watchdog (misc 10:130) is a watchdog.
+func deviceClass(root string, major, minor uint32) (class string, ok bool) {
+	if major == 10 && minor == 130 {
+		return "watchdog", true
+	}
+	link, err := os.Readlink(filepath.Join(root, "dev", "char", fmt.Sprintf("%d:%d", major, minor), "subsystem"))
+	if err != nil {
+		return "", false
+	}
+	return filepath.Base(link), true
+}
+
 // Probe checks, without opening it (an open starts many drivers), that
 // path exists, is a character device, and that this process may write to
-// it. It cannot tell a watchdog from another character device; OpenDevice
-// can. It also refuses a watchdog left running by a process that died
-// ([ErrLeftRunning]), when sysfs says so.
+// it; and, where sysfs says, that it is a watchdog, and not one left
+// running by a process that died ([ErrLeftRunning]). Without sysfs it
+// cannot tell a watchdog from another character device; OpenDevice can.
 func Probe(path string) error {
+	return probe(sysRoot, path)
+}
+
+// probe is Probe with sysfs at root.
+func probe(root, path string) error {
 	st, err := os.Stat(path)
 	if err != nil {
 		return openError(path, err)
@@ -131,8 +170,12 @@ func Probe(path string) error {
 	if err := unix.Faccessat(unix.AT_FDCWD, path, unix.W_OK, unix.AT_EACCESS); err != nil {
 		return openError(path, &os.PathError{Op: "access", Path: path, Err: err})
 	}
-	if sys, ok := st.Sys().(*unix.Stat_t); ok {
-		if state, known := deviceState(sysRoot, unix.Major(sys.Rdev), unix.Minor(sys.Rdev)); known && state == "active" {
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		major, minor := unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev))
+		if class, ok := deviceClass(root, major, minor); ok && class != "watchdog" {
+			return fmt.Errorf("%s is a %s device, not a watchdog: set fence_watchdog to the watchdog device, e.g. /dev/watchdog", path, class)
+		}
+		if state, known := deviceState(root, major, minor); known && state == "active" {
 			return fmt.Errorf("%s: %w: it resets the machine when it expires", path, ErrLeftRunning)
 		}
 	}

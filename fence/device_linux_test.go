@@ -46,9 +46,45 @@ func TestOpenDeviceRegularFile(t *testing.T) {
 }
 
 func TestOpenDeviceNotAWatchdog(t *testing.T) {
-	_, err := OpenDevice("/dev/null")
+	// Where sysfs says what it is, it is refused before any open.
+	if class, ok := deviceClass(sysRoot, 1, 3); ok {
+		_, err := OpenDevice("/dev/null")
+		if err == nil || !strings.Contains(err.Error(), "/dev/null is a "+class+" device, not a watchdog") {
+			t.Errorf("OpenDevice(/dev/null) = %v, want a refusal by its class %q", err, class)
+		}
+	}
+	// Where it does not, the open's WDIOC_GETSUPPORT tells.
+	_, err := openDevice(t.TempDir(), "/dev/null")
 	if !errors.Is(err, unix.ENOTTY) || !strings.Contains(err.Error(), "/dev/null is not a watchdog") {
-		t.Fatalf("OpenDevice(/dev/null) = %v, want ENOTTY and that it is not a watchdog", err)
+		t.Fatalf("openDevice(/dev/null) without sysfs = %v, want ENOTTY and that it is not a watchdog", err)
+	}
+}
+
+func TestDeviceClass(t *testing.T) {
+	root := t.TempDir()
+	for dev, class := range map[string]string{"248:0": "watchdog", "1:3": "mem"} {
+		dir := filepath.Join(root, "dev", "char", dev)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("../../../../class/"+class, filepath.Join(dir, "subsystem")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		major, minor uint32
+		class        string
+		ok           bool
+	}{
+		{248, 0, "watchdog", true},
+		{1, 3, "mem", true},
+		{10, 130, "watchdog", true},
+		{4, 64, "", false},
+	} {
+		class, ok := deviceClass(root, c.major, c.minor)
+		if class != c.class || ok != c.ok {
+			t.Errorf("deviceClass(%d:%d) = %q, %v; want %q, %v", c.major, c.minor, class, ok, c.class, c.ok)
+		}
 	}
 }
 
@@ -64,10 +100,53 @@ func TestProbe(t *testing.T) {
 	if err := Probe(file); err == nil || !strings.Contains(err.Error(), "not a character device") {
 		t.Errorf("Probe(regular file) = %v", err)
 	}
-	// A writable character device passes: Probe does not open, so it cannot
-	// tell a watchdog from /dev/null.
-	if err := Probe("/dev/null"); err != nil {
-		t.Errorf("Probe(/dev/null) = %v", err)
+	// Where sysfs tells, /dev/null is refused by its class; where it does
+	// not, a writable character device passes: Probe does not open.
+	if _, ok := deviceClass(sysRoot, 1, 3); ok {
+		if err := Probe("/dev/null"); err == nil || !strings.Contains(err.Error(), "not a watchdog") {
+			t.Errorf("Probe(/dev/null) = %v, want a refusal by its class", err)
+		}
+	}
+	if err := probe(t.TempDir(), "/dev/null"); err != nil {
+		t.Errorf("probe(/dev/null) without sysfs = %v", err)
+	}
+}
+
+// fakeSysfs makes /dev/null (1:3) a watchdog in state under a sysfs of
+// its own.
+func fakeSysfs(t *testing.T, state string) string {
+	t.Helper()
+	root := t.TempDir()
+	dir := filepath.Join(root, "dev", "char", "1:3")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../../class/watchdog", filepath.Join(dir, "subsystem")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "state"), []byte(state+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// A watchdog that sysfs says is active, with nobody holding it (else the
+// open would be EBUSY), was left running: not opened, not probed well.
+func TestOpenDeviceLeftRunning(t *testing.T) {
+	root := fakeSysfs(t, "active")
+	if _, err := openDevice(root, "/dev/null"); !errors.Is(err, ErrLeftRunning) {
+		t.Errorf("openDevice(active) = %v, want ErrLeftRunning", err)
+	}
+	if err := probe(root, "/dev/null"); !errors.Is(err, ErrLeftRunning) {
+		t.Errorf("probe(active) = %v, want ErrLeftRunning", err)
+	}
+	// Inactive: opened, and then WDIOC_GETSUPPORT tells it is no watchdog.
+	root = fakeSysfs(t, "inactive")
+	if _, err := openDevice(root, "/dev/null"); !errors.Is(err, unix.ENOTTY) {
+		t.Errorf("openDevice(inactive) = %v, want ENOTTY from the ioctl", err)
+	}
+	if err := probe(root, "/dev/null"); err != nil {
+		t.Errorf("probe(inactive) = %v", err)
 	}
 }
 
