@@ -45,11 +45,20 @@ const sysRoot = "/sys"
 // exits, rather than being closed, which pings it, by a garbage
 // collection at some unknown time.
 func OpenDevice(path string) (Device, error) {
-	return openDevice(sysRoot, path)
+	return openDevice(sysRoot, path, false)
 }
 
-// openDevice is OpenDevice with sysfs at root.
-func openDevice(root, path string) (Device, error) {
+// OpenDeviceLeftRunning is OpenDevice that also opens a watchdog left
+// running by a process that died (which the open does not ping): only to
+// stop it with MagicClose, once whatever that process served is stopped
+// ([Watchdog.Release]).
+func OpenDeviceLeftRunning(path string) (Device, error) {
+	return openDevice(sysRoot, path, true)
+}
+
+// openDevice is OpenDevice with sysfs at root; leftRunning allows a
+// watchdog left running.
+func openDevice(root, path string, leftRunning bool) (Device, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, openError(path, err)
@@ -66,7 +75,7 @@ func openDevice(root, path string) (Device, error) {
 		} else if ok {
 			known = true
 		}
-		if state, ok := deviceState(root, major, minor); ok && state == "active" {
+		if state, ok := deviceState(root, major, minor); ok && state == "active" && !leftRunning {
 			return nil, fmt.Errorf("%s: %w: it resets the machine when it expires; to use it again, reboot", path, ErrLeftRunning)
 		}
 	}

@@ -54,7 +54,7 @@ func TestOpenDeviceNotAWatchdog(t *testing.T) {
 		}
 	}
 	// Where it does not, the open's WDIOC_GETSUPPORT tells.
-	_, err := openDevice(t.TempDir(), "/dev/null")
+	_, err := openDevice(t.TempDir(), "/dev/null", false)
 	if !errors.Is(err, unix.ENOTTY) || !strings.Contains(err.Error(), "/dev/null is not a watchdog") {
 		t.Fatalf("openDevice(/dev/null) without sysfs = %v, want ENOTTY and that it is not a watchdog", err)
 	}
@@ -134,7 +134,7 @@ func fakeSysfs(t *testing.T, state string) string {
 // open would be EBUSY), was left running: not opened, not probed well.
 func TestOpenDeviceLeftRunning(t *testing.T) {
 	root := fakeSysfs(t, "active")
-	if _, err := openDevice(root, "/dev/null"); !errors.Is(err, ErrLeftRunning) {
+	if _, err := openDevice(root, "/dev/null", false); !errors.Is(err, ErrLeftRunning) {
 		t.Errorf("openDevice(active) = %v, want ErrLeftRunning", err)
 	}
 	if err := probe(root, "/dev/null"); !errors.Is(err, ErrLeftRunning) {
@@ -142,7 +142,7 @@ func TestOpenDeviceLeftRunning(t *testing.T) {
 	}
 	// Inactive: opened, and then WDIOC_GETSUPPORT tells it is no watchdog.
 	root = fakeSysfs(t, "inactive")
-	if _, err := openDevice(root, "/dev/null"); !errors.Is(err, unix.ENOTTY) {
+	if _, err := openDevice(root, "/dev/null", false); !errors.Is(err, unix.ENOTTY) {
 		t.Errorf("openDevice(inactive) = %v, want ENOTTY from the ioctl", err)
 	}
 	if err := probe(root, "/dev/null"); err != nil {

@@ -13,3 +13,8 @@ func OpenDevice(path string) (Device, error) {
 func Probe(path string) error {
 	return fmt.Errorf("watchdog %s: %w", path, errNotLinux)
 }
+
+// OpenDeviceLeftRunning is Linux only.
+func OpenDeviceLeftRunning(path string) (Device, error) {
+	return nil, fmt.Errorf("watchdog %s: %w", path, errNotLinux)
+}

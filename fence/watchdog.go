@@ -61,6 +61,9 @@ type WatchdogConfig struct {
 	Timeout time.Duration
 	// Open opens the device; nil means [OpenDevice]. Tests inject a fake.
 	Open func(path string) (Device, error)
+	// OpenLeftRunning opens it also when a process that died left it
+	// running, for [Watchdog.Release]; nil means [OpenDeviceLeftRunning].
+	OpenLeftRunning func(path string) (Device, error)
 	// Logger receives state changes (armed, starving, reset soon,
 	// disarmed); nil discards them.
 	Logger *slog.Logger
@@ -131,6 +134,9 @@ func NewWatchdog(cfg WatchdogConfig) (*Watchdog, error) {
 	}
 	if cfg.Open == nil {
 		cfg.Open = OpenDevice
+	}
+	if cfg.OpenLeftRunning == nil {
+		cfg.OpenLeftRunning = OpenDeviceLeftRunning
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -358,6 +364,31 @@ func (w *Watchdog) Disarm() error {
 	w.kernelDeadline = time.Time{}
 	w.log.Info("watchdog disarmed")
 	return nil
+}
+
+// Release stops the watchdog once the node no longer serves: Disarm when
+// this process armed it; otherwise it opens the device, also when a
+// previous process of this node died and left it running (the open does
+// not ping a running one), and magic-closes it at once. A process that
+// restarts after a crash calls it only after it stopped what the dead one
+// served; until then the left-running watchdog keeps counting down to the
+// dead process's deadline, and resets the machine if the stop takes too
+// long.
+func (w *Watchdog) Release() error {
+	w.mu.Lock()
+	armed := w.dev != nil
+	w.mu.Unlock()
+	if armed {
+		return w.Disarm()
+	}
+	dev, err := w.cfg.OpenLeftRunning(w.cfg.Path)
+	if err != nil {
+		return fmt.Errorf("release watchdog: %w", err)
+	}
+	w.mu.Lock()
+	w.dev, w.running = dev, true
+	w.mu.Unlock()
+	return w.Disarm()
 }
 
 // Status reports the state for the operator surface.

@@ -453,6 +453,39 @@ func TestArmRefusesLeftRunning(t *testing.T) {
 	}
 }
 
+// After its stop succeeded, a restarted process releases the watchdog its
+// dead predecessor left running, without pinging it first.
+func TestReleaseStopsAWatchdogLeftRunning(t *testing.T) {
+	r := newRig(t, 10*time.Second, nil)
+	if err := r.w.Arm(); err != nil {
+		t.Fatal(err)
+	}
+	r.dev.ProcessDied()
+	deadline := r.dev.Deadline()
+	w2, err := fence.NewWatchdog(fence.WatchdogConfig{Path: "/dev/watchdog", Timeout: 10 * time.Second,
+		Open: r.dev.Open, OpenLeftRunning: r.dev.OpenLeftRunning, Now: r.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.clock.Advance(2 * time.Second)
+	if !r.dev.Deadline().Equal(deadline) {
+		t.Fatal("deadline moved before Release")
+	}
+	if err := w2.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if r.dev.Active() || r.dev.IsOpen() {
+		t.Fatal("Release left the watchdog running")
+	}
+	if st := w2.Status(); st.Armed || !st.Deadline.IsZero() {
+		t.Fatalf("status after Release: %+v", st)
+	}
+	// Nothing to release: it opens (starting it) and stops it again.
+	if err := w2.Release(); err != nil || r.dev.Active() {
+		t.Fatalf("second Release = %v, active %v", err, r.dev.Active())
+	}
+}
+
 func TestArmRefusesTimeoutTheDriverRejects(t *testing.T) {
 	r := newRig(t, 10*time.Second, func(d *fencetest.FakeDevice) { d.MaxTimeout = 5 })
 	err := r.w.Arm()

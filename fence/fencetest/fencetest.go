@@ -176,7 +176,13 @@ func (f *FakeDevice) recordLocked(op Op, now time.Time, value int, ping bool, er
 }
 
 // Open opens the device, as fence.OpenDevice would.
-func (f *FakeDevice) Open(path string) (fence.Device, error) {
+func (f *FakeDevice) Open(path string) (fence.Device, error) { return f.openWith(path, f.AllowOpenRunning) }
+
+// OpenLeftRunning opens the device also when it was left running, as
+// fence.OpenDeviceLeftRunning would.
+func (f *FakeDevice) OpenLeftRunning(path string) (fence.Device, error) { return f.openWith(path, true) }
+
+func (f *FakeDevice) openWith(path string, allowRunning bool) (fence.Device, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.initLocked()
@@ -197,7 +203,7 @@ func (f *FakeDevice) Open(path string) (fence.Device, error) {
 	}
 	ping := false
 	if f.active {
-		if !f.AllowOpenRunning {
+		if !allowRunning {
 			err := fmt.Errorf("%s: %w", path, fence.ErrLeftRunning)
 			f.recordLocked(OpOpen, now, 0, false, err)
 			return nil, err
