@@ -20,8 +20,10 @@ import (
 // status and metrics.
 func (a *Agent) fencing(c *cluster.Config) error {
 	cfg := a.cfg
-	if cfg.Witness {
-		return nil // never serves, never leads for long
+	if !cfg.Serves() {
+		// A witness, or a node without an on_leader hook: it serves no
+		// storage, and a cluster of such nodes has nothing to fence.
+		return nil
 	}
 	if cfg.FenceWatchdog != config.FenceOff {
 		// Every serving node of the cluster arms one with this timeout: a
@@ -42,9 +44,6 @@ func (a *Agent) fencing(c *cluster.Config) error {
 		}
 		a.fenceAgent = ag
 		c.FenceAgent = ag.Fence
-	}
-	if !cfg.Serves() {
-		return nil
 	}
 	if cfg.OnFollower != "" {
 		c.StopAtStart = a.stopAtStart
