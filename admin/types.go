@@ -474,3 +474,55 @@ func (b BuildInfo) Gossip() string {
 	}
 	return v
 }
+
+// Summary is the fence line of nsmd status: the mode, the watchdog's
+// state, and what the last wait before serving was.
+func (f Fence) Summary() string {
+	var b strings.Builder
+	switch f.Mode {
+	case "":
+		return "unknown (an older nsmd)"
+	case "none":
+		b.WriteString("none (this node serves no storage)")
+	case "off":
+		b.WriteString("OFF: this node serves storage without any fence")
+	default:
+		b.WriteString(f.Mode)
+	}
+	if w := f.Watchdog; w != nil {
+		fmt.Fprintf(&b, "; watchdog %s %gs", w.Device, w.TimeoutSeconds)
+		switch {
+		case w.Armed && w.Starving:
+			b.WriteString(" armed, NOT FED (no proof this node may serve)")
+		case w.Armed:
+			b.WriteString(" armed")
+			if w.LastFeed != nil {
+				fmt.Fprintf(&b, ", fed %s", w.LastFeed.Format(time.RFC3339Nano))
+			}
+		default:
+			b.WriteString(" disarmed")
+		}
+		if w.Deadline != nil {
+			fmt.Fprintf(&b, ", resets the machine at %s unless fed", w.Deadline.Format(time.RFC3339Nano))
+		}
+	}
+	if f.Serving {
+		b.WriteString("; serving")
+	}
+	if f.StopFailed {
+		b.WriteString("; STOP FAILED: the watchdog resets this node")
+	}
+	if f.Waiting {
+		b.WriteString("; waiting for the other servers to be proven stopped")
+	}
+	if w := f.LastWait; w != nil {
+		fmt.Fprintf(&b, "; last wait before serving %.1fs", w.Seconds)
+		for _, n := range w.Nodes {
+			fmt.Fprintf(&b, ", %s %s after %.1fs", n.Node, n.By, n.Seconds)
+		}
+		if w.Aborted != "" {
+			fmt.Fprintf(&b, " (%s)", w.Aborted)
+		}
+	}
+	return b.String()
+}
