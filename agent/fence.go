@@ -7,8 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/admin"
-	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/fence"
 )
 

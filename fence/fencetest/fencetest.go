@@ -176,11 +176,15 @@ func (f *FakeDevice) recordLocked(op Op, now time.Time, value int, ping bool, er
 }
 
 // Open opens the device, as fence.OpenDevice would.
-func (f *FakeDevice) Open(path string) (fence.Device, error) { return f.openWith(path, f.AllowOpenRunning) }
+func (f *FakeDevice) Open(path string) (fence.Device, error) {
+	return f.openWith(path, f.AllowOpenRunning)
+}
 
 // OpenLeftRunning opens the device also when it was left running, as
 // fence.OpenDeviceLeftRunning would.
-func (f *FakeDevice) OpenLeftRunning(path string) (fence.Device, error) { return f.openWith(path, true) }
+func (f *FakeDevice) OpenLeftRunning(path string) (fence.Device, error) {
+	return f.openWith(path, true)
+}
 
 func (f *FakeDevice) openWith(path string, allowRunning bool) (fence.Device, error) {
 	f.mu.Lock()
