@@ -160,6 +160,10 @@ main() {
 	trap 'kill -CONT "$pid" 2>/dev/null' EXIT
 	trap 'exit 1' HUP INT TERM
 	kill -STOP "$pid" || exit 3
+	n=0
+	while [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)" != T ] && [ $n -lt 200 ]; do
+		sleep 0.01; n=$((n+1))
+	done
 	echo "` + appliedMarker + `: SIGSTOP to nsmd (pid $pid from $src) for ${hold}s"
 	sleep "$hold"
 	kill -CONT "$pid" && echo "nsmd-drill: SIGCONT to nsmd (pid $pid)"
