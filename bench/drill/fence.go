@@ -60,7 +60,11 @@ func FenceLine(f *FenceOutcome) string {
 	case f == nil:
 		return "-"
 	case f.By != "":
-		return fmt.Sprintf("proven stopped by %s after %s", f.By, FormatDuration(time.Duration(f.Seconds*float64(time.Second))))
+		how := map[string]string{"clean": "clean (it said it stopped)", "agent": "agent (fenced off)", "watchdog": "watchdog (must have reset it)"}[f.By]
+		if how == "" {
+			how = f.By
+		}
+		return fmt.Sprintf("%s after %s", how, FormatDuration(time.Duration(f.Seconds*float64(time.Second))))
 	case f.Note != "":
 		return f.Note
 	}
