@@ -262,6 +262,9 @@ type runner struct {
 	members []admin.Member
 	// inProcess: the nodes are nsmd dev's, all in one process.
 	inProcess bool
+	// unanswered are the nodes whose status did not answer since the
+	// current run's fault (statuses records them).
+	unanswered map[string]bool
 }
 
 // Run runs o.Runs failovers and returns what it measured. An error
@@ -534,6 +537,9 @@ func (d *runner) statuses(ctx context.Context, skip string, stop func(admin.Stat
 	for range n {
 		a := <-ch
 		out = append(out, a)
+		if a.err != nil && ctx.Err() == nil && d.unanswered != nil {
+			d.unanswered[a.node.ID] = true
+		}
 		if a.err == nil && stop != nil && stop(a.s) {
 			break
 		}
@@ -761,6 +767,7 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 		return r, fmt.Errorf("drill: fault on %s: %w", leader.ID, err)
 	}
 	r.FaultAt = t0.UTC()
+	d.unanswered = map[string]bool{}
 	faultDone := false
 	if d.o.Fault != FaultTransfer {
 		d.down[leader.ID] = true

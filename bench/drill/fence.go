@@ -178,7 +178,7 @@ func (d *runner) faultDetail() string {
 	}
 	switch {
 	case d.o.Fault == FaultNSMDKill && d.inProcess:
-		return "nsmd dev: POST /v1/drill/crash (one node of the process stops as if killed)"
+		return "nsmd dev: the in-process crash (POST /v1/drill/crash: one node of the process stops as if killed -9)"
 	case d.o.Fault == FaultNSMDKill:
 		return "kill -9 of the leader's nsmd" + via
 	case d.o.Fault == FaultNSMDHang:
@@ -317,6 +317,7 @@ func fenceFrom(f *FenceOutcome, s admin.Status, old string, newState int32) {
 // process before the fault (prev).
 func (d *runner) oldServer(ctx context.Context, r *Failover, old Node, prev *admin.Process, t0 time.Time) {
 	o := &r.Fence.Old
+	o.Unreachable = d.unanswered[old.ID]
 	if old.Admin == "" {
 		o.Outcome = OldUnknown
 		return
