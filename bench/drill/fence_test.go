@@ -28,7 +28,9 @@ func TestFenceFrom(t *testing.T) {
 		note  string
 	}{
 		{"this takeover's", func(*admin.Status) {}, "nfs1", 7, "watchdog", ""},
-		{"an earlier takeover's wait", func(s *admin.Status) { s.Fence.LastWait = &admin.FenceWait{At: elected.Add(-time.Hour), Nodes: wait.Nodes} }, "nfs1", 7, "", "no fence wait for this takeover"},
+		{"an earlier takeover's wait", func(s *admin.Status) {
+			s.Fence.LastWait = &admin.FenceWait{At: elected.Add(-time.Hour), Nodes: wait.Nodes}
+		}, "nfs1", 7, "", "no fence wait for this takeover"},
 		{"another takeover", func(*admin.Status) {}, "nfs1", 9, "", "no fence wait for this takeover"},
 		{"still waiting", func(s *admin.Status) { s.Fence.LastWait = nil; s.Fence.Waiting = true }, "nfs1", 7, "", "still waiting"},
 		{"no serving node", func(s *admin.Status) { s.Fence = admin.Fence{Mode: "none"} }, "nfs1", 7, "", "serves no storage"},
