@@ -92,8 +92,8 @@ type NodeOptions struct {
 	// NodeCmd is the prefix that runs a command on the target node
 	// (`ssh root@{addr}`, `ip netns exec {node}`).
 	NodeCmd string
-	// PIDFile is where the node keeps nsmd's PID; "" asks systemd
-	// (`systemctl show -p MainPID --value UNIT`).
+	// PIDFile is where the node keeps nsmd's PID ({node} and {addr} are
+	// filled in); "" asks systemd (`systemctl show -p MainPID --value UNIT`).
 	PIDFile string
 	Unit    string // systemd unit, default nsmd
 	// Comm is the expected process name (/proc/PID/comm) of nsmd, default
@@ -140,7 +140,7 @@ func planNodeFault(fault string, o NodeOptions, t Target, hold time.Duration, se
 		prefix = Expand(o.NodeCmd, t) + " "
 	}
 	secs := holdSeconds(hold)
-	find := pidScript(o)
+	find := pidScript(o, t)
 	p := &faultPlan{hold: hold}
 	switch fault {
 	case FaultNSMDKill:
@@ -230,9 +230,10 @@ func holdSeconds(d time.Duration) string {
 // to nsmd's PID from the PID file or systemd, and refuses a PID that is
 // not a running process named Comm. Never a search by name: another
 // nsmd (a test's, a second instance) must not be hit.
-func pidScript(o NodeOptions) string {
+func pidScript(o NodeOptions, t Target) string {
 	unit, comm := orDefault(o.Unit, "nsmd"), orDefault(o.Comm, "nsmd")
-	return `pidfile=` + ShellQuote(o.PIDFile) + `
+	pidfile := strings.NewReplacer("{node}", t.ID, "{addr}", t.Addr).Replace(o.PIDFile)
+	return `pidfile=` + ShellQuote(pidfile) + `
 unit=` + ShellQuote(unit) + `
 want=` + ShellQuote(comm) + `
 nsmd_pid() {

@@ -73,8 +73,8 @@ func TestPlanNodeFault(t *testing.T) {
 	if !strings.Contains(p.script, "hold=8.5\n") || !strings.Contains(p.script, "systemctl show -p MainPID --value") {
 		t.Errorf("hang script:\n%s", p.script)
 	}
-	p, _ = planNodeFault(FaultNSMDKill, NodeOptions{NodeCmd: "x", PIDFile: "/run/nsmd's.pid"}, tg, 0, self, peers)
-	if !strings.Contains(p.script, `pidfile='/run/nsmd'\''s.pid'`) {
+	p, _ = planNodeFault(FaultNSMDKill, NodeOptions{NodeCmd: "x", PIDFile: "/run/nsmd's/{node}.pid"}, Target{ID: "n1 $(x)"}, 0, self, peers)
+	if !strings.Contains(p.script, `pidfile='/run/nsmd'\''s/n1 $(x).pid'`) {
 		t.Errorf("pidfile not quoted:\n%s", p.script)
 	}
 	if strings.Contains(p.script, "pkill") || strings.Contains(p.script, "pgrep") || strings.Contains(p.script, "killall") {

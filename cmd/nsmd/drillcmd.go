@@ -114,7 +114,7 @@ says so.`,
 	authFlags(f, &auth)
 	f.StringVar(&fault, "fault", "", "the fault: "+strings.Join(drill.Faults(), ", ")+" (default transfer; --kill is kill)")
 	f.StringVar(&o.Node.NodeCmd, "node-cmd", "", "prefix that runs a command on the leader's machine for nsmd-kill, nsmd-hang, partition ({node}, {addr}; e.g. 'ssh root@{addr}')")
-	f.StringVar(&o.Node.PIDFile, "nsmd-pidfile", "", "nsmd's PID file on the nodes (nsmd-kill, nsmd-hang; default: systemctl show -p MainPID --nsmd-unit)")
+	f.StringVar(&o.Node.PIDFile, "nsmd-pidfile", "", "nsmd's PID file on the nodes, {node} and {addr} filled in (nsmd-kill, nsmd-hang; default: systemctl show -p MainPID --nsmd-unit)")
 	f.StringVar(&o.Node.Unit, "nsmd-unit", "nsmd", "nsmd's systemd unit on the nodes (nsmd-kill, nsmd-hang without --nsmd-pidfile)")
 	f.DurationVar(&o.Node.HangFor, "hang-for", 0, "nsmd-hang: how long nsmd stays stopped (default: the leader's fence_timeout + 3s, 8s without a watchdog)")
 	f.DurationVar(&o.Node.CutFor, "cut-for", 0, "partition: how long the cluster links stay cut (default as --hang-for)")
