@@ -300,6 +300,7 @@ func TestDrillFaultFlags(t *testing.T) {
 		{[]string{"--fault", "freeze", "--node-cmd", "ssh {addr}", "--freeze-cmd", "a", "--thaw-cmd", "b"}, "--node-cmd is for"},
 		{[]string{"--fault", "nsmd-hang", "--node-cmd", "ssh {addr}", "--hang-for", "9s", "--nsmd-pidfile", "/run/nsmd.pid"}, ""},
 		{[]string{"--kill-cmd", "true"}, ""},
+		{[]string{"--fault", "kill-cmd"}, "give --kill-cmd CMD"},
 	} {
 		cmd := drillCmd()
 		var out, errOut bytes.Buffer

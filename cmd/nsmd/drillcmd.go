@@ -133,6 +133,8 @@ func drillFault(f *pflag.FlagSet, fault string, kill bool, killCmd string) (stri
 		return "", fmt.Errorf("--fault %s and --kill: give one (--kill is --fault kill)", fault)
 	case f.Changed("fault") && f.Changed("kill-cmd"):
 		return "", fmt.Errorf("--fault %s and --kill-cmd: give one (--kill-cmd runs the operator's own command; --fault a built-in one)", fault)
+	case fault == drill.FaultKillCmd:
+		return "", errors.New("--fault kill-cmd: give --kill-cmd CMD (the operator's own command) instead")
 	case kill:
 		fault = drill.FaultKill
 	case killCmd != "":
