@@ -13,17 +13,21 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/bench/drill"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
-// TestDrillFencedFaults: `nsmd drill --fault nsmd-hang` and `--fault
-// partition`, run by the built binary from a client host's namespace
+// TestDrillFencedFaults: `nsmd drill --fault nsmd-hang`, `--fault
+// partition` and `--fault nsmd-kill`, run by the built binary from a client host's namespace
 // against three serving nodes (an on_leader hook each, no watchdog, a
 // fence agent), reach the leader through `--node-cmd 'ip netns exec
 // {node}'`-style prefixes, and report that the new leader had the old one
 // fenced by the agent. The agent is a shell script that records what it
 // was asked on stdin and exits 0: it stands in for a power switch, so the
 // "fenced" node is not really powered off and comes back as the same
-// process. The partition's nft table is gone from the old node afterwards.
+// process (after a kill -9 the test restarts it at once, as systemd
+// would: the drill says it restarted, and it may have answered the new
+// leader's question itself, a clean proof). The partition's nft table is gone from
+// the old node afterwards.
 func TestDrillFencedFaults(t *testing.T) {
 	if why := canNetns(); why != "" {
 		t.Skip(why)
@@ -52,7 +56,7 @@ func TestDrillFencedFaults(t *testing.T) {
 		return []string{"--on-leader", hook, "--fence-watchdog", "off", "--fence-agent", agent,
 			"--fence-nodes", "n1:plug=n1,n2:plug=n2,n3:plug=n3", "--nfsv4-tracking", "off"}
 	}})
-	c.settle(t, 60*time.Second, 1)
+	v := c.settle(t, 60*time.Second, 1)
 	for _, n := range c.nodes {
 		n.mu.Lock()
 		pid := n.cmd.Process.Pid
@@ -68,14 +72,17 @@ func TestDrillFencedFaults(t *testing.T) {
 	client := c.top.hosts[0].ns
 	nodeCmd := "ip netns exec " + c.top.prefix + "{node}"
 
-	for _, fault := range []string{drill.FaultNSMDHang, drill.FaultPartition} {
+	for _, fault := range []string{drill.FaultNSMDHang, drill.FaultPartition, drill.FaultNSMDKill} {
 		t.Run(fault, func(t *testing.T) {
 			before, _ := os.ReadFile(agentLog)
 			args := append([]string{"netns", "exec", client, nsmdBin, "drill", "--admin", strings.Join(admins, ","),
 				"--fault", fault, "--node-cmd", nodeCmd, "--json", "--timeout", "40s"}, c.pki.cliArgs()...)
-			if fault == drill.FaultNSMDHang {
+			switch fault {
+			case drill.FaultNSMDHang:
 				args = append(args, "--nsmd-pidfile", filepath.Join(dir, "{node}.pid"), "--hang-for", "6s")
-			} else {
+			case drill.FaultNSMDKill:
+				args = append(args, "--nsmd-pidfile", filepath.Join(dir, "{node}.pid"))
+			default:
 				args = append(args, "--cut-for", "6s")
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -83,7 +90,33 @@ func TestDrillFencedFaults(t *testing.T) {
 			cmd := exec.CommandContext(ctx, "ip", args...)
 			var out, errOut bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errOut
-			err := cmd.Run()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if fault == drill.FaultNSMDKill {
+				// The supervisor's part: start the killed node again.
+				leader := v.leader
+				leader.mu.Lock()
+				done := leader.done
+				leader.mu.Unlock()
+				select {
+				case <-done:
+				case <-ctx.Done():
+					t.Fatalf("leader %s was not killed", leader.id)
+				}
+				// Once another node leads (restarted at once, the killed
+				// node may win the new term itself: no fence wait to see).
+				testutil.WaitFor(t, 30*time.Second, "another leader", func() bool {
+					for _, n := range c.others(leader) {
+						if st, err := n.status(); err == nil && st.Role == "leader" {
+							return true
+						}
+					}
+					return false
+				})
+				leader.start(t)
+			}
+			err := cmd.Wait()
 			t.Logf("drill progress:\n%s", errOut.String())
 			if err != nil {
 				t.Fatalf("nsmd drill --fault %s: %v", fault, err)
@@ -100,20 +133,29 @@ func TestDrillFencedFaults(t *testing.T) {
 				t.Fatalf("run %+v", r)
 			}
 			f := r.Fence
-			if f == nil || f.Mode != "agent" || f.By != "agent" {
+			// A killed node restarted at once may answer first: its stop at
+			// start succeeded, a clean proof. Otherwise the agent fenced it.
+			if f == nil || f.Mode != "agent" || !(f.By == "agent" || (fault == drill.FaultNSMDKill && f.By == "clean")) {
 				t.Fatalf("fence %+v, want the old leader %s fenced by the agent", f, r.OldLeader)
 			}
 			// The stand-in agent left the node running: it comes back as
-			// the same process, no longer leading.
-			if f.Old.Outcome != drill.OldKept || f.Old.Role == "leader" || f.Old.Serving {
-				t.Errorf("old server %+v", f.Old)
+			// the same process, no longer leading; a killed one restarted.
+			want := drill.OldKept
+			if fault == drill.FaultNSMDKill {
+				want = drill.OldRestarted
+				if !f.Old.Unreachable || f.Old.BackAfterMS <= 0 {
+					t.Errorf("killed node: %+v, want unreachable, then back", f.Old)
+				}
+			}
+			if f.Old.Outcome != want || f.Old.Role == "leader" || f.Old.Serving {
+				t.Errorf("old server %+v, want %s", f.Old, want)
 			}
 			after, _ := os.ReadFile(agentLog)
 			asked := strings.TrimPrefix(string(after), string(before))
-			if !strings.Contains(asked, "action=off") || !strings.Contains(asked, "nodename="+r.OldLeader) || !strings.Contains(asked, "plug="+r.OldLeader) {
+			if f.By == "agent" && (!strings.Contains(asked, "action=off") || !strings.Contains(asked, "nodename="+r.OldLeader) || !strings.Contains(asked, "plug="+r.OldLeader)) {
 				t.Errorf("the fence agent was asked:\n%s", asked)
 			}
-			if !strings.Contains(errOut.String(), "agent (fenced off) after") {
+			if !strings.Contains(errOut.String(), "old server "+r.OldLeader+": "+f.By) {
 				t.Errorf("progress lacks the fence line")
 			}
 			if fault == drill.FaultPartition {
@@ -121,7 +163,7 @@ func TestDrillFencedFaults(t *testing.T) {
 					t.Errorf("table inet %s left on %s:\n%s", drill.NFTTable, r.OldLeader, out)
 				}
 			}
-			c.settle(t, 60*time.Second, r.NewState)
+			v = c.settle(t, 60*time.Second, r.NewState)
 		})
 	}
 }

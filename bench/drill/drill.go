@@ -664,10 +664,22 @@ func (d *runner) findVIP(ctx context.Context, leader Node) error {
 		d.o.VIP = net.JoinHostPort(host, port)
 	}
 	d.vip = d.o.VIP
-	if _, err := vipStat(ctx, d.vip); err != nil {
-		return fmt.Errorf("drill: the VIP %s does not answer SM_STAT before the drill (use --vip): %w", d.vip, err)
+	// A new holder may need a moment (a drill right after a failover):
+	// retry up to the timeout before giving up.
+	deadline := time.Now().Add(d.o.Timeout)
+	for {
+		_, err := vipStat(ctx, d.vip)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("drill: the VIP %s does not answer SM_STAT before the drill (use --vip): %w", d.vip, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(healthPoll):
+		}
 	}
-	return nil
 }
 
 func vipDial(ctx context.Context, addr string) (*oncrpc.Client, error) {

@@ -285,6 +285,10 @@ func (d *runner) fenceWait(ctx context.Context, r *Failover) {
 // that wait belongs to the takeover of state newState.
 func fenceFrom(f *FenceOutcome, s admin.Status, old string, newState int32) {
 	f.Mode = s.Fence.Mode
+	if s.NodeID == old {
+		f.Note = "the old leader itself won the new term after its restart: it stopped what it served at its start first"
+		return
+	}
 	lw := s.Fence.LastWait
 	tl := s.Takeover
 	switch {

@@ -35,6 +35,7 @@ func TestFenceFrom(t *testing.T) {
 		{"still waiting", func(s *admin.Status) { s.Fence.LastWait = nil; s.Fence.Waiting = true }, "nfs1", 7, "", "still waiting"},
 		{"no serving node", func(s *admin.Status) { s.Fence = admin.Fence{Mode: "none"} }, "nfs1", 7, "", "serves no storage"},
 		{"a witness", func(*admin.Status) {}, "w", 7, "", "not a serving voter"},
+		{"the old leader again", func(*admin.Status) {}, "nfs2", 7, "", "won the new term after its restart"},
 		{"aborted", func(s *admin.Status) {
 			s.Fence.LastWait = &admin.FenceWait{At: elected.Add(time.Second), Aborted: "lost leadership"}
 		}, "nfs1", 7, "", "aborted: lost leadership"},
@@ -106,6 +107,7 @@ func TestFenceColumn(t *testing.T) {
 	if err := Print(&table, rep); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("table:\n%s", table.String())
 	for _, w := range append(want, "PROVEN STOPPED", "fault: SIGSTOP") {
 		if !strings.Contains(table.String(), w) {
 			t.Errorf("table lacks %q:\n%s", w, table.String())
