@@ -56,7 +56,7 @@ func TestDrillFencedFaults(t *testing.T) {
 		return []string{"--on-leader", hook, "--fence-watchdog", "off", "--fence-agent", agent,
 			"--fence-nodes", "n1:plug=n1,n2:plug=n2,n3:plug=n3", "--nfsv4-tracking", "off"}
 	}})
-	v := c.settle(t, 60*time.Second, 1)
+	state := c.settle(t, 60*time.Second, 1).leaderStatus().SMState
 	for _, n := range c.nodes {
 		n.mu.Lock()
 		pid := n.cmd.Process.Pid
@@ -74,16 +74,17 @@ func TestDrillFencedFaults(t *testing.T) {
 
 	for _, fault := range []string{drill.FaultNSMDHang, drill.FaultPartition, drill.FaultNSMDKill} {
 		t.Run(fault, func(t *testing.T) {
+			c.settle(t, 60*time.Second, state)
 			before, _ := os.ReadFile(agentLog)
 			args := append([]string{"netns", "exec", client, nsmdBin, "drill", "--admin", strings.Join(admins, ","),
 				"--fault", fault, "--node-cmd", nodeCmd, "--json", "--timeout", "40s"}, c.pki.cliArgs()...)
 			switch fault {
 			case drill.FaultNSMDHang:
-				args = append(args, "--nsmd-pidfile", filepath.Join(dir, "{node}.pid"), "--hang-for", "6s")
+				args = append(args, "--nsmd-pidfile", filepath.Join(dir, "{node}.pid"), "--hang-for", "10s")
 			case drill.FaultNSMDKill:
 				args = append(args, "--nsmd-pidfile", filepath.Join(dir, "{node}.pid"))
 			default:
-				args = append(args, "--cut-for", "6s")
+				args = append(args, "--cut-for", "10s")
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
@@ -95,14 +96,24 @@ func TestDrillFencedFaults(t *testing.T) {
 			}
 			if fault == drill.FaultNSMDKill {
 				// The supervisor's part: start the killed node again.
-				leader := v.leader
-				leader.mu.Lock()
-				done := leader.done
-				leader.mu.Unlock()
+				died := make(chan *nsmNode, len(c.nodes))
+				for _, n := range c.nodes {
+					n.mu.Lock()
+					done := n.done
+					n.mu.Unlock()
+					go func() {
+						select {
+						case <-done:
+							died <- n
+						case <-ctx.Done():
+						}
+					}()
+				}
+				var leader *nsmNode
 				select {
-				case <-done:
+				case leader = <-died:
 				case <-ctx.Done():
-					t.Fatalf("leader %s was not killed", leader.id)
+					t.Fatal("no node was killed")
 				}
 				// Once another node leads (restarted at once, the killed
 				// node may win the new term itself: no fence wait to see).
@@ -163,7 +174,7 @@ func TestDrillFencedFaults(t *testing.T) {
 					t.Errorf("table inet %s left on %s:\n%s", drill.NFTTable, r.OldLeader, out)
 				}
 			}
-			v = c.settle(t, 60*time.Second, r.NewState)
+			state = c.settle(t, 60*time.Second, r.NewState).leaderStatus().SMState
 		})
 	}
 }

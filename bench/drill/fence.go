@@ -64,7 +64,11 @@ func FenceLine(f *FenceOutcome) string {
 		if how == "" {
 			how = f.By
 		}
-		return fmt.Sprintf("%s after %s", how, FormatDuration(time.Duration(f.Seconds*float64(time.Second))))
+		line := fmt.Sprintf("%s after %s", how, FormatDuration(time.Duration(f.Seconds*float64(time.Second))))
+		if f.Note != "" {
+			line += " (" + f.Note + ")"
+		}
+		return line
 	case f.Note != "":
 		return f.Note
 	}
@@ -295,13 +299,18 @@ func fenceFrom(f *FenceOutcome, s admin.Status, old string, newState int32) {
 	case f.Mode == "none" || f.Mode == "":
 		f.Note = "no fence wait: the new leader serves no storage (no on_leader hook), so it waits for nobody"
 		return
-	case lw == nil || tl == nil || tl.State != newState || lw.At.Before(tl.Elected):
+	case lw == nil || tl == nil || tl.State < newState || lw.At.Before(tl.Elected):
 		if s.Fence.Waiting {
 			f.Note = "the new leader is still waiting for proof"
 		} else {
 			f.Note = "the new leader recorded no fence wait for this takeover"
 		}
 		return
+	}
+	if tl.State > newState {
+		// Elected again before it served (a repeated election): the wait
+		// of the takeover that served is the one that counts.
+		f.Note = fmt.Sprintf("its takeover at sm_state %d, after a further election", tl.State)
 	}
 	for _, n := range lw.Nodes {
 		if n.Node == old {
@@ -313,7 +322,7 @@ func fenceFrom(f *FenceOutcome, s admin.Status, old string, newState int32) {
 		f.Note = "the new leader's wait was aborted: " + lw.Aborted
 		return
 	}
-	f.Note = "the new leader did not wait for it (not a serving voter)"
+	f.Note = strings.TrimPrefix(f.Note+"; ", "; ") + "the new leader did not wait for it (not a serving voter)"
 }
 
 // oldServer waits (up to the timeout after the fault ended) for the old

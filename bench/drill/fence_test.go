@@ -31,7 +31,8 @@ func TestFenceFrom(t *testing.T) {
 		{"an earlier takeover's wait", func(s *admin.Status) {
 			s.Fence.LastWait = &admin.FenceWait{At: elected.Add(-time.Hour), Nodes: wait.Nodes}
 		}, "nfs1", 7, "", "no fence wait for this takeover"},
-		{"another takeover", func(*admin.Status) {}, "nfs1", 9, "", "no fence wait for this takeover"},
+		{"an earlier takeover", func(*admin.Status) {}, "nfs1", 9, "", "no fence wait for this takeover"},
+		{"a later takeover of the same leader", func(s *admin.Status) { s.Takeover = &admin.Timeline{Elected: elected, State: 9} }, "nfs1", 7, "watchdog", "its takeover at sm_state 9"},
 		{"still waiting", func(s *admin.Status) { s.Fence.LastWait = nil; s.Fence.Waiting = true }, "nfs1", 7, "", "still waiting"},
 		{"no serving node", func(s *admin.Status) { s.Fence = admin.Fence{Mode: "none"} }, "nfs1", 7, "", "serves no storage"},
 		{"a witness", func(*admin.Status) {}, "w", 7, "", "not a serving voter"},
