@@ -146,7 +146,14 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	if !n.Leading() { // not leader, or elected but its takeover not committed yet
 		return fwdRes{Status: fwdNotLeader}
 	}
-	r, err := n.applyLocal(ctx, cmds[0])
+	var r fsm.Result
+	if isOwned(cmds[0]) && !n.ownerCommandsOK() {
+		// The sender saw every member apply owner commands, this leader
+		// does not (yet): commit it in the form every member applies.
+		r, err = n.applyLowered(ctx, cmds[0])
+	} else {
+		r, err = n.applyLocal(ctx, cmds[0])
+	}
 	switch {
 	case errors.Is(err, ErrNotLeader):
 		return fwdRes{Status: fwdNotLeader}

@@ -20,6 +20,7 @@ type metrics struct {
 	witnessHandoffs  *prometheus.CounterVec
 	diskWriteErrors  prometheus.Counter
 	diskSlowHandoffs prometheus.Counter
+	ownerLowered     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -61,6 +62,10 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		diskSlowHandoffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_disk_slow_handoffs_total", Help: "Leadership handed to another node because this node's data directory was slow.",
 		}),
+		ownerLowered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_unmon_owner_checked_by_proposer_total",
+			Help: "SM_UNMON and SM_UNMON_ALL committed as owner-less removals of the registrations the caller made, checked on the proposing node's state, because not every member applies the owner-checked commands yet (a rolling upgrade, a member down).",
+		}),
 		witnessHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_witness_handoffs_total", Help: "Leadership hand-offs by this witness after it won an election (ok, failed).",
 		}, []string{"result"}),
@@ -70,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 	}
 	cs := []prometheus.Collector{
 		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
-		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs,
+		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs, m.ownerLowered,
 		gauge("nsmd_disk_writable", "1 while the data directory takes writes; 0 while it does not and this node stays out of elections.", func() float64 {
 			if n.disk == nil || n.disk.writable() {
 				return 1

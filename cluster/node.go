@@ -121,6 +121,9 @@ type Config struct {
 	// than this (median over 2 s) stays out of leadership (diskslow.go).
 	// 0: 50 ms; negative: never.
 	DiskSlowThreshold time.Duration
+	// olderFSM: the node advertises fsm.CommandLevel 0, as a release
+	// before owner commands would (tests of the rolling-upgrade gate).
+	olderFSM bool
 	// noSlowLastResort: a slow node never becomes eligible again while
 	// slow (the negative control of the last resort, in tests only).
 	noSlowLastResort bool

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -17,16 +18,115 @@ func (n *Node) Monitor(ctx context.Context, reg fsm.Registration) (int32, error)
 	return res.State, err
 }
 
-// Unmonitor commits an SM_UNMON.
-func (n *Node) Unmonitor(ctx context.Context, id fsm.MonID) (int32, error) {
-	res, err := n.apply(ctx, fsm.Unregister{ID: id})
+// Unmonitor commits an SM_UNMON of owner's registration (applyOwned).
+func (n *Node) Unmonitor(ctx context.Context, id fsm.MonID, owner fsm.Owner) (int32, error) {
+	res, err := n.applyOwned(ctx, fsm.Unregister{ID: id, Owner: owner})
 	return res.State, err
 }
 
-// UnmonitorAll commits an SM_UNMON_ALL.
-func (n *Node) UnmonitorAll(ctx context.Context, my fsm.MyID) (int32, error) {
-	res, err := n.apply(ctx, fsm.UnregisterAll{My: my})
+// UnmonitorAll commits an SM_UNMON_ALL of owner's registrations (applyOwned).
+func (n *Node) UnmonitorAll(ctx context.Context, my fsm.MyID, owner fsm.Owner) (int32, error) {
+	res, err := n.applyOwned(ctx, fsm.UnregisterAll{My: my, Owner: owner})
 	return res.State, err
+}
+
+// commandLevel is the fsm.CommandLevel this node advertises.
+func (c *Config) commandLevel() int {
+	if c.olderFSM {
+		return 0
+	}
+	return fsm.CommandLevel
+}
+
+// ownerCommandsOK reports whether an Unregister or UnregisterAll with an
+// Owner (log entry kinds 11 and 12) may be proposed: every server of the
+// raft configuration is alive in gossip and advertises fsm.CommandLevel
+// ≥ 1, so none would refuse the entry (an older release) and diverge.
+// Without gossip, or while a server is down or unknown, it is false.
+func (n *Node) ownerCommandsOK() bool {
+	if n.member == nil {
+		return false
+	}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	servers := f.Configuration().Servers
+	ids := make([]string, len(servers))
+	for i, s := range servers {
+		ids[i] = string(s.ID)
+	}
+	return len(ids) > 0 && n.member.commandLevel(ids) >= 1
+}
+
+// isOwned reports whether cmd is an Unregister or UnregisterAll with an
+// Owner (kinds 11 and 12).
+func isOwned(cmd fsm.Command) bool {
+	switch c := cmd.(type) {
+	case fsm.Unregister:
+		return !c.Owner.IsZero()
+	case fsm.UnregisterAll:
+		return !c.Owner.IsZero()
+	}
+	return false
+}
+
+// applyOwned commits an Unregister or UnregisterAll with an Owner: as
+// such once every member applies it (ownerCommandsOK), else — a rolling
+// upgrade, a member down — lowered (applyLowered).
+func (n *Node) applyOwned(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	if n.ownerCommandsOK() {
+		return n.apply(ctx, cmd)
+	}
+	return n.applyLowered(ctx, cmd)
+}
+
+// applyLowered commits cmd, an Unregister or UnregisterAll with an Owner,
+// in the form every release applies: one owner-less Unregister for each
+// registration that this node's state says the owner made (fsm.Owned).
+// The check runs on this node's state rather than in Apply, so a
+// registration committed but not yet applied here is not removed (lockd
+// is answered as if it had been; the registration costs one spurious
+// callback at most), and nothing is removed that the owner did not make.
+// The Result's State is the last committed one, Removed the count.
+func (n *Node) applyLowered(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	ids := n.fsm.Owned(cmd)
+	n.metrics.ownerLowered.Inc()
+	if len(ids) == 0 {
+		return fsm.Result{State: n.fsm.State()}, nil
+	}
+	type done struct {
+		res fsm.Result
+		err error
+	}
+	sem := make(chan struct{}, 64) // let group commit batch them
+	out := make(chan done, len(ids))
+	for _, id := range ids {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			res, err := n.apply(ctx, fsm.Unregister{ID: id})
+			out <- done{res, err}
+		}()
+	}
+	for range cap(sem) {
+		sem <- struct{}{}
+	}
+	close(out)
+	res := fsm.Result{State: n.fsm.State()}
+	var errs []error
+	for d := range out {
+		if d.err != nil {
+			errs = append(errs, d.err)
+			continue
+		}
+		res.State = max(res.State, d.res.State)
+		res.Removed += d.res.Removed
+	}
+	if err := errors.Join(errs...); err != nil {
+		return res, fmt.Errorf("cluster: unregister %d of %d registrations: %w", len(errs), len(ids), err)
+	}
+	return res, nil
 }
 
 // reasonSimuCrash marks the Takeover of an SM_SIMU_CRASH; the leader that

@@ -179,15 +179,18 @@ func (f *FSM) apply(c Command, term uint64) Result {
 		return Result{State: s.sm}
 	case Unregister:
 		n := 0
-		if old, ok := s.regs.Delete(keyOf(c.ID)); ok {
-			s.dropped(old)
-			n = 1
+		if r, ok := s.regs.Get(keyOf(c.ID)); ok && c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
+			if old, ok := s.regs.Delete(r); ok {
+				s.dropped(old)
+				n = 1
+			}
 		}
 		return Result{State: s.sm, Removed: n}
 	case UnregisterAll:
 		var gone []rec
 		s.regs.Ascend(func(r rec) bool {
-			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc {
+			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc &&
+				c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
 				gone = append(gone, r)
 			}
 			return true
@@ -525,6 +528,42 @@ func (f *FSM) Get(id MonID) (Registration, bool) {
 		return Registration{}, false
 	}
 	return r.registration(), true
+}
+
+// CommandLevel is the newest optional set of entry kinds this build
+// applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
+// UnregisterAll with an Owner). A cluster proposes a level's kinds only
+// once every member advertises that level.
+const CommandLevel = 1
+
+// Owned returns the MonIDs of the registrations that c, an Unregister or
+// UnregisterAll, would remove if applied now (its MonID, or its lock
+// manager's registrations, that its Owner owns), in MonID order; nil for
+// other commands. A proposer that cannot use kinds 11 and 12 yet removes
+// these one by one with owner-less Unregisters instead.
+func (f *FSM) Owned(c Command) []MonID {
+	var ids []MonID
+	switch c := c.(type) {
+	case Unregister:
+		f.mu.RLock()
+		r, ok := f.st.regs.Get(keyOf(c.ID))
+		f.mu.RUnlock()
+		if ok && c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
+			ids = append(ids, c.ID)
+		}
+	case UnregisterAll:
+		f.mu.Lock() // Clone mutates the source tree
+		regs := f.st.regs.Clone()
+		f.mu.Unlock()
+		regs.Ascend(func(r rec) bool {
+			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc &&
+				c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
+				ids = append(ids, MonID{MonName: r.monName, My: c.My})
+			}
+			return true
+		})
+	}
+	return ids
 }
 
 // Registrations returns up to limit registrations in MonID order strictly

@@ -142,6 +142,80 @@ func TestUnregisterAllRemovesEveryRegistrationOfThatLockManager(t *testing.T) {
 	}
 }
 
+// A registration belongs to the lock manager that made it: lockd on the
+// node that took it (loopback callback), or a trusted remote lock manager
+// (its callback address, on any node). SM_UNMON and SM_UNMON_ALL with an
+// Owner remove only the owner's; the zero Owner (older releases) removes
+// any. Owned lists exactly what Apply would remove.
+func TestUnregisterWithOwnerRemovesOnlyTheOwnersRegistrations(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1")
+	remote := netip.MustParseAddr("10.0.0.50")
+	onN2 := mkReg("c", lockd, "n2")
+	remoteOnN1 := mkReg("d", lockd, "n1")
+	remoteOnN1.Callback = remote
+	setup := func(t *testing.T) *FSM {
+		f := New(Options{})
+		applyOK(t, f, 1, Takeover{MinState: 5},
+			Register{Reg: mkReg("a", lockd, "n1", "10.0.0.1")},
+			Register{Reg: mkReg("b", lockd, "n1")},
+			Register{Reg: onN2},
+			Register{Reg: remoteOnN1},
+		)
+		return f
+	}
+	left := func(f *FSM) []string {
+		var ids []string
+		for _, g := range f.Registrations(MonID{}, 0, "") {
+			ids = append(ids, g.ID.MonName+"@"+g.Node)
+		}
+		return ids
+	}
+	tests := []struct {
+		name    string
+		cmd     Command
+		removed int
+		left    []string
+	}{
+		{"unmon_all from another node's loopback", UnregisterAll{My: lockd, Owner: Owner{Node: "n3", Callback: lo}}, 0,
+			[]string{"a@n1", "b@n1", "c@n2", "d@n1"}},
+		{"unmon_all from n1's loopback", UnregisterAll{My: lockd, Owner: Owner{Node: "n1", Callback: lo}}, 2,
+			[]string{"c@n2", "d@n1"}},
+		{"unmon_all from the remote lock manager, on n2", UnregisterAll{My: lockd, Owner: Owner{Node: "n2", Callback: remote}}, 1,
+			[]string{"a@n1", "b@n1", "c@n2"}},
+		{"unmon of n2's from n1", Unregister{ID: onN2.ID, Owner: Owner{Node: "n1", Callback: lo}}, 0,
+			[]string{"a@n1", "b@n1", "c@n2", "d@n1"}},
+		{"unmon of n2's from n2", Unregister{ID: onN2.ID, Owner: Owner{Node: "n2", Callback: lo}}, 1,
+			[]string{"a@n1", "b@n1", "d@n1"}},
+		{"unmon of the remote's from n1's loopback", Unregister{ID: remoteOnN1.ID, Owner: Owner{Node: "n1", Callback: lo}}, 0,
+			[]string{"a@n1", "b@n1", "c@n2", "d@n1"}},
+		{"unmon of n1's by another remote", Unregister{ID: MonID{"a", lockd}, Owner: Owner{Node: "n1", Callback: netip.MustParseAddr("10.0.0.51")}}, 0,
+			[]string{"a@n1", "b@n1", "c@n2", "d@n1"}},
+		{"owner-less unmon_all (older releases)", UnregisterAll{My: lockd}, 4, nil},
+		{"owner-less unmon", Unregister{ID: onN2.ID}, 1, []string{"a@n1", "b@n1", "d@n1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			owned := f.Owned(tc.cmd)
+			res := applyOK(t, f, 2, tc.cmd)
+			if res[0].Removed != tc.removed || res[0].State != 5 {
+				t.Fatalf("result %+v, want Removed=%d State=5", res[0], tc.removed)
+			}
+			if len(owned) != tc.removed {
+				t.Fatalf("Owned listed %v before the apply that removed %d", owned, tc.removed)
+			}
+			if got := left(f); !slices.Equal(got, tc.left) {
+				t.Fatalf("left %v, want %v", got, tc.left)
+			}
+			for _, id := range owned {
+				if _, ok := f.Get(id); ok {
+					t.Fatalf("Owned listed %v, which the apply kept", id)
+				}
+			}
+		})
+	}
+}
+
 // XNFS: the state number is odd while the monitor runs and grows at every
 // restart; peers drop a notification whose state they have seen. nsmd's
 // Takeover picks the smallest odd number above the current one and ≥ MinState.

@@ -304,21 +304,33 @@ func (s *Service) checkMyID(my MyID) error {
 
 // Registration builds the registration an accepted SM_MON commits.
 func (s *Service) registration(c *oncrpc.Call, args *Mon, addrs []netip.Addr) fsm.Registration {
-	cb := callerAddr(c.Remote)
-	if isLoopback(c.Remote) {
-		// The callback goes to the lock manager over IPv4 loopback, where
-		// Linux lockd listens and checks the source, whatever address the
-		// SM_MON came from.
-		cb = netip.AddrFrom4([4]byte{127, 0, 0, 1})
-	}
 	return fsm.Registration{
 		ID:       args.ID.FSM(),
 		Priv:     args.Priv,
 		Node:     s.cfg.NodeID,
-		Callback: cb,
+		Callback: callbackAddr(c),
 		Addrs:    addrs,
 		Added:    s.cfg.Now(),
 	}
+}
+
+// callbackAddr is where the lock manager that made call c is called back:
+// over IPv4 loopback, where Linux lockd listens and checks the source,
+// for a caller on loopback (whatever address it came from), else the
+// caller's address.
+func callbackAddr(c *oncrpc.Call) netip.Addr {
+	if isLoopback(c.Remote) {
+		return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	return callerAddr(c.Remote)
+}
+
+// owner is the lock manager behind an SM_UNMON or SM_UNMON_ALL: this node
+// and the caller's address as registration records it (127.0.0.1 for a
+// loopback caller), so that it removes only what the same lock manager
+// registered: lockd on this node, or the same trusted remote caller.
+func (s *Service) owner(c *oncrpc.Call) fsm.Owner {
+	return fsm.Owner{Node: s.cfg.NodeID, Callback: callbackAddr(c)}
 }
 
 // resolve resolves a mon_name with the configured resolver and timeout.

@@ -301,6 +301,44 @@ func TestUnmonAndUnmonAll(t *testing.T) {
 	}
 }
 
+// A registration belongs to the lock manager that made it: SM_UNMON and
+// SM_UNMON_ALL from this node's loopback name this node and the loopback
+// callback as the owner, so registrations another node's lockd made (the
+// serving node's, in a cluster) are kept, and so are those of a remote
+// lock manager (fsm's tests cover the remote owner).
+func TestUnmonActsOnlyOnTheCallersRegistrations(t *testing.T) {
+	for _, network := range networks {
+		t.Run(network, func(t *testing.T) {
+			s := newNSMServer(t, Config{NodeID: "witness"})
+			lockdCB := netip.MustParseAddr("127.0.0.1")
+			remote := netip.MustParseAddr("10.0.0.50") // a remote lock manager's registration
+			for i, r := range []fsm.Registration{
+				{ID: fsm.MonID{MonName: "10.0.0.1", My: lockd.FSM()}, Node: "serving", Callback: lockdCB},
+				{ID: fsm.MonID{MonName: "10.0.0.2", My: lockd.FSM()}, Node: "serving", Callback: lockdCB},
+				{ID: fsm.MonID{MonName: "10.0.0.3", My: ganesha.FSM()}, Node: "serving", Callback: remote},
+			} {
+				if _, err := s.reg.Monitor(context.Background(), r); err != nil {
+					t.Fatalf("registration %d: %v", i, err)
+				}
+			}
+			c := s.dial(t, network, lo, false)
+			var res SMStat
+			if err := call(t, c, ProcUnmonAll, &lockd, &res); err != nil || res.State != 3 {
+				t.Fatalf("SM_UNMON_ALL: %v state %d", err, res.State)
+			}
+			if err := call(t, c, ProcUnmon, &MonID{"10.0.0.1", lockd}, &res); err != nil || res.State != 3 {
+				t.Fatalf("SM_UNMON: %v state %d", err, res.State)
+			}
+			if err := call(t, c, ProcUnmonAll, &ganesha, &res); err != nil || res.State != 3 {
+				t.Fatalf("SM_UNMON_ALL of ganesha from loopback: %v state %d", err, res.State)
+			}
+			if _, regs, _ := s.reg.snapshot(); len(regs) != 3 {
+				t.Fatalf("%d registrations left after this node's loopback unmonitored another node's, want 3", len(regs))
+			}
+		})
+	}
+}
+
 // XNFS NSM SM_SIMU_CRASH: trusted caller and a privileged source port.
 func TestSimuCrashNeedsTrustedPrivilegedCaller(t *testing.T) {
 	cases := []struct {

@@ -1,0 +1,281 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// Attacks by hostile local users and hosts on a running cluster. A local
+// user is a process without privileges (setpriv to an unused uid, no
+// capabilities) in a member's network namespace; lockd is a root process
+// on the serving node's loopback with a privileged source port.
+
+// nsmCallEnv carries an nsmCall to TestNSMCallHelper.
+const nsmCallEnv = "NSMD_E2E_NSMCALL"
+
+// nsmCall is one batch of NSM calls a helper process makes: op "mon"
+// (SM_MON of each of MonNames), "unmon" (SM_UNMON of each) or
+// "unmon_all" (SM_UNMON_ALL), as the lock manager MyName, over TCP to Addr.
+type nsmCall struct {
+	Addr       string   `json:"addr"`
+	Op         string   `json:"op"`
+	MyName     string   `json:"my_name"`
+	MonNames   []string `json:"mon_names,omitempty"`
+	Privileged bool     `json:"privileged,omitempty"`
+}
+
+// nsmCallResult is what the helper prints: one answer per call.
+type nsmCallResult struct {
+	Res    []int32 `json:"res"` // stat_succ/stat_fail (mon); -1 for the others
+	States []int32 `json:"states"`
+	Err    string  `json:"err,omitempty"`
+}
+
+const nsmCallMarker = "NSMCALL-RESULT "
+
+// TestNSMCallHelper is the helper process of the hostile tests; it does
+// nothing in a normal run.
+func TestNSMCallHelper(t *testing.T) {
+	spec := os.Getenv(nsmCallEnv)
+	if spec == "" {
+		t.Skip("helper process of the hostile tests (runs inside a member's namespace)")
+	}
+	var call nsmCall
+	var out nsmCallResult
+	if err := json.Unmarshal([]byte(spec), &call); err != nil {
+		t.Fatal(err)
+	}
+	if err := doNSMCall(call, &out); err != nil {
+		out.Err = err.Error()
+	}
+	b, _ := json.Marshal(out)
+	fmt.Println(nsmCallMarker + string(b))
+}
+
+func doNSMCall(call nsmCall, out *nsmCallResult) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: call.Addr, Privileged: call.Privileged, Timeout: 10 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	my := nsm.MyID{MyName: call.MyName, Prog: 100021, Vers: 4, Proc: 16}
+	switch call.Op {
+	case "mon":
+		for i, name := range call.MonNames {
+			args := nsm.Mon{ID: nsm.MonID{MonName: name, My: my}, Priv: [16]byte{byte(i), 0xee}}
+			var res nsm.SMStatRes
+			if err := c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &args, &res); err != nil {
+				return err
+			}
+			out.Res = append(out.Res, int32(res.Res))
+			out.States = append(out.States, res.State)
+		}
+	case "unmon":
+		for _, name := range call.MonNames {
+			args := nsm.MonID{MonName: name, My: my}
+			var res nsm.SMStat
+			if err := c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcUnmon, &args, &res); err != nil {
+				return err
+			}
+			out.Res = append(out.Res, -1)
+			out.States = append(out.States, res.State)
+		}
+	case "unmon_all":
+		var res nsm.SMStat
+		if err := c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcUnmonAll, &my, &res); err != nil {
+			return err
+		}
+		out.Res = append(out.Res, -1)
+		out.States = append(out.States, res.State)
+	default:
+		return fmt.Errorf("unknown op %q", call.Op)
+	}
+	return nil
+}
+
+// hostile is what the attack tests share: a copy of this test binary that
+// an unprivileged user may run, and the uid/gid it runs as.
+type hostile struct {
+	bin      string
+	setpriv  string
+	uid, gid int
+}
+
+func newHostile(t *testing.T) *hostile {
+	t.Helper()
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("setpriv (util-linux) not installed")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "nsmd-hostile-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "e2e.test")
+	src, err := os.Open(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	uid, gid := unusedID(t)
+	return &hostile{bin: bin, setpriv: setpriv, uid: uid, gid: gid}
+}
+
+// run makes call from namespace ns: as root with a privileged port (lockd)
+// when asUser is false, else as the unprivileged user.
+func (h *hostile) run(t *testing.T, ns string, asUser bool, call nsmCall) nsmCallResult {
+	t.Helper()
+	argv := []string{h.bin, "-test.run", "^TestNSMCallHelper$", "-test.count=1", "-test.v"}
+	if asUser {
+		argv = append([]string{h.setpriv}, setprivArgs(h.uid, h.gid, nil, argv...)...)
+	}
+	spec, _ := json.Marshal(call)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
+	cmd.Env = append(os.Environ(), nsmCallEnv+"="+string(spec))
+	cmd.Dir = os.TempDir()
+	b, err := cmd.CombinedOutput()
+	text := string(b)
+	i := strings.Index(text, nsmCallMarker)
+	if i < 0 {
+		t.Fatalf("helper in %s (user=%v) %s: %v\n%s", ns, asUser, spec, err, text)
+	}
+	var out nsmCallResult
+	line, _, _ := strings.Cut(text[i+len(nsmCallMarker):], "\n")
+	if err := json.Unmarshal([]byte(line), &out); err != nil {
+		t.Fatalf("helper output %q: %v", line, err)
+	}
+	if out.Err != "" {
+		t.Fatalf("helper in %s (user=%v) %s: %s", ns, asUser, spec, out.Err)
+	}
+	return out
+}
+
+// lockdRegistrations lists the leader's registrations of lock manager
+// myName, as MonNames.
+func lockdRegistrations(t *testing.T, n *nsmNode, myName string) []string {
+	t.Helper()
+	var page admin.RegistrationPage
+	if err := n.get("/v1/registrations?limit=10000", &page); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range page.Registrations {
+		if r.MyName == myName {
+			out = append(out, r.MonName)
+		}
+	}
+	return out
+}
+
+// TestHostileUnmonAllFromAnotherMember: lockd on the serving node makes
+// five registrations; a local user on the standby server and one on the
+// witness each send SM_UNMON_ALL and SM_UNMON naming the serving node's
+// lock manager to their own node's loopback NSM port. Every registration
+// stays, on every member, and lockd's own SM_MON and SM_UNMON_ALL on the
+// serving node still work. On a build without the ownership rule the
+// attack removes all five (the negative control: run it with NSMD_BIN of
+// such a build).
+func TestHostileUnmonAllFromAnotherMember(t *testing.T) {
+	h := newHostile(t)
+	c := startClusterWith(t, clusterSpec{witness: true})
+	v := c.settle(t, 60*time.Second, 1)
+	leader := v.leader
+	lockdName := nodeHostname(leader.id)
+	lo := fmt.Sprintf("127.0.0.1:%d", nsmPort)
+	hosts := []string{"10.77.9.1", "10.77.9.2", "10.77.9.3", "10.77.9.4", "10.77.9.5"}
+
+	mon := h.run(t, leader.host.ns, false, nsmCall{Addr: lo, Op: "mon", MyName: lockdName, MonNames: hosts, Privileged: true})
+	for i, r := range mon.Res {
+		if nsm.Res(r) != nsm.StatSucc {
+			t.Fatalf("lockd's SM_MON of %s: res %d", hosts[i], r)
+		}
+	}
+	if got := lockdRegistrations(t, leader, lockdName); len(got) != len(hosts) {
+		t.Fatalf("lockd's registrations: %v, want %v", got, hosts)
+	}
+
+	for _, n := range c.others(leader) {
+		role := "standby server"
+		if n.witness {
+			role = "witness"
+		}
+		h.run(t, n.host.ns, true, nsmCall{Addr: lo, Op: "unmon_all", MyName: lockdName})
+		h.run(t, n.host.ns, true, nsmCall{Addr: lo, Op: "unmon", MyName: lockdName, MonNames: hosts[:2]})
+		t.Logf("a local user on %s (%s) sent SM_UNMON_ALL and SM_UNMON naming %s's lockd", n.id, role, leader.id)
+	}
+	// The removals, had they been accepted, are committed before the
+	// helper got its answer; every member has applied them once it shows
+	// the leader's applied index.
+	want := lockdRegistrations(t, leader, lockdName)
+	if len(want) != len(hosts) {
+		t.Fatalf("after the attack the serving node has %d of lockd's %d registrations: %v", len(want), len(hosts), want)
+	}
+	for _, n := range c.nodes {
+		waitApplied(t, n, leader)
+		got := lockdRegistrations(t, n, lockdName)
+		if len(got) != len(hosts) {
+			t.Fatalf("%s has %d of lockd's %d registrations after the attack: %v", n.id, len(got), len(hosts), got)
+		}
+	}
+
+	// The service still answers lockd: a new SM_MON, then lockd's own
+	// SM_UNMON_ALL removes all of them.
+	again := h.run(t, leader.host.ns, false, nsmCall{Addr: lo, Op: "mon", MyName: lockdName, MonNames: []string{"10.77.9.6"}, Privileged: true})
+	if nsm.Res(again.Res[0]) != nsm.StatSucc {
+		t.Fatalf("lockd's SM_MON after the attack: res %d", again.Res[0])
+	}
+	h.run(t, leader.host.ns, false, nsmCall{Addr: lo, Op: "unmon_all", MyName: lockdName, Privileged: true})
+	if got := lockdRegistrations(t, leader, lockdName); len(got) != 0 {
+		t.Fatalf("lockd's own SM_UNMON_ALL left %v", got)
+	}
+}
+
+// waitApplied waits until n has applied everything leader had applied
+// when it was called.
+func waitApplied(t *testing.T, n, leader *nsmNode) {
+	t.Helper()
+	ls, err := leader.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForSeen(t, 10*time.Second, fmt.Sprintf("%s to apply index %d", n.id, ls.AppliedIndex), func() (bool, string) {
+		s, err := n.status()
+		if err != nil {
+			return false, err.Error()
+		}
+		return s.AppliedIndex >= ls.AppliedIndex, fmt.Sprintf("applied %d", s.AppliedIndex)
+	})
+}
