@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -260,6 +261,67 @@ func TestHostileUnmonAllFromAnotherMember(t *testing.T) {
 	h.run(t, leader.host.ns, false, nsmCall{Addr: lo, Op: "unmon_all", MyName: lockdName, Privileged: true})
 	if got := lockdRegistrations(t, leader, lockdName); len(got) != 0 {
 		t.Fatalf("lockd's own SM_UNMON_ALL left %v", got)
+	}
+}
+
+// TestHostileUnmonDuringRollingUpgrade: one member runs an older release
+// (NSMD_E2E_OLD_BIN, a build from before registrations had owners; the
+// test skips without it). The new members do not propose the owner
+// commands the old one would refuse: the attack from a new member's
+// loopback removes nothing, every member — the old one included — keeps
+// the same registrations, and lockd's own SM_UNMON_ALL still removes them
+// everywhere (no divergence).
+func TestHostileUnmonDuringRollingUpgrade(t *testing.T) {
+	old := os.Getenv("NSMD_E2E_OLD_BIN")
+	if old == "" {
+		t.Skip("NSMD_E2E_OLD_BIN (an nsmd from before registration owners) not set")
+	}
+	h := newHostile(t)
+	c := startClusterWith(t, clusterSpec{bins: map[string]string{}})
+	v := c.settle(t, 60*time.Second, 1)
+	leader := v.leader
+	// A follower goes back to the older release (killed, so it stays a
+	// voter, and restarted on its data): a member not upgraded yet.
+	oldNode := c.others(leader)[0]
+	oldNode.kill(syscall.SIGKILL, 10*time.Second)
+	c.spec.bins[oldNode.id] = old
+	oldNode.start(t)
+	v = c.settle(t, 60*time.Second, v.leaderStatus().SMState)
+	if v.leader != leader {
+		t.Fatalf("leader changed from %s to %s when %s restarted", leader.id, v.leader.id, oldNode.id)
+	}
+	lockdName := nodeHostname(leader.id)
+	lo := fmt.Sprintf("127.0.0.1:%d", nsmPort)
+	hosts := []string{"10.77.9.1", "10.77.9.2", "10.77.9.3"}
+	mon := h.run(t, leader.host.ns, false, nsmCall{Addr: lo, Op: "mon", MyName: lockdName, MonNames: hosts, Privileged: true})
+	for i, r := range mon.Res {
+		if nsm.Res(r) != nsm.StatSucc {
+			t.Fatalf("lockd's SM_MON of %s: res %d", hosts[i], r)
+		}
+	}
+	attacked := 0
+	for _, n := range c.others(leader) {
+		if n == oldNode {
+			continue // the old release removes them: what the upgrade fixes
+		}
+		h.run(t, n.host.ns, true, nsmCall{Addr: lo, Op: "unmon_all", MyName: lockdName})
+		attacked++
+	}
+	if attacked == 0 {
+		t.Fatalf("no new member besides leader %s to attack from", leader.id)
+	}
+	for _, n := range c.nodes {
+		waitApplied(t, n, leader)
+		if got := lockdRegistrations(t, n, lockdName); len(got) != len(hosts) {
+			t.Fatalf("%s has %d of lockd's %d registrations after the attack: %v", n.id, len(got), len(hosts), got)
+		}
+	}
+	h.run(t, leader.host.ns, false, nsmCall{Addr: lo, Op: "unmon_all", MyName: lockdName, Privileged: true})
+	for _, n := range c.nodes {
+		waitApplied(t, n, leader)
+		if got := lockdRegistrations(t, n, lockdName); len(got) != 0 {
+			t.Fatalf("%s kept %v after lockd's own SM_UNMON_ALL (states diverged)", n.id, got)
+		}
 	}
 }
 
