@@ -149,6 +149,32 @@ func TestPrivilegedEndpointsNeedTheTokenAndCountRefusals(t *testing.T) {
 	}
 }
 
+// An imported sm_state outside 0…fsm.MaxImportedState is refused before
+// anything is imported: near the end of the int32 range the takeovers
+// that follow would run out of new states.
+func TestImportRefusesAStateOutsideItsRange(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, _ := serve(t, f, false)
+	c := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	ctx := context.Background()
+	row := RegistrationJSON{MonName: "10.0.0.1", MyName: "nfs1", MyProg: 100021, MyVers: 3, MyProc: 16, Priv: strings.Repeat("ab", 16), Callback: "127.0.0.1"}
+	for _, st := range []int32{2147483646, fsm.MaxImportedState + 1, -1} {
+		_, err := c.Import(ctx, ImportRequest{State: st, Registrations: []RegistrationJSON{row}})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("state %d is outside 0…%d", st, fsm.MaxImportedState)) {
+			t.Fatalf("import of state %d: %v", st, err)
+		}
+	}
+	f.mu.Lock()
+	n := len(f.regs)
+	f.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d registrations imported by refused imports", n)
+	}
+	if res, err := c.Import(ctx, ImportRequest{State: fsm.MaxImportedState, Registrations: []RegistrationJSON{row}}); err != nil || res.Imported != 1 {
+		t.Fatalf("import of the largest state: %+v %v", res, err)
+	}
+}
+
 func TestImportValidatesRowsAndRegistrationsPage(t *testing.T) {
 	f := newFakeStore()
 	srv, tokFile, _ := serve(t, f, false)

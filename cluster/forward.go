@@ -147,6 +147,9 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 		return fwdRes{Status: fwdNotLeader}
 	}
 	var r fsm.Result
+	if t, ok := cmds[0].(fsm.Takeover); ok {
+		cmds[0] = n.lowerTakeover(t)
+	}
 	if isOwned(cmds[0]) && !n.ownerCommandsOK() {
 		// The sender saw every member apply owner commands, this leader
 		// does not (yet): commit it in the form every member applies.

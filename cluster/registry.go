@@ -38,25 +38,42 @@ func (c *Config) commandLevel() int {
 	return fsm.CommandLevel
 }
 
+// clusterLevel is the fsm.CommandLevel every server of the raft
+// configuration applies: the lowest that gossip shows them advertising,
+// 0 while one is down or unknown, or without gossip.
+func (n *Node) clusterLevel() int {
+	if n.member == nil {
+		return 0
+	}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	servers := f.Configuration().Servers
+	if len(servers) == 0 {
+		return 0
+	}
+	ids := make([]string, len(servers))
+	for i, s := range servers {
+		ids[i] = string(s.ID)
+	}
+	return n.member.commandLevel(ids)
+}
+
 // ownerCommandsOK reports whether an Unregister or UnregisterAll with an
 // Owner (log entry kinds 11 and 12) may be proposed: every server of the
 // raft configuration is alive in gossip and advertises fsm.CommandLevel
 // ≥ 1, so none would refuse the entry (an older release) and diverge.
 // Without gossip, or while a server is down or unknown, it is false.
-func (n *Node) ownerCommandsOK() bool {
-	if n.member == nil {
-		return false
+func (n *Node) ownerCommandsOK() bool { return n.clusterLevel() >= 1 }
+
+// lowerTakeover clears a Takeover's Wrap (kind 13) while not every member
+// applies it: an older member would saturate where the others wrap.
+func (n *Node) lowerTakeover(t fsm.Takeover) fsm.Takeover {
+	if t.Wrap && n.clusterLevel() < 1 {
+		t.Wrap = false
 	}
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return false
-	}
-	servers := f.Configuration().Servers
-	ids := make([]string, len(servers))
-	for i, s := range servers {
-		ids[i] = string(s.ID)
-	}
-	return len(ids) > 0 && n.member.commandLevel(ids) >= 1
+	return t
 }
 
 // isOwned reports whether cmd is an Unregister or UnregisterAll with an
@@ -170,10 +187,15 @@ func (n *Node) WouldAccept(monName string, from netip.Addr, state int32) bool {
 	return n.fsm.WouldAccept(monName, from, state)
 }
 
+// takeover is a Takeover by this node; it wraps at the end of the
+// sm_state range once every member applies that (lowerTakeover).
 func (n *Node) takeover(reason string) fsm.Takeover {
 	now := n.cfg.Now().UTC()
-	return fsm.Takeover{Node: n.cfg.NodeID, GraceUntil: now.Add(n.cfg.GracePeriod), Reason: reason, At: now}
+	return n.lowerTakeover(fsm.Takeover{Node: n.cfg.NodeID, GraceUntil: now.Add(n.cfg.GracePeriod), Reason: reason, At: now, Wrap: true})
 }
+
+// ErrBadImport means an import was refused before anything was committed.
+var ErrBadImport = errors.New("cluster: import refused")
 
 // reasonImport marks the Takeover that follows an import of another
 // server's monitor list (nsmd import-statd).
@@ -184,6 +206,9 @@ const reasonImport = "import"
 // server had, so its clients accept our SM_NOTIFY; the leader then notifies
 // every monitored host with the new state. It returns the new sm_state.
 func (n *Node) Import(ctx context.Context, regs []fsm.Registration, minAbove int32) (int32, error) {
+	if minAbove < 0 || minAbove > fsm.MaxImportedState {
+		return 0, fmt.Errorf("%w: imported sm_state %d is outside 0…%d", ErrBadImport, minAbove, fsm.MaxImportedState)
+	}
 	sem := make(chan struct{}, 64) // let group commit batch them
 	errs := make(chan error, len(regs))
 	for _, r := range regs {

@@ -341,3 +341,38 @@ func waitApplied(t *testing.T, n, leader *nsmNode) {
 		return s.AppliedIndex >= ls.AppliedIndex, fmt.Sprintf("applied %d", s.AppliedIndex)
 	})
 }
+
+// TestHostileImportAtTheEndOfTheStateRange: an import of a state near the
+// end of the int32 range (which would leave later takeovers repeating one
+// state every client ignores) is refused with 400 and changes nothing;
+// the next failover still raises sm_state to a new odd value. A build
+// without the range check accepts it (the negative control).
+func TestHostileImportAtTheEndOfTheStateRange(t *testing.T) {
+	c := startClusterWith(t, clusterSpec{})
+	v := c.settle(t, 60*time.Second, 1)
+	leader := v.leader
+	before := v.leaderStatus().SMState
+	body := `{"state": 2147483640, "registrations": []}`
+	resp, err := leader.http.Post("https://"+leader.admin+"/v1/import", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Fatalf("import of state 2147483640: %s %s, want 400", resp.Status, msg)
+	}
+	t.Logf("refused: %s", strings.TrimSpace(string(msg)))
+	s, err := leader.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.SMState != before {
+		t.Fatalf("sm_state %d after a refused import, was %d", s.SMState, before)
+	}
+	leader.kill(syscall.SIGKILL, 10*time.Second)
+	v = c.settle(t, 60*time.Second, before+2, leader)
+	if st := v.leaderStatus().SMState; st != before+2 {
+		t.Fatalf("sm_state after the failover: %d, want %d", st, before+2)
+	}
+}

@@ -24,6 +24,7 @@ import (
 //	GraceDone    (10) =                 (no body)
 //	Unregister    (11) = str(mon_name) myid owner        (Owner not zero)
 //	UnregisterAll (12) = myid owner                      (Owner not zero)
+//	Takeover      (13) = as kind 4                        (Wrap set)
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
@@ -45,12 +46,15 @@ import (
 // knows them before any is proposed, i.e. before NFSv4 client tracking is
 // used.
 //
-// Kinds 11 and 12 (an Unregister or UnregisterAll with an Owner) extend it
-// the same way: an Unregister or UnregisterAll with the zero Owner is
-// still kind 2 or 3. A build that predates them would refuse them, and
+// Kinds 11 and 12 (an Unregister or UnregisterAll with an Owner) and 13
+// (a Takeover with Wrap) extend it the same way: an Unregister or
+// UnregisterAll with the zero Owner is still kind 2 or 3, a Takeover
+// without Wrap kind 4. A build that predates them would refuse them, and
 // one that applied kind 2 or 3 in their place would remove registrations
 // the owner check keeps, so they are proposed only once every member of
-// the cluster advertises CommandLevel ≥ 1 (package cluster gates it).
+// the cluster advertises CommandLevel ≥ 1 (package cluster gates it); an
+// older build would also apply a kind-13 Takeover differently at the end
+// of the range.
 const (
 	entryVersion = 1
 
@@ -66,6 +70,7 @@ const (
 	kindGraceDone     = 10
 	kindUnregisterOwn = 11
 	kindUnregAllOwn   = 12
+	kindTakeoverWrap  = 13
 
 	minCommandLen  = 1  // kind + the shortest body (GraceStart, GraceDone: none)
 	minRegisterLen = 33 // kind + the shortest registration
@@ -196,7 +201,11 @@ func (e *encoder) command(c Command) error {
 		}
 		return e.owner(c.Owner)
 	case Takeover:
-		e.b = append(e.b, kindTakeover)
+		if c.Wrap {
+			e.b = append(e.b, kindTakeoverWrap)
+		} else {
+			e.b = append(e.b, kindTakeover)
+		}
 		return e.takeover(&c)
 	case PeerRebooted:
 		e.b = append(e.b, kindPeerRebooted)
@@ -477,6 +486,10 @@ func (d *decoder) command() Command {
 		return UnregisterAll{My: d.myID(), Owner: d.owner()}
 	case kindTakeover:
 		return d.takeover()
+	case kindTakeoverWrap:
+		t := d.takeover()
+		t.Wrap = true
+		return t
 	case kindPeerRebooted:
 		return PeerRebooted{MonName: d.str(MaxNameLen, "mon_name"), From: d.addr().addr(), State: d.i32(), At: d.time()}
 	case kindClientCreate:

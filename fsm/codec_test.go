@@ -24,6 +24,7 @@ func sampleCommands() []Command {
 		UnregisterAll{My: lockd, Owner: Owner{Callback: netip.MustParseAddr("192.0.2.1")}},
 		Takeover{Node: "n", MinState: -3, GraceUntil: time.Date(2262, 1, 1, 0, 0, 0, 1, time.UTC), Reason: strings.Repeat("r", MaxReasonLen), At: time.Unix(1, 0)},
 		Takeover{},
+		Takeover{Node: "n", MinState: 7, Reason: "leader_elected", At: time.Unix(2, 0), Wrap: true},
 		PeerRebooted{MonName: "client.example.com", From: netip.MustParseAddr("10.1.2.3"), State: 1 << 30, At: time.Date(1700, 1, 1, 0, 0, 0, 0, time.FixedZone("x", 3600))},
 		PeerRebooted{State: -1},
 		ClientCreate{Name: "Linux NFSv4.2 client.example.com\x00\xff", PrincHash: strings.Repeat("\xab", MaxPrincHashLen)},
@@ -123,6 +124,8 @@ func TestOwnerKindsAndTheOwnerlessEncoding(t *testing.T) {
 		{UnregisterAll{My: lockd}, kindUnregisterAll},
 		{Unregister{ID: MonID{"h", lockd}, Owner: Owner{Node: "n1", Callback: lo}}, kindUnregisterOwn},
 		{UnregisterAll{My: lockd, Owner: Owner{Node: "n1", Callback: lo}}, kindUnregAllOwn},
+		{Takeover{Node: "n1"}, kindTakeover},
+		{Takeover{Node: "n1", Wrap: true}, kindTakeoverWrap},
 	} {
 		b, err := Encode(tc.c)
 		if err != nil {

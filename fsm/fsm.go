@@ -202,8 +202,9 @@ func (f *FSM) apply(c Command, term uint64) Result {
 		}
 		return Result{State: s.sm, Removed: len(gone)}
 	case Takeover:
-		s.sm = nextState(s.sm, c.MinState)
+		s.sm = nextState(s.sm, c.MinState, c.Wrap)
 		s.grace = c.GraceUntil
+		c.Wrap = false // a property of the command, not of the state (snapshots do not keep it)
 		s.last = c
 		s.lastTerm = term
 		return Result{State: s.sm}
@@ -293,9 +294,11 @@ func (s *state) graceStart() int {
 }
 
 // nextState is the smallest odd number greater than cur and ≥ min. At the
-// top of the int32 range it stays at math.MaxInt32 (odd), which a cluster
-// reaches only after a billion takeovers.
-func nextState(cur, minState int32) int32 {
+// top of the int32 range it stays at math.MaxInt32 (odd) unless wrap is
+// set; then it wraps to the smallest odd number that differs from cur
+// and from minState−1 (Takeover). A cluster reaches the top only after a
+// billion takeovers, or from a state imported or restored near it.
+func nextState(cur, minState int32, wrap bool) int32 {
 	n := int64(cur) + 1
 	if int64(minState) > n {
 		n = int64(minState)
@@ -303,10 +306,17 @@ func nextState(cur, minState int32) int32 {
 	if n&1 == 0 {
 		n++
 	}
-	if n > math.MaxInt32 {
+	if n <= math.MaxInt32 {
+		return int32(n)
+	}
+	if !wrap {
 		return math.MaxInt32
 	}
-	return int32(n)
+	w := int64(1)
+	for w == int64(cur) || w == int64(minState)-1 {
+		w += 2
+	}
+	return int32(w)
 }
 
 // register adds or replaces a registration; mu is held exclusively.
@@ -532,7 +542,7 @@ func (f *FSM) Get(id MonID) (Registration, bool) {
 
 // CommandLevel is the newest optional set of entry kinds this build
 // applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
-// UnregisterAll with an Owner). A cluster proposes a level's kinds only
+// UnregisterAll with an Owner) and 13 (Takeover with Wrap). A cluster proposes a level's kinds only
 // once every member advertises that level.
 const CommandLevel = 1
 

@@ -233,13 +233,47 @@ func TestTakeoverStateIsOddIncreasingAndHonoursMinState(t *testing.T) {
 		{11, 3, 13},
 		{0, -5, 1},
 		{math.MaxInt32 - 2, 0, math.MaxInt32},
-		{math.MaxInt32, 0, math.MaxInt32}, // saturates
+		{math.MaxInt32, 0, math.MaxInt32}, // saturates without Wrap
 	}
 	for _, tc := range tests {
-		if got := nextState(tc.cur, tc.min); got != tc.want {
+		if got := nextState(tc.cur, tc.min, false); got != tc.want {
 			t.Errorf("nextState(%d, %d) = %d, want %d", tc.cur, tc.min, got, tc.want)
 		}
 	}
+	// With Wrap, the end of the range wraps to the smallest odd state that
+	// differs from the current one and from the imported server's
+	// (MinState−1): every peer compares for inequality, so each sees a
+	// new state; below the end Wrap changes nothing.
+	wrapTests := []struct {
+		cur, min, want int32
+	}{
+		{math.MaxInt32 - 2, 0, math.MaxInt32},
+		{math.MaxInt32, 0, 1},
+		{math.MaxInt32, math.MaxInt32, 1},
+		{math.MaxInt32 - 1, 0, math.MaxInt32}, // even (stopped) just below the top
+		{1, math.MaxInt32, math.MaxInt32},
+		{math.MaxInt32, 2, 3}, // the imported server had 1
+		{3, 0, 5},
+	}
+	for _, tc := range wrapTests {
+		if got := nextState(tc.cur, tc.min, true); got != tc.want {
+			t.Errorf("nextState(%d, %d, wrap) = %d, want %d", tc.cur, tc.min, got, tc.want)
+		}
+	}
+	t.Run("wrap through Apply", func(t *testing.T) {
+		f := New(Options{})
+		applyOK(t, f, 1, Takeover{MinState: math.MaxInt32})
+		res := applyOK(t, f, 2, Takeover{Node: "n1", Wrap: true, Reason: "leader"})
+		if res[0].State != 1 || f.State() != 1 {
+			t.Fatalf("state after a wrapping takeover at the top: %d (%d), want 1", res[0].State, f.State())
+		}
+		if lt := f.LastTakeover(); lt.Wrap || lt.Node != "n1" {
+			t.Fatalf("last takeover %+v: Wrap is the command's, not the state's", lt)
+		}
+		if res := applyOK(t, f, 3, Takeover{Wrap: true}); res[0].State != 3 {
+			t.Fatalf("next takeover: %d, want 3", res[0].State)
+		}
+	})
 	t.Run("through Apply", func(t *testing.T) {
 		f := New(Options{})
 		grace := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)

@@ -116,13 +116,31 @@ func (o Owner) owns(node string, cb ip) bool {
 // Takeover marks a new server incarnation (leader change, restart,
 // SM_SIMU_CRASH, import): sm_state becomes the smallest odd number that is
 // greater than the current one and ≥ MinState; the grace window is set.
+//
+// At the end of the int32 range (that number would exceed math.MaxInt32)
+// a Takeover with Wrap set wraps sm_state to the smallest odd number that
+// differs from the current state and from MinState−1 (the state a server
+// whose clients are imported had): peers compare states for inequality
+// only, so every monitored host still sees a new state. Without Wrap (the
+// releases before it, entry kind 4) sm_state stays at math.MaxInt32, which
+// every peer then ignores as a repeat. A Takeover with Wrap is entry kind
+// 13, proposed only once every member applies it (CommandLevel 1); the
+// applied state keeps the Takeover without Wrap (LastTakeover).
 type Takeover struct {
 	Node       string
 	MinState   int32
 	GraceUntil time.Time
 	Reason     string
 	At         time.Time
+	Wrap       bool
 }
+
+// MaxImportedState is the largest sm_state of another NSM server that an
+// import accepts (POST /v1/import, nsmd import-statd): 2^30, leaving half
+// a billion takeovers before sm_state reaches the end of its range. A
+// real rpc.statd adds 2 per reboot from 1; a state above this is a
+// mistake or an attack, and is refused.
+const MaxImportedState = 1 << 30
 
 // PeerRebooted is an accepted SM_NOTIFY from a monitored host. It matches
 // every registration whose MonName equals MonName or one of whose Addrs

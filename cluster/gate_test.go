@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"sync"
@@ -206,6 +208,55 @@ func TestOwnerCommandsOnlyOnceEveryMemberAppliesThem(t *testing.T) {
 			}
 			if !slices.Equal(got, want) {
 				t.Fatalf("applied %#v, want %#v", got, want)
+			}
+		})
+	}
+}
+
+// TestTakeoverWrapsAtTheEndOfTheRangeOnlyOnceEveryMemberDoes: with
+// sm_state at math.MaxInt32, the next takeover (an SM_SIMU_CRASH) wraps
+// it to 1 — a state every peer sees as new — when every member
+// advertises fsm.CommandLevel 1; with one member at level 0 it is
+// proposed without Wrap and saturates, as that member would apply it.
+// Every node ends on the same state either way.
+func TestTakeoverWrapsAtTheEndOfTheRangeOnlyOnceEveryMemberDoes(t *testing.T) {
+	for _, older := range []bool{false, true} {
+		t.Run(fmt.Sprintf("older_member=%v", older), func(t *testing.T) {
+			_, nodes := formGossipClusterTuned(t, func(id string, cfg *Config) {
+				cfg.olderFSM = older && id == "w3"
+			}, "w1", "w2", "w3")
+			leader := gossipLeader(nodes...)
+			if leader == nil {
+				t.Fatal("no leader")
+			}
+			itest.WaitFor(t, 10*time.Second, "the gate to match every member's level", func() bool {
+				return (leader.clusterLevel() >= 1) == !older
+			})
+			ctx := context.Background()
+			// The top of the range, as a forged or very old state would leave it.
+			if _, err := leader.apply(ctx, fsm.Takeover{Node: leader.cfg.NodeID, MinState: math.MaxInt32}); err != nil {
+				t.Fatal(err)
+			}
+			if err := leader.SimuCrash(ctx); err != nil {
+				t.Fatal(err)
+			}
+			want := int32(1)
+			if older {
+				want = math.MaxInt32
+			}
+			itest.WaitFor(t, 5*time.Second, fmt.Sprintf("every node at sm_state %d", want), func() bool {
+				for _, n := range nodes {
+					if n.State() != want {
+						return false
+					}
+				}
+				return true
+			})
+			if _, err := leader.Import(ctx, nil, math.MaxInt32-1); !errors.Is(err, ErrBadImport) {
+				t.Fatalf("import of a state at the end of the range: %v, want ErrBadImport", err)
+			}
+			if st := leader.State(); st != want {
+				t.Fatalf("a refused import changed sm_state to %d", st)
 			}
 		})
 	}
