@@ -154,22 +154,25 @@ type Config struct {
 	TLSCert         string
 	TLSKey          string
 	AdminTokenFile  string
-	Insecure        bool
-	LogLevel        string
-	LogFormat       string
-	OnLeader        string
-	OnFollower      string
-	OnFault         string
-	HookTimeout     time.Duration
-	DrillCrash      bool
-	Witness         bool
-	PmapPort        int
-	NSMMaxConns     int
-	NSMMaxConnsHost int
-	NFSv4Tracking   string
-	RPCPipefs       string
-	GraceEnd        string
-	GraceSettle     time.Duration
+	// AdminLocalTokenFile: where the agent keeps the local admin token
+	// (LocalTokenPath); "none" turns it off.
+	AdminLocalTokenFile string
+	Insecure            bool
+	LogLevel            string
+	LogFormat           string
+	OnLeader            string
+	OnFollower          string
+	OnFault             string
+	HookTimeout         time.Duration
+	DrillCrash          bool
+	Witness             bool
+	PmapPort            int
+	NSMMaxConns         int
+	NSMMaxConnsHost     int
+	NFSv4Tracking       string
+	RPCPipefs           string
+	GraceEnd            string
+	GraceSettle         time.Duration
 	// DiskSlowThreshold: data directory writes slower than this (median
 	// over 2 s) keep the node out of leadership; 0: never.
 	DiskSlowThreshold time.Duration
@@ -314,6 +317,7 @@ func (c *Config) bindings() []binding {
 		str("tls_cert", "PEM file with this node's certificate (signed by tls_ca)", &c.TLSCert),
 		str("tls_key", "PEM file with this node's private key", &c.TLSKey),
 		str("admin_token_file", "file with a bearer token that authorises admin API writes (besides a client certificate)", &c.AdminTokenFile),
+		str("admin_local_token_file", "an admin API on loopback without TLS and admin_token_file needs this token for writes and registrations; the agent creates it at first start (random, mode 0640: root and the nsmd group), and nsmd commands on this host read it (default <data_dir>/admin.token; none: every local user may use the admin API, as before)", &c.AdminLocalTokenFile),
 		boolean("insecure", "allow raft, gossip or the admin API on a non-loopback address without TLS and a gossip key (said in the log, /v1/status and nsmd_insecure)", &c.Insecure),
 		str("log_level", "debug | info | warn | error", &c.LogLevel),
 		str("log_format", "text | json", &c.LogFormat),
@@ -687,6 +691,23 @@ func (c *Config) Exposures() []Exposure {
 		}
 	}
 	return out
+}
+
+// AdminLocalTokenNone turns the local admin token off (admin_local_token_file).
+const AdminLocalTokenNone = "none"
+
+// LocalTokenPath is the local admin token file the agent creates and
+// requires, or "" when there is none: it is used only for an admin API on
+// loopback with neither TLS nor admin_token_file, unless
+// admin_local_token_file is "none". Default <data_dir>/admin.token.
+func (c *Config) LocalTokenPath() string {
+	if c.AdminAddr == "" || !c.AdminLoopback() || c.TLS() || c.AdminTokenFile != "" || c.AdminLocalTokenFile == AdminLocalTokenNone {
+		return ""
+	}
+	if c.AdminLocalTokenFile != "" {
+		return c.AdminLocalTokenFile
+	}
+	return filepath.Join(c.DataDir, "admin.token")
 }
 
 // AdminLoopback reports whether the admin API listens on loopback only.

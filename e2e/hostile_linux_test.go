@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -375,4 +376,95 @@ func TestHostileImportAtTheEndOfTheStateRange(t *testing.T) {
 	if st := v.leaderStatus().SMState; st != before+2 {
 		t.Fatalf("sm_state after the failover: %d, want %d", st, before+2)
 	}
+}
+
+// TestHostileLocalUserOnTheDefaultAdminAPI: the packaged nsmd.yaml as
+// shipped (admin API on loopback, no TLS, no token), data in
+// /var/lib/nsmd (a tmpfs in this test's mount namespace). The agent
+// creates its local admin token there, mode 0640. An unprivileged local
+// user can still read /v1/status, but `nsmd registrations` (lockd's
+// cookies) and `nsmd import-statd` of a state at the end of the range
+// are refused, also when it points --token-file at the token; root's
+// `nsmd registrations` works with no flag at all. A build without the
+// local token lets the user in (the negative control).
+func TestHostileLocalUserOnTheDefaultAdminAPI(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	h := newHostile(t)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "nsmd-varlib", "/var/lib").CombinedOutput(); err != nil {
+		t.Fatalf("tmpfs on /var/lib (this namespace only): %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "/var/lib").Run() })
+	if err := os.Mkdir("/var/lib/nsmd", 0o750); err != nil {
+		t.Fatal(err)
+	}
+	// The binary, somewhere the user may run it from.
+	bin := filepath.Join(filepath.Dir(h.bin), "nsmd")
+	b, err := os.ReadFile(nsmdBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := startNsmd(t, "agent", "--config", "../deploy/etc/nsmd.yaml", "--node-id", "solo", "--rpcbind", "off", "--nfsv4-tracking", "off")
+	testutil.WaitForSeen(t, 15*time.Second, "the agent to serve", func() (bool, string) {
+		var s admin.Status
+		if err := getJSON("127.0.0.1:8024", "/v1/status", &s); err != nil {
+			return false, err.Error()
+		}
+		return s.SMState%2 == 1, statusLine(s)
+	})
+	defer p.kill(syscall.SIGTERM)
+
+	asUser := func(args ...string) (string, error) {
+		cmd := exec.Command(h.setpriv, setprivArgs(h.uid, h.gid, nil, append([]string{bin}, args...)...)...)
+		cmd.Dir = os.TempDir()
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := asUser("status"); err != nil {
+		t.Fatalf("a local user's nsmd status (a read): %v\n%s", err, out)
+	}
+	for _, args := range [][]string{
+		{"registrations"},
+		{"registrations", "--token-file", admin.DefaultLocalTokenFile},
+	} {
+		out, err := asUser(args...)
+		if err == nil {
+			t.Fatalf("a local user's nsmd %v succeeded:\n%s", args, out)
+		}
+		t.Logf("local user: nsmd %v: %s", args, strings.TrimSpace(out))
+	}
+	statd := filepath.Join(filepath.Dir(h.bin), "statd") // readable by the user
+	if err := os.Mkdir(statd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(statd, "state"), binary32(2147483640), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(filepath.Join(statd, "sm"), 0o755)
+	if out, err := asUser("import-statd", statd); err == nil || !strings.Contains(out, "needs the local admin token") {
+		t.Fatalf("a local user's import-statd: %v\n%s", err, out)
+	}
+	var s admin.Status
+	if err := getJSON("127.0.0.1:8024", "/v1/status", &s); err != nil || s.SMState > 100 {
+		t.Fatalf("sm_state %d after the refused import (%v)", s.SMState, err)
+	}
+	st, err := os.Stat(admin.DefaultLocalTokenFile)
+	if err != nil || st.Mode().Perm() != 0o640 {
+		t.Fatalf("local token %s: %v (mode %v), want mode 0640", admin.DefaultLocalTokenFile, err, st)
+	}
+	// Root, no flags: the local token is read.
+	if out, err := exec.Command(bin, "registrations").CombinedOutput(); err != nil {
+		t.Fatalf("root's nsmd registrations: %v\n%s", err, out)
+	}
+}
+
+// binary32 is statd's state file: the state as a native-endian int32.
+func binary32(v int32) []byte {
+	b := make([]byte, 4)
+	binary.NativeEndian.PutUint32(b, uint32(v))
+	return b
 }
