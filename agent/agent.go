@@ -308,17 +308,17 @@ func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
 
 func (a *Agent) serverConfig() oncrpc.ServerConfig {
 	return oncrpc.ServerConfig{Logger: a.log, Observe: a.nsmm.ObserveRPC,
-		MaxConns: a.cfg.NSMMaxConns, MaxConnsPerHost: a.cfg.NSMMaxConnsHost,
+		MaxConns: a.cfg.NSMMaxConns, MaxConnsPerHost: a.cfg.NSMMaxConnsHost, ReservedLocal: a.cfg.NSMReservedLocal,
 		OnConn: func(ev string) { a.connEvents.WithLabelValues(ev).Inc() }}
 }
 
 // registerConnMetrics counts NSM TCP connection events (accepted,
-// refused_per_host, refused_total, evicted_idle) and exports the open
+// refused_per_host, refused_total, evicted_idle, accepted_reserved) and exports the open
 // connections of the node's own NSM server.
 func (a *Agent) registerConnMetrics() error {
 	a.connEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nsmd_nsm_tcp_connections_total",
-		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room).",
+		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room), accepted_reserved (a privileged loopback port, i.e. lockd, admitted beyond the caps others hold: nsm_reserved_local_conns).",
 	}, []string{"event"})
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "nsmd_nsm_tcp_connections", Help: "Open NSM TCP connections on the node's own address.",

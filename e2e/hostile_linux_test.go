@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -37,6 +41,7 @@ type nsmCall struct {
 	MyName     string   `json:"my_name"`
 	MonNames   []string `json:"mon_names,omitempty"`
 	Privileged bool     `json:"privileged,omitempty"`
+	Count      int      `json:"count,omitempty"` // hold: connections to open and keep idle
 }
 
 // nsmCallResult is what the helper prints: one answer per call.
@@ -70,6 +75,19 @@ func TestNSMCallHelper(t *testing.T) {
 func doNSMCall(call nsmCall, out *nsmCallResult) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	if call.Op == "hold" {
+		// Open Count idle connections, say so, and keep them until killed.
+		var conns []net.Conn
+		for range call.Count {
+			c, err := net.Dial("tcp", call.Addr)
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c)
+		}
+		fmt.Printf("HOLDING %d\n", len(conns))
+		select {}
+	}
 	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: call.Addr, Privileged: call.Privileged, Timeout: 10 * time.Second})
 	if err != nil {
 		return err
@@ -467,4 +485,81 @@ func binary32(v int32) []byte {
 	b := make([]byte, 4)
 	binary.NativeEndian.PutUint32(b, uint32(v))
 	return b
+}
+
+// TestHostileIdleConnectionsDoNotLockOutLockd: an unprivileged local user
+// holds 100 idle TCP connections to the NSM port from 127.0.0.1 (more than
+// the per-host cap of 64); lockd's SM_MON, from a privileged port, is
+// still answered stat_succ. A build without the reservation refuses
+// lockd's connection (the negative control).
+func TestHostileIdleConnectionsDoNotLockOutLockd(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	h := newHostile(t)
+	port := freePort(t, "127.0.0.1")
+	nsmAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	adm := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
+	startNsmd(t, agentArgs(t, t.TempDir(), nsmAddr, adm, freePort(t, "127.0.0.1"), 111)...)
+	waitLeader(t, adm, 0)
+
+	spec, _ := json.Marshal(nsmCall{Addr: nsmAddr, Op: "hold", Count: 100})
+	argv := setprivArgs(h.uid, h.gid, nil, h.bin, "-test.run", "^TestNSMCallHelper$", "-test.count=1", "-test.v")
+	hold := exec.Command(h.setpriv, argv...)
+	hold.Env = append(os.Environ(), nsmCallEnv+"="+string(spec))
+	hold.Dir = os.TempDir()
+	out, err := hold.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hold.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hold.Process.Kill(); hold.Wait() })
+	sc := bufio.NewScanner(out)
+	held := false
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "HOLDING ") {
+			held = true
+			t.Logf("local user: %s idle connections to %s", strings.TrimPrefix(sc.Text(), "HOLDING "), nsmAddr)
+			break
+		}
+	}
+	if !held {
+		t.Fatalf("the local user's helper did not open its connections")
+	}
+	go io.Copy(io.Discard, out)
+	testutil.WaitForSeen(t, 5*time.Second, "the node to count the local user's connections", func() (bool, string) {
+		var m string
+		if err := getText(adm, "/metrics", &m); err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(m, `nsmd_nsm_tcp_connections_total{event="refused_per_host"}`), ""
+	})
+	if res := doLockd(t, nsmAddr); nsm.Res(res) != nsm.StatSucc {
+		t.Fatalf("lockd's SM_MON with the local user's connections open: res %d", res)
+	}
+}
+
+// doLockd makes one SM_MON as lockd (root, privileged port) from this
+// namespace and returns its res.
+func doLockd(t *testing.T, addr string) int32 {
+	t.Helper()
+	var out nsmCallResult
+	if err := doNSMCall(nsmCall{Addr: addr, Op: "mon", MyName: "nfs-server", MonNames: []string{"10.77.9.1"}, Privileged: true}, &out); err != nil {
+		t.Fatalf("lockd's SM_MON: %v", err)
+	}
+	return out.Res[0]
+}
+
+// getText GETs path from the plaintext admin API at adm as text.
+func getText(adm, path string, out *string) error {
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + adm + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	*out = string(b)
+	return err
 }
