@@ -255,10 +255,11 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	svc, err := nsm.NewService(a.node, nsm.Config{
-		NodeID:  cfg.NodeID,
-		Trusted: cfg.TrustedPrefixes(),
-		Logger:  log,
-		Metrics: a.nsmm,
+		NodeID:           cfg.NodeID,
+		Trusted:          cfg.TrustedPrefixes(),
+		Logger:           log,
+		Metrics:          a.nsmm,
+		MaxRegistrations: cfg.MaxRegistrations,
 	})
 	if err != nil {
 		return a, err
@@ -328,7 +329,10 @@ func (a *Agent) registerConnMetrics() error {
 		}
 		return float64(a.server.Conns())
 	})
-	for _, c := range []prometheus.Collector{a.connEvents, open} {
+	regMax := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "nsmd_registrations_max", Help: "max_registrations: SM_MONs that would add a registration beyond it are refused (0: no cap); alert on nsmd_registrations approaching it.",
+	}, func() float64 { return float64(a.cfg.MaxRegistrations) })
+	for _, c := range []prometheus.Collector{a.connEvents, open, regMax} {
 		if err := a.reg.Register(c); err != nil {
 			return err
 		}

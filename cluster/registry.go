@@ -10,7 +10,19 @@ import (
 	"github.com/nsmd/nsmd/nsm"
 )
 
-var _ nsm.Registry = (*Node)(nil)
+var (
+	_ nsm.Registry = (*Node)(nil)
+	_ nsm.Counter  = (*Node)(nil)
+)
+
+// Count is the number of registrations (nsm.Counter).
+func (n *Node) Count() int { return n.fsm.Len() }
+
+// Has reports whether the registration id exists (nsm.Counter).
+func (n *Node) Has(id fsm.MonID) bool {
+	_, ok := n.fsm.Get(id)
+	return ok
+}
 
 // Monitor commits a registration (SM_MON) and returns sm_state.
 func (n *Node) Monitor(ctx context.Context, reg fsm.Registration) (int32, error) {

@@ -171,6 +171,8 @@ type Config struct {
 	NSMMaxConnsHost     int
 	// NSMReservedLocal: nsm_reserved_local_conns.
 	NSMReservedLocal int
+	// MaxRegistrations: max_registrations.
+	MaxRegistrations int
 	NFSv4Tracking    string
 	RPCPipefs        string
 	GraceEnd         string
@@ -211,6 +213,7 @@ func Default() Config {
 		NSMMaxConns:        1024,
 		NSMMaxConnsHost:    64,
 		NSMReservedLocal:   32,
+		MaxRegistrations:   250000,
 		NFSv4Tracking:      TrackingAuto,
 		RPCPipefs:          "/var/lib/nfs/rpc_pipefs",
 		GraceEnd:           GraceEndAuto,
@@ -333,6 +336,7 @@ func (c *Config) bindings() []binding {
 		boolean("drill_crash", "allow POST /v1/drill/crash to kill this node (failover drills)", &c.DrillCrash),
 		integer("nsm_max_conns", "open NSM TCP connections at most; at the cap the longest-idle one is closed for a new one", &c.NSMMaxConns),
 		integer("nsm_max_conns_per_host", "open NSM TCP connections from one IP address at most", &c.NSMMaxConnsHost),
+		integer("max_registrations", "registrations at most: an SM_MON that would add one more is answered stat_fail (nsmd_mon_refused_total{reason=\"registrations_cap\"}); nsmd_registrations_max exports it for an alert before it is hit; 0: no cap", &c.MaxRegistrations),
 		integer("nsm_reserved_local_conns", "NSM TCP connections from a privileged loopback port (lockd: only root binds one) are exempt from nsm_max_conns_per_host, and this many are admitted beyond nsm_max_conns when every other one is busy, so other local users cannot lock lockd out (-1: none beyond)", &c.NSMReservedLocal),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
 		str("raft_profile", "fast | default | wan: the raft timeouts and vip_lifetime in one name (heartbeat/election/lease, vip_lifetime: fast 100/100/50 ms, 1s; default 300/300/150 ms, 2s; wan 1s/1s/500ms, 2s); heartbeat_timeout, election_timeout, leader_lease_timeout and vip_lifetime, when set, override it (docs/running.md)", &c.RaftProfile),

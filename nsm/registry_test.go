@@ -73,6 +73,20 @@ func (m *mapRegistry) UnmonitorAll(_ context.Context, my fsm.MyID, owner fsm.Own
 	return m.state, nil
 }
 
+// Count and Has make mapRegistry an nsm.Counter (MaxRegistrations).
+func (m *mapRegistry) Count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.regs)
+}
+
+func (m *mapRegistry) Has(id fsm.MonID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.regs[id]
+	return ok
+}
+
 func (m *mapRegistry) SimuCrash(context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -52,6 +52,19 @@ type Config struct {
 	ReadyWait time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// MaxRegistrations caps the registrations: an SM_MON that would add
+	// one beyond it (not a repeat, which replaces) is refused stat_fail,
+	// counted as nsmd_mon_refused_total{reason="registrations_cap"}. It
+	// needs a Registry that is a Counter; 0: no cap.
+	MaxRegistrations int
+}
+
+// Counter is what a Registry offers for Config.MaxRegistrations: how many
+// registrations there are, and whether one exists (a repeat SM_MON
+// replaces it and adds none).
+type Counter interface {
+	Count() int
+	Has(id fsm.MonID) bool
 }
 
 func (c *Config) setDefaults() {
@@ -282,6 +295,8 @@ func refuseReason(err error) string {
 		return "bad_name"
 	case errors.Is(err, ErrUnresolved):
 		return "unresolved"
+	case errors.Is(err, ErrTooMany):
+		return "registrations_cap"
 	}
 	return "registry"
 }

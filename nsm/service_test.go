@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -336,6 +339,36 @@ func TestUnmonActsOnlyOnTheCallersRegistrations(t *testing.T) {
 				t.Fatalf("%d registrations left after this node's loopback unmonitored another node's, want 3", len(regs))
 			}
 		})
+	}
+}
+
+// At MaxRegistrations an SM_MON that would add a registration is refused
+// stat_fail and counted; a repeat (which replaces) still succeeds.
+func TestMonRefusedAtTheRegistrationsCap(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	s := newNSMServer(t, Config{MaxRegistrations: 2, Metrics: m})
+	c := s.dial(t, "tcp", lo, false)
+	for i, tc := range []struct {
+		mon  *Mon
+		want Res
+	}{
+		{mon("10.0.0.1", lockd), StatSucc},
+		{mon("10.0.0.2", lockd), StatSucc},
+		{mon("10.0.0.3", lockd), StatFail}, // a third
+		{mon("10.0.0.1", lockd), StatSucc}, // a repeat replaces
+		{mon("10.0.0.1", ganesha), StatFail},
+	} {
+		var res SMStatRes
+		if err := call(t, c, ProcMon, tc.mon, &res); err != nil || res.Res != tc.want {
+			t.Fatalf("SM_MON %d (%s): %v %+v, want %v", i, tc.mon.ID.MonName, err, res, tc.want)
+		}
+	}
+	if _, regs, _ := s.reg.snapshot(); len(regs) != 2 {
+		t.Fatalf("%d registrations, want the cap of 2", len(regs))
+	}
+	if got := testutil.GatheredValue(t, reg, "nsmd_mon_refused_total", "reason", "registrations_cap"); got != 2 {
+		t.Fatalf("nsmd_mon_refused_total{reason=registrations_cap} = %v, want 2", got)
 	}
 }
 
