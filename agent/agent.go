@@ -593,12 +593,19 @@ func (a *Agent) startAdmin() error {
 		return fmt.Errorf("admin API on %s: %w", a.cfg.AdminAddr, err)
 	}
 	a.adminLn = ln
-	ln = a.adminListener(ln)
+	conns, err := newAdminConns(a.cfg.AdminMaxConns, a.reg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	// The cap wraps the TLS listener: ConnState sees the connections it admitted.
+	ln = conns.listener(a.adminListener(ln))
 	mux := admin.NewHandler(adminStore{a}, admin.HandlerConfig{
 		NodeID: a.cfg.NodeID, DrillCrash: a.cfg.DrillCrash, Guard: a.sec.guard, Metrics: a.reg, Logger: a.log,
 	})
 	registerStatusPage(mux)
-	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: a.adminErrorLog()}
+	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: a.cfg.AdminIdleTimeout,
+		ConnState: conns.connState, ErrorLog: a.adminErrorLog()}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()

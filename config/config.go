@@ -173,6 +173,9 @@ type Config struct {
 	NSMReservedLocal int
 	// MaxRegistrations: max_registrations.
 	MaxRegistrations int
+	// AdminMaxConns, AdminIdleTimeout: admin_max_conns, admin_idle_timeout.
+	AdminMaxConns    int
+	AdminIdleTimeout time.Duration
 	NFSv4Tracking    string
 	RPCPipefs        string
 	GraceEnd         string
@@ -214,6 +217,8 @@ func Default() Config {
 		NSMMaxConnsHost:    64,
 		NSMReservedLocal:   32,
 		MaxRegistrations:   250000,
+		AdminMaxConns:      64,
+		AdminIdleTimeout:   time.Minute,
 		NFSv4Tracking:      TrackingAuto,
 		RPCPipefs:          "/var/lib/nfs/rpc_pipefs",
 		GraceEnd:           GraceEndAuto,
@@ -336,6 +341,8 @@ func (c *Config) bindings() []binding {
 		boolean("drill_crash", "allow POST /v1/drill/crash to kill this node (failover drills)", &c.DrillCrash),
 		integer("nsm_max_conns", "open NSM TCP connections at most; at the cap the longest-idle one is closed for a new one", &c.NSMMaxConns),
 		integer("nsm_max_conns_per_host", "open NSM TCP connections from one IP address at most", &c.NSMMaxConnsHost),
+		integer("admin_max_conns", "open admin API connections at most: over it the longest-idle keep-alive connection is closed, or the new one if none is idle (nsmd_admin_connections_total); 0: no cap", &c.AdminMaxConns),
+		duration("admin_idle_timeout", "an admin API keep-alive connection idle this long is closed", &c.AdminIdleTimeout),
 		integer("max_registrations", "registrations at most: an SM_MON that would add one more is answered stat_fail (nsmd_mon_refused_total{reason=\"registrations_cap\"}); nsmd_registrations_max exports it for an alert before it is hit; 0: no cap", &c.MaxRegistrations),
 		integer("nsm_reserved_local_conns", "NSM TCP connections from a privileged loopback port (lockd: only root binds one) are exempt from nsm_max_conns_per_host, and this many are admitted beyond nsm_max_conns when every other one is busy, so other local users cannot lock lockd out (-1: none beyond)", &c.NSMReservedLocal),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
