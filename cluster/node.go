@@ -266,7 +266,8 @@ type Node struct {
 	termCh          chan bool     // the latest of leaderCh, for leaderLoop (one slot)
 	crashCh         chan int32
 
-	fwd forwarder
+	fwd    forwarder
+	replay replayCache // MACs of forwarded writes accepted within the skew window
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change
