@@ -260,6 +260,8 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		Logger:           log,
 		Metrics:          a.nsmm,
 		MaxRegistrations: cfg.MaxRegistrations,
+		NotifyBurst:      cfg.NotifyBurst,
+		NotifyEvery:      cfg.NotifyEvery,
 	})
 	if err != nil {
 		return a, err

@@ -176,10 +176,13 @@ type Config struct {
 	// AdminMaxConns, AdminIdleTimeout: admin_max_conns, admin_idle_timeout.
 	AdminMaxConns    int
 	AdminIdleTimeout time.Duration
-	NFSv4Tracking    string
-	RPCPipefs        string
-	GraceEnd         string
-	GraceSettle      time.Duration
+	// NotifyBurst, NotifyEvery: notify_accept_burst, notify_accept_every.
+	NotifyBurst   int
+	NotifyEvery   time.Duration
+	NFSv4Tracking string
+	RPCPipefs     string
+	GraceEnd      string
+	GraceSettle   time.Duration
 	// DiskSlowThreshold: data directory writes slower than this (median
 	// over 2 s) keep the node out of leadership; 0: never.
 	DiskSlowThreshold time.Duration
@@ -219,6 +222,8 @@ func Default() Config {
 		MaxRegistrations:   250000,
 		AdminMaxConns:      64,
 		AdminIdleTimeout:   time.Minute,
+		NotifyBurst:        4,
+		NotifyEvery:        10 * time.Second,
 		NFSv4Tracking:      TrackingAuto,
 		RPCPipefs:          "/var/lib/nfs/rpc_pipefs",
 		GraceEnd:           GraceEndAuto,
@@ -343,6 +348,8 @@ func (c *Config) bindings() []binding {
 		integer("nsm_max_conns_per_host", "open NSM TCP connections from one IP address at most", &c.NSMMaxConnsHost),
 		integer("admin_max_conns", "open admin API connections at most: over it the longest-idle keep-alive connection is closed, or the new one if none is idle (nsmd_admin_connections_total); 0: no cap", &c.AdminMaxConns),
 		duration("admin_idle_timeout", "an admin API keep-alive connection idle this long is closed", &c.AdminIdleTimeout),
+		integer("notify_accept_burst", "SM_NOTIFYs committed per sender address and per mon_name at once; beyond, one more every notify_accept_every; held back ones get no reply (the peer retransmits) and count as nsmd_notify_received_total{result=\"rate_limited\"}; -1: no limit", &c.NotifyBurst),
+		duration("notify_accept_every", "one more SM_NOTIFY per sender and per mon_name this often (notify_accept_burst)", &c.NotifyEvery),
 		integer("max_registrations", "registrations at most: an SM_MON that would add one more is answered stat_fail (nsmd_mon_refused_total{reason=\"registrations_cap\"}); nsmd_registrations_max exports it for an alert before it is hit; 0: no cap", &c.MaxRegistrations),
 		integer("nsm_reserved_local_conns", "NSM TCP connections from a privileged loopback port (lockd: only root binds one) are exempt from nsm_max_conns_per_host, and this many are admitted beyond nsm_max_conns when every other one is busy, so other local users cannot lock lockd out (-1: none beyond)", &c.NSMReservedLocal),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),

@@ -57,6 +57,14 @@ type Config struct {
 	// counted as nsmd_mon_refused_total{reason="registrations_cap"}. It
 	// needs a Registry that is a Counter; 0: no cap.
 	MaxRegistrations int
+	// NotifyBurst and NotifyEvery limit the SM_NOTIFYs committed per
+	// sender address and per mon_name: a bucket of NotifyBurst tokens,
+	// one back every NotifyEvery (defaults 4 and 10 s; NotifyBurst < 0:
+	// no limit). NotifyTrack buckets of each kind are kept (default
+	// 65536; the least recently used go).
+	NotifyBurst int
+	NotifyEvery time.Duration
+	NotifyTrack int
 }
 
 // Counter is what a Registry offers for Config.MaxRegistrations: how many
@@ -85,6 +93,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.NotifyBurst == 0 {
+		c.NotifyBurst = 4
+	}
+	if c.NotifyEvery == 0 {
+		c.NotifyEvery = 10 * time.Second
+	}
+	if c.NotifyTrack == 0 {
+		c.NotifyTrack = 1 << 16
 	}
 }
 
@@ -145,10 +162,11 @@ func normAddrs(in []netip.Addr) []netip.Addr {
 // callers and arguments, then reads and writes state only through its
 // Registry. It is safe for concurrent use.
 type Service struct {
-	reg Registry
-	cfg Config
-	log *slog.Logger
-	m   *Metrics
+	reg   Registry
+	cfg   Config
+	log   *slog.Logger
+	m     *Metrics
+	limit *notifyLimiter // nil: SM_NOTIFY not limited
 
 	// Calls dropped while not ready: when that was last logged (Unix ns)
 	// and how many since.
@@ -175,7 +193,11 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics}, nil
+	svc := &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics}
+	if cfg.NotifyBurst > 0 {
+		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
+	}
+	return svc, nil
 }
 
 // ServeRPC implements oncrpc.Handler: it dispatches on the procedure

@@ -526,3 +526,58 @@ func TestDefaultResolve(t *testing.T) {
 		t.Errorf("normAddrs: %v", out)
 	}
 }
+
+// SM_NOTIFY is limited before it reaches the registry: a sender that
+// alternates states (each new to the registry) gets NotifyBurst of them
+// committed, then none — unanswered, so a real peer retransmits — until a
+// token is back; a forged notification for a monitored name from another
+// address draws on the name's bucket too; another monitored host is not
+// affected; and the held-back ones are counted.
+func TestNotifyRateLimitedPerSenderAndPerName(t *testing.T) {
+	now := time.Unix(1700000000, 0)
+	reg := prometheus.NewRegistry()
+	s := newNSMServer(t, Config{Now: func() time.Time { return now }, NotifyBurst: 2, NotifyEvery: 10 * time.Second, Metrics: NewMetrics(reg)})
+	c := s.dial(t, "tcp", lo, false)
+	for _, name := range []string{"10.0.0.1", "10.0.0.2"} {
+		var res SMStatRes
+		if err := call(t, c, ProcMon, mon(name, lockd), &res); err != nil || res.Res != StatSucc {
+			t.Fatalf("SM_MON %s: %v %+v", name, err, res)
+		}
+	}
+	notify := func(from, name string, state int32) error {
+		w := oncrpc.NewWriter(nil)
+		(&StatChge{MonName: name, State: state}).MarshalXDR(w)
+		return s.svc.ServeRPC(context.Background(), &oncrpc.Call{Prog: Program.Prog, Vers: Program.Vers, Proc: ProcNotify,
+			Net: "udp", Remote: netip.AddrPortFrom(netip.MustParseAddr(from), 900), Args: oncrpc.NewReader(w.Bytes())}, oncrpc.NewWriter(nil))
+	}
+	events := func() int { _, _, ev := s.reg.snapshot(); return len(ev) }
+	// Alternating states from one sender: 2 committed, then held back.
+	for i, st := range []int32{3, 5, 7, 9} {
+		err := notify("127.0.0.50", "10.0.0.1", st)
+		if limited := errors.Is(err, oncrpc.ErrNoReply); limited != (i >= 2) {
+			t.Fatalf("notification %d: %v", i, err)
+		}
+	}
+	if n := events(); n != 2 {
+		t.Fatalf("%d committed, want 2", n)
+	}
+	// Another sender, same name: the name's bucket is empty too.
+	if err := notify("127.0.0.51", "10.0.0.1", 11); !errors.Is(err, oncrpc.ErrNoReply) {
+		t.Fatalf("same name from another sender: %v", err)
+	}
+	// Another monitored host, its own sender: committed.
+	if err := notify("127.0.0.52", "10.0.0.2", 3); err != nil {
+		t.Fatalf("another host: %v", err)
+	}
+	// A token back after NotifyEvery: the retransmission gets in.
+	now = now.Add(10 * time.Second)
+	if err := notify("127.0.0.50", "10.0.0.1", 9); err != nil {
+		t.Fatalf("after a token came back: %v", err)
+	}
+	if n := events(); n != 4 {
+		t.Fatalf("%d committed, want 4", n)
+	}
+	if got := testutil.GatheredValue(t, reg, "nsmd_notify_received_total", "result", "rate_limited"); got != 3 {
+		t.Fatalf("rate_limited counted %v, want 3", got)
+	}
+}
