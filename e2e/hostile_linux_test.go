@@ -88,7 +88,11 @@ func doNSMCall(call nsmCall, out *nsmCallResult) error {
 		fmt.Printf("HOLDING %d\n", len(conns))
 		select {}
 	}
-	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: call.Addr, Privileged: call.Privileged, Timeout: 10 * time.Second})
+	network := "tcp"
+	if call.Op == "notify" {
+		network = "udp" // as sm-notify sends it
+	}
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: network, Addr: call.Addr, Privileged: call.Privileged, Timeout: 10 * time.Second})
 	if err != nil {
 		return err
 	}
@@ -114,6 +118,21 @@ func doNSMCall(call nsmCall, out *nsmCallResult) error {
 			}
 			out.Res = append(out.Res, -1)
 			out.States = append(out.States, res.State)
+		}
+	case "notify":
+		// Count SM_NOTIFYs for MonNames[0], states alternating 3, 5, 3, …:
+		// each differs from the last one seen. A held-back one gets no
+		// reply; it is not waited for long.
+		for i := range call.Count {
+			args := nsm.StatChge{MonName: call.MonNames[0], State: int32(3 + 2*(i%2))}
+			cctx, ccancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			err := c.Call(cctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcNotify, &args, &oncrpc.Void{})
+			ccancel()
+			if err == nil {
+				out.Res = append(out.Res, 1)
+			} else {
+				out.Res = append(out.Res, 0)
+			}
 		}
 	case "unmon_all":
 		var res nsm.SMStat
@@ -562,4 +581,59 @@ func getText(adm, path string, out *string) error {
 	b, err := io.ReadAll(resp.Body)
 	*out = string(b)
 	return err
+}
+
+// TestHostileNotifyFloodIsLimitedBeforeRaft: client host c1 is monitored;
+// another client host sends 40 SM_NOTIFYs naming c1 with alternating
+// states (each new, so statd's rule accepts every one). At most the
+// per-name burst (4) reaches raft, the rest are held back unanswered, and
+// the cluster still answers SM_STAT. A build without the limiter commits
+// all of them (the negative control).
+func TestHostileNotifyFloodIsLimitedBeforeRaft(t *testing.T) {
+	h := newHostile(t)
+	c := startClusterWith(t, clusterSpec{clients: 2, fakeClients: true})
+	v := c.settle(t, 60*time.Second, 1)
+	c.monAll(t, v.leader, "flood")
+	victim := c.clients[0].host.ip.String()
+	target := net.JoinHostPort(c.nsmTarget(v.leader).String(), strconv.Itoa(nsmPort))
+	before := metricSum(t, v.leader, "nsmd_notify_received_total", `result="accepted"`)
+	out := h.run(t, c.clients[1].host.ns, false, nsmCall{Addr: target, Op: "notify", MonNames: []string{victim}, Count: 40})
+	answered := 0
+	for _, r := range out.Res {
+		answered += int(r)
+	}
+	accepted := metricSum(t, v.leader, "nsmd_notify_received_total", `result="accepted"`) - before
+	limited := metricSum(t, v.leader, "nsmd_notify_received_total", `result="rate_limited"`)
+	t.Logf("40 forged SM_NOTIFYs for %s: %d answered, %v committed, %v held back", victim, answered, accepted, limited)
+	// Once held back, every other one repeats the state last committed
+	// and is ignored as before; the new ones are held back.
+	if accepted > 4 || limited < 15 {
+		t.Fatalf("%v committed and %v held back of 40 forged SM_NOTIFYs, want at most 4 and at least 15", accepted, limited)
+	}
+	if err := inNetnsThread(c.top.hosts[0].ns, func() error { _, err := smStat(target); return err }); err != nil {
+		t.Fatalf("SM_STAT after the flood: %v", err)
+	}
+}
+
+// metricSum is the sum of the samples of metric name on n whose labels
+// contain match.
+func metricSum(t *testing.T, n *nsmNode, name, match string) float64 {
+	t.Helper()
+	resp, err := n.http.Get("https://" + n.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var sum float64
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, name+"{") || !strings.Contains(l, match) {
+			continue
+		}
+		f := strings.Fields(l)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
 }
