@@ -166,6 +166,12 @@ func TestImportRefusesAStateOutsideItsRange(t *testing.T) {
 			t.Fatalf("import of state %d: %v", st, err)
 		}
 	}
+	// A registration whose callback is not the lock manager's (rpc.statd's SM_MON rule).
+	other := row
+	other.MyProg, other.MyProc = 100003, 1
+	if _, err := c.Import(ctx, ImportRequest{State: 3, Registrations: []RegistrationJSON{other}}); err == nil || !strings.Contains(err.Error(), "my_prog 100003 my_proc 1") {
+		t.Fatalf("import of a non-NLM callback: %v", err)
+	}
 	f.mu.Lock()
 	n := len(f.regs)
 	f.mu.Unlock()
@@ -288,7 +294,7 @@ func TestOverviewShowsRowsOnlyToOperatorsAndNeverPriv(t *testing.T) {
 	srv, tokFile, _ := serve(t, f, false)
 	op := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
 	ctx := context.Background()
-	if _, err := op.Import(ctx, ImportRequest{Registrations: []RegistrationJSON{{MonName: "client-a", MyName: "nfs1", Priv: strings.Repeat("cd", 16), Callback: "127.0.0.1"}}}); err != nil {
+	if _, err := op.Import(ctx, ImportRequest{Registrations: []RegistrationJSON{{MonName: "client-a", MyName: "nfs1", MyProg: 100021, MyVers: 4, MyProc: 16, Priv: strings.Repeat("cd", 16), Callback: "127.0.0.1"}}}); err != nil {
 		t.Fatal(err)
 	}
 	var o Overview
