@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 
 	"github.com/nsmd/nsmd/fsm"
@@ -199,11 +200,20 @@ func (n *Node) WouldAccept(monName string, from netip.Addr, state int32) bool {
 	return n.fsm.WouldAccept(monName, from, state)
 }
 
-// takeover is a Takeover by this node; it wraps at the end of the
-// sm_state range once every member applies that (lowerTakeover).
+// wrapZone is how close to the end of the int32 range sm_state must be
+// for a takeover to carry Wrap (entry kind 13). Below it no takeover can
+// reach the end (each adds 2; a MinState a follower may forward or an
+// import may ask for is at most fsm.MaxImportedState+1), so takeovers keep
+// the kind every release applies, and a member can still be downgraded.
+const wrapZone = 1 << 20
+
+// takeover is a Takeover by this node; near the end of the sm_state range
+// it wraps there, once every member applies that (lowerTakeover).
 func (n *Node) takeover(reason string) fsm.Takeover {
 	now := n.cfg.Now().UTC()
-	return n.lowerTakeover(fsm.Takeover{Node: n.cfg.NodeID, GraceUntil: now.Add(n.cfg.GracePeriod), Reason: reason, At: now, Wrap: true})
+	t := fsm.Takeover{Node: n.cfg.NodeID, GraceUntil: now.Add(n.cfg.GracePeriod), Reason: reason, At: now}
+	t.Wrap = n.fsm.State() >= math.MaxInt32-wrapZone
+	return n.lowerTakeover(t)
 }
 
 // ErrBadImport means an import was refused before anything was committed.
