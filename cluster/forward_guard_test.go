@@ -123,3 +123,36 @@ func TestReplayCacheExpiresAndBounds(t *testing.T) {
 		t.Fatalf("%d entries kept after expiry, want 1", len(c.seen))
 	}
 }
+
+// A forwarded UnregisterAll with an Owner (kind 12) reaching a leader that
+// does not see every member apply it is lowered there: only the owner's
+// registrations go, as owner-less Unregisters every member applies.
+func TestLeaderLowersAForwardedOwnerCommand(t *testing.T) {
+	logs := map[string]*unregLog{}
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		l := &unregLog{}
+		logs[cfg.NodeID] = l
+		cfg.Observer = l.observe
+	})
+	_, leader := c.leader(5 * time.Second)
+	ownedRegs(t, leader.n, "lead", 3)
+	my := fsm.MyID{MyName: "srv", Prog: 100021, Vers: 3, Proc: 16}
+	for _, owner := range []string{"someone-else", leader.id} {
+		cmd := fsm.UnregisterAll{My: my, Owner: lockdOn(owner)}
+		if res := sendForward(t, leader.nsmAddr, keyed(t, cmd, time.Now())); res.Status != fwdOK {
+			t.Fatalf("forwarded %+v: %+v", cmd, res)
+		}
+		want := 3
+		if owner == leader.id {
+			want = 0
+		}
+		if n := leader.n.FSM().Len(); n != want {
+			t.Fatalf("after a forwarded SM_UNMON_ALL of %s's lockd: %d registrations, want %d", owner, n, want)
+		}
+	}
+	for _, cmd := range logs[leader.id].take() {
+		if u, ok := cmd.(fsm.Unregister); !ok || !u.Owner.IsZero() {
+			t.Fatalf("the leader applied %#v without every member at level 1", cmd)
+		}
+	}
+}
