@@ -167,6 +167,8 @@ type Service struct {
 	log   *slog.Logger
 	m     *Metrics
 	limit *notifyLimiter // nil: SM_NOTIFY not limited
+	// refuseLog spaces the refusal log lines per caller address.
+	refuseLog *logLimiter
 
 	// Calls dropped while not ready: when that was last logged (Unix ns)
 	// and how many since.
@@ -193,7 +195,7 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	svc := &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics}
+	svc := &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, refuseLog: newLogLimiter(time.Minute, 4096)}
 	if cfg.NotifyBurst > 0 {
 		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
 	}
@@ -297,12 +299,20 @@ func decodeArgs(c *oncrpc.Call, proc string, v oncrpc.Unmarshaler) error {
 	return nil
 }
 
-// refuse logs and counts a refused request.
+// refuse counts a refused request and logs it, at most once a minute per
+// caller address (refuseLog), with the number of refusals held back.
 func (s *Service) refuse(proc string, c *oncrpc.Call, err error, attrs ...any) {
 	reason := refuseReason(err)
 	s.m.monRefusedInc(reason)
-	s.log.Warn("NSM request refused", append([]any{"proc", proc, "caller", c.Remote.String(), "net", c.Net,
-		"reason", reason, "err", err}, attrs...)...)
+	ok, held := s.refuseLog.allow(callerAddr(c.Remote), s.cfg.Now())
+	if !ok {
+		return
+	}
+	args := []any{"proc", proc, "caller", c.Remote.String(), "net", c.Net, "reason", reason, "err", err}
+	if held > 0 {
+		args = append(args, "suppressed", held)
+	}
+	s.log.Warn("NSM request refused", append(args, attrs...)...)
 }
 
 func refuseReason(err error) string {

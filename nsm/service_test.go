@@ -3,6 +3,7 @@ package nsm
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -579,5 +580,37 @@ func TestNotifyRateLimitedPerSenderAndPerName(t *testing.T) {
 	}
 	if got := testutil.GatheredValue(t, reg, "nsmd_notify_received_total", "result", "rate_limited"); got != 3 {
 		t.Fatalf("rate_limited counted %v, want 3", got)
+	}
+}
+
+// Refused calls are all counted, but logged at most once a minute per
+// caller address, the next line saying how many were held back: an
+// untrusted UDP flood does not write the journal full.
+func TestRefusalsLoggedOncePerMinutePerCaller(t *testing.T) {
+	now := time.Unix(1700000000, 0)
+	logs := &testutil.LockedBuffer{}
+	reg := prometheus.NewRegistry()
+	s := newNSMServer(t, Config{Now: func() time.Time { return now }, Metrics: NewMetrics(reg),
+		LoopbackTrusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		Logger:          slog.New(slog.NewTextHandler(logs, nil))})
+	c := s.dial(t, "udp", netip.MustParseAddr("127.0.0.9"), false)
+	for range 50 {
+		var res SMStatRes
+		if err := call(t, c, ProcMon, mon("10.0.0.1", lockd), &res); err != nil || res.Res != StatFail {
+			t.Fatalf("untrusted SM_MON: %v %+v", err, res)
+		}
+	}
+	if n := len(logs.Lines("NSM request refused")); n != 1 {
+		t.Fatalf("%d refusal lines for 50 refusals within a minute, want 1", n)
+	}
+	if got := testutil.GatheredValue(t, reg, "nsmd_mon_refused_total", "reason", "untrusted"); got != 50 {
+		t.Fatalf("refusals counted %v, want 50", got)
+	}
+	now = now.Add(time.Minute)
+	var res SMStatRes
+	call(t, c, ProcMon, mon("10.0.0.1", lockd), &res)
+	lines := logs.Lines("NSM request refused")
+	if len(lines) != 2 || !strings.Contains(lines[1], "suppressed=49") {
+		t.Fatalf("refusal lines after a minute: %q, want a second with suppressed=49", lines)
 	}
 }
