@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -587,10 +588,11 @@ func TestNotifyRateLimitedPerSenderAndPerName(t *testing.T) {
 // caller address, the next line saying how many were held back: an
 // untrusted UDP flood does not write the journal full.
 func TestRefusalsLoggedOncePerMinutePerCaller(t *testing.T) {
-	now := time.Unix(1700000000, 0)
+	var clock atomic.Int64 // Unix ns; the server reads it from its goroutines
+	clock.Store(time.Unix(1700000000, 0).UnixNano())
 	logs := &testutil.LockedBuffer{}
 	reg := prometheus.NewRegistry()
-	s := newNSMServer(t, Config{Now: func() time.Time { return now }, Metrics: NewMetrics(reg),
+	s := newNSMServer(t, Config{Now: func() time.Time { return time.Unix(0, clock.Load()) }, Metrics: NewMetrics(reg),
 		LoopbackTrusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 		Logger:          slog.New(slog.NewTextHandler(logs, nil))})
 	c := s.dial(t, "udp", netip.MustParseAddr("127.0.0.9"), false)
@@ -606,7 +608,7 @@ func TestRefusalsLoggedOncePerMinutePerCaller(t *testing.T) {
 	if got := testutil.GatheredValue(t, reg, "nsmd_mon_refused_total", "reason", "untrusted"); got != 50 {
 		t.Fatalf("refusals counted %v, want 50", got)
 	}
-	now = now.Add(time.Minute)
+	clock.Add(int64(time.Minute))
 	var res SMStatRes
 	call(t, c, ProcMon, mon("10.0.0.1", lockd), &res)
 	lines := logs.Lines("NSM request refused")
