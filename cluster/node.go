@@ -522,6 +522,11 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 	if n.cfg.Observer != nil {
 		n.cfg.Observer(index, cmd, res)
 	}
+	if _, ok := cmd.(fsm.Takeover); ok {
+		// This node may know the current incarnation now (Ready): wake
+		// the calls and writes waiting for it.
+		n.wakeWriters()
+	}
 	ev, ok := cmd.(fsm.PeerRebooted)
 	if !ok || !res.Accepted || index <= n.bootIndex {
 		return

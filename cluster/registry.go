@@ -12,9 +12,14 @@ import (
 )
 
 var (
-	_ nsm.Registry = (*Node)(nil)
-	_ nsm.Counter  = (*Node)(nil)
+	_ nsm.Registry      = (*Node)(nil)
+	_ nsm.Counter       = (*Node)(nil)
+	_ nsm.ReadyNotifier = (*Node)(nil)
 )
+
+// ReadyChanged is closed at the next event that may make Ready true: a
+// takeover applied here, or leadership moving (nsm.ReadyNotifier).
+func (n *Node) ReadyChanged() <-chan struct{} { return n.leaderChanged() }
 
 // Count is the number of registrations (nsm.Counter).
 func (n *Node) Count() int { return n.fsm.Len() }

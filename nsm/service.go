@@ -52,6 +52,11 @@ type Config struct {
 	ReadyWait time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// ReadyPoll is how often a call held for readiness checks Ready again
+	// besides the events of a Registry that is a ReadyNotifier. Default
+	// 2 ms, or 100 ms with a ReadyNotifier (its events carry the changes;
+	// the poll only catches what has none, e.g. a lease getting fresh).
+	ReadyPoll time.Duration
 	// MaxRegistrations caps the registrations: an SM_MON that would add
 	// one beyond it (not a repeat, which replaces) is refused stat_fail,
 	// counted as nsmd_mon_refused_total{reason="registrations_cap"}. It
@@ -65,6 +70,14 @@ type Config struct {
 	NotifyBurst int
 	NotifyEvery time.Duration
 	NotifyTrack int
+}
+
+// ReadyNotifier is what a Registry may offer so that calls held for
+// readiness wait on one event instead of each polling: ReadyChanged
+// returns a channel closed at the next event that may make Ready true
+// (a takeover applied, leadership moved).
+type ReadyNotifier interface {
+	ReadyChanged() <-chan struct{}
 }
 
 // Counter is what a Registry offers for Config.MaxRegistrations: how many
@@ -169,6 +182,7 @@ type Service struct {
 	limit *notifyLimiter // nil: SM_NOTIFY not limited
 	// refuseLog spaces the refusal log lines per caller address.
 	refuseLog *logLimiter
+	readyPoll time.Duration // Config.ReadyPoll, resolved
 
 	// Calls dropped while not ready: when that was last logged (Unix ns)
 	// and how many since.
@@ -180,8 +194,10 @@ const (
 	// notReadyLogEvery spaces the log lines about calls dropped while not ready.
 	notReadyLogEvery = time.Second
 	// readyPoll is how often a TCP call held for readiness checks again
-	// (Ready is a few loads).
-	readyPoll = 2 * time.Millisecond
+	// (Ready is a few loads) by default; readyPollNotified with a
+	// ReadyNotifier.
+	readyPoll         = 2 * time.Millisecond
+	readyPollNotified = 100 * time.Millisecond
 )
 
 var _ oncrpc.Handler = (*Service)(nil)
@@ -195,7 +211,13 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	svc := &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, refuseLog: newLogLimiter(time.Minute, 4096)}
+	svc := &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, refuseLog: newLogLimiter(time.Minute, 4096), readyPoll: cfg.ReadyPoll}
+	if svc.readyPoll <= 0 {
+		svc.readyPoll = readyPoll
+		if _, ok := reg.(ReadyNotifier); ok {
+			svc.readyPoll = readyPollNotified
+		}
+	}
 	if cfg.NotifyBurst > 0 {
 		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
 	}
@@ -242,12 +264,24 @@ func (s *Service) awaitReady(ctx context.Context, c *oncrpc.Call) bool {
 	if c.Net == "udp" || s.cfg.ReadyWait <= 0 {
 		return false
 	}
+	rn, _ := s.reg.(ReadyNotifier)
 	deadline := time.NewTimer(s.cfg.ReadyWait)
 	defer deadline.Stop()
-	tick := time.NewTicker(readyPoll)
+	tick := time.NewTicker(s.readyPoll)
 	defer tick.Stop()
 	for {
+		var changed <-chan struct{} // nil: no events, only the poll
+		if rn != nil {
+			changed = rn.ReadyChanged()
+			if s.reg.Ready() { // after taking the channel: no event is missed
+				return true
+			}
+		}
 		select {
+		case <-changed:
+			if s.reg.Ready() {
+				return true
+			}
 		case <-tick.C:
 			if s.reg.Ready() {
 				return true
