@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"math"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -66,7 +68,11 @@ type slowState struct {
 	lastTry      time.Time
 	lastResort   bool // eligible for elections despite the slow disk
 	nextTarget   int  // rotates hand-off targets (one per attempt)
+	declined     bool // "no faster node" said in this episode
 	episodes     uint64
+	// recent is the median of the writes the verdict looked at, however
+	// few (the gossiped report's; p50 needs slowMinSamples).
+	recent time.Duration
 }
 
 // diskSlowThreshold resolves Config.DiskSlowThreshold: 0 is the default,
@@ -127,16 +133,20 @@ func (d *diskHealth) slowVerdict(now time.Time) (became, cleared, fast bool) {
 		win--
 	}
 	win = min(max(win, slowMinSamples), len(s.samples))
-	if win >= slowMinSamples {
+	s.recent = 0
+	if win > 0 {
 		ds := make([]time.Duration, win)
 		for i, w := range s.samples[len(s.samples)-win:] {
 			ds[i] = w.d
 		}
 		slices.Sort(ds)
-		s.p50 = ds[len(ds)/2]
+		s.recent = ds[len(ds)/2]
+	}
+	if win >= slowMinSamples {
+		s.p50 = s.recent
 		switch {
 		case !s.slow && s.p50 > s.threshold:
-			s.slow, s.since, s.handedOff, s.lastResort = true, now, false, false
+			s.slow, s.since, s.handedOff, s.lastResort, s.declined = true, now, false, false, false
 			s.episodes++
 			became = true
 		case s.slow && s.p50 <= s.threshold/2:
@@ -206,43 +216,38 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 		if handedOff || lastResort || d.n.cfg.Witness || now.Sub(lastTry) < slowTransferRetry {
 			return // a witness hands off by itself (handOff)
 		}
-		d.mu.Lock()
-		s.lastTry = now
-		d.mu.Unlock()
-		var to []raft.Server
-		all := d.n.servingVoters()
-		for _, t := range all {
-			if d.n.member == nil || d.n.member.isAlive(string(t.ID)) {
-				to = append(to, t)
+		// Only to a node whose disk is measured faster (successor.go):
+		// when every other one is as slow (a shared array's hiccup), a
+		// move costs a takeover and gains nothing.
+		to := d.n.successors(moveSlowDisk)
+		if len(to) == 0 {
+			d.mu.Lock()
+			said := s.declined
+			s.declined = true
+			p50 := s.p50
+			d.mu.Unlock()
+			if !said {
+				d.n.metrics.transferDeclined.WithLabelValues(moveSlowDisk.String()).Inc()
+				d.n.log.Warn("data directory slow, but no other serving node's disk is measured faster: keeping leadership",
+					"write_p50", p50, "threshold", s.threshold)
 			}
-		}
-		if len(to) == 0 {
-			// Gossip lags raft (a voter back from a cut replicates for
-			// seconds before gossip says it is alive): try the others
-			// too, one per slowTransferRetry.
-			to = all
-		}
-		if len(to) == 0 {
-			d.n.log.Warn("data directory slow, but there is no other serving voter: keeping leadership")
 			return
 		}
 		// One target per attempt, the next one next time: a transfer to
-		// a node that is down (no gossip to say so in a static cluster)
-		// holds writes for an election timeout, so it is not retried at
-		// once.
+		// a node that is down (gossip lags) holds writes for an election
+		// timeout, so it is not retried at once.
 		t := to[next%len(to)]
 		d.mu.Lock()
+		s.lastTry = now
 		s.nextTarget = next + 1
 		d.mu.Unlock()
-		if err := r.LeadershipTransferToServer(t.ID, t.Address).Error(); err != nil {
-			d.n.log.Warn("data directory slow: leadership transfer failed; next attempt in a while", "to", t.ID, "err", err, "retry", slowTransferRetry)
-			return
+		if err := d.n.transfer(moveSlowDisk, t); err != nil {
+			return // logged; the next attempt comes after slowTransferRetry
 		}
 		d.mu.Lock()
 		s.handedOff = true
 		d.mu.Unlock()
 		d.n.metrics.diskSlowHandoffs.Inc()
-		d.n.log.Warn("data directory slow: handed leadership over", "to", t.ID)
 	case raft.Follower:
 		if lastResort || d.n.cfg.noSlowLastResort {
 			return
@@ -259,5 +264,44 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 				"last_contact", last, "waited", wait)
 			d.restoreTimeoutsIfOK()
 		}
+	}
+}
+
+// diskReport is what a node tells the others about its data directory,
+// in its gossip metadata ("dk"); the successor policy (successor.go)
+// compares them. A member without one (no gossip, or an older version)
+// has no measured disk.
+type diskReport struct {
+	Slow    bool   `json:"s,omitempty"` // judged slow (the median over slowWindow)
+	Suspect bool   `json:"q,omitempty"` // a write over the threshold within slowWindow
+	Down    bool   `json:"x,omitempty"` // not writable
+	P50us   uint32 `json:"p,omitempty"` // median of its recent writes in µs; 0: none measured
+}
+
+// p50 is the report's median write time.
+func (r diskReport) p50() time.Duration { return time.Duration(r.P50us) * time.Microsecond }
+
+// sameForGossip says whether r and o tell the others the same thing:
+// every flag equal and the median in the same power-of-two bucket (a
+// median that wanders within its bucket is not worth a broadcast).
+func (r diskReport) sameForGossip(o diskReport) bool {
+	return r.Slow == o.Slow && r.Suspect == o.Suspect && r.Down == o.Down && bits.Len32(r.P50us) == bits.Len32(o.P50us)
+}
+
+// report is this node's diskReport now.
+func (d *diskHealth) report(now time.Time) diskReport {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := &d.slowState
+	us := s.recent.Microseconds()
+	us = min(max(us, 0), math.MaxUint32)
+	if us == 0 && s.recent > 0 {
+		us = 1 // measured, under a microsecond
+	}
+	return diskReport{
+		Slow:    s.slow,
+		Suspect: s.threshold > 0 && now.Before(s.suspectUntil),
+		Down:    !d.ok,
+		P50us:   uint32(us),
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -69,6 +70,8 @@ const (
 	msgLeaveIntent    = byte(1) // user message: "I am leaving on purpose", then the node id
 	defaultReconcile  = 2 * time.Second
 	statePollEvery    = 250 * time.Millisecond
+	diskPollEvery     = 250 * time.Millisecond // how often the disk report is compared with the one advertised
+	diskRepublishMin  = time.Second            // a report whose flags did not change is re-advertised at most this often
 	configChangeWait  = 5 * time.Second
 	updateNodeTimeout = time.Second
 	joinBackoffMin    = 200 * time.Millisecond
@@ -87,6 +90,9 @@ type nodeMeta struct {
 	HasState bool   `json:"st,omitempty"`      // already in a raft configuration
 	Leaving  bool   `json:"leaving,omitempty"` // shutting down on purpose
 	Witness  bool   `json:"w,omitempty"`       // a witness: never leads for long, never serves
+	// Disk is the node's data directory as it measures it (diskslow.go);
+	// nil from a node that does not report one.
+	Disk *diskReport `json:"dk,omitempty"`
 }
 
 func decodeMeta(b []byte) (nodeMeta, error) {
@@ -132,6 +138,7 @@ type membership struct {
 	wg   sync.WaitGroup
 
 	// Owned by the loop goroutine.
+	diskAt        time.Time // when the disk report was last advertised
 	hasState      bool
 	bootstrapped  bool
 	warnedCrowd   bool
@@ -175,7 +182,7 @@ func newMembership(n *Node) (*membership, error) {
 		meta: nodeMeta{
 			V: metaVersion, ID: n.cfg.NodeID, Raft: string(n.trans.LocalAddr()),
 			NSM: n.cfg.NSMAddr, Version: n.cfg.Version, Witness: n.cfg.Witness,
-			Cluster: gc.ClusterID,
+			Cluster: gc.ClusterID, Disk: &diskReport{},
 		},
 		clusterID:      gc.ClusterID,
 		versionsWarned: map[string]struct{}{},
@@ -187,6 +194,7 @@ func newMembership(n *Node) (*membership, error) {
 	// The largest the metadata can ever get must fit, or memberlist panics.
 	worst := m.meta
 	worst.HasState, worst.Leaving, worst.Witness = true, true, true
+	worst.Disk = &diskReport{Slow: true, Suspect: true, Down: true, P50us: math.MaxUint32}
 	if b, err := json.Marshal(worst); err != nil {
 		return nil, fmt.Errorf("encode gossip metadata: %w", err)
 	} else if len(b) > memberlist.MetaMaxSize {
@@ -502,11 +510,17 @@ func (m *membership) loop(ctx context.Context) {
 	defer rec.Stop()
 	poll := time.NewTicker(statePollEvery)
 	defer poll.Stop()
+	disk := time.NewTicker(diskPollEvery)
+	defer disk.Stop()
 	m.step(ctx, true)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-disk.C:
+			if !m.isLeaving() {
+				m.refreshDisk(time.Now())
+			}
 		case <-m.kick:
 			m.step(ctx, true)
 		case <-rec.C:
@@ -560,6 +574,40 @@ func (m *membership) refreshState() {
 		m.log.Debug("metadata update not broadcast in time", "err", err)
 	}
 	m.log.Debug("advertising raft state", "has_state", has)
+}
+
+// refreshDisk advertises this node's disk report when it tells the others
+// something new: a flag changed (at once), or its median moved to another
+// power-of-two bucket (at most every diskRepublishMin).
+func (m *membership) refreshDisk(now time.Time) {
+	r := m.n.disk.report(now)
+	m.mu.Lock()
+	cur := *m.meta.Disk
+	m.mu.Unlock()
+	flags := r.Slow != cur.Slow || r.Suspect != cur.Suspect || r.Down != cur.Down
+	if r.sameForGossip(cur) || (!flags && now.Sub(m.diskAt) < diskRepublishMin) {
+		return
+	}
+	m.diskAt = now
+	m.setMeta(func(md *nodeMeta) { md.Disk = &r })
+	if err := m.list.UpdateNode(updateNodeTimeout); err != nil {
+		m.log.Debug("metadata update not broadcast in time", "err", err)
+	}
+	if flags {
+		m.log.Debug("advertising disk", "slow", r.Slow, "suspect", r.Suspect, "unwritable", r.Down, "write_p50", r.p50())
+	}
+}
+
+// diskOf is member id's disk report as its gossip metadata says (false:
+// none known).
+func (m *membership) diskOf(id string) (diskReport, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.peers[id]
+	if !ok || !p.metaOK || p.meta.Disk == nil {
+		return diskReport{}, false
+	}
+	return *p.meta.Disk, true
 }
 
 func (m *membership) setMeta(f func(*nodeMeta)) {

@@ -20,6 +20,8 @@ type metrics struct {
 	witnessHandoffs  *prometheus.CounterVec
 	diskWriteErrors  prometheus.Counter
 	diskSlowHandoffs prometheus.Counter
+	transfers        *prometheus.CounterVec
+	transferDeclined *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -61,9 +63,20 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		diskSlowHandoffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_disk_slow_handoffs_total", Help: "Leadership handed to another node because this node's data directory was slow.",
 		}),
+		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_leadership_transfers_total", Help: "Leadership transfers this node started, by reason (slow_disk, disk_unwritable, witness, failed_takeover, operator, shutdown) and result (ok, failed).",
+		}, []string{"reason", "result"}),
+		transferDeclined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_leadership_transfers_declined_total", Help: "Times this node had a reason to hand leadership away and no other node was healthier, so it kept leading (slow_disk: once per slow episode).",
+		}, []string{"reason"}),
 		witnessHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_witness_handoffs_total", Help: "Leadership hand-offs by this witness after it won an election (ok, failed).",
 		}, []string{"result"}),
+	}
+	for _, r := range moveReasons {
+		m.transfers.WithLabelValues(r.String(), "ok")
+		m.transfers.WithLabelValues(r.String(), "failed")
+		m.transferDeclined.WithLabelValues(r.String())
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
@@ -71,6 +84,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 	cs := []prometheus.Collector{
 		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
 		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs,
+		m.transfers, m.transferDeclined,
 		gauge("nsmd_disk_writable", "1 while the data directory takes writes; 0 while it does not and this node stays out of elections.", func() float64 {
 			if n.disk == nil || n.disk.writable() {
 				return 1
