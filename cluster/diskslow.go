@@ -13,9 +13,13 @@ import (
 // is answered after the leader's own fsync, whatever its followers do. A
 // slow follower costs nothing while the others make the quorum. So a node
 // whose writes are persistently slow stays out of leadership: a slow
-// leader hands leadership to a serving voter (never a witness), and while
+// leader hands leadership to a serving voter whose disk is measured faster
+// (successor.go: never a witness, never an equally slow node), and while
 // slow it does not campaign (the same stretched timeouts as a full disk);
-// it keeps voting and following.
+// it keeps voting and following. Each node tells the others what it
+// measures (diskReport, in its gossip metadata): judged slow, a write over
+// the threshold within slowWindow ("suspect": a disk that just slowed down
+// is not a target before its own verdict is in), unwritable, and its median.
 //
 // "Slow" is the median of the data directory's writes (raft log and stable
 // store commits, and the probe's 64 KiB write + fsync) over the last
@@ -33,9 +37,13 @@ import (
 // the probe runs every slowProbeEvery to decide quickly.
 //
 // Every change of leader costs a takeover (sm_state bump, grace, SM_NOTIFY
-// to every client), so the hand-off happens at most once per slow episode:
-// if leadership comes back while still slow (every other serving node is
-// slow too, or gone), this node keeps it. And a slow node must not leave
+// to every client), so the hand-off happens at most once per slow episode,
+// and only when it gains something: when every other serving node is as
+// slow (a shared array's hiccup slows every fsync at once) the slow leader
+// keeps leading and says so once; handing over would have moved
+// leadership round the equally slow nodes, one takeover per hop. If
+// leadership comes back while still slow, this node keeps it. And a slow
+// node must not leave
 // the cluster leaderless: when it has heard from no leader for
 // slowLastResort election timeouts it becomes eligible again (a slow
 // leader beats none).
@@ -69,6 +77,9 @@ type slowState struct {
 	lastResort   bool // eligible for elections despite the slow disk
 	nextTarget   int  // rotates hand-off targets (one per attempt)
 	declined     bool // "no faster node" said in this episode
+	// anySuccessor (tests only, the negative control): the rule before
+	// successor.go, any serving voter, gossip-alive first.
+	anySuccessor bool
 	episodes     uint64
 	// recent is the median of the writes the verdict looked at, however
 	// few (the gossiped report's; p50 needs slowMinSamples).
@@ -207,7 +218,7 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 	}
 	d.mu.Lock()
 	s := &d.slowState
-	handedOff, lastTry, lastResort, next := s.handedOff, s.lastTry, s.lastResort, s.nextTarget
+	handedOff, lastTry, lastResort, next, anySuccessor := s.handedOff, s.lastTry, s.lastResort, s.nextTarget, s.anySuccessor
 	d.mu.Unlock()
 	switch r.State() {
 	case raft.Leader:
@@ -220,6 +231,9 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 		// when every other one is as slow (a shared array's hiccup), a
 		// move costs a takeover and gains nothing.
 		to := d.n.successors(moveSlowDisk)
+		if anySuccessor {
+			to = d.n.successors(moveShutdown)
+		}
 		if len(to) == 0 {
 			d.mu.Lock()
 			said := s.declined

@@ -3,13 +3,17 @@
 package cluster
 
 import (
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/nsmd/nsmd/internal/slowfs"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // slowDisks mounts a slow passthrough (internal/slowfs) per node; each
@@ -35,6 +39,46 @@ func slowDisks(t *testing.T, n int) ([]string, []*slowfs.FS) {
 		dirs, fss = append(dirs, f.Dir), append(fss, f)
 	}
 	return dirs, fss
+}
+
+// tcpGossipCluster is tcpCluster with gossip on loopback, so that every
+// node sees the others' disk reports (the successor policy needs them).
+func tcpGossipCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, chan takeoverEvent) {
+	t.Helper()
+	ports := map[string]int{}
+	for i := range dirs {
+		ports[fmt.Sprintf("n%d", i+1)] = freeGossipPort(t)
+	}
+	nodes, took := tcpCluster(t, dirs, func(c *Config) {
+		c.Gossip = GossipConfig{Bind: "127.0.0.1", Port: ports[c.NodeID]}
+		for id, p := range ports {
+			if id != c.NodeID {
+				c.Gossip.Join = append(c.Gossip.Join, net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+			}
+		}
+		tune(c)
+	})
+	testutil.WaitFor(t, 10*time.Second, "every node has every other node's disk report", func() bool {
+		for _, a := range nodes {
+			for _, b := range nodes {
+				if _, ok := a.n.member.diskOf(b.id); a != b && !ok {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	return nodes, took
+}
+
+// slowDiskTimings are the agent's default timings: tcpCluster's 100 ms
+// ones are shorter than a vote on a slow disk (two fsyncs of the stable
+// store).
+func slowDiskTimings(c *Config) {
+	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
+	if testing.Verbose() {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
+	}
 }
 
 // monFor sends SM_MONs to whichever node leads for d and returns their
@@ -85,15 +129,9 @@ func TestSlowDiskLeaderStepsAside(t *testing.T) {
 	}{{"step-aside", 0}, {"off-negative-control", -1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dirs, fss := slowDisks(t, 3)
-			nodes, took := tcpCluster(t, dirs, func(c *Config) {
+			nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
 				c.DiskSlowThreshold = tc.threshold
-				// The agent's default timings: tcpCluster's 100 ms ones
-				// are shorter than a vote on the slow disk (two fsyncs of
-				// the stable store).
-				c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
-				if testing.Verbose() {
-					c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
-				}
+				slowDiskTimings(c)
 			})
 			first := nextTakeover(t, took, 5*time.Second)
 			var slow *tcpNode
@@ -249,4 +287,136 @@ func TestVerySlowFollowerDiskIsJudgedSlow(t *testing.T) {
 		waitCond(t, 15*time.Second, tn.id+" judges its disk fast again", func() bool { return !tn.n.Disk().Slow })
 		return
 	}
+}
+
+// TestEveryDiskSlowMovesNoLeadership: every node's fsyncs slow down at
+// once (a shared array's hiccup) while clients keep writing. No node is
+// healthier than the leader, so leadership stays: no takeover while every
+// disk is slow, the leader says why once (the declined metric), and no
+// follower campaigns. Negative control: with the rule before the one
+// policy (a slow leader hands to any serving voter) the same drill moves
+// leadership between equally slow nodes.
+func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
+	const delay = 200 * time.Millisecond
+	const watch = 8 * time.Second
+	for _, tc := range []struct {
+		name string
+		old  bool
+	}{{"stays", false}, {"old-rule-negative-control", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dirs, fss := slowDisks(t, 3)
+			nodes, took := tcpGossipCluster(t, dirs, slowDiskTimings)
+			first := nextTakeover(t, took, 10*time.Second)
+			var leader *tcpNode
+			for _, tn := range nodes {
+				if tn.id == first.node {
+					leader = tn
+				}
+				tn.n.disk.mu.Lock()
+				tn.n.disk.slowState.anySuccessor = tc.old
+				tn.n.disk.mu.Unlock()
+			}
+			if err := mon(leader.n, 0); err != nil {
+				t.Fatal(err)
+			}
+			var cands []interface{ Load() int64 }
+			for _, tn := range nodes {
+				cands = append(cands, countCandidacies(t, tn.n))
+			}
+			for _, f := range fss {
+				f.SetDelay(delay)
+			}
+			start := time.Now()
+			lat := monFor(nodes, watch, 1)
+			var moves []takeoverEvent
+			for len(took) > 0 {
+				moves = append(moves, <-took)
+			}
+			everySlow := true
+			for _, tn := range nodes {
+				everySlow = everySlow && tn.n.Disk().Slow
+			}
+			if !everySlow {
+				for _, tn := range nodes {
+					t.Logf("%s: %+v", tn.id, tn.n.Disk())
+				}
+				t.Fatal("not every disk was judged slow: the drill did not make the condition")
+			}
+			if tc.old {
+				if len(moves) == 0 {
+					t.Fatalf("negative control: the old rule moved no leadership in %v with every disk slow", watch)
+				}
+				t.Logf("old rule: %d takeovers in %v with every disk slow (%v)", len(moves), watch, moves)
+				return
+			}
+			if len(moves) > 0 {
+				t.Fatalf("%d takeovers with every disk equally slow: %+v", len(moves), moves)
+			}
+			if !leader.n.IsLeader() {
+				t.Fatalf("%s no longer leads", leader.id)
+			}
+			for i, c := range cands {
+				if got := c.Load(); got != 0 {
+					t.Fatalf("%s campaigned %d times with its disk slow", nodes[i].id, got)
+				}
+			}
+			if got := testutil.MetricValue(t, leader.n.metrics.transferDeclined.WithLabelValues(moveSlowDisk.String())); got != 1 {
+				t.Fatalf("declined hand-offs on the slow leader: %v, want 1 (said once per episode)", got)
+			}
+			t.Logf("every fsync +%v for %v: %s kept leading, no takeover, %d SM_MONs (p50 %v)",
+				delay, time.Since(start).Round(time.Millisecond), leader.id, len(lat), p50(lat))
+		})
+	}
+}
+
+// TestSlowLeaderHandsOverOnlyToAFasterNode: three servers and a witness;
+// the leader's disk and one other server's turn slow at once. Leadership
+// goes to the one server whose disk is fast — not to the other slow one,
+// not to the witness — and stays there.
+func TestSlowLeaderHandsOverOnlyToAFasterNode(t *testing.T) {
+	const delay = 200 * time.Millisecond
+	dirs, fss := slowDisks(t, 4)
+	nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
+		slowDiskTimings(c)
+		c.Witness = c.NodeID == "n4"
+		c.Witnesses = []string{"n4"}
+	})
+	witness := nodes[3]
+	first := nextTakeover(t, took, 10*time.Second)
+	if first.node == witness.id {
+		t.Fatalf("the witness took over: %+v", first)
+	}
+	var leader, slow, fast *tcpNode
+	for i, tn := range nodes[:3] {
+		switch {
+		case tn.id == first.node:
+			leader = tn
+			fss[i].SetDelay(delay)
+		case slow == nil:
+			slow = tn
+			fss[i].SetDelay(delay)
+		default:
+			fast = tn
+		}
+	}
+	start := time.Now()
+	lat := monFor(nodes, 500*time.Millisecond, 1)
+	next := nextTakeover(t, took, 15*time.Second)
+	if next.node != fast.id || next.state != first.state+2 {
+		t.Fatalf("takeover %+v after %s and %s turned slow; want the fast %s with %d", next, leader.id, slow.id, fast.id, first.state+2)
+	}
+	after := monFor(nodes, 3*time.Second, 10000)
+	select {
+	case ev := <-took:
+		t.Fatalf("another takeover (%+v) after the hand-over to the fast node", ev)
+	default:
+	}
+	if got := witness.n.Handoffs(); got != 0 {
+		t.Fatalf("the witness led and handed on %d times", got)
+	}
+	if !leader.n.Disk().Slow || !slow.n.Disk().Slow || fast.n.Disk().Slow {
+		t.Fatalf("disks: leader %+v, slow %+v, fast %+v", leader.n.Disk(), slow.n.Disk(), fast.n.Disk())
+	}
+	t.Logf("%s and %s slow (+%v): %s handed over to the fast %s after %v; SM_MON p50 %v before, %v after (%d)",
+		leader.id, slow.id, delay, leader.id, fast.id, time.Since(start).Round(time.Millisecond), p50(lat), p50(after), len(after))
 }

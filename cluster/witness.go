@@ -12,8 +12,9 @@ import (
 // node priority, so a witness can still win an election (with pre-vote, a
 // surviving server cannot win before every other voter's heartbeat timer
 // has run out, and the witness's own may run out first). When it does, it
-// hands leadership to a serving voter at once (handOff) and commits
-// nothing itself, so the serving node's Takeover is the only state bump.
+// hands leadership to a serving voter at once (handOff, successor.go) and
+// commits nothing itself, so the serving node's Takeover is the only state
+// bump.
 //
 // Measured on the pair topology: a witness with longer timeouts than the
 // servers does not win less; it delays every failover to its own timeout

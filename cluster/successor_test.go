@@ -1,0 +1,113 @@
+package cluster
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// TestSuccessorPolicy pins who may take leadership from this node, by
+// reason. The "old" column is what the transfer sites did before there
+// was one policy (the slow-disk rule: any serving voter gossip sees
+// alive); the rows where it differs are the ones the policy exists for.
+func TestSuccessorPolicy(t *testing.T) {
+	ms := func(d time.Duration) uint32 { return uint32(d.Microseconds()) }
+	fast := diskReport{P50us: ms(time.Millisecond)}
+	slow := diskReport{Slow: true, P50us: ms(200 * time.Millisecond)}
+	slower := diskReport{Slow: true, P50us: ms(400 * time.Millisecond)}
+	down := diskReport{Down: true}
+	suspect := diskReport{Suspect: true, P50us: ms(time.Millisecond)}
+	// Not judged slow, but not twice as fast as a 200 ms leader either.
+	borderline := diskReport{P50us: ms(150 * time.Millisecond)}
+	unmeasured := diskReport{}
+	c := func(id string, alive bool, d *diskReport) candidate {
+		cd := candidate{srv: raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress("addr-" + id), Suffrage: raft.Voter}, alive: alive}
+		if d != nil {
+			cd.disk, cd.known = *d, true
+		}
+		return cd
+	}
+	ids := func(ss []raft.Server) []string { return serverIDs(ss) }
+	for _, tc := range []struct {
+		name string
+		why  moveReason
+		self diskReport
+		cs   []candidate
+		want []string
+		old  []string // the old slow-disk rule's targets, when it differs
+	}{
+		{"slow: every other node as slow or slower moves nothing", moveSlowDisk, slow,
+			[]candidate{c("a", true, &slow), c("b", true, &slower)}, nil, []string{"a", "b"}},
+		{"slow: only the measured-faster node", moveSlowDisk, slow,
+			[]candidate{c("a", true, &slow), c("b", true, &fast), c("c", true, &down)}, []string{"b"}, []string{"a", "b", "c"}},
+		{"slow: a node under the line but not twice as fast is not healthier", moveSlowDisk, slow,
+			[]candidate{c("a", true, &borderline)}, nil, []string{"a"}},
+		{"slow: a disk with a slow write just now is not measured fast yet", moveSlowDisk, slow,
+			[]candidate{c("a", true, &suspect)}, nil, []string{"a"}},
+		{"slow: no report (no gossip, older version) is not measured", moveSlowDisk, slow,
+			[]candidate{c("a", true, nil), c("b", true, &unmeasured)}, nil, []string{"a", "b"}},
+		{"slow: gossip-alive first, a silent faster node last", moveSlowDisk, slow,
+			[]candidate{c("a", false, &fast), c("b", true, &fast)}, []string{"b", "a"}, nil},
+		{"slow: this node not measured slow: nothing is faster", moveSlowDisk, unmeasured,
+			[]candidate{c("a", true, &fast)}, nil, nil},
+		{"unwritable: any node not known unwritable, healthy first", moveDiskDown, down,
+			[]candidate{c("a", true, &down), c("b", true, &slow), c("c", true, nil), c("d", true, &fast)}, []string{"d", "c", "b"}, nil},
+		{"failed takeover: alive, disk not slow or unwritable", moveFailedTakeover, fast,
+			[]candidate{c("a", true, &slow), c("b", false, &fast), c("c", true, &down), c("d", true, &fast), c("e", true, nil)}, []string{"d", "e"}, nil},
+		{"failed takeover: nobody healthy stays", moveFailedTakeover, fast,
+			[]candidate{c("a", true, &slow), c("b", false, &fast)}, nil, nil},
+		{"witness: every server, alive then healthiest first", moveWitness, fast,
+			[]candidate{c("a", true, &slow), c("b", false, &fast), c("c", true, &fast)}, []string{"c", "a", "b"}, nil},
+		{"operator and shutdown: every server", moveShutdown, slow,
+			[]candidate{c("a", true, &slow), c("b", true, &down)}, []string{"a", "b"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ids(successorsFor(tc.why, tc.self, tc.cs))
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("successors for %s: %v, want %v", tc.why, got, tc.want)
+			}
+			if tc.old == nil {
+				return
+			}
+			// Negative control: the old rule would have moved here.
+			var old []string
+			for _, cd := range tc.cs {
+				if cd.alive {
+					old = append(old, string(cd.srv.ID))
+				}
+			}
+			if len(old) == 0 {
+				for _, cd := range tc.cs {
+					old = append(old, string(cd.srv.ID))
+				}
+			}
+			if !slices.Equal(old, tc.old) || slices.Equal(old, got) {
+				t.Fatalf("old rule's targets %v (table says %v): the row does not show what changed", old, tc.old)
+			}
+		})
+	}
+}
+
+// TestDiskReportSameForGossip: a report is re-advertised when a flag
+// changes or its median leaves its power-of-two bucket.
+func TestDiskReportSameForGossip(t *testing.T) {
+	base := diskReport{P50us: 300}
+	for _, tc := range []struct {
+		o    diskReport
+		same bool
+	}{
+		{diskReport{P50us: 300}, true},
+		{diskReport{P50us: 500}, true}, // 256..511
+		{diskReport{P50us: 600}, false},
+		{diskReport{P50us: 300, Slow: true}, false},
+		{diskReport{P50us: 300, Suspect: true}, false},
+		{diskReport{P50us: 300, Down: true}, false},
+		{diskReport{}, false},
+	} {
+		if got := base.sameForGossip(tc.o); got != tc.same {
+			t.Errorf("%+v vs %+v: same %v, want %v", base, tc.o, got, tc.same)
+		}
+	}
+}
