@@ -57,6 +57,18 @@ const (
 	slowLastResort           = 3 // election timeouts with no leader heard
 	slowMaxSamples           = 4096
 	slowMaxAge               = 10 * time.Second
+	// A disk that slowed down is "suspect" (told in its gossiped report,
+	// so that it is no hand-off target) while at least 1/suspectShare of
+	// its writes over slowWindow, and at least suspectMinWrites, were over
+	// the threshold: when every disk slows at once, the others cross that
+	// line well before the leader's median does. One stalled fsync in a
+	// busy window is not enough: a fast node under load is still a target.
+	suspectShare     = 4
+	suspectMinWrites = 2
+	// slowHandoffSettle: a slow leader hands over no sooner than this
+	// after its verdict, so that the others' reports of a common slowdown
+	// have reached it.
+	slowHandoffSettle = time.Second
 )
 
 type writeSample struct {
@@ -218,13 +230,13 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 	}
 	d.mu.Lock()
 	s := &d.slowState
-	handedOff, lastTry, lastResort, next, anySuccessor := s.handedOff, s.lastTry, s.lastResort, s.nextTarget, s.anySuccessor
+	handedOff, lastTry, lastResort, next, anySuccessor, since := s.handedOff, s.lastTry, s.lastResort, s.nextTarget, s.anySuccessor, s.since
 	d.mu.Unlock()
 	switch r.State() {
 	case raft.Leader:
 		// Not after a last-resort election either: no healthy node took
 		// leadership when it could, so the others are slow or gone.
-		if handedOff || lastResort || d.n.cfg.Witness || now.Sub(lastTry) < slowTransferRetry {
+		if handedOff || lastResort || d.n.cfg.Witness || now.Sub(lastTry) < slowTransferRetry || now.Sub(since) < slowHandoffSettle {
 			return // a witness hands off by itself (handOff)
 		}
 		// Only to a node whose disk is measured faster (successor.go):
@@ -243,7 +255,7 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 			if !said {
 				d.n.metrics.transferDeclined.WithLabelValues(moveSlowDisk.String()).Inc()
 				d.n.log.Warn("data directory slow, but no other serving node's disk is measured faster: keeping leadership",
-					"write_p50", p50, "threshold", s.threshold)
+					"write_p50", p50, "threshold", s.threshold, "others", describeCandidates(d.n.candidates()))
 			}
 			return
 		}
@@ -287,7 +299,7 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 // has no measured disk.
 type diskReport struct {
 	Slow    bool   `json:"s,omitempty"` // judged slow (the median over slowWindow)
-	Suspect bool   `json:"q,omitempty"` // a write over the threshold within slowWindow
+	Suspect bool   `json:"q,omitempty"` // slowing down: suspectShare of its writes over slowWindow over the threshold
 	Down    bool   `json:"x,omitempty"` // not writable
 	P50us   uint32 `json:"p,omitempty"` // median of its recent writes in µs; 0: none measured
 }
@@ -312,9 +324,16 @@ func (d *diskHealth) report(now time.Time) diskReport {
 	if us == 0 && s.recent > 0 {
 		us = 1 // measured, under a microsecond
 	}
+	over, all := 0, 0
+	for i := len(s.samples) - 1; i >= 0 && now.Sub(s.samples[i].at) <= slowWindow; i-- {
+		all++
+		if s.samples[i].d > s.threshold {
+			over++
+		}
+	}
 	return diskReport{
 		Slow:    s.slow,
-		Suspect: s.threshold > 0 && now.Before(s.suspectUntil),
+		Suspect: s.threshold > 0 && over >= suspectMinWrites && over*suspectShare >= all,
 		Down:    !d.ok,
 		P50us:   uint32(us),
 	}

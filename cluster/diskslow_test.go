@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,6 +104,38 @@ func monFor(nodes []*tcpNode, d time.Duration, from int) []time.Duration {
 		}
 	}
 	return lat
+}
+
+// monLoad runs writers monFor loops at once for d (write pressure) and
+// returns every latency.
+func monLoad(nodes []*tcpNode, d time.Duration, writers, from int) []time.Duration {
+	var mu sync.Mutex
+	var all []time.Duration
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat := monFor(nodes, d, from+w*1_000_000)
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return all
+}
+
+// equalSlowDisk: every disk gets slowFsync, well over the threshold, but
+// a vote (six fsyncs with bolt) still fits the election timeout, so a
+// transfer between slow nodes can complete: the drill of a shared array
+// that slowed down, not of one that stopped.
+const slowFsync = 60 * time.Millisecond
+
+func equalSlowTimings(c *Config) {
+	slowDiskTimings(c)
+	c.DiskSlowThreshold = 25 * time.Millisecond
+	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
 }
 
 func p50(ds []time.Duration) time.Duration {
@@ -297,7 +330,7 @@ func TestVerySlowFollowerDiskIsJudgedSlow(t *testing.T) {
 // policy (a slow leader hands to any serving voter) the same drill moves
 // leadership between equally slow nodes.
 func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
-	const delay = 200 * time.Millisecond
+	const delay = slowFsync
 	const watch = 8 * time.Second
 	for _, tc := range []struct {
 		name string
@@ -305,7 +338,7 @@ func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
 	}{{"stays", false}, {"old-rule-negative-control", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dirs, fss := slowDisks(t, 3)
-			nodes, took := tcpGossipCluster(t, dirs, slowDiskTimings)
+			nodes, took := tcpGossipCluster(t, dirs, equalSlowTimings)
 			first := nextTakeover(t, took, 10*time.Second)
 			var leader *tcpNode
 			for _, tn := range nodes {
@@ -327,7 +360,7 @@ func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
 				f.SetDelay(delay)
 			}
 			start := time.Now()
-			lat := monFor(nodes, watch, 1)
+			lat := monLoad(nodes, watch, 8, 1)
 			var moves []takeoverEvent
 			for len(took) > 0 {
 				moves = append(moves, <-took)
@@ -374,10 +407,10 @@ func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
 // goes to the one server whose disk is fast — not to the other slow one,
 // not to the witness — and stays there.
 func TestSlowLeaderHandsOverOnlyToAFasterNode(t *testing.T) {
-	const delay = 200 * time.Millisecond
+	const delay = slowFsync
 	dirs, fss := slowDisks(t, 4)
 	nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
-		slowDiskTimings(c)
+		equalSlowTimings(c)
 		c.Witness = c.NodeID == "n4"
 		c.Witnesses = []string{"n4"}
 	})
@@ -400,12 +433,12 @@ func TestSlowLeaderHandsOverOnlyToAFasterNode(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	lat := monFor(nodes, 500*time.Millisecond, 1)
+	lat := monLoad(nodes, 500*time.Millisecond, 4, 1)
 	next := nextTakeover(t, took, 15*time.Second)
 	if next.node != fast.id || next.state != first.state+2 {
 		t.Fatalf("takeover %+v after %s and %s turned slow; want the fast %s with %d", next, leader.id, slow.id, fast.id, first.state+2)
 	}
-	after := monFor(nodes, 3*time.Second, 10000)
+	after := monLoad(nodes, 3*time.Second, 4, 10_000_000)
 	select {
 	case ev := <-took:
 		t.Fatalf("another takeover (%+v) after the hand-over to the fast node", ev)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -23,9 +24,9 @@ import (
 // The rules, by reason (a witness is never a target: it cannot serve):
 //
 //   - slow disk (diskslow.go): only a serving node whose disk is measured
-//     faster: its gossiped report (diskReport) says writable, not slow, no
-//     write over the threshold within the last 2 s, and a median write at
-//     most half this node's. A node with no report (no gossip, or an
+//     faster: its gossiped report (diskReport) says writable, not slow,
+//     not slowing down (suspect), and a median write at most half this
+//     node's. A node with no report (no gossip, or an
 //     older version) is not measured and not a target. When every other
 //     node is as slow (a shared array's hiccup: every fsync slow at once)
 //     the slow leader keeps leading; handing over would only add a
@@ -176,6 +177,38 @@ func (n *Node) candidates() []candidate {
 		out = append(out, c)
 	}
 	return out
+}
+
+// describeCandidates says what this node knows of each candidate (for
+// the log line of a leader that keeps leadership for want of a better
+// node): "n2=slow/62ms n3=suspect/3ms n4=?" ("?": no report).
+func describeCandidates(cs []candidate) string {
+	var b strings.Builder
+	for i, c := range cs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(string(c.srv.ID))
+		b.WriteByte('=')
+		if !c.alive {
+			b.WriteString("silent,")
+		}
+		switch {
+		case !c.known:
+			b.WriteString("?")
+			continue
+		case c.disk.Down:
+			b.WriteString("unwritable")
+		case c.disk.Slow:
+			b.WriteString("slow")
+		case c.disk.Suspect:
+			b.WriteString("suspect")
+		default:
+			b.WriteString("ok")
+		}
+		fmt.Fprintf(&b, "/%v", c.disk.p50().Round(100*time.Microsecond))
+	}
+	return b.String()
 }
 
 // successors lists, best first, the nodes that may take leadership from

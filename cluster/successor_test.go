@@ -111,3 +111,38 @@ func TestDiskReportSameForGossip(t *testing.T) {
 		}
 	}
 }
+
+// TestDiskReportSuspectNeedsAShareOfSlowWrites: one stalled fsync among
+// many fast ones leaves a disk a hand-off target; a quarter of the last
+// 2 s over the threshold (a disk slowing down) does not.
+func TestDiskReportSuspectNeedsAShareOfSlowWrites(t *testing.T) {
+	now := time.Now()
+	report := func(fast, slow int) diskReport {
+		d := &diskHealth{ok: true}
+		d.slowState.threshold = 50 * time.Millisecond
+		for i := range fast + slow {
+			dur := time.Millisecond
+			if i >= fast {
+				dur = 80 * time.Millisecond
+			}
+			d.slowState.samples = append(d.slowState.samples, writeSample{now.Add(-time.Second), dur})
+		}
+		return d.report(now)
+	}
+	if r := report(40, 1); r.Suspect {
+		t.Fatalf("one stalled write in 41: %+v", r)
+	}
+	if r := report(30, 10); !r.Suspect {
+		t.Fatalf("10 slow writes in 40: %+v, want suspect", r)
+	}
+	if r := report(0, 1); r.Suspect {
+		t.Fatalf("a single write, slow: %+v (want at least %d)", r, suspectMinWrites)
+	}
+	// Outside the window they no longer count.
+	d := &diskHealth{ok: true}
+	d.slowState.threshold = 50 * time.Millisecond
+	d.slowState.samples = []writeSample{{now.Add(-3 * time.Second), time.Second}, {now.Add(-3 * time.Second), time.Second}}
+	if r := d.report(now); r.Suspect {
+		t.Fatalf("slow writes older than the window: %+v", r)
+	}
+}
