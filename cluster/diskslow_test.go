@@ -3,12 +3,9 @@
 package cluster
 
 import (
-	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -40,36 +37,6 @@ func slowDisks(t *testing.T, n int) ([]string, []*slowfs.FS) {
 		dirs, fss = append(dirs, f.Dir), append(fss, f)
 	}
 	return dirs, fss
-}
-
-// tcpGossipCluster is tcpCluster with gossip on loopback, so that every
-// node sees the others' disk reports (the successor policy needs them).
-func tcpGossipCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, chan takeoverEvent) {
-	t.Helper()
-	ports := map[string]int{}
-	for i := range dirs {
-		ports[fmt.Sprintf("n%d", i+1)] = freeGossipPort(t)
-	}
-	nodes, took := tcpCluster(t, dirs, func(c *Config) {
-		c.Gossip = GossipConfig{Bind: "127.0.0.1", Port: ports[c.NodeID]}
-		for id, p := range ports {
-			if id != c.NodeID {
-				c.Gossip.Join = append(c.Gossip.Join, net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-			}
-		}
-		tune(c)
-	})
-	testutil.WaitFor(t, 10*time.Second, "every node has every other node's disk report", func() bool {
-		for _, a := range nodes {
-			for _, b := range nodes {
-				if _, ok := a.n.member.diskOf(b.id); a != b && !ok {
-					return false
-				}
-			}
-		}
-		return true
-	})
-	return nodes, took
 }
 
 // slowDiskTimings are the agent's default timings: tcpCluster's 100 ms

@@ -1,11 +1,17 @@
 package cluster
 
 import (
+	"errors"
+	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // TestSuccessorPolicy pins who may take leadership from this node, by
@@ -144,5 +150,103 @@ func TestDiskReportSuspectNeedsAShareOfSlowWrites(t *testing.T) {
 	d.slowState.samples = []writeSample{{now.Add(-3 * time.Second), time.Second}, {now.Add(-3 * time.Second), time.Second}}
 	if r := d.report(now); r.Suspect {
 		t.Fatalf("slow writes older than the window: %+v", r)
+	}
+}
+
+// tcpGossipCluster is tcpCluster with gossip on loopback, so that every
+// node sees the others' disk reports (the successor policy needs them).
+func tcpGossipCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, chan takeoverEvent) {
+	t.Helper()
+	ports := map[string]int{}
+	for i := range dirs {
+		ports[fmt.Sprintf("n%d", i+1)] = freeGossipPort(t)
+	}
+	nodes, took := tcpCluster(t, dirs, func(c *Config) {
+		c.Gossip = GossipConfig{Bind: "127.0.0.1", Port: ports[c.NodeID]}
+		for id, p := range ports {
+			if id != c.NodeID {
+				c.Gossip.Join = append(c.Gossip.Join, net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+			}
+		}
+		tune(c)
+	})
+	testutil.WaitFor(t, 10*time.Second, "every node has every other node's disk report", func() bool {
+		for _, a := range nodes {
+			for _, b := range nodes {
+				if _, ok := a.n.member.diskOf(b.id); a != b && !ok {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	return nodes, took
+}
+
+// TestFailedTakeoverStepsAsideToAHealthyServer: after its takeover failed
+// a leader hands leadership to a server gossip sees alive whose disk is
+// not slow: not to a server that says its disk is slow, not to the
+// witness.
+func TestFailedTakeoverStepsAsideToAHealthyServer(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()}
+	nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
+		c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
+		c.Witness = c.NodeID == "n4"
+		c.Witnesses = []string{"n4"}
+	})
+	witness := nodes[3]
+	first := nextTakeover(t, took, 10*time.Second)
+	var leader, slow, healthy *tcpNode
+	for _, tn := range nodes[:3] {
+		switch {
+		case tn.id == first.node:
+			leader = tn
+		case slow == nil:
+			slow = tn
+		default:
+			healthy = tn
+		}
+	}
+	if leader == nil {
+		t.Fatalf("first takeover by %s, not a server", first.node)
+	}
+	// Every write of slow's is over a 1 µs threshold: it judges its disk
+	// slow, as a real slow disk would make it, and says so in gossip.
+	slow.n.disk.mu.Lock()
+	slow.n.disk.slowState.threshold = time.Microsecond
+	slow.n.disk.mu.Unlock()
+	testutil.WaitFor(t, 10*time.Second, "the leader hears that "+slow.id+"'s disk is slow", func() bool {
+		r, ok := leader.n.member.diskOf(slow.id)
+		return ok && r.Slow
+	})
+	if got := serverIDs(leader.n.successors(moveFailedTakeover)); !slices.Equal(got, []string{healthy.id}) {
+		t.Fatalf("successors after a failed takeover: %v, want only %s", got, healthy.id)
+	}
+	to, err := leader.n.stepAsideAfterFailedTakeover()
+	if err != nil || string(to) != healthy.id {
+		t.Fatalf("step aside: to %q, %v; want %s", to, err, healthy.id)
+	}
+	if ev := nextTakeover(t, took, 10*time.Second); ev.node != healthy.id || ev.state != first.state+2 {
+		t.Fatalf("takeover %+v after the step-aside; want %s with %d", ev, healthy.id, first.state+2)
+	}
+	if got := witness.n.Handoffs(); got != 0 {
+		t.Fatalf("the witness led and handed on %d times", got)
+	}
+
+	// Now the old leader's disk turns slow too: no other server is
+	// healthy, the new leader keeps leading.
+	leader.n.disk.mu.Lock()
+	leader.n.disk.slowState.threshold = time.Microsecond
+	leader.n.disk.mu.Unlock()
+	testutil.WaitFor(t, 10*time.Second, "the new leader hears that "+leader.id+"'s disk is slow", func() bool {
+		r, ok := healthy.n.member.diskOf(leader.id)
+		return ok && r.Slow
+	})
+	_, err = healthy.n.stepAsideAfterFailedTakeover()
+	if !errors.Is(err, ErrNoSuccessor) {
+		t.Fatalf("step aside with every other server slow: %v, want ErrNoSuccessor", err)
+	}
+	if !healthy.n.IsLeader() {
+		t.Fatalf("%s no longer leads", healthy.id)
 	}
 }
