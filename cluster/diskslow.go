@@ -17,9 +17,10 @@ import (
 // (successor.go: never a witness, never an equally slow node), and while
 // slow it does not campaign (the same stretched timeouts as a full disk);
 // it keeps voting and following. Each node tells the others what it
-// measures (diskReport, in its gossip metadata): judged slow, a write over
-// the threshold within slowWindow ("suspect": a disk that just slowed down
-// is not a target before its own verdict is in), unwritable, and its median.
+// measures (diskReport, in its gossip metadata): judged slow, slowing down
+// ("suspect": a quarter of its writes over slowWindow over the threshold,
+// so that a disk that just slowed down is no target before its own
+// verdict is in), unwritable, and its median write.
 //
 // "Slow" is the median of the data directory's writes (raft log and stable
 // store commits, and the probe's 64 KiB write + fsync) over the last
@@ -43,10 +44,9 @@ import (
 // keeps leading and says so once; handing over would have moved
 // leadership round the equally slow nodes, one takeover per hop. If
 // leadership comes back while still slow, this node keeps it. And a slow
-// node must not leave
-// the cluster leaderless: when it has heard from no leader for
-// slowLastResort election timeouts it becomes eligible again (a slow
-// leader beats none).
+// node must not leave the cluster leaderless: when it has heard from no
+// leader for slowLastResort election timeouts it becomes eligible again
+// (a slow leader beats none).
 
 const (
 	defaultDiskSlowThreshold = 50 * time.Millisecond

@@ -45,9 +45,9 @@ import (
 //   - shutdown: any serving node (this one goes away either way).
 //
 // The order within the allowed ones: gossip-alive first (without gossip,
-// every voter counts as alive), then by disk: measured healthy, no
-// report, suspect, slow, unwritable; raft's configuration order breaks
-// ties.
+// every voter counts as alive; for a slow disk, a silent node only when
+// no live one is allowed), then by disk: measured healthy, no report,
+// suspect, slow, unwritable; raft's configuration order breaks ties.
 
 // moveReason says why this node hands leadership away; each reason has its
 // rule for who may take it.
@@ -139,6 +139,13 @@ func successorsFor(why moveReason, self diskReport, cs []candidate) []raft.Serve
 		if c.allowed(why, self) {
 			ok = append(ok, c)
 		}
+	}
+	if why == moveSlowDisk && slices.ContainsFunc(ok, func(c candidate) bool { return c.alive }) {
+		// A silent node only when no live one is faster: gossip lags
+		// raft (a voter back from a cut replicates for seconds before
+		// gossip calls it alive), but a dead one holds writes for an
+		// election timeout.
+		ok = slices.DeleteFunc(ok, func(c candidate) bool { return !c.alive })
 	}
 	slices.SortStableFunc(ok, func(a, b candidate) int {
 		if a.alive != b.alive {
@@ -281,13 +288,11 @@ func (n *Node) transfer(why moveReason, to raft.Server) error {
 // target.
 func (n *Node) TransferLeadership(to string) error {
 	if to == "" {
-		if _, err := n.moveLeadership(moveOperator); err != nil {
-			if errors.Is(err, ErrNoSuccessor) {
-				return fmt.Errorf("%w: no other serving voter", ErrWitnessTarget)
-			}
-			return fmt.Errorf("cluster: leadership transfer: %w", err)
+		_, err := n.moveLeadership(moveOperator)
+		if errors.Is(err, ErrNoSuccessor) {
+			return fmt.Errorf("%w: no other serving voter", ErrWitnessTarget)
 		}
-		return nil
+		return err // each transfer's error names its target
 	}
 	if n.IsWitness(to) {
 		return fmt.Errorf("%w: %s is a witness", ErrWitnessTarget, to)
