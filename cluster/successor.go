@@ -235,9 +235,15 @@ func (n *Node) pickSuccessor(why moveReason) (raft.ServerID, raft.ServerAddress,
 }
 
 // moveLeadership hands leadership to the best successor for why, the next
-// one when a transfer fails, and says who took it. Every transfer blocks
-// until raft's own attempt ends (about an election timeout when the
-// target does not answer).
+// one when a transfer fails, and says who took it ("" when leadership left
+// this node but no leader is known yet). Every transfer blocks until
+// raft's own attempt ends (about an election timeout when the target does
+// not answer).
+//
+// Raft answers "timeout" when the target's election outlasts its wait, and
+// that target may still win: so before asking the next one it waits up to
+// an election timeout for a leader change, and stops if this node no
+// longer leads — two targets asked at once can make two takeovers.
 func (n *Node) moveLeadership(why moveReason) (raft.ServerID, error) {
 	to := n.successors(why)
 	if len(to) == 0 {
@@ -245,12 +251,30 @@ func (n *Node) moveLeadership(why moveReason) (raft.ServerID, error) {
 		return "", fmt.Errorf("%w (%s)", ErrNoSuccessor, why)
 	}
 	var errs []error
-	for _, s := range to {
+	for i, s := range to {
+		changed := n.leaderChanged()
 		err := n.transfer(why, s)
 		if err == nil {
 			return s.ID, nil
 		}
 		errs = append(errs, err)
+		if i == len(to)-1 {
+			break
+		}
+		t := time.NewTimer(n.cfg.ElectionTimeout)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-n.ctx.Done():
+		}
+		t.Stop()
+		if n.raft.State() != raft.Leader {
+			_, id := n.raft.LeaderWithID()
+			return id, nil
+		}
+		if n.ctx.Err() != nil {
+			break
+		}
 	}
 	return "", errors.Join(errs...)
 }
