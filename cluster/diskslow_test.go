@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -305,7 +306,24 @@ func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
 	}{{"stays", false}, {"old-rule-negative-control", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dirs, fss := slowDisks(t, 3)
-			nodes, took := tcpGossipCluster(t, dirs, equalSlowTimings)
+			var logs testutil.LockedBuffer
+			nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
+				equalSlowTimings(c)
+				if !testing.Verbose() {
+					c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
+				}
+			})
+			// On a failure, what moved leadership: a transfer, or an
+			// election (a starved heartbeat).
+			defer func() {
+				if t.Failed() {
+					for _, w := range []string{"slow", "handed", "transfer", "election"} {
+						for _, l := range logs.Lines(w) {
+							t.Log(strings.TrimSpace(l))
+						}
+					}
+				}
+			}()
 			first := nextTakeover(t, took, 10*time.Second)
 			var leader *tcpNode
 			for _, tn := range nodes {
@@ -322,6 +340,14 @@ func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
 			var cands []interface{ Load() int64 }
 			for _, tn := range nodes {
 				cands = append(cands, countCandidacies(t, tn.n))
+			}
+			// An election before the fault (a starved heartbeat at start)
+			// is not what this test counts.
+			testutil.WaitFor(t, 5*time.Second, "a settled leader", func() bool {
+				return leader.n.IsLeader() && leader.n.Leading()
+			})
+			for len(took) > 0 {
+				<-took
 			}
 			for _, f := range fss {
 				f.SetDelay(delay)
