@@ -344,7 +344,13 @@ func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
 			// An election before the fault (a starved heartbeat at start)
 			// is not what this test counts.
 			testutil.WaitFor(t, 5*time.Second, "a settled leader", func() bool {
-				return leader.n.IsLeader() && leader.n.Leading()
+				for _, tn := range nodes {
+					if tn.n.IsLeader() && tn.n.Leading() {
+						leader = tn
+						return true
+					}
+				}
+				return false
 			})
 			for len(took) > 0 {
 				<-took
