@@ -324,22 +324,12 @@ func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
 					}
 				}
 			}()
-			first := nextTakeover(t, took, 10*time.Second)
+			nextTakeover(t, took, 10*time.Second)
 			var leader *tcpNode
 			for _, tn := range nodes {
-				if tn.id == first.node {
-					leader = tn
-				}
 				tn.n.disk.mu.Lock()
 				tn.n.disk.slowState.anySuccessor = tc.old
 				tn.n.disk.mu.Unlock()
-			}
-			if err := mon(leader.n, 0); err != nil {
-				t.Fatal(err)
-			}
-			var cands []interface{ Load() int64 }
-			for _, tn := range nodes {
-				cands = append(cands, countCandidacies(t, tn.n))
 			}
 			// An election before the fault (a starved heartbeat at start)
 			// is not what this test counts.
@@ -352,6 +342,13 @@ func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
 				}
 				return false
 			})
+			if err := mon(leader.n, 0); err != nil {
+				t.Fatal(err)
+			}
+			var cands []interface{ Load() int64 }
+			for _, tn := range nodes {
+				cands = append(cands, countCandidacies(t, tn.n))
+			}
 			for len(took) > 0 {
 				<-took
 			}
