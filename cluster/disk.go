@@ -146,7 +146,6 @@ func (d *diskHealth) probe() error {
 func (d *diskHealth) run(done <-chan struct{}, probeEvery time.Duration) {
 	t := time.NewTimer(probeEvery)
 	defer t.Stop()
-	downTries := 0 // failed hand-offs while unwritable (rotates the target)
 	for {
 		select {
 		case <-done:
@@ -182,15 +181,12 @@ func (d *diskHealth) run(done <-chan struct{}, probeEvery time.Duration) {
 			if d.n.raft != nil && d.n.raft.State() == raft.Leader {
 				// Found by the probe while leading: let a node that can
 				// write lead (raft steps us down by itself at our next
-				// failed write otherwise). Never the witness (successor.go).
-				// One target per probe, the next one next time: a
-				// transfer that timed out may still have started the
-				// target's election, and a second target at once would
-				// make two takeovers.
-				if to := d.n.successors(moveDiskDown); len(to) == 0 {
+				// failed write otherwise). Never the witness; the next
+				// target only once the last one's election cannot still
+				// be under way (successor.go).
+				if _, err := d.n.moveLeadership(moveDiskDown); errors.Is(err, ErrNoSuccessor) {
 					d.n.log.Debug("data directory not writable and no other serving node may lead: keeping leadership")
-				} else if err := d.n.transfer(moveDiskDown, to[downTries%len(to)]); err != nil {
-					downTries++
+				} else if err != nil {
 					d.n.log.Warn("cannot hand leadership away from an unwritable node", "err", err)
 				}
 			}

@@ -241,9 +241,11 @@ func (n *Node) pickSuccessor(why moveReason) (raft.ServerID, raft.ServerAddress,
 // not answer).
 //
 // Raft answers "timeout" when the target's election outlasts its wait, and
-// that target may still win: so before asking the next one it waits up to
-// an election timeout for a leader change, and stops if this node no
-// longer leads — two targets asked at once can make two takeovers.
+// that target may still win: so after a failed transfer it waits up to an
+// election timeout for a leader change, and stops if this node no longer
+// leads — two targets asked at once can make two takeovers. (The wait
+// follows the last failure too: a caller that retries at once must not
+// overlap with it either.)
 func (n *Node) moveLeadership(why moveReason) (raft.ServerID, error) {
 	to := n.successors(why)
 	if len(to) == 0 {
@@ -251,16 +253,13 @@ func (n *Node) moveLeadership(why moveReason) (raft.ServerID, error) {
 		return "", fmt.Errorf("%w (%s)", ErrNoSuccessor, why)
 	}
 	var errs []error
-	for i, s := range to {
+	for _, s := range to {
 		changed := n.leaderChanged()
 		err := n.transfer(why, s)
 		if err == nil {
 			return s.ID, nil
 		}
 		errs = append(errs, err)
-		if i == len(to)-1 {
-			break
-		}
 		t := time.NewTimer(n.cfg.ElectionTimeout)
 		select {
 		case <-changed:
