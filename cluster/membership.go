@@ -71,7 +71,8 @@ const (
 	defaultReconcile  = 2 * time.Second
 	statePollEvery    = 250 * time.Millisecond
 	diskPollEvery     = 250 * time.Millisecond // how often the disk report is compared with the one advertised
-	diskRepublishMin  = time.Second            // a report whose flags did not change is re-advertised at most this often
+	diskRepublishMin  = time.Second            // a report with no new trouble is re-advertised at most this often
+	diskUpdateWait    = 10 * time.Millisecond  // how long refreshDisk waits for memberlist to send its update
 	configChangeWait  = 5 * time.Second
 	updateNodeTimeout = time.Second
 	joinBackoffMin    = 200 * time.Millisecond
@@ -577,23 +578,28 @@ func (m *membership) refreshState() {
 }
 
 // refreshDisk advertises this node's disk report when it tells the others
-// something new: a flag changed (at once), or its median moved to another
-// power-of-two bucket (at most every diskRepublishMin).
+// something new: a trouble flag (slow, suspect, unwritable) that turned on
+// at once, anything else — a flag that cleared, a median in another
+// power-of-two bucket — at most every diskRepublishMin. Every update costs
+// each member a metadata event and a reconcile step, and on a loaded
+// machine "suspect" can come and go several times a second. It does not
+// wait for the broadcast (memberlist queues it either way): this loop also
+// runs bootstrap and reconcile.
 func (m *membership) refreshDisk(now time.Time) {
 	r := m.n.disk.report(now)
 	m.mu.Lock()
 	cur := *m.meta.Disk
 	m.mu.Unlock()
-	flags := r.Slow != cur.Slow || r.Suspect != cur.Suspect || r.Down != cur.Down
-	if r.sameForGossip(cur) || (!flags && now.Sub(m.diskAt) < diskRepublishMin) {
+	worse := (r.Slow && !cur.Slow) || (r.Suspect && !cur.Suspect) || (r.Down && !cur.Down)
+	if r.sameForGossip(cur) || (!worse && now.Sub(m.diskAt) < diskRepublishMin) {
 		return
 	}
 	m.diskAt = now
 	m.setMeta(func(md *nodeMeta) { md.Disk = &r })
-	if err := m.list.UpdateNode(updateNodeTimeout); err != nil {
-		m.log.Debug("metadata update not broadcast in time", "err", err)
+	if err := m.list.UpdateNode(diskUpdateWait); err != nil {
+		m.log.Debug("disk report queued, not yet broadcast", "err", err)
 	}
-	if flags {
+	if r.Slow != cur.Slow || r.Suspect != cur.Suspect || r.Down != cur.Down {
 		m.log.Debug("advertising disk", "slow", r.Slow, "suspect", r.Suspect, "unwritable", r.Down, "write_p50", r.p50())
 	}
 }
