@@ -224,8 +224,10 @@ func TestFailedTakeoverStepsAsideToAHealthyServer(t *testing.T) {
 	if got := serverIDs(leader.n.successors(moveFailedTakeover)); !slices.Equal(got, []string{healthy.id}) {
 		t.Fatalf("successors after a failed takeover: %v, want only %s", got, healthy.id)
 	}
+	// ("" with no error: the transfer timed out on a starved machine and
+	// leadership left all the same; the takeover below says to whom.)
 	to, err := leader.n.stepAsideAfterFailedTakeover()
-	if err != nil || string(to) != healthy.id {
+	if err != nil || (to != "" && string(to) != healthy.id) {
 		t.Fatalf("step aside: to %q, %v; want %s", to, err, healthy.id)
 	}
 	if ev := nextTakeover(t, took, 10*time.Second); ev.node != healthy.id || ev.state != first.state+2 {
