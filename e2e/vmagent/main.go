@@ -28,7 +28,10 @@
 //	                       its one-line answer (the fence-agent stand-in's
 //	                       channel: e2e/fence_vm_linux_test.go)
 //
-// Request {"cmd": "...", "timeout_ms": N, "detach": bool}: run `sh -c cmd`.
+// Request {"cmd": "...", "timeout_ms": N, "detach": bool}: run `sh -c cmd`;
+// "@cat FILE..." instead reads the files itself (no process: the fencing
+// test's sampler asks every 300 ms) and answers their contents, one after
+// the other, rc 1 if one could not be read.
 // Without detach the answer comes when it exits (rc, combined output). With
 // detach the process keeps running (its own session, output appended to
 // /run/vmagent/<pid>.log) and the answer comes at its first output line, or
@@ -172,6 +175,10 @@ func handle(c net.Conn) {
 		timeout = 30 * time.Second
 	}
 	var resp Response
+	if files, ok := strings.CutPrefix(req.Cmd, "@cat "); ok {
+		json.NewEncoder(c).Encode(catFiles(strings.Fields(files)))
+		return
+	}
 	if req.Detach {
 		resp = detach(req.Cmd, timeout)
 	} else {
@@ -292,4 +299,19 @@ func ask(args []string) error {
 	}
 	fmt.Print(line)
 	return nil
+}
+
+// catFiles reads files without starting a process.
+func catFiles(files []string) Response {
+	var b strings.Builder
+	rc := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			rc = 1
+			continue
+		}
+		b.Write(data)
+	}
+	return Response{RC: rc, Out: b.String()}
 }
