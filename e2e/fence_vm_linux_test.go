@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -493,12 +494,15 @@ func (s *fenceSampler) close() {
 }
 
 // overlaps is every certain overlap of two servers' holds (held says what
-// counts), in seconds after t0.
-func (s *fenceSampler) overlaps(held func(holdSample) bool, t0 time.Time) []string {
+// counts) that lasted past since, in seconds after t0.
+func (s *fenceSampler) overlaps(held func(holdSample) bool, t0, since time.Time) []string {
 	var out []string
 	for i := range s.vms {
 		for j := i + 1; j < len(s.vms); j++ {
 			for _, o := range overlapsOf(certainSpans(s.vms[i].sampled(), held), certainSpans(s.vms[j].sampled(), held)) {
+				if !o.to.After(since) {
+					continue
+				}
 				out = append(out, fmt.Sprintf("%s and %s both held from %+.1fs to %+.1fs", s.vms[i].n.id, s.vms[j].n.id, o.from.Sub(t0).Seconds(), o.to.Sub(t0).Seconds()))
 			}
 		}
@@ -765,23 +769,30 @@ func TestFencingKeepsOneServerOnTheSharedDisk(t *testing.T) {
 	t.Logf("serving: %s (sm_state %d), fencing %v", leader.id, st.SMState, fencing)
 	r.startClients(leader)
 
+	// NSMD_E2E_FENCE_DRILLS=a,d,… runs only those drills (debugging); with
+	// an nsmd without fencing it runs them anyway, fencing off (d is the
+	// one that must pass without fencing: nsmd itself still runs there).
+	only := map[string]bool{}
+	for _, d := range strings.Split(os.Getenv("NSMD_E2E_FENCE_DRILLS"), ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			only[d] = true
+		}
+	}
 	var results []fenceResult
-	if !fencing {
+	if !fencing && len(only) == 0 {
 		t.Logf("SKIPPED the fencing drills (a–f): this nsmd has no --fence-watchdog (fencing not merged yet); running the infrastructure and the negative control only")
 	} else {
-		for _, d := range []struct{ name, fault string }{
-			{"a", "kill -9 nsmd"},
-			{"b", "kill -9 nsmd, restarted after 2 s"},
-			{"c", "SIGSTOP nsmd 10 s, SIGCONT"},
-			{"d", "raft+gossip cut 15 s, healed"},
-			{"f", "transfer, umount busy"},
-		} {
+		for _, d := range fenceDrills {
+			if len(only) > 0 && !only[d.name] {
+				continue
+			}
+			if d.name == "e" && fencing {
+				// A frozen VM cannot reset itself: the fence agent covers it.
+				p.serverArgs = fenceArgs(true)
+				p.restartServers()
+			}
 			results = append(results, r.drill(d.name, d.fault))
 		}
-		// (e): a frozen VM cannot reset itself: the fence agent covers it.
-		p.serverArgs = fenceArgs(true)
-		p.restartServers()
-		results = append(results, r.drill("e", "VM frozen 12 s (fence agent), SIGCONT"))
 		var tbl strings.Builder
 		tbl.WriteString("\n" + fenceTableHead + "\n")
 		for _, res := range results {
@@ -789,7 +800,7 @@ func TestFencingKeepsOneServerOnTheSharedDisk(t *testing.T) {
 		}
 		t.Logf("FENCING DRILLS, seconds after the fault (serve: survivor leads with the VIP and nfsd threads; locks: every held lock on the survivor; gap: the old node's release to the new node's mount, bounded by the samples):%s", tbl.String())
 	}
-	if o := r.sampler.overlaps(heldAny, tStart); len(o) > 0 {
+	if o := r.sampler.overlaps(heldAny, tStart, tStart); len(o) > 0 {
 		t.Fatalf("two servers held the shared disk at once: %s", strings.Join(o, "; "))
 	}
 	r.stopClients()
@@ -804,6 +815,17 @@ func TestFencingKeepsOneServerOnTheSharedDisk(t *testing.T) {
 // slow-disk hand-off, a feature this tier does not test), which a drill
 // would take for its own failover.
 var slowDiskArgs = []string{"--disk-slow-threshold", "1s"}
+
+// fenceDrills are the partial faults of the serving server, in the order
+// they run ((e) last: it needs the fence agent configured, a restart).
+var fenceDrills = []struct{ name, fault string }{
+	{"a", "kill -9 nsmd"},
+	{"b", "kill -9 nsmd, restarted after 2 s"},
+	{"c", "SIGSTOP nsmd 10 s, SIGCONT"},
+	{"d", "raft+gossip cut 15 s, healed"},
+	{"f", "transfer, umount busy"},
+	{"e", "VM frozen 12 s (fence agent), SIGCONT"},
+}
 
 // fenceArgs are the servers' fencing flags: softdog's /dev/watchdog, a
 // short fence timeout, and with agent the fence-agent stand-in.
@@ -1064,7 +1086,7 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 		}
 	}
 	res.gapLo, res.gapHi, res.gapOK = handover(fl.sampled(), fo.sampled(), t0)
-	res.overlapsCertain = r.sampler.overlaps(heldAny, t0)
+	res.overlapsCertain = r.sampler.overlaps(heldAny, t0, r.tStart)
 	from := t0.Add(-2 * time.Second)
 	tl := fmt.Sprintf("  %s: %s\n  %s: %s", leader.id, fl.timeline(t0, from), other.id, fo.timeline(t0, from))
 	if !healed.IsZero() {
@@ -1125,9 +1147,22 @@ func (r *fenceRig) cleanStopAndFsck() {
 		dump <- out
 	}()
 	ts := time.Now()
-	p.stopServer(leader)
+	// p.stopServer, but the VM may reset meanwhile (a failed stop, fencing on).
+	if _, _, err := leader.vm.try(100*time.Second, fmt.Sprintf("kill %[1]d; while kill -0 %[1]d 2>/dev/null; do sleep 0.1; done", leader.pid)); err != nil && !r.vms[leader].isDown() {
+		t.Fatalf("stopping %s: %v", leader.id, err)
+	}
 	t.Logf("clean stop: %s's nsmd stopped %.1fs after SIGTERM", leader.id, time.Since(ts).Seconds())
 	for _, n := range p.servers {
+		if f := r.vms[n]; f.isDown() {
+			// A failed stop with fencing on resets the node: it holds
+			// nothing now; boot it for the negative control.
+			ex := f.exitsSince(ts)
+			t.Errorf("%s ended during its clean stop: %+v", n.id, ex)
+			f.boot()
+			f.n.vm.waitReady()
+			f.n.vm.sh(20*time.Second, loadSoftdog(""))
+			continue
+		}
 		if out := n.vm.sh(10*time.Second, "/usr/lib/nsmd/hooks/nfsd-ha status"); !strings.Contains(out, "not mounted") {
 			var d string
 			select {
@@ -1139,17 +1174,20 @@ func (r *fenceRig) cleanStopAndFsck() {
 		}
 	}
 	tf := time.Now()
-	rc, out, err := leader.vm.try(120*time.Second, "echo 3 > /proc/sys/vm/drop_caches; e2fsck -fn /dev/vda 2>&1")
+	fsckOn := other // up: a reset at the stop can only have hit the leader
+	rc, out, err := fsckOn.vm.try(120*time.Second, "echo 3 > /proc/sys/vm/drop_caches; e2fsck -fn /dev/vda 2>&1")
 	if err != nil || rc != 0 {
-		t.Fatalf("e2fsck -fn of the shared disk on %s: rc %d %v:\n%s", leader.id, rc, err, out)
+		t.Fatalf("e2fsck -fn of the shared disk on %s: rc %d %v:\n%s", fsckOn.id, rc, err, out)
 	}
 	t.Logf("clean stop; e2fsck -fn of the shared disk (%.1fs): clean:\n%s", time.Since(tf).Seconds(), strings.TrimSpace(out))
 }
 
-// negativeControl: drill (a) with fencing off must let both servers mount
-// the shared disk at once, and the sampler must see it. Then the old node
-// is fenced by hand (softdog, a 2 s timeout, never fed): the harness sees
-// its QEMU end.
+// negativeControl: with fencing off, drills (f) and (a) must let both
+// servers mount the shared disk at once, and the sampler must see it.
+// (f): a planned move whose unmount fails on the old node (a process keeps
+// the export busy); (a): nsmd killed on the serving node. Then the old node
+// of (a) is fenced by hand (softdog, a 2 s timeout, never fed): the harness
+// must see its QEMU end.
 func (r *fenceRig) negativeControl(fencing bool) {
 	t := r.t
 	t.Helper()
@@ -1161,39 +1199,63 @@ func (r *fenceRig) negativeControl(fencing bool) {
 	for _, n := range p.servers {
 		p.startServer(n)
 	}
-	leader, st := p.waitServing(120*time.Second, 1, p.servers...)
-	other := p.other(leader)
-	p.waitFollowing(other, st.SMState, 120*time.Second)
-	fl, fo := r.vms[leader], r.vms[other]
-	testutil.WaitForSeen(t, 30*time.Second, leader.id+" seen holding by the sampler", func() (bool, string) {
-		time.Sleep(fenceSamplePeriod)
-		return fl.latest().mounted, fl.latest().code()
-	})
-	t0 := time.Now()
-	leader.vm.sh(5*time.Second, fmt.Sprintf("kill -9 %d", leader.pid))
-	var seen []string
-	testutil.WaitForSeen(t, 90*time.Second, "the negative control: both servers mounting the shared disk", func() (bool, string) {
-		seen = r.sampler.overlaps(heldMounted, t0)
-		time.Sleep(fenceSamplePeriod)
-		return len(seen) > 0, fmt.Sprintf("%s %s, %s %s", leader.id, fl.latest().code(), other.id, fo.latest().code())
-	})
-	found := time.Since(t0).Seconds()
-	from := t0.Add(-2 * time.Second)
-	t.Logf("NEGATIVE CONTROL (fencing off, kill -9 of nsmd on the serving %s at %s UTC): the sampler saw the overlap %.1fs after the fault: %s\n  %s: %s\n  %s: %s",
-		leader.id, t0.UTC().Format("15:04:05.000"), found, strings.Join(seen, "; "), leader.id, fl.timeline(t0, from), other.id, fo.timeline(t0, from))
-
-	// Fence the old node by hand with its own watchdog: softdog with a 2 s
-	// margin, opened and never fed. The harness must see QEMU end.
-	tw := time.Now()
-	leader.vm.sh(20*time.Second, "rmmod softdog && "+loadSoftdog("soft_margin=2"))
-	leader.vm.start(5*time.Second, "echo armed; exec sleep 100000 > /dev/watchdog")
-	testutil.WaitForSeen(t, 60*time.Second, leader.id+" reset by its watchdog", func() (bool, string) {
-		time.Sleep(100 * time.Millisecond)
-		return fl.isDown(), fl.latest().code()
-	})
-	ex := fl.exitsSince(tw)
-	if len(ex) == 0 || ex[0].how != "watchdog reset" {
-		t.Fatalf("%s ended, but not by its watchdog: %+v\n%s", leader.id, ex, tail(leader.vm.console.String(), 10))
+	for _, kind := range []string{"f", "a"} {
+		leader, st := p.waitServing(120*time.Second, 1, p.servers...)
+		other := p.other(leader)
+		p.waitFollowing(other, st.SMState, 120*time.Second)
+		fl, fo := r.vms[leader], r.vms[other]
+		testutil.WaitForSeen(t, 60*time.Second, leader.id+" seen holding by the sampler, "+other.id+" free", func() (bool, string) {
+			time.Sleep(fenceSamplePeriod)
+			return fl.latest().mounted && fo.latest().src == 's' && !fo.latest().holds(), fl.latest().code() + " " + fo.latest().code()
+		})
+		busy := 0
+		if kind == "f" {
+			var line string
+			if line, busy = leader.vm.start(10*time.Second, "cd "+pairExport+" && echo busy && exec sleep 100000"); line != "busy" {
+				t.Fatalf("negative control: busy holder: %q", line)
+			}
+		}
+		t0 := time.Now()
+		what := "kill -9 of nsmd"
+		if kind == "f" {
+			what = "transfer, umount busy"
+			go func() {
+				resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
+				if err == nil {
+					resp.Body.Close()
+				}
+			}()
+		} else {
+			leader.vm.sh(5*time.Second, fmt.Sprintf("kill -9 %d", leader.pid))
+		}
+		var seen []string
+		testutil.WaitForSeen(t, 90*time.Second, "the negative control ("+kind+"): both servers mounting the shared disk", func() (bool, string) {
+			seen = r.sampler.overlaps(heldMounted, t0, t0)
+			time.Sleep(fenceSamplePeriod)
+			return len(seen) > 0, fmt.Sprintf("%s %s, %s %s", leader.id, fl.latest().code(), other.id, fo.latest().code())
+		})
+		found := time.Since(t0).Seconds()
+		from := t0.Add(-2 * time.Second)
+		t.Logf("NEGATIVE CONTROL %s (fencing off, %s on the serving %s at %s UTC): the sampler saw the overlap %.1fs after the fault: %s\n  %s: %s\n  %s: %s",
+			kind, what, leader.id, t0.UTC().Format("15:04:05.000"), found, strings.Join(seen, "; "), leader.id, fl.timeline(t0, from), other.id, fo.timeline(t0, from))
+		if kind == "f" {
+			// Undo by hand: the busy process goes, the old node unmounts.
+			leader.vm.sh(60*time.Second, fmt.Sprintf("kill %[1]d; while kill -0 %[1]d 2>/dev/null; do sleep 0.1; done; /usr/lib/nsmd/hooks/nfsd-ha stop", busy))
+			continue
+		}
+		// Fence the old node by hand with its own watchdog: softdog with a
+		// 2 s margin, opened and never fed. The harness must see QEMU end.
+		tw := time.Now()
+		leader.vm.sh(20*time.Second, "rmmod softdog && "+loadSoftdog("soft_margin=2"))
+		leader.vm.start(5*time.Second, "echo armed; exec sleep 100000 > /dev/watchdog")
+		testutil.WaitForSeen(t, 60*time.Second, leader.id+" reset by its watchdog", func() (bool, string) {
+			time.Sleep(100 * time.Millisecond)
+			return fl.isDown(), fl.latest().code()
+		})
+		ex := fl.exitsSince(tw)
+		if len(ex) == 0 || ex[0].how != "watchdog reset" {
+			t.Fatalf("%s ended, but not by its watchdog: %+v\n%s", leader.id, ex, tail(leader.vm.console.String(), 10))
+		}
+		t.Logf("softdog in %s: armed at %s UTC, QEMU ended (%s) %.1fs later; %s holds alone: %s", leader.id, tw.UTC().Format("15:04:05.000"), ex[0].how, ex[0].at.Sub(tw).Seconds(), other.id, fo.latest().code())
 	}
-	t.Logf("softdog in %s: armed at %s UTC, QEMU ended (%s) %.1fs later; %s holds alone: %s", leader.id, tw.UTC().Format("15:04:05.000"), ex[0].how, ex[0].at.Sub(tw).Seconds(), other.id, fo.latest().code())
 }
