@@ -1033,8 +1033,10 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 		}()
 	}
 
-	// The survivor serves, every held lock comes back, a new lock is granted.
-	_, probe := r.prober.start(5*time.Second, "vmagent firstlock "+v4ProbeDir+" 500ms")
+	// The survivor serves, every held lock comes back, a new lock is granted
+	// (by the survivor: the prober starts once it serves, as the old node
+	// may grant locks until it is fenced).
+	probe := 0
 	since := func() float64 { return time.Since(t0).Seconds() }
 	testutil.WaitForSeen(t, fenceServeBound+90*time.Second, name+": the survivor serving, every lock reclaimed, a new lock granted", func() (bool, string) {
 		var seen []string
@@ -1057,7 +1059,10 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 				seen = append(seen, fmt.Sprintf("locks %v", l))
 			}
 		}
-		if res.newLock == 0 {
+		if probe == 0 && res.serve > 0 {
+			_, probe = r.prober.start(5*time.Second, "vmagent firstlock "+v4ProbeDir+" 500ms")
+		}
+		if res.newLock == 0 && probe > 0 {
 			if rc, out, err := r.prober.try(5*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", probe)); err == nil && rc == 0 && strings.Contains(out, "granted") {
 				res.newLock = since()
 			}
