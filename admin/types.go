@@ -62,6 +62,62 @@ type Status struct {
 	// how many clients could reclaim, how many came back, when and why
 	// each grace ended (absent on a node that never took over).
 	Grace *nlm.GraceStatus `json:"grace,omitempty"`
+	// Fence is how this node is fenced and what it waited for before it
+	// last served.
+	Fence Fence `json:"fence"`
+}
+
+// Fence is a node's fencing: GET /v1/status's "fence".
+type Fence struct {
+	// Mode: watchdog, agent or watchdog+agent; off on a serving node that
+	// runs without any fence (the operator said so); none on a node that
+	// never serves (a witness, or no on_leader hook).
+	Mode string `json:"mode"`
+	// Serving: from before the on_leader hook until on_follower succeeded.
+	Serving  bool           `json:"serving"`
+	Watchdog *FenceWatchdog `json:"watchdog,omitempty"`
+	// Agent is the fence agent this node runs against another node that
+	// may still serve.
+	Agent string `json:"agent,omitempty"`
+	// StopFailed: the last stop failed; the watchdog resets this node.
+	StopFailed bool `json:"stop_failed,omitempty"`
+	// Waiting: this node leads and waits for the others to be proven
+	// stopped before it serves.
+	Waiting  bool       `json:"waiting,omitempty"`
+	LastWait *FenceWait `json:"last_wait,omitempty"`
+}
+
+// FenceWatchdog is a serving node's watchdog.
+type FenceWatchdog struct {
+	Device         string  `json:"device"`
+	TimeoutSeconds float64 `json:"timeout_seconds"`
+	Armed          bool    `json:"armed"`
+	// Starving: armed but not fed, for lack of proof that this node may
+	// serve (no quorum within the lease, a stop failed, a hook overran).
+	Starving bool       `json:"starving,omitempty"`
+	LastFeed *time.Time `json:"last_feed,omitempty"`
+	// Deadline: when the watchdog resets the node unless fed or disarmed.
+	Deadline *time.Time `json:"deadline,omitempty"`
+}
+
+// FenceWait is what a new leader waited for before it served: one entry
+// per other serving node.
+type FenceWait struct {
+	At      time.Time    `json:"at"`
+	Seconds float64      `json:"seconds"`
+	Nodes   []FencedNode `json:"nodes"`
+	Aborted string       `json:"aborted,omitempty"`
+}
+
+// FencedNode says how another serving node was proven not to serve: by
+// "clean" (it said so after its stop), "agent" (the fence agent reported
+// it off) or "watchdog" (its watchdog must have reset it by then), after
+// Seconds of the wait.
+type FencedNode struct {
+	Node    string  `json:"node"`
+	By      string  `json:"by"`
+	Seconds float64 `json:"seconds"`
+	Detail  string  `json:"detail,omitempty"`
 }
 
 // NotifyProgress is the SM_NOTIFY fan-out progress of the current leader term.
@@ -417,4 +473,56 @@ func (b BuildInfo) Gossip() string {
 		v += "+modified"
 	}
 	return v
+}
+
+// Summary is the fence line of nsmd status: the mode, the watchdog's
+// state, and what the last wait before serving was.
+func (f Fence) Summary() string {
+	var b strings.Builder
+	switch f.Mode {
+	case "":
+		return "unknown (an older nsmd)"
+	case "none":
+		b.WriteString("none (this node serves no storage)")
+	case "off":
+		b.WriteString("OFF: this node serves storage without any fence")
+	default:
+		b.WriteString(f.Mode)
+	}
+	if w := f.Watchdog; w != nil {
+		fmt.Fprintf(&b, "; watchdog %s %gs", w.Device, w.TimeoutSeconds)
+		switch {
+		case w.Armed && w.Starving:
+			b.WriteString(" armed, NOT FED (no proof this node may serve)")
+		case w.Armed:
+			b.WriteString(" armed")
+			if w.LastFeed != nil {
+				fmt.Fprintf(&b, ", fed %s", w.LastFeed.Format(time.RFC3339Nano))
+			}
+		default:
+			b.WriteString(" disarmed")
+		}
+		if w.Deadline != nil {
+			fmt.Fprintf(&b, ", resets the machine at %s unless fed", w.Deadline.Format(time.RFC3339Nano))
+		}
+	}
+	if f.Serving {
+		b.WriteString("; serving")
+	}
+	if f.StopFailed {
+		b.WriteString("; STOP FAILED: the watchdog resets this node")
+	}
+	if f.Waiting {
+		b.WriteString("; waiting for the other servers to be proven stopped")
+	}
+	if w := f.LastWait; w != nil {
+		fmt.Fprintf(&b, "; last wait before serving %.1fs", w.Seconds)
+		for _, n := range w.Nodes {
+			fmt.Fprintf(&b, ", %s %s after %.1fs", n.Node, n.By, n.Seconds)
+		}
+		if w.Aborted != "" {
+			fmt.Fprintf(&b, " (%s)", w.Aborted)
+		}
+	}
+	return b.String()
 }

@@ -16,6 +16,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/nsmd/nsmd/fence"
 	"io"
 	"log/slog"
 	"net"
@@ -61,20 +62,23 @@ type Options struct {
 // Agent is one running node: raft, the NSM server, rpcbind registration,
 // the admin API and (in loopback VIP mode) the VIP listener.
 type Agent struct {
-	cfg     config.Config
-	log     *slog.Logger
-	node    *cluster.Node
-	server  *oncrpc.Server
-	progs   oncrpc.Programs
-	reg     *prometheus.Registry
-	nsmm    *nsm.Metrics
-	nsmPort int
-	nsmTCP  net.Listener
-	nsmUDP  net.PacketConn // both closed by server.Shutdown once serving
-	admin   *http.Server
-	adminLn net.Listener
-	pmap    *oncrpc.PmapClient
-	pmapSrv *oncrpc.Server
+	cfg config.Config
+	// fences (fence.go): nil when not configured
+	watchdog   *fence.Watchdog
+	fenceAgent *fence.Agent
+	log        *slog.Logger
+	node       *cluster.Node
+	server     *oncrpc.Server
+	progs      oncrpc.Programs
+	reg        *prometheus.Registry
+	nsmm       *nsm.Metrics
+	nsmPort    int
+	nsmTCP     net.Listener
+	nsmUDP     net.PacketConn // both closed by server.Shutdown once serving
+	admin      *http.Server
+	adminLn    net.Listener
+	pmap       *oncrpc.PmapClient
+	pmapSrv    *oncrpc.Server
 
 	crashFn    func(*Agent)
 	hooks      *hookRunner
@@ -176,6 +180,9 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if err := a.registerConnMetrics(); err != nil {
 		return a, err
 	}
+	if err := a.registerFenceMetrics(); err != nil {
+		return a, err
+	}
 	a.hooks = newHookRunner(cfg, log, a.reg)
 	if a.v4, err = newNFSv4(a, opts.TuneTracking); err != nil {
 		return a, err
@@ -228,6 +235,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
 		StandDownWait:      standDownWait(cfg),
+		HookTimeout:        cfg.HookTimeout,
 		DiskSlowThreshold:  diskSlowThreshold(cfg.DiskSlowThreshold),
 		RaftTLS:            a.sec.tls,
 		TLSRefusals:        a.sec.refusals,
@@ -245,6 +253,9 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		BootstrapExpect: cfg.BootstrapExpect, Key: key, ClusterID: cfg.ClusterID,
 	}
 	if ccfg.VIP, err = a.floatingAddr(); err != nil {
+		return a, err
+	}
+	if err := a.fencing(&ccfg); err != nil {
 		return a, err
 	}
 	if opts.TuneCluster != nil {
@@ -399,20 +410,24 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 // is reported (status, metric, on_fault) and the clients are still
 // notified: one never notified loses its locks for sure, one notified
 // while nfsd is down retries its reclaim (hard mounts retry forever).
-func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) {
+func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
 	a.v4.takeover(state)
-	done := a.hooks.leader(ctx, t, state)
+	var err error
 	select {
-	case <-done:
+	case err = <-a.hooks.leader(ctx, t, state):
 	case <-ctx.Done(): // leadership lost meanwhile: no notify follows anyway
-		return
+		return ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("on_leader hook: %w", err)
 	}
 	if a.cfg.OnLeader != "" {
 		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
 	}
 	a.v4.serving(ctx)
+	return nil
 }
 
 // hookStarted records the on_leader script's start in the takeover's
@@ -427,9 +442,22 @@ func (a *Agent) hookStarted(event string, state int32, at time.Time) {
 // (bounded by hook_timeout): until then this node tells a new leader that
 // asks that it has not stood down yet, so that leader does not start its
 // on_leader hook (mount the shared disk) while this one still unmounts it.
-func (a *Agent) onFollower() {
+func (a *Agent) onFollower() error {
 	a.log.Info("following")
-	<-a.hooks.follower(a.node.FSM().State(), "leadership_lost")
+	if err := <-a.hooks.follower(a.node.FSM().State(), "leadership_lost"); err != nil {
+		return fmt.Errorf("on_follower hook: %w", err)
+	}
+	return nil
+}
+
+// stopAtStart runs the on_follower hook (reason "start") before this node
+// may serve: a previous process that died while it served left the storage
+// mounted and nfsd running.
+func (a *Agent) stopAtStart() error {
+	if err := <-a.hooks.follower(a.node.FSM().State(), "start"); err != nil {
+		return fmt.Errorf("on_follower hook at start: %w", err)
+	}
+	return nil
 }
 
 func (a *Agent) onFault(reason string, err error) {

@@ -87,6 +87,8 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 		{"disk for", "expr: nsmd_disk_writable == 0\n        for: 1m", "expr: nsmd_disk_writable == 0\n        for: 0s"},
 		{"slow disk for", "expr: nsmd_disk_slow == 1\n        for: 5m", "expr: nsmd_disk_slow == 1\n        for: 1m"},
 		{"tracking threshold", "expr: nsmd_cld_tracking_error == 1", "expr: nsmd_cld_tracking_error == 0"},
+		{"unfenced threshold", "expr: nsmd_fence_off == 1", "expr: nsmd_fence_off == 2"},
+		{"stop-failed leader check", "and on (job, instance) nsmd_is_leader == 0", "and on (job, instance) nsmd_is_leader >= 0"},
 		{"backlog on any node", "nsmd_notify_targets{state=\"pending\"} > 0 and on (job, instance) nsmd_is_leader == 1", "nsmd_notify_targets{state=\"pending\"} > 0"},
 	} {
 		if !strings.Contains(string(rules), m.old) {

@@ -59,14 +59,29 @@ type hookJob struct {
 	ctx   context.Context // values only (never cancels a queued hook)
 	event string
 	env   hookEnv
-	done  chan struct{} // closed when the job ran (or will never run); may be nil
+	done  chan error // gets the hook's error (none on success), then is closed; may be nil
 }
 
-// finish closes job.done, if any.
-func (j hookJob) finish() {
+// finish hands err (nil: the hook succeeded, or there was none to run) to
+// job.done, if any, and closes it.
+func (j hookJob) finish(err error) {
 	if j.done != nil {
+		if err != nil {
+			j.done <- err
+		}
 		close(j.done)
 	}
+}
+
+// errHookNotRun: a queued hook that never ran (the node is shutting down,
+// or too many were queued).
+var errHookNotRun = errors.New("hook not run")
+
+// doneWith is a finished done channel that yields err.
+func doneWith(err error) <-chan error {
+	done := make(chan error, 1)
+	hookJob{done: done}.finish(err)
+	return done
 }
 
 // hookRunner runs the on_leader / on_follower / on_fault scripts of one
@@ -159,7 +174,7 @@ func (h *hookRunner) start(ctx context.Context) {
 		defer func() { // stopped: what is still queued never runs
 			h.mu.Lock()
 			for _, j := range h.queue {
-				j.finish()
+				j.finish(errHookNotRun)
 			}
 			h.queue = nil
 			h.mu.Unlock()
@@ -169,8 +184,7 @@ func (h *hookRunner) start(ctx context.Context) {
 			if !ok {
 				return
 			}
-			h.exec(ctx, job)
-			job.finish()
+			job.finish(h.exec(ctx, job))
 		}
 	}()
 }
@@ -234,25 +248,22 @@ func (h *hookRunner) next(ctx context.Context) (hookJob, bool) {
 // The returned channel is closed once the hook ran (successfully or not,
 // and after the on_fault a failure triggers), or at once when it will
 // never run (no script, dropped, shutting down).
-func (h *hookRunner) run(ctx context.Context, event string, env hookEnv) <-chan struct{} {
-	done := make(chan struct{})
+func (h *hookRunner) run(ctx context.Context, event string, env hookEnv) <-chan error {
 	if h == nil || h.scripts[event] == "" {
-		close(done)
-		return done
+		return doneWith(nil)
 	}
+	done := make(chan error, 1)
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		h.log.Warn("hook not run: node is shutting down", "hook", hookName(event), "event", event)
-		close(done)
-		return done
+		return doneWith(fmt.Errorf("%s: %w: node is shutting down", hookName(event), errHookNotRun))
 	}
 	if len(h.queue) >= hookQueueMax {
 		h.mu.Unlock()
 		h.runs.WithLabelValues(hookName(event), hookDropped).Inc()
 		h.log.Error("hook dropped: too many hooks queued", "hook", hookName(event), "event", event, "queued", hookQueueMax)
-		close(done)
-		return done
+		return doneWith(fmt.Errorf("%s: %w: %d hooks queued", hookName(event), errHookNotRun, hookQueueMax))
 	}
 	h.queue = append(h.queue, hookJob{ctx: context.WithoutCancel(ctx), event: event, env: env, done: done})
 	h.mu.Unlock()
@@ -266,23 +277,20 @@ func (h *hookRunner) env(role string, state int32, reason string) hookEnv {
 }
 
 // leader queues on_leader after a takeover committed (cluster OnLeader);
-// the channel is closed when it has run.
-func (h *hookRunner) leader(ctx context.Context, t fsm.Takeover, state int32) <-chan struct{} {
+// the channel yields its error and is closed when it has run.
+func (h *hookRunner) leader(ctx context.Context, t fsm.Takeover, state int32) <-chan error {
 	if h == nil {
-		done := make(chan struct{})
-		close(done)
-		return done
+		return doneWith(nil)
 	}
 	return h.run(ctx, hookEventLeader, h.env("leader", state, t.Reason))
 }
 
-// follower queues on_follower when leadership ended (cluster OnFollower);
-// the channel is closed when it has run.
-func (h *hookRunner) follower(state int32, reason string) <-chan struct{} {
+// follower queues on_follower when leadership ended (cluster OnFollower)
+// or at start (StopAtStart); the channel yields its error and is closed
+// when it has run.
+func (h *hookRunner) follower(state int32, reason string) <-chan error {
 	if h == nil {
-		done := make(chan struct{})
-		close(done)
-		return done
+		return doneWith(nil)
 	}
 	return h.run(context.Background(), hookEventFollower, h.env("follower", state, reason))
 }
@@ -314,22 +322,23 @@ func (h *hookRunner) lastFailure() *admin.HookFailure {
 
 // exec runs one hook to the end; a failed on_leader/on_follower is
 // followed at once by on_fault (a failed on_fault is only recorded).
-func (h *hookRunner) exec(ctx context.Context, job hookJob) {
+func (h *hookRunner) exec(ctx context.Context, job hookJob) error {
 	name := hookName(job.event)
 	tail, err := h.execScript(ctx, job)
 	if err == nil {
-		return
+		return nil
 	}
 	h.mu.Lock()
 	h.last = &admin.HookFailure{Hook: name, Event: job.event, Reason: job.env.Reason, At: time.Now().UTC(), Err: err.Error(), Output: tail}
 	h.mu.Unlock()
 	if job.event == hookEventFault || h.scripts[hookEventFault] == "" || ctx.Err() != nil {
-		return
+		return err
 	}
 	fault := job
 	fault.event = hookEventFault
 	fault.env.Reason = fmt.Sprintf("hook %s failed: %v", name, err)
 	h.exec(ctx, fault) // runs on_fault once: its own failure stops here
+	return err
 }
 
 // execScript runs the script of job.event in its own process group, killed

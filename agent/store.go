@@ -49,6 +49,7 @@ func (a *Agent) Status() admin.Status {
 	s.LastHookFailure = a.hooks.lastFailure()
 	s.NFSv4 = a.v4.status()
 	s.Grace = a.v4.graceStatus()
+	s.Fence = a.fenceStatus()
 	if tl := a.node.LastTimeline(); !tl.Elected.IsZero() {
 		t := admin.Timeline(tl)
 		s.Takeover = &t

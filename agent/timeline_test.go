@@ -25,7 +25,7 @@ func TestTakeoverTimelineRecordsEveryStepInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := agenttest.DevOptions(t, "127.0.0.142", 1)
-	o.Tune = func(c *config.Config) { c.OnLeader = hook }
+	o.Tune = func(c *config.Config) { c.OnLeader, c.FenceWatchdog = hook, config.FenceOff }
 	d := agenttest.StartDev(t, o, agent.Options{})
 	a := agenttest.Leader(t, d, nil, 10*time.Second)
 

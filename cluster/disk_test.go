@@ -91,8 +91,9 @@ func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, ch
 			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
 			LeaderLeaseTimeout: 50 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
 			DiskProbeInterval: 50 * time.Millisecond,
-			OnLeader: func(_ context.Context, _ fsm.Takeover, s int32) {
+			OnLeader: func(_ context.Context, _ fsm.Takeover, s int32) error {
 				took <- takeoverEvent{node: tn.id, state: s, at: time.Now()}
+				return nil
 			},
 		}
 		tune(&cfg)

@@ -33,6 +33,11 @@ const (
 	// fwdProcState: void → fwdRes{fwdOK, sm_state} from a ready leader
 	// (its lease confirmed), fwdNotLeader from anyone else.
 	fwdProcState uint32 = 3
+	// fwdProcServing: void → bool, whether this node serves the storage,
+	// stands down, failed to stop or leads (it could be about to serve):
+	// a new leader starts serving only once every other serving voter
+	// answers false, or is fenced (serving.go).
+	fwdProcServing uint32 = 4
 )
 
 // Forward result statuses.
@@ -120,6 +125,9 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		return nil
 	case fwdProcState:
 		n.serveState(res) // readstate.go
+		return nil
+	case fwdProcServing:
+		n.serveServing(res) // serving.go
 		return nil
 	default:
 		return oncrpc.ErrProcUnavail

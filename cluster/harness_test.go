@@ -95,10 +95,11 @@ func (c *tcluster) start(i int) {
 		ClusterKey: []byte("test-cluster-key"), // inmem raft addresses carry no IPs to match
 		Notifier: nsm.NotifierConfig{Name: "nfs.test", InitialRTO: 50 * time.Millisecond,
 			MaxRTO: 200 * time.Millisecond, Window: 2 * time.Second},
-		OnLeader: func(_ context.Context, _ fsm.Takeover, state int32) {
+		OnLeader: func(_ context.Context, _ fsm.Takeover, state int32) error {
 			c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
+			return nil
 		},
-		OnFollower: func() { c.followers <- takeoverEvent{node: tn.id, at: time.Now()} },
+		OnFollower: func() error { c.followers <- takeoverEvent{node: tn.id, at: time.Now()}; return nil },
 	}
 	if c.tuneCfg != nil {
 		c.tuneCfg(&cfg)

@@ -13,6 +13,7 @@ import (
 // observeLeadership hands over as the latest value only: a burst of
 // changes collapses to the latest.
 func (n *Node) leaderLoop() {
+	n.stopAtStart()
 	var cur *term
 	stop := func() {
 		if cur == nil {
@@ -116,18 +117,24 @@ func (n *Node) lead(ctx context.Context) {
 	n.setTimeline(Timeline{PrevLeaderContact: lastContact, Elected: start, Committed: time.Now(), State: res.State})
 	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
 	n.metrics.takeovers.Inc()
+	// Taking the VIP and proving every other serving node stopped wait on
+	// the same kind of bound: they overlap.
+	fenced := make(chan bool, 1)
+	go func() { fenced <- n.awaitFenced(ctx, start) }()
 	if n.cfg.VIP != nil && !n.acquireVIP(ctx, lastContact, start) {
+		<-fenced // ends with ctx
 		return
 	}
 	vipTaken = true
 	n.MarkTimeline(res.State, func(tl *Timeline) { tl.VIP = time.Now() })
-	if n.cfg.OnLeader != nil {
-		n.cfg.OnLeader(ctx, t, res.State) // returns once the on_leader hook ran
+	if !<-fenced {
+		return
 	}
-	if ctx.Err() != nil {
-		// Leadership ended while the hook ran: the VIP is gone, and the
-		// next leader notifies with its own state.
-		n.log.Info("leadership lost during the on_leader hook; not notifying")
+	if !n.serve(ctx, t, res.State) {
+		// Leadership ended while the hook ran (the VIP is gone, and the
+		// next leader notifies with its own state), or the takeover failed:
+		// nobody is told to reclaim at a server that does not serve.
+		n.log.Info("not serving in this term; not notifying")
 		return
 	}
 	hookDone := time.Now()
@@ -197,14 +204,115 @@ func (n *Node) stopLeading() {
 			n.fault("vip_release", err)
 		}
 	}
-	if was && n.cfg.OnFollower != nil {
+	if was && n.serving.Load() {
 		// Until OnFollower returned (the on_follower hook unmounted the
 		// shared disk), this node still answers "held" to a new leader
-		// asking whether it may take the VIP at once.
+		// asking whether it may take the VIP at once, and "serving" to one
+		// asking whether it may serve.
 		n.standingDown.Store(true)
-		n.cfg.OnFollower()
+		n.stoppedServing(n.stopServing())
 		n.standingDown.Store(false)
 	}
+}
+
+// stopServing runs OnFollower (the on_follower hook: stop nfsd, unmount).
+func (n *Node) stopServing() error {
+	if n.cfg.OnFollower == nil {
+		return nil
+	}
+	return n.cfg.OnFollower()
+}
+
+// stopAtStart runs StopAtStart before this node's first term: whatever a
+// previous process of it served is stopped before it says it does not
+// serve, and a watchdog that process left running is disarmed only then.
+func (n *Node) stopAtStart() {
+	if n.cfg.StopAtStart == nil {
+		return
+	}
+	n.log.Info("stopping whatever a previous process of this node may still serve")
+	// A watchdog left running by a process that died while it served is
+	// released only after the stop (it resets the node if the stop takes
+	// longer than that process's deadline).
+	n.stopped(n.cfg.StopAtStart(), true)
+}
+
+// serve runs OnLeader as the serving node: it says it serves first, makes
+// sure raft still confirms its leadership (so a node that asked it before
+// it said so cannot have been elected: see servingAnswer), arms the
+// watchdog, then runs the hook. A failed OnLeader is a failed takeover:
+// the node stops again, hands leadership to another serving node and, if
+// none takes it, tries again. It returns true once the node serves.
+func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
+	if n.cfg.OnLeader == nil {
+		return true
+	}
+	for {
+		n.serving.Store(true)
+		if !n.awaitLease(ctx) {
+			n.serving.Store(false) // nothing started
+			return false
+		}
+		if err := n.armWatchdog(); err != nil {
+			n.serving.Store(false)
+			n.log.Error("cannot arm the watchdog: not serving without a fence", "err", err)
+			n.fault("watchdog", err)
+		} else {
+			n.fence.mu.Lock()
+			n.fence.hookUntil = n.mono() + int64(n.cfg.HookTimeout+2*time.Second)
+			n.fence.mu.Unlock()
+			err = n.cfg.OnLeader(ctx, t, state)
+			n.fence.mu.Lock()
+			n.fence.hookUntil = 0
+			n.fence.mu.Unlock()
+			if ctx.Err() != nil {
+				return false // stopLeading stops what the hook started
+			}
+			if err == nil {
+				return true
+			}
+			n.metrics.failedTakeovers.Inc()
+			n.log.Error("on_leader failed: a failed takeover; stopping again and handing leadership on", "err", err)
+			n.standingDown.Store(true)
+			n.stoppedServing(n.stopServing())
+			n.standingDown.Store(false)
+			if n.stopFailed.Load() {
+				return false // the watchdog resets this node
+			}
+		}
+		if err := n.TransferLeadership(""); err == nil {
+			<-ctx.Done() // the new leader serves
+			return false
+		} else {
+			n.log.Warn("no other serving node took leadership; trying to serve again", "err", err, "in", failedTakeoverRetry)
+		}
+		tm := time.NewTimer(failedTakeoverRetry)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return false
+		}
+	}
+}
+
+// failedTakeoverRetry is how long a leader whose on_leader failed and that
+// found no other serving node waits before it tries again.
+const failedTakeoverRetry = 5 * time.Second
+
+// awaitLease waits until a quorum confirmed this node's leadership within
+// the lease (the lease loop asks every quarter lease), false when ctx ends.
+func (n *Node) awaitLease(ctx context.Context) bool {
+	for !n.leaderLeaseFresh() {
+		t := time.NewTimer(n.cfg.LeaderLeaseTimeout / 4)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+	}
+	return ctx.Err() == nil
 }
 
 // fault reports a fault the node cannot fix by itself (OnFault hook).

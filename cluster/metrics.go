@@ -20,6 +20,12 @@ type metrics struct {
 	witnessHandoffs  *prometheus.CounterVec
 	diskWriteErrors  prometheus.Counter
 	diskSlowHandoffs prometheus.Counter
+	watchdogArmed    prometheus.Gauge
+	watchdogFeeds    prometheus.Counter
+	fenceWaits       *prometheus.CounterVec
+	fenceWaitSeconds prometheus.Histogram
+	fenceAgentRuns   *prometheus.CounterVec
+	failedTakeovers  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -61,6 +67,25 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		diskSlowHandoffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_disk_slow_handoffs_total", Help: "Leadership handed to another node because this node's data directory was slow.",
 		}),
+		watchdogArmed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nsmd_fence_watchdog_armed", Help: "1 while this node's watchdog is armed (it serves, or its stop failed and the watchdog resets it).",
+		}),
+		watchdogFeeds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_fence_watchdog_feeds_total", Help: "Watchdog pings by this node, each with proof that it may serve (raft leadership confirmed by a quorum within the lease).",
+		}),
+		fenceWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_fence_waits_total", Help: "Other serving nodes proven stopped before this node served, by how: clean (it said so), agent (the fence agent reported it off), watchdog (its watchdog must have reset it).",
+		}, []string{"by"}),
+		fenceWaitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "nsmd_fence_wait_seconds", Help: "How long a new leader waited for every other serving node to be proven stopped before it served.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 15, 30, 60, 120},
+		}),
+		fenceAgentRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_fence_agent_runs_total", Help: "Fence agent runs against other nodes, by result (ok, failed).",
+		}, []string{"result"}),
+		failedTakeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_failed_takeovers_total", Help: "Takeovers whose on_leader hook failed: this node stopped again, notified nobody and handed leadership on.",
+		}),
 		witnessHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_witness_handoffs_total", Help: "Leadership hand-offs by this witness after it won an election (ok, failed).",
 		}, []string{"result"}),
@@ -71,6 +96,13 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 	cs := []prometheus.Collector{
 		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
 		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs,
+		m.watchdogArmed, m.watchdogFeeds, m.fenceWaits, m.fenceWaitSeconds, m.fenceAgentRuns, m.failedTakeovers,
+		gauge("nsmd_fence_serving", "1 while this node serves the storage (from before its on_leader hook until its on_follower hook succeeded).", func() float64 {
+			if n.serving.Load() {
+				return 1
+			}
+			return 0
+		}),
 		gauge("nsmd_disk_writable", "1 while the data directory takes writes; 0 while it does not and this node stays out of elections.", func() float64 {
 			if n.disk == nil || n.disk.writable() {
 				return 1

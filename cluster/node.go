@@ -154,11 +154,38 @@ type Config struct {
 	// (the VIP cannot be taken, a takeover did not commit). Must not block.
 	OnFault func(reason string, err error)
 
-	// OnLeader runs in the leader loop after the takeover committed and
-	// before the notifier starts (the VIP and hooks go here). OnFollower runs
-	// when leadership is lost or on shutdown. Both must return promptly.
-	OnLeader   func(ctx context.Context, t fsm.Takeover, state int32)
-	OnFollower func()
+	// OnLeader runs in the leader loop after the takeover committed, the VIP
+	// was taken and every other serving node was proven stopped, and before
+	// the notifier starts (the on_leader hook: mount, start nfsd). An error
+	// is a failed takeover: the node stops again (OnFollower), notifies
+	// nobody and hands leadership to another serving node. OnFollower runs
+	// when leadership is lost or on shutdown (the on_follower hook: stop
+	// nfsd, unmount); an error means the node may still hold the storage,
+	// and its watchdog resets it. Both return once their hook ran (bounded
+	// by HookTimeout).
+	OnLeader   func(ctx context.Context, t fsm.Takeover, state int32) error
+	OnFollower func() error
+	// StopAtStart, when set, runs before this node's first term (the
+	// on_follower hook with reason "start"): a node whose previous process
+	// died while it served still has the storage mounted and nfsd running,
+	// and stops them before it answers that it does not serve. Until it
+	// succeeded the node answers that it serves; if it fails, the watchdog
+	// resets the node.
+	StopAtStart func() error
+	// HookTimeout bounds OnLeader: the watchdog is fed during the on_leader
+	// hook only until HookTimeout (+ 2 s) after it started (default 30 s).
+	HookTimeout time.Duration
+
+	// Fencing (serving.go). Watchdog, when set, is armed before OnLeader and
+	// fed only while this node may prove it may serve. FenceTimeout is the
+	// watchdog timeout of every serving node of the cluster: a new leader
+	// waits elected + lease + FenceTimeout + margin for a node it cannot
+	// ask, unless FenceAgent (retried until it succeeds; onAttempt hears of
+	// each failed try) reports that node off first. With neither, a new
+	// leader serves without waiting: fencing is off.
+	Watchdog     Watchdog
+	FenceTimeout time.Duration
+	FenceAgent   func(ctx context.Context, node string, onAttempt func(try int, err error)) error
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -196,6 +223,9 @@ func (c *Config) setDefaults() {
 	if c.HoldTimeout == 0 {
 		c.HoldTimeout = 5 * time.Second
 	}
+	if c.HookTimeout == 0 {
+		c.HookTimeout = 30 * time.Second
+	}
 	if c.Version == "" {
 		c.Version = DefaultVersion
 	}
@@ -227,6 +257,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := netip.ParseAddrPort(c.RaftBind); err != nil {
 		errs = append(errs, fmt.Errorf("cluster: RaftBind %q: %w", c.RaftBind, err))
+	}
+	if c.Watchdog != nil && c.FenceTimeout <= 0 {
+		errs = append(errs, errors.New("cluster: a Watchdog needs its FenceTimeout"))
 	}
 	return errors.Join(errs...)
 }
@@ -281,6 +314,9 @@ type Node struct {
 	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)
 	handoffs     atomic.Uint64 // leadership hand-offs made as a witness
 	standingDown atomic.Bool   // OnFollower is running after leadership ended
+	serving      atomic.Bool   // from before OnLeader until a stop succeeded (serving.go)
+	stopFailed   atomic.Bool   // the last stop failed: the watchdog resets this node
+	fence        fencing
 	// vipUnsureUntil (unix ns): a term of this node ended before it took
 	// the VIP, so a previous holder may still have it until then; asked
 	// about the VIP, this node says "held" (cluster/vip.go).
@@ -311,6 +347,9 @@ func New(cfg Config) (*Node, error) {
 		lcCh:     make(chan struct{}),
 		started:  time.Now(),
 	}
+	// Until its stop at start succeeded, a node whose previous process may
+	// have served says it serves (serving.go).
+	n.serving.Store(cfg.StopAtStart != nil)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.Registerer, n)
 	if err != nil {
@@ -445,6 +484,10 @@ func (n *Node) Start() {
 		n.member.start(n.ctx)
 	}
 	n.wg.Add(7)
+	if n.cfg.Watchdog != nil {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.fenceLoop() }()
+	}
 	go func() { defer n.wg.Done(); n.leaseLoop() }()
 	go func() { defer n.wg.Done(); n.disk.run(n.ctx.Done(), n.cfg.DiskProbeInterval) }()
 	go func() { defer n.wg.Done(); n.observeLeadership() }()

@@ -36,7 +36,10 @@ type takeovers struct {
 
 func newTakeovers() *takeovers { return &takeovers{ch: make(chan int32, 16)} }
 
-func (tk *takeovers) onLeader(_ context.Context, _ fsm.Takeover, state int32) { tk.ch <- state }
+func (tk *takeovers) onLeader(_ context.Context, _ fsm.Takeover, state int32) error {
+	tk.ch <- state
+	return nil
+}
 
 func (tk *takeovers) wait(t testing.TB) int32 {
 	t.Helper()

@@ -146,12 +146,13 @@ func TestOldLeaderSaysHeldUntilOnFollowerReturned(t *testing.T) {
 	entered := make(chan string, 4)
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		id := cfg.NodeID
-		cfg.OnFollower = func() {
+		cfg.OnFollower = func() error {
 			select {
 			case entered <- id:
 			default:
 			}
 			<-release
+			return nil
 		}
 	})
 	// Runs before the cluster's cleanup (LIFO): a test that fails before

@@ -161,15 +161,26 @@ type Config struct {
 	OnFollower      string
 	OnFault         string
 	HookTimeout     time.Duration
-	DrillCrash      bool
-	Witness         bool
-	PmapPort        int
-	NSMMaxConns     int
-	NSMMaxConnsHost int
-	NFSv4Tracking   string
-	RPCPipefs       string
-	GraceEnd        string
-	GraceSettle     time.Duration
+	// Fencing: FenceWatchdog is the watchdog device a serving node arms
+	// ("off": none), FenceTimeout its timeout; FenceAgent a fence agent
+	// (ClusterLabs API) run against another node that may still serve,
+	// with FenceAgentArgs (key=value) for every node and FenceNodes
+	// (ID:key=value) for one.
+	FenceWatchdog     string
+	FenceTimeout      time.Duration
+	FenceAgent        string
+	FenceAgentArgs    []string
+	FenceNodes        []string
+	FenceAgentTimeout time.Duration
+	DrillCrash        bool
+	Witness           bool
+	PmapPort          int
+	NSMMaxConns       int
+	NSMMaxConnsHost   int
+	NFSv4Tracking     string
+	RPCPipefs         string
+	GraceEnd          string
+	GraceSettle       time.Duration
 	// DiskSlowThreshold: data directory writes slower than this (median
 	// over 2 s) keep the node out of leadership; 0: never.
 	DiskSlowThreshold time.Duration
@@ -211,6 +222,9 @@ func Default() Config {
 		GraceSettle:        3 * time.Second,
 		DiskSlowThreshold:  50 * time.Millisecond,
 		HookTimeout:        30 * time.Second,
+		FenceWatchdog:      "/dev/watchdog",
+		FenceTimeout:       5 * time.Second,
+		FenceAgentTimeout:  60 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
 		RaftProfile:        ProfileDefault,
@@ -321,6 +335,12 @@ func (c *Config) bindings() []binding {
 		str("on_follower", "script run after this node stops being leader", &c.OnFollower),
 		str("on_fault", "script run when the node hits a fault it cannot fix (VIP, takeover, hook)", &c.OnFault),
 		duration("hook_timeout", "how long a hook script may run before it is killed", &c.HookTimeout),
+		str("fence_watchdog", "watchdog device a serving node (one with an on_leader hook) arms before on_leader and feeds only while a quorum confirms its leadership; it resets the node when it dies, hangs, loses its quorum or cannot stop; off: no watchdog (then only fence_agent fences, or nothing: say so explicitly)", &c.FenceWatchdog),
+		duration("fence_timeout", "watchdog timeout of every serving node (whole seconds, at least 2s): a new leader that cannot ask the previous serving node waits election + lease + this + 2s before it serves, unless fence_agent reports that node off first", &c.FenceTimeout),
+		str("fence_agent", "fence agent (ClusterLabs API: key=value lines on stdin, e.g. /usr/sbin/fence_ipmilan) a new leader runs with action=off against another serving node that may still serve; it serves only once the agent succeeded or the node said it stopped", &c.FenceAgent),
+		list("fence_agent_args", "key=value arguments for fence_agent, for every node, comma separated (e.g. ip=…,username=…,password_script=…)", &c.FenceAgentArgs),
+		list("fence_nodes", "per-node fence_agent arguments, NODE_ID:key=value, comma separated (e.g. s1:plug=s1,s2:plug=s2)", &c.FenceNodes),
+		duration("fence_agent_timeout", "how long one fence_agent run may take before it is killed (then retried)", &c.FenceAgentTimeout),
 		duration("disk_slow_threshold", "a node whose data_dir writes (fsync included) take longer than this, median over 2s, hands leadership away and stays out of elections while they do; 0 turns this off", &c.DiskSlowThreshold),
 		boolean("witness", "a voter that never holds the VIP, runs no hook and sends no SM_NOTIFY: the third vote of a server pair", &c.Witness),
 		boolean("drill_crash", "allow POST /v1/drill/crash to kill this node (failover drills)", &c.DrillCrash),
@@ -614,6 +634,7 @@ func (c *Config) Validate() error {
 	if tm.LeaderLeaseTimeout <= 0 || tm.LeaderLeaseTimeout > tm.HeartbeatTimeout {
 		bad("leader_lease_timeout", "%v%s must be positive and not longer than heartbeat_timeout (%v%s)", tm.LeaderLeaseTimeout, from(c.LeaderLeaseTimeout), tm.HeartbeatTimeout, from(c.HeartbeatTimeout))
 	}
+	c.validateFencing(bad)
 	if c.DiskSlowThreshold < 0 {
 		bad("disk_slow_threshold", "%v must not be negative (0 turns the check off)", c.DiskSlowThreshold)
 	}
@@ -712,4 +733,75 @@ func (c *Config) TrustedPrefixes() []netip.Prefix {
 		}
 	}
 	return out
+}
+
+// FenceOff is the fence_watchdog value that turns the watchdog off.
+const FenceOff = "off"
+
+// Serves reports whether this node serves storage when it leads: it is
+// not a witness and runs an on_leader hook. Fencing applies to such nodes.
+func (c *Config) Serves() bool { return !c.Witness && c.OnLeader != "" }
+
+// Fenced reports whether a serving node of this configuration is fenced
+// (a watchdog, a fence agent, or both).
+func (c *Config) Fenced() bool { return c.FenceWatchdog != FenceOff || c.FenceAgent != "" }
+
+// FenceArgs parses fence_agent_args and fence_nodes: the arguments for
+// every node, and per node ID.
+func (c *Config) FenceArgs() (common map[string]string, nodes map[string]map[string]string, err error) {
+	common, nodes = map[string]string{}, map[string]map[string]string{}
+	var errs []error
+	for _, kv := range c.FenceAgentArgs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !fenceKey(k) {
+			errs = append(errs, fmt.Errorf("fence_agent_args: %q is not key=value (key: lower-case letters, digits, _ and -)", kv))
+			continue
+		}
+		common[k] = v
+	}
+	for _, item := range c.FenceNodes {
+		id, kv, ok := strings.Cut(item, ":")
+		k, v, ok2 := strings.Cut(kv, "=")
+		if !ok || !ok2 || id == "" || !fenceKey(k) {
+			errs = append(errs, fmt.Errorf("fence_nodes: %q is not NODE_ID:key=value", item))
+			continue
+		}
+		if nodes[id] == nil {
+			nodes[id] = map[string]string{}
+		}
+		nodes[id][k] = v
+	}
+	return common, nodes, errors.Join(errs...)
+}
+
+func fenceKey(k string) bool {
+	if k == "" || k == "action" {
+		return false
+	}
+	for _, r := range k {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Config) validateFencing(bad func(key, format string, a ...any)) {
+	if c.FenceWatchdog == "" {
+		bad("fence_watchdog", "is empty: name the watchdog device (default /dev/watchdog) or say off")
+	} else if c.FenceWatchdog != FenceOff && !filepath.IsAbs(c.FenceWatchdog) {
+		bad("fence_watchdog", "%q must be an absolute path or off", c.FenceWatchdog)
+	}
+	if c.FenceTimeout < 2*time.Second || c.FenceTimeout%time.Second != 0 {
+		bad("fence_timeout", "%v must be whole seconds, at least 2s (the watchdog counts whole seconds)", c.FenceTimeout)
+	}
+	if c.FenceAgent != "" && !filepath.IsAbs(c.FenceAgent) {
+		bad("fence_agent", "%q must be an absolute path", c.FenceAgent)
+	}
+	if c.FenceAgentTimeout <= 0 {
+		bad("fence_agent_timeout", "must be positive")
+	}
+	if _, _, err := c.FenceArgs(); err != nil {
+		bad("fence_agent_args", "%v", err)
+	}
 }

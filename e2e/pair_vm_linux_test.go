@@ -105,6 +105,9 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 		"--on-fault", "/usr/lib/nsmd/hooks/nfsd-ha",
 		"--heartbeat-timeout", pairHeartbeat, "--election-timeout", pairElection, "--leader-lease-timeout", pairLease,
 		"--log-level", "debug",
+		// These drills measure lock downtime without fences; the fencing
+		// drills (fence_vm_linux_test.go) arm the servers' watchdogs.
+		"--fence-watchdog", "off",
 	}
 	if n.vm == nil {
 		args = append(args, p.pki.nodeArgs(n.id)...)

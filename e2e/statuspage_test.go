@@ -332,7 +332,7 @@ func TestStatusPageInChromium(t *testing.T) {
 			t.Errorf("#self = %q", self)
 		}
 		// These nodes run without a kernel nfsd: tracking off, and said so.
-		for id, want := range map[string]string{"nfsv4": "not served (", "kgrace": "lockd "} {
+		for id, want := range map[string]string{"nfsv4": "not served (", "kgrace": "lockd ", "fence": "none (this node serves no storage)"} {
 			got := waitText(t, tab, id, 10*time.Second, "#"+id, func(s string) bool { return s != "–" })
 			if !strings.Contains(got, want) || strings.Contains(got, "[object Object]") || strings.Contains(got, "undefined") {
 				t.Errorf("#%s = %q, want it to contain %q", id, got, want)

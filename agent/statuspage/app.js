@@ -85,6 +85,21 @@
     tracking += ' · epoch ' + (v4.current_epoch ?? '?') + ' · ' + (v4.clients ?? 0) + ' client records';
     if (v4.recovery_epoch) tracking += ' · in grace: ' + (v4.reclaimed ?? 0) + ' of ' + (v4.reclaimable ?? 0) + ' clients reclaimed';
     setText('nfsv4', tracking);
+    const f = s.fence || {};
+    let fence = {none: 'none (this node serves no storage)', off: 'OFF: this node serves storage without any fence'}[f.mode] || f.mode || '?';
+    if (f.watchdog) {
+      const w = f.watchdog;
+      fence += ' · watchdog ' + w.device + ' ' + w.timeout_seconds + ' s: ' + (w.armed ? (w.starving ? 'armed, NOT FED' : 'armed, fed') : 'disarmed');
+      if (w.deadline) fence += ', resets the machine at ' + fmtTime(w.deadline) + ' unless fed';
+    }
+    if (f.serving) fence += ' · serving';
+    if (f.stop_failed) fence += ' · STOP FAILED: the watchdog resets this node';
+    if (f.waiting) fence += ' · waiting for the other servers to be proven stopped';
+    if (f.last_wait) {
+      fence += ' · last wait before serving ' + f.last_wait.seconds.toFixed(1) + ' s: ' +
+        (f.last_wait.nodes || []).map((n) => n.node + ' ' + n.by + ' after ' + n.seconds.toFixed(1) + ' s').join(', ');
+    }
+    setText('fence', fence);
     const g = s.grace;
     const mgr = (name, m) => {
       if (!m) return name + ' ?';

@@ -67,7 +67,7 @@ func statusCmd() *cobra.Command {
 			fmt.Fprintf(tw, "node\t%s\nrole\t%s\nleader\t%s\nterm\t%d\nsm_state\t%d\nregistrations\t%d\nnsm_addr\t%s\nvip\t%s\ngrace\t%s\napplied_index\t%d\nnotify\tpending %d, done %d, failed %d\n",
 				s.NodeID, s.Role, s.LeaderID, s.Term, s.SMState, s.Registrations, s.NSMAddr, vip, grace, s.AppliedIndex,
 				s.Notify.Pending, s.Notify.Done, s.Notify.Failed)
-			fmt.Fprintf(tw, "nfsv4\t%s\nkernel grace\t%s\n", s.NFSv4.Summary(), admin.GraceSummary(s.Grace))
+			fmt.Fprintf(tw, "nfsv4\t%s\nkernel grace\t%s\nfence\t%s\n", s.NFSv4.Summary(), admin.GraceSummary(s.Grace), s.Fence.Summary())
 			return tw.Flush()
 		},
 	}

@@ -1,0 +1,135 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/fence"
+)
+
+// fencing wires the node's fences (cluster/serving.go has the rule): a
+// serving node's watchdog, the fence agent a new leader runs against
+// another node that may still serve, and the stop at start. A serving node
+// without any fence starts only when the operator said so
+// (fence_watchdog: off and no fence_agent), and then says so in its log,
+// status and metrics.
+func (a *Agent) fencing(c *cluster.Config) error {
+	cfg := a.cfg
+	if !cfg.Serves() {
+		// A witness, or a node without an on_leader hook: it serves no
+		// storage, and a cluster of such nodes has nothing to fence.
+		return nil
+	}
+	if cfg.FenceWatchdog != config.FenceOff {
+		// Every serving node of the cluster arms one with this timeout: a
+		// new leader counts on it for nodes it cannot ask.
+		c.FenceTimeout = cfg.FenceTimeout
+	}
+	if cfg.FenceAgent != "" {
+		common, nodes, err := cfg.FenceArgs()
+		if err != nil {
+			return err
+		}
+		ag, err := fence.NewAgent(fence.AgentConfig{
+			Path: cfg.FenceAgent, Args: common, NodeArgs: nodes, Timeout: cfg.FenceAgentTimeout,
+			Logger: a.log.With("component", "fence_agent"),
+		})
+		if err != nil {
+			return fmt.Errorf("fence_agent: %w", err)
+		}
+		a.fenceAgent = ag
+		c.FenceAgent = ag.Fence
+	}
+	if cfg.OnFollower != "" {
+		c.StopAtStart = a.stopAtStart
+	}
+	if cfg.FenceWatchdog == config.FenceOff {
+		if cfg.FenceAgent == "" {
+			a.log.Warn("fencing is off (fence_watchdog: off, no fence_agent): if this node fails halfway while it serves, another node may serve the same storage beside it")
+		}
+		return nil
+	}
+	switch err := fence.Probe(cfg.FenceWatchdog); {
+	case errors.Is(err, fence.ErrLeftRunning):
+		// The stop at start runs first, then releases it (cluster's
+		// stopAtStart); a stop that overruns that process's deadline
+		// lets the watchdog reset the machine, as it should.
+		a.log.Warn("a previous process of this node left the watchdog running (it died while it served): stopping what it served, then releasing the watchdog; if the stop overruns its deadline, the watchdog resets this machine", "device", cfg.FenceWatchdog)
+	case err != nil:
+		return fmt.Errorf("fence_watchdog: %w", err)
+	}
+	w, err := fence.NewWatchdog(fence.WatchdogConfig{
+		Path: cfg.FenceWatchdog, Timeout: cfg.FenceTimeout, Logger: a.log.With("component", "watchdog"),
+	})
+	if err != nil {
+		return fmt.Errorf("fence_watchdog: %w", err)
+	}
+	a.watchdog = w
+	c.Watchdog = w
+	return nil
+}
+
+// fenceMode names how a node is fenced (admin.Fence.Mode).
+func fenceMode(cfg config.Config) string {
+	switch {
+	case !cfg.Serves():
+		return "none"
+	case cfg.FenceWatchdog != config.FenceOff && cfg.FenceAgent != "":
+		return "watchdog+agent"
+	case cfg.FenceWatchdog != config.FenceOff:
+		return "watchdog"
+	case cfg.FenceAgent != "":
+		return "agent"
+	}
+	return "off"
+}
+
+// fenceStatus is GET /v1/status's "fence".
+func (a *Agent) fenceStatus() admin.Fence {
+	fs := a.node.FenceStatus()
+	out := admin.Fence{
+		Mode: fenceMode(a.cfg), Serving: fs.Serving, Agent: a.cfg.FenceAgent,
+		StopFailed: fs.StopFailed, Waiting: fs.Waiting,
+	}
+	if a.watchdog != nil {
+		ws := a.watchdog.Status()
+		w := &admin.FenceWatchdog{Device: ws.Device, TimeoutSeconds: ws.Timeout.Seconds(), Armed: ws.Armed, Starving: ws.Starving}
+		if !ws.LastFeed.IsZero() {
+			t := ws.LastFeed.UTC()
+			w.LastFeed = &t
+		}
+		if !ws.Deadline.IsZero() {
+			t := ws.Deadline.UTC()
+			w.Deadline = &t
+		}
+		out.Watchdog = w
+	}
+	if lw := fs.LastWait; lw != nil {
+		w := &admin.FenceWait{At: lw.At.UTC(), Seconds: lw.Took.Seconds(), Aborted: lw.Aborted}
+		for _, p := range lw.Nodes {
+			w.Nodes = append(w.Nodes, admin.FencedNode{Node: p.Node, By: p.By, Seconds: p.Took.Seconds(), Detail: p.Detail})
+		}
+		out.LastWait = w
+	}
+	return out
+}
+
+// registerFenceMetrics exports nsmd_fence_off: 1 on a serving node that
+// runs without any fence (the alert NsmdServingWithoutFence).
+func (a *Agent) registerFenceMetrics() error {
+	off := 0.0
+	if fenceMode(a.cfg) == "off" {
+		off = 1
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "nsmd_fence_off",
+		Help: "1 on a node that serves storage (an on_leader hook) without any fence (fence_watchdog: off and no fence_agent): if it fails halfway, another node may serve beside it.",
+	})
+	g.Set(off)
+	return a.reg.Register(g)
+}

@@ -1,0 +1,427 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// Serving and fencing: when this node may serve the shared storage (run
+// on_leader: mount, start nfsd), how it proves to itself that it still may
+// (its watchdog is fed only then), and when a new leader may start serving
+// after another node served (cluster/DESIGN.md, "Fencing").
+//
+// The rule, in one place:
+//   - A node serves from just before its on_leader hook until its
+//     on_follower hook succeeded. It arms its watchdog before on_leader and
+//     disarms it only after on_follower succeeded; while it serves it feeds
+//     the watchdog only while raft says it leads and a quorum confirmed that
+//     within the lease, and on_leader is within its timeout. Otherwise it
+//     starves it (the kernel's reset deadline never moves past the last
+//     proof + the fence timeout). A failed stop resets the node at once.
+//   - A new leader runs on_leader only once every other serving voter is
+//     proven not to serve: it answered so (servingAnswer), a fence agent
+//     reported it off, or — with watchdogs and no agent — the time within
+//     which its watchdog must have reset it has passed (fenceNotBefore).
+
+// Watchdog is the node's self-fence; package fence's Watchdog is one.
+// Arm opens and starts it (the machine resets unless it is fed within the
+// fence timeout), Feed pings it, Starve keeps its deadline from moving
+// later, ResetSoon makes it fire within a second, Disarm stops it, and
+// Release stops it also when a previous process of this node died and
+// left it running.
+type Watchdog interface {
+	Arm() error
+	Feed() error
+	Starve() error
+	ResetSoon() error
+	Disarm() error
+	Release() error
+}
+
+// fenceMargin covers the watchdog's whole-second timeout and the feed
+// interval: a process that dies while starving pings the device once more
+// (the kernel does that on an unclean close), which Starve keeps within a
+// second of the deadline, plus the reset itself.
+const fenceMargin = 2 * time.Second
+
+// FenceWait is what a new leader waited for before it served.
+type FenceWait struct {
+	At      time.Time // when the wait ended
+	Took    time.Duration
+	Nodes   []FencedPeer // one per other serving voter
+	Aborted string       // why it ended before every node was proven stopped
+}
+
+// FencedPeer says how one other serving voter was proven not to serve:
+// By is "clean" (it answered that it does not serve), "agent" (the fence
+// agent reported it off), "watchdog" (its watchdog must have reset it) or
+// "off" (fencing is off: not proven).
+type FencedPeer struct {
+	Node   string
+	By     string
+	Took   time.Duration // from the start of the wait
+	Detail string
+}
+
+// FenceStatus is this node's fencing state for the operator surface.
+type FenceStatus struct {
+	Watchdog   bool // this node arms a watchdog when it serves
+	Agent      bool // a fence agent fences other nodes
+	Timeout    time.Duration
+	Serving    bool       // from before on_leader until on_follower succeeded
+	Armed      bool       // the watchdog is armed now
+	Starving   bool       // armed, but not fed for lack of proof
+	LastFeed   time.Time  // zero: never
+	StopFailed bool       // the last stop failed: the watchdog resets this node
+	LastWait   *FenceWait // the last wait of this node before it served
+	Waiting    bool       // a wait is running now
+}
+
+// fencing is the node's serving state (all of it guarded by mu, except
+// the flags read on the RPC path).
+type fencing struct {
+	mu       sync.Mutex
+	armed    bool
+	starving bool
+	lastFeed time.Time
+	lastWait *FenceWait
+	waiting  bool
+	// hookUntil (mono ns): on_leader runs and may be fed until then; 0
+	// when no on_leader runs.
+	hookUntil int64
+}
+
+// fencingOn reports whether a new leader waits for the others to be
+// proven stopped: some fence is configured cluster-wide.
+func (n *Node) fencingOn() bool { return n.cfg.FenceTimeout > 0 || n.cfg.FenceAgent != nil }
+
+// servingAnswer answers fwdProcServing: true ("do not start serving yet")
+// while this node serves, stands down, failed to stop, or is raft's
+// leader (it could be about to serve: two nodes that both think they lead
+// each hold the other back until one learns it does not).
+func (n *Node) servingAnswer() bool {
+	return n.serving.Load() || n.standingDown.Load() || n.raft.State() == raft.Leader
+}
+
+func (n *Node) serveServing(res *oncrpc.Writer) { res.Bool(n.servingAnswer()) }
+
+// FenceStatus reports this node's fencing state.
+func (n *Node) FenceStatus() FenceStatus {
+	n.fence.mu.Lock()
+	defer n.fence.mu.Unlock()
+	s := FenceStatus{
+		Watchdog: n.cfg.Watchdog != nil, Agent: n.cfg.FenceAgent != nil, Timeout: n.cfg.FenceTimeout,
+		Serving: n.serving.Load(), Armed: n.fence.armed, Starving: n.fence.starving, LastFeed: n.fence.lastFeed,
+		StopFailed: n.stopFailed.Load(), Waiting: n.fence.waiting,
+	}
+	if n.fence.lastWait != nil {
+		w := *n.fence.lastWait
+		s.LastWait = &w
+	}
+	return s
+}
+
+// feedInterval is how often the watchdog is fed or starved: a quarter of
+// the fence timeout, at most every half second.
+func (n *Node) feedInterval() time.Duration {
+	return min(max(n.cfg.FenceTimeout/4, 50*time.Millisecond), 500*time.Millisecond)
+}
+
+// fenceLoop feeds the armed watchdog while mayFeedLocked, and starves it
+// otherwise. A stopped or stuck process does neither, and the kernel resets
+// the machine.
+func (n *Node) fenceLoop() {
+	t := time.NewTicker(n.feedInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.tickWatchdog()
+	}
+}
+
+func (n *Node) tickWatchdog() {
+	n.fence.mu.Lock()
+	defer n.fence.mu.Unlock()
+	if !n.fence.armed {
+		return
+	}
+	if n.mayFeedLocked() {
+		if err := n.cfg.Watchdog.Feed(); err != nil {
+			n.log.Error("cannot feed the watchdog", "err", err)
+			return
+		}
+		if n.fence.starving {
+			n.log.Info("watchdog fed again")
+		}
+		n.fence.starving, n.fence.lastFeed = false, time.Now()
+		n.metrics.watchdogFeeds.Inc()
+		return
+	}
+	if !n.fence.starving {
+		n.log.Warn("no proof this node may serve: the watchdog is no longer fed", "serving", n.serving.Load(), "stop_failed", n.stopFailed.Load(), "lease_fresh", n.leaderLeaseFresh())
+	}
+	n.fence.starving = true
+	if err := n.cfg.Watchdog.Starve(); err != nil {
+		n.log.Error("cannot shorten the watchdog's timeout", "err", err)
+	}
+}
+
+// mayFeedLocked (fence.mu held) is the proof that lets a serving node feed
+// its watchdog: raft says it leads and a quorum confirmed that within the
+// lease, its stop did not fail, and an on_leader hook that runs is within
+// its timeout.
+func (n *Node) mayFeedLocked() bool {
+	if !n.serving.Load() || n.stopFailed.Load() || !n.leaderLeaseFresh() {
+		return false
+	}
+	return n.fence.hookUntil == 0 || n.mono() < n.fence.hookUntil
+}
+
+// armWatchdog arms the watchdog before this node serves; a node that
+// cannot arm it does not serve.
+func (n *Node) armWatchdog() error {
+	if n.cfg.Watchdog == nil {
+		return nil
+	}
+	n.fence.mu.Lock()
+	defer n.fence.mu.Unlock()
+	if err := n.cfg.Watchdog.Arm(); err != nil {
+		return fmt.Errorf("arm the watchdog: %w", err)
+	}
+	if !n.fence.armed {
+		n.log.Info("watchdog armed", "timeout", n.cfg.FenceTimeout)
+	}
+	n.fence.armed, n.fence.starving, n.fence.lastFeed = true, false, time.Now()
+	n.metrics.watchdogArmed.Set(1)
+	return nil
+}
+
+// stoppedServing records the outcome of a stop (the on_follower hook, or
+// the stop at start): on success the node no longer serves and disarms
+// its watchdog; on failure it still holds the storage, and its watchdog
+// resets it within a second (armed now if it was not).
+func (n *Node) stoppedServing(err error) { n.stopped(err, false) }
+
+// stopped is stoppedServing; atStart releases a watchdog that a previous
+// process of this node may have left running.
+func (n *Node) stopped(err error, atStart bool) {
+	n.fence.mu.Lock()
+	defer n.fence.mu.Unlock()
+	if err == nil {
+		n.serving.Store(false)
+		n.stopFailed.Store(false)
+		if n.cfg.Watchdog != nil {
+			disarm := n.cfg.Watchdog.Disarm
+			if atStart {
+				disarm = n.cfg.Watchdog.Release
+			}
+			if derr := disarm(); derr != nil {
+				n.log.Error("cannot disarm the watchdog", "err", derr)
+			} else if n.fence.armed {
+				n.log.Info("stopped serving: watchdog disarmed")
+			}
+			n.fence.armed, n.fence.starving = false, false
+			n.metrics.watchdogArmed.Set(0)
+		}
+		return
+	}
+	n.stopFailed.Store(true) // the failed hook already ran on_fault
+	if n.cfg.Watchdog == nil {
+		n.log.Error("stop failed and no watchdog fences this node: it may still hold the storage; another node must not serve it until it is stopped", "err", err)
+		return
+	}
+	n.log.Error("stop failed: resetting this node through its watchdog", "err", err)
+	if !n.fence.armed {
+		if aerr := n.cfg.Watchdog.Arm(); aerr != nil {
+			n.log.Error("cannot arm the watchdog to reset this node", "err", aerr)
+			return
+		}
+		n.fence.armed = true
+		n.metrics.watchdogArmed.Set(1)
+	}
+	n.fence.starving = true
+	if rerr := n.cfg.Watchdog.ResetSoon(); rerr != nil {
+		n.log.Error("cannot shorten the watchdog's timeout", "err", rerr)
+	}
+}
+
+// fenceNotBefore is when every node that served before this leader's term
+// must have been reset by its watchdog, unless it stopped: it fed its
+// watchdog only while a quorum confirmed its leadership within the lease,
+// and its last quorum contact was before this node's election (a quorum
+// voted for this term first), so its feeding ended by elected + lease and
+// its reset by that + the fence timeout (+ margin: whole seconds, one more
+// ping at an unclean close, the reset itself).
+func (n *Node) fenceNotBefore(elected time.Time) time.Time {
+	return elected.Add(n.cfg.LeaderLeaseTimeout + n.cfg.FenceTimeout + fenceMargin)
+}
+
+// awaitFenced returns once every other serving voter is proven not to
+// serve (see the rule above), or false when ctx ended first.
+func (n *Node) awaitFenced(ctx context.Context, elected time.Time) bool {
+	if !n.fencingOn() {
+		return true
+	}
+	start := time.Now()
+	peers := n.servingVoters()
+	n.fence.mu.Lock()
+	n.fence.waiting = true
+	n.fence.mu.Unlock()
+	results := make([]FencedPeer, len(peers))
+	var wg sync.WaitGroup
+	for i, p := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = n.fencePeer(ctx, string(p.ID), elected)
+			results[i].Took = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	w := &FenceWait{At: time.Now(), Nodes: results, Took: time.Since(start)}
+	if ctx.Err() != nil {
+		w.Aborted = "leadership ended"
+	}
+	n.fence.mu.Lock()
+	n.fence.waiting, n.fence.lastWait = false, w
+	n.fence.mu.Unlock()
+	if ctx.Err() != nil {
+		return false
+	}
+	for _, r := range results {
+		n.metrics.fenceWaits.WithLabelValues(r.By).Inc()
+	}
+	n.metrics.fenceWaitSeconds.Observe(w.Took.Seconds())
+	if len(peers) > 0 {
+		n.log.Info("every other serving node is proven stopped", "took", w.Took.Round(time.Millisecond), "nodes", results)
+	}
+	return true
+}
+
+// fencePeer proves that peer does not serve: by its own answer (asked
+// every 100 ms), else by the fence agent (when one is configured: at once
+// when the peer cannot be asked, after StandDownWait when it keeps saying
+// it serves), else by the watchdog's deadline.
+func (n *Node) fencePeer(ctx context.Context, peer string, elected time.Time) FencedPeer {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	res := make(chan FencedPeer, 3)
+	go func() { // its own answer
+		if detail, ok := n.askUntilClear(ctx, peer); ok {
+			res <- FencedPeer{Node: peer, By: "clean", Detail: detail}
+		}
+	}()
+	if n.cfg.FenceAgent != nil {
+		go func() {
+			// Give a live peer that stands down StandDownWait to finish;
+			// one that cannot be asked is fenced at once.
+			if !n.peerUnreachable(ctx, peer) {
+				t := time.NewTimer(n.cfg.StandDownWait)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			n.log.Warn("fencing a node that may still serve", "node", peer)
+			tries := 0
+			err := n.cfg.FenceAgent(ctx, peer, func(try int, err error) {
+				tries = try
+				n.metrics.fenceAgentRuns.WithLabelValues("failed").Inc()
+				n.log.Error("fence agent failed; retrying", "node", peer, "try", try, "err", err)
+			})
+			if err == nil {
+				n.metrics.fenceAgentRuns.WithLabelValues("ok").Inc()
+				n.log.Info("fence agent reports the node off", "node", peer, "failed_tries", tries)
+				res <- FencedPeer{Node: peer, By: "agent"}
+			}
+		}()
+	} else if n.cfg.FenceTimeout > 0 {
+		go func() {
+			until := n.fenceNotBefore(elected)
+			n.log.Info("waiting until a node that may still serve must have been reset by its watchdog", "node", peer, "until", until.Format(time.RFC3339Nano))
+			t := time.NewTimer(time.Until(until))
+			defer t.Stop()
+			select {
+			case <-t.C:
+				res <- FencedPeer{Node: peer, By: "watchdog", Detail: "elected + lease + fence_timeout + margin passed"}
+			case <-ctx.Done():
+			}
+		}()
+	}
+	select {
+	case r := <-res:
+		return r
+	case <-ctx.Done():
+		return FencedPeer{Node: peer, By: "aborted"}
+	}
+}
+
+// peerUnreachable asks peer once: true when it cannot be asked at all
+// (dead host, refused port, no address).
+func (n *Node) peerUnreachable(ctx context.Context, peer string) bool {
+	_, err := n.askServing(ctx, peer)
+	return err != nil && !errors.Is(err, context.Canceled)
+}
+
+// askUntilClear asks peer whether it serves every 100 ms until it answers
+// no (true) or ctx ends (false).
+func (n *Node) askUntilClear(ctx context.Context, peer string) (string, bool) {
+	for {
+		serving, err := n.askServing(ctx, peer)
+		if err == nil && !serving {
+			return "answered: not serving", true
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return "", false
+		}
+	}
+}
+
+// askServing asks peer's forward program whether it serves (or might).
+func (n *Node) askServing(ctx context.Context, peer string) (bool, error) {
+	addr := n.peerNSMAddr(peer)
+	if addr == "" {
+		return false, fmt.Errorf("no NSM address known for %s", peer)
+	}
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := oncrpc.Dial(dctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 500 * time.Millisecond})
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	var held boolRes
+	if err := c.Call(dctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcServing, oncrpc.Void{}, &held); err != nil {
+		return false, err
+	}
+	return held.V, nil
+}
+
+// peerNSMAddr is a member's NSM address: from gossip, else the static map.
+func (n *Node) peerNSMAddr(id string) string {
+	addr := ""
+	if n.member != nil {
+		addr, _ = n.member.nsmAddr(id)
+	}
+	if addr == "" {
+		addr = n.cfg.PeerNSMAddrs[id]
+	}
+	return addr
+}

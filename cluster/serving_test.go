@@ -1,0 +1,486 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
+)
+
+// machine stands in for a serving node's host in these tests: what its
+// kernel serves, and its watchdog as the kernel keeps it (a ping on every
+// keepalive and timeout change, one more when the process dies without
+// the magic close, a reset at the deadline). A node "serves" from its
+// OnLeader until its OnFollower succeeded; a killed node's host keeps
+// serving until its watchdog resets it, as a real kernel keeps nfsd and
+// the mount after nsmd died.
+type machine struct {
+	mu       sync.Mutex
+	timeout  time.Duration
+	armed    bool
+	deadline time.Time
+	feeds    int
+	starves  int
+	resetReq bool
+	// serving intervals: from..until (until zero: still serving)
+	from, until time.Time
+	stopErr     error         // what OnFollower returns
+	stopBlock   chan struct{} // OnFollower waits for it to close
+	leaderErr   error         // what OnLeader returns
+	reset       time.Time
+	disarms     int
+	// crashed: the process died; the host only keeps what it had (the
+	// node's calls after that are the test's Kill, not a process's).
+	crashed bool
+}
+
+func (m *machine) ping() { m.deadline = time.Now().Add(m.timeout) }
+
+func (m *machine) Arm() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.crashed {
+		return nil
+	}
+	m.armed = true
+	m.ping()
+	return nil
+}
+
+func (m *machine) Feed() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.crashed {
+		return nil
+	}
+	if !m.armed {
+		return errors.New("not armed")
+	}
+	m.feeds++
+	m.ping()
+	return nil
+}
+
+// Starve shrinks the timeout so a death's ping cannot move the deadline
+// (the fence package does this on a real device).
+func (m *machine) Starve() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.crashed {
+		return nil
+	}
+	m.starves++
+	left := time.Until(m.deadline).Truncate(time.Second)
+	if left >= time.Second {
+		m.timeout = left
+		m.ping()
+	}
+	return nil
+}
+
+func (m *machine) ResetSoon() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.crashed {
+		return nil
+	}
+	m.resetReq = true
+	m.timeout = time.Second
+	m.ping()
+	return nil
+}
+
+func (m *machine) Disarm() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.crashed {
+		return nil
+	}
+	m.disarms++
+	m.armed = false
+	m.deadline = time.Time{}
+	return nil
+}
+
+func (m *machine) Release() error { return m.Disarm() }
+
+// died plays the process's death: an armed watchdog is pinged once more by
+// the kernel's close, and the host keeps serving until the deadline.
+func (m *machine) died() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.crashed = true
+	if m.armed {
+		m.ping()
+		if !m.from.IsZero() && m.until.IsZero() {
+			m.until = m.deadline // reset then
+			m.reset = m.deadline
+		}
+	}
+}
+
+func (m *machine) serveFrom(at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.from, m.until = at, time.Time{}
+}
+
+func (m *machine) stopped(at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.until.IsZero() && !m.crashed {
+		m.until = at
+	}
+}
+
+// servedUntil is when this host stopped serving (reset or stopped); zero:
+// it still serves (or serves forever: no watchdog stops it).
+func (m *machine) servedUntil() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.until
+}
+
+// fencedCluster is a test cluster whose nodes serve on machines with
+// watchdogs (fenceTimeout 0: no watchdog, fencing off unless agent).
+type fencedCluster struct {
+	*tcluster
+	machines map[string]*machine
+}
+
+func newFencedCluster(t *testing.T, size int, fenceTimeout time.Duration, tune func(*Config)) *fencedCluster {
+	fc := &fencedCluster{machines: map[string]*machine{}}
+	for i := range size {
+		fc.machines[fmt.Sprintf("n%d", i+1)] = &machine{timeout: fenceTimeout}
+	}
+	fc.tcluster = newTestCluster(t, size, func(cfg *Config) {
+		m := fc.machines[cfg.NodeID]
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
+		if fenceTimeout > 0 {
+			cfg.Watchdog, cfg.FenceTimeout = m, fenceTimeout
+		}
+		prevLeader := cfg.OnLeader
+		cfg.OnLeader = func(ctx context.Context, tk fsm.Takeover, state int32) error {
+			m.mu.Lock()
+			err := m.leaderErr
+			m.mu.Unlock()
+			m.serveFrom(time.Now())
+			perr := prevLeader(ctx, tk, state) // the harness's takeover event
+			if err != nil {
+				m.stopped(time.Now())
+				return err
+			}
+			return perr
+		}
+		cfg.OnFollower = func() error {
+			m.mu.Lock()
+			err, block := m.stopErr, m.stopBlock
+			m.mu.Unlock()
+			if block != nil {
+				<-block
+			}
+			if err == nil {
+				m.stopped(time.Now())
+			}
+			return err
+		}
+		if tune != nil {
+			tune(cfg)
+		}
+	})
+	return fc
+}
+
+// killNode kills node i as SIGKILL would: its host keeps what it served
+// until its watchdog resets it.
+func (fc *fencedCluster) killNode(i int) {
+	fc.machines[fc.nodes[i].id].died()
+	fc.kill(i)
+}
+
+func TestSuccessorWaitsUntilAKilledServersWatchdogMustHaveResetIt(t *testing.T) {
+	const fenceTimeout = 2 * time.Second
+	fc := newFencedCluster(t, 3, fenceTimeout, nil)
+	first := fc.waitTakeover(10 * time.Second)
+	li := nodeIndex(fc.tcluster, first.node)
+	old := fc.machines[first.node]
+	testutil.WaitFor(t, 5*time.Second, "the leader feeds its watchdog", func() bool {
+		old.mu.Lock()
+		defer old.mu.Unlock()
+		return old.armed && old.feeds > 0
+	})
+	fc.killNode(li)
+	next := fc.waitTakeover(20 * time.Second)
+	resetAt := old.servedUntil()
+	if resetAt.IsZero() {
+		t.Fatal("the killed leader's host was not serving")
+	}
+	if next.at.Before(resetAt) {
+		t.Fatalf("%s started serving at %s, %v before %s's watchdog reset it: two servers", next.node, next.at.Format(time.StampMilli), resetAt.Sub(next.at), first.node)
+	}
+	w := fc.nodes[nodeIndex(fc.tcluster, next.node)].n.FenceStatus().LastWait
+	if w == nil || len(w.Nodes) != 2 {
+		t.Fatalf("last wait = %+v, want two other serving nodes", w)
+	}
+	for _, p := range w.Nodes {
+		want := "clean"
+		if p.Node == first.node {
+			want = "watchdog"
+		}
+		if p.By != want {
+			t.Errorf("%s proven stopped by %q, want %q", p.Node, p.By, want)
+		}
+	}
+	t.Logf("reset at +%v after the kill's ping; successor served %v after that", fenceTimeout, next.at.Sub(resetAt).Round(time.Millisecond))
+}
+
+// The negative control: without fencing the successor serves beside a
+// killed server whose host still serves (nothing resets it).
+func TestWithoutFencingASuccessorServesBesideAKilledServer(t *testing.T) {
+	fc := newFencedCluster(t, 3, 0, nil)
+	first := fc.waitTakeover(10 * time.Second)
+	fc.killNode(nodeIndex(fc.tcluster, first.node))
+	next := fc.waitTakeover(20 * time.Second)
+	if until := fc.machines[first.node].servedUntil(); !until.IsZero() && !next.at.Before(until) {
+		t.Fatalf("the check would miss it: old host stopped at %v, successor at %v", until, next.at)
+	}
+	t.Logf("caught: %s serves from %s while the killed %s still does", next.node, next.at.Format(time.StampMilli), first.node)
+}
+
+func TestSuccessorServesAtOnceAfterACleanStop(t *testing.T) {
+	fc := newFencedCluster(t, 3, 5*time.Second, nil)
+	first := fc.waitTakeover(10 * time.Second)
+	li := nodeIndex(fc.tcluster, first.node)
+	start := time.Now()
+	if err := fc.nodes[li].n.TransferLeadership(""); err != nil {
+		t.Fatal(err)
+	}
+	next := fc.waitTakeover(10 * time.Second)
+	if took := next.at.Sub(start); took > 3*time.Second {
+		t.Fatalf("planned move took %v: the successor waited for a fence instead of the clean stop", took)
+	}
+	if stopped := fc.machines[first.node].servedUntil(); stopped.IsZero() || next.at.Before(stopped) {
+		t.Fatalf("successor served at %v, old stopped at %v", next.at, stopped)
+	}
+	w := fc.nodes[nodeIndex(fc.tcluster, next.node)].n.FenceStatus().LastWait
+	for _, p := range w.Nodes {
+		if p.By != "clean" {
+			t.Errorf("%s proven stopped by %q after a planned move, want clean", p.Node, p.By)
+		}
+	}
+	m := fc.machines[first.node]
+	m.mu.Lock()
+	armed := m.armed
+	m.mu.Unlock()
+	if armed {
+		t.Error("the old leader's watchdog is still armed after its clean stop")
+	}
+}
+
+func TestFenceAgentLetsTheSuccessorServeBeforeTheWatchdogWait(t *testing.T) {
+	var calls atomic.Int32
+	var fenced sync.Map
+	fc := &fencedCluster{}
+	fc = newFencedCluster(t, 3, 30*time.Second, func(cfg *Config) {
+		cfg.FenceAgent = func(ctx context.Context, node string, onAttempt func(int, error)) error {
+			for try := 1; ; try++ {
+				n := calls.Add(1)
+				if n <= 2 { // the device fails twice, then works
+					onAttempt(try, errors.New("device busy"))
+					continue
+				}
+				fenced.Store(node, time.Now())
+				fc.machines[node].stopped(time.Now()) // powered off
+				return nil
+			}
+		}
+	})
+	first := fc.waitTakeover(10 * time.Second)
+	killedAt := time.Now()
+	fc.killNode(nodeIndex(fc.tcluster, first.node))
+	next := fc.waitTakeover(20 * time.Second)
+	if took := next.at.Sub(killedAt); took > 10*time.Second {
+		t.Fatalf("successor served %v after the kill: it waited for the 30 s watchdog bound, not the agent", took)
+	}
+	at, ok := fenced.Load(first.node)
+	if !ok || next.at.Before(at.(time.Time)) {
+		t.Fatalf("successor served at %v before the agent fenced %s (%v)", next.at, first.node, at)
+	}
+	w := fc.nodes[nodeIndex(fc.tcluster, next.node)].n.FenceStatus().LastWait
+	for _, p := range w.Nodes {
+		if p.Node == first.node && p.By != "agent" {
+			t.Errorf("%s proven stopped by %q, want agent", p.Node, p.By)
+		}
+	}
+}
+
+func TestAFailingFenceAgentKeepsTheSuccessorFromServing(t *testing.T) {
+	var tries atomic.Int32
+	fc := newFencedCluster(t, 3, 2*time.Second, func(cfg *Config) {
+		cfg.FenceAgent = func(ctx context.Context, node string, onAttempt func(int, error)) error {
+			for try := 1; ; try++ {
+				tries.Add(1)
+				onAttempt(try, errors.New("no route to the power switch"))
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}
+	})
+	first := fc.waitTakeover(10 * time.Second)
+	fc.killNode(nodeIndex(fc.tcluster, first.node))
+	select {
+	case ev := <-fc.takeovers:
+		t.Fatalf("%s served although no fence succeeded", ev.node)
+	case <-time.After(6 * time.Second): // well past the 2 s watchdog bound
+	}
+	if tries.Load() < 3 {
+		t.Fatalf("the agent was tried %d times, want retries", tries.Load())
+	}
+}
+
+func TestAFailedStopResetsTheNodeAndTheSuccessorDoesNotTrustIt(t *testing.T) {
+	fc := newFencedCluster(t, 3, 2*time.Second, nil)
+	first := fc.waitTakeover(10 * time.Second)
+	li := nodeIndex(fc.tcluster, first.node)
+	old := fc.machines[first.node]
+	old.mu.Lock()
+	old.stopErr = errors.New("umount: target is busy")
+	old.mu.Unlock()
+	if err := fc.nodes[li].n.TransferLeadership(""); err != nil {
+		t.Fatal(err)
+	}
+	next := fc.waitTakeover(20 * time.Second)
+	old.mu.Lock()
+	resetReq, deadline := old.resetReq, old.deadline
+	old.mu.Unlock()
+	if !resetReq {
+		t.Fatal("a failed stop did not ask the watchdog to reset the node")
+	}
+	if !fc.nodes[li].n.FenceStatus().StopFailed {
+		t.Error("status does not say the stop failed")
+	}
+	if next.at.Before(deadline) {
+		t.Fatalf("%s served at %v, before the node whose stop failed was reset (%v)", next.node, next.at, deadline)
+	}
+}
+
+func TestAPartitionedLeaderStopsFeedingItsWatchdog(t *testing.T) {
+	fc := newFencedCluster(t, 3, 3*time.Second, nil)
+	first := fc.waitTakeover(10 * time.Second)
+	li := nodeIndex(fc.tcluster, first.node)
+	m := fc.machines[first.node]
+	testutil.WaitFor(t, 5*time.Second, "fed", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.feeds > 0 })
+	// The stop hangs, as an unmount behind a hung disk would: only the
+	// watchdog can end this node's serving.
+	block := make(chan struct{})
+	defer close(block)
+	m.mu.Lock()
+	m.stopBlock = block
+	m.mu.Unlock()
+	cut := time.Now()
+	fc.partition(li)
+	testutil.WaitFor(t, 5*time.Second, "starved", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.starves > 0 })
+	m.mu.Lock()
+	feeds, deadline := m.feeds, m.deadline
+	m.mu.Unlock()
+	time.Sleep(time.Second) // no event says "no more feeds": watch for a while
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.feeds != feeds {
+		t.Fatalf("fed %d more times after losing its quorum", m.feeds-feeds)
+	}
+	if m.deadline.After(deadline) {
+		t.Fatalf("starving moved the reset deadline from %v to %v", deadline, m.deadline)
+	}
+	if bound := cut.Add(150*time.Millisecond + 3*time.Second + time.Second); deadline.After(bound) {
+		t.Fatalf("reset deadline %v is after cut + lease + fence timeout (%v)", deadline, bound)
+	}
+}
+
+func TestAFailedOnLeaderHandsLeadershipOnAndNotifiesNobody(t *testing.T) {
+	fc := newFencedCluster(t, 3, 2*time.Second, nil)
+	first := fc.waitTakeover(10 * time.Second)
+	li := nodeIndex(fc.tcluster, first.node)
+	// The node leadership moves to fails to start serving.
+	target := fc.nodes[(li+1)%3]
+	m := fc.machines[target.id]
+	m.mu.Lock()
+	m.leaderErr = errors.New("rpc.nfsd failed")
+	m.mu.Unlock()
+	if err := fc.nodes[li].n.TransferLeadership(target.id); err != nil {
+		t.Fatal(err)
+	}
+	bad := fc.waitTakeover(10 * time.Second)
+	if bad.node != target.id {
+		t.Fatalf("%s took over, want %s", bad.node, target.id)
+	}
+	next := fc.waitTakeover(15 * time.Second)
+	if next.node == bad.node {
+		t.Fatalf("%s served after its on_leader failed instead of handing on", bad.node)
+	}
+	bn := fc.nodes[nodeIndex(fc.tcluster, bad.node)].n
+	if st, _ := bn.NotifyRun(); st == bad.state {
+		t.Fatalf("%s notified clients with sm_state %d after a failed on_leader", bad.node, st)
+	}
+	if bn.FenceStatus().Serving {
+		t.Fatalf("%s still says it serves after stopping", bad.node)
+	}
+}
+
+func TestARestartedNodeSaysItServesUntilItsStopAtStartSucceeded(t *testing.T) {
+	release := make(chan struct{})
+	var started atomic.Bool
+	fc := newFencedCluster(t, 3, 2*time.Second, func(cfg *Config) {
+		if cfg.NodeID == "n3" {
+			cfg.StopAtStart = func() error {
+				started.Store(true)
+				<-release
+				return nil
+			}
+		}
+	})
+	n3 := fc.nodes[2]
+	testutil.WaitFor(t, 5*time.Second, "stop at start running", started.Load)
+	if !askServing(t, n3.nsmAddr) || !n3.n.FenceStatus().Serving {
+		t.Fatal("n3 says it does not serve while its stop at start still runs")
+	}
+	close(release)
+	testutil.WaitFor(t, 5*time.Second, "n3 says it does not serve", func() bool {
+		return !n3.n.FenceStatus().Serving && (n3.n.IsLeader() || !askServing(t, n3.nsmAddr))
+	})
+	m := fc.machines["n3"]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.disarms == 0 || (m.armed && m.from.IsZero()) {
+		t.Error("the watchdog a previous process may have left running was not disarmed after the stop")
+	}
+}
+
+func askServing(t testing.TB, addr string) bool {
+	t.Helper()
+	n := &Node{cfg: Config{PeerNSMAddrs: map[string]string{"x": addr}}}
+	v, err := n.askServing(context.Background(), "x")
+	if err != nil {
+		return true // cannot ask: not proven stopped
+	}
+	return v
+}
+
+func nodeIndex(c *tcluster, id string) int {
+	for i, tn := range c.nodes {
+		if tn.id == id {
+			return i
+		}
+	}
+	c.t.Fatalf("no node %s", id)
+	return -1
+}
