@@ -73,7 +73,8 @@ const (
 const dStateDump = `for d in /proc/[0-9]*; do grep -q '^State:.D' $d/status 2>/dev/null && { echo "D: $(cat $d/cmdline | tr '\0' ' ')"; cat $d/stack; }; done`
 
 // fenceQemuAgent is the fence-agent stand-in (see the top of this file).
-// Input: key=value lines (action= or option=, plug= or port=, ipaddr= and
+// Input: key=value lines (action= or option=, plug= or port= (else
+// nodename=), ipaddr= and
 // ipport= of the harness); exit 0 = success; status: 0 on, 2 off.
 const fenceQemuAgent = `#!/bin/sh
 # fence_qemu: a TEST STAND-IN for a fence agent (nsmd's e2e/fence_vm_linux_test.go).
@@ -81,15 +82,17 @@ const fenceQemuAgent = `#!/bin/sh
 # which owns every VM's QEMU process, to SIGKILL the named VM's QEMU (a power
 # cut) and answers once it is gone. Never use it outside that test.
 export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-action= plug= ipaddr= ipport=
+action= plug= nodename= ipaddr= ipport=
 while IFS= read -r line || [ -n "$line" ]; do
 	case "$line" in
 	action=* | option=*) action=${line#*=} ;;
 	plug=* | port=*) plug=${line#*=} ;;
+	nodename=*) nodename=${line#*=} ;;
 	ipaddr=*) ipaddr=${line#*=} ;;
 	ipport=*) ipport=${line#*=} ;;
 	esac
 done
+plug=${plug:-$nodename}
 echo "$(date +%T) action=$action plug=$plug" >> /run/fence_qemu.log
 [ -n "$ipaddr" ] && [ -n "$ipport" ] || { echo "fence_qemu: ipaddr= and ipport= (the harness) are required" >&2; exit 1; }
 case "$action" in
@@ -673,7 +676,7 @@ func fencingSupported(t *testing.T, v *testVM) bool {
 	return err == nil && rc == 0
 }
 
-func TestFencingKeepsOneServerOnTheSharedDisk(t *testing.T) {
+func TestFencingNeverTwoServers(t *testing.T) {
 	img := needVMImage(t)
 	tStart := time.Now()
 	p := &pairTopo{t: t, img: img, dir: t.TempDir()}
@@ -833,8 +836,8 @@ func fenceArgs(agent bool) []string {
 	args := append(slices.Clone(slowDiskArgs), "--fence-watchdog", "/dev/watchdog", "--fence-timeout", fmt.Sprintf("%ds", fenceTimeout))
 	if agent {
 		args = append(args, "--fence-agent", fenceAgentPath,
-			"--fence-agent-arg", "ipaddr="+topoNet+".11", "--fence-agent-arg", "ipport="+strconv.Itoa(fenceHarnessPort),
-			"--fence-node", "s1:plug=s1", "--fence-node", "s2:plug=s2")
+			"--fence-agent-args", "ipaddr="+topoNet+".11,ipport="+strconv.Itoa(fenceHarnessPort),
+			"--fence-nodes", "s1:plug=s1,s2:plug=s2")
 	}
 	return args
 }
