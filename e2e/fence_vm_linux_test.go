@@ -649,20 +649,30 @@ func (p *pairTopo) fenceStatus(n *pairNode) map[string]any {
 	return f
 }
 
-// lastWait says how the survivor's last takeover waited for the old node.
+// lastWait says how the survivor's last takeover waited for the old node
+// (fence.last_wait: seconds, and per other serving node by + seconds).
 func lastWait(f map[string]any) string {
 	lw, _ := f["last_wait"].(map[string]any)
 	if lw == nil {
 		return "-"
 	}
-	s := fmt.Sprintf("%v", lw["by"])
-	if sec, ok := lw["seconds"].(float64); ok {
-		s += fmt.Sprintf(" %.1fs", sec)
+	var parts []string
+	nodes, _ := lw["nodes"].([]any)
+	for _, n := range nodes {
+		m, _ := n.(map[string]any)
+		p := fmt.Sprintf("%v by %v", m["node"], m["by"])
+		if sec, ok := m["seconds"].(float64); ok {
+			p += fmt.Sprintf(" %.1fs", sec)
+		}
+		parts = append(parts, p)
 	}
-	if r, ok := lw["reason"].(string); ok && r != "" {
-		s += " (" + r + ")"
+	if a, _ := lw["aborted"].(string); a != "" {
+		parts = append(parts, "aborted: "+a)
 	}
-	return s
+	if len(parts) == 0 {
+		parts = append(parts, "nothing to wait for")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // fencingSupported: the nsmd under test (the witness's binary and the
@@ -963,6 +973,10 @@ func (r *fenceRig) nsmdAlive(n *pairNode) bool {
 	return err == nil && rc == 0
 }
 
+// drillEvents are the nsmd log lines a drill prints (from both servers,
+// from the fault on): leadership, fencing, hooks, grace.
+const drillEvents = `gained leadership|lost leadership|proven|waiting until|fence|watchdog (armed|disarmed|reset|released)|stop failed|running hook|hook done|hook failed|grace ended|grace start|takeover committed|VIP acquired`
+
 // drill runs one fault against the serving server and measures it.
 func (r *fenceRig) drill(name, fault string) fenceResult {
 	t := r.t
@@ -989,6 +1003,12 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 		}
 	}
 
+	logAt := map[*pairNode]int{}
+	for _, n := range p.servers {
+		if _, out, err := n.vm.try(5*time.Second, "wc -l < /var/lib/nsmd/nsmd.log"); err == nil {
+			logAt[n], _ = strconv.Atoi(strings.TrimSpace(out))
+		}
+	}
 	t0 := time.Now()
 	var healed time.Time
 	after := make(chan struct{}) // the fault's second half (restart, SIGCONT, heal) is done
@@ -1104,6 +1124,14 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 	if ev := r.harness.since(t0, t0); len(ev) > 0 {
 		tl += "\n  fence agent: " + strings.Join(ev, "; ")
 	}
+	for _, n := range []*pairNode{other, leader} {
+		if r.vms[n].isDown() {
+			continue
+		}
+		if _, out, err := n.vm.try(10*time.Second, fmt.Sprintf("tail -n +%d /var/lib/nsmd/nsmd.log | grep -E %s | sed -E 's/^time=[0-9-]+T([0-9:.]+)Z level=([A-Z]+) msg=/\\1 \\2 /; s/ node=%s//; s/ component=[a-z0-9]+//' | cut -c1-260 | head -n 40", logAt[n]+1, shellQuote(drillEvents), n.id)); err == nil && strings.TrimSpace(out) != "" {
+			tl += fmt.Sprintf("\n  %s's nsmd (its clock):\n    %s", n.id, strings.ReplaceAll(strings.TrimSpace(out), "\n", "\n    "))
+		}
+	}
 	t.Logf("FENCE DRILL %s (%s) of %s at %s UTC: survivor %s serving %+.1fs, every lock %+.1fs, new lock %+.1fs; old node: %s; fence wait: %s\n%s",
 		name, fault, leader.id, t0.UTC().Format("15:04:05.000"), other.id, res.serve, res.reclaimed, res.newLock, res.fate, res.wait, tl)
 	if len(res.overlapsCertain) > 0 {
@@ -1191,7 +1219,12 @@ func (r *fenceRig) cleanStopAndFsck() {
 			// A failed stop with fencing on resets the node: it holds
 			// nothing now; boot it for the negative control.
 			ex := f.exitsSince(ts)
-			t.Errorf("%s ended during its clean stop: %+v", n.id, ex)
+			t.Errorf("%s did not stop cleanly: %s %.1fs after SIGTERM (its on_follower failed: see the hook processes below)", n.id, ex[0].how, ex[0].at.Sub(ts).Seconds())
+			select {
+			case d := <-dump:
+				t.Logf("hook processes 12 s into %s's stop:\n%s", n.id, d)
+			default:
+			}
 			f.boot()
 			f.n.vm.waitReady()
 			f.n.vm.sh(20*time.Second, loadSoftdog(""))
@@ -1209,7 +1242,13 @@ func (r *fenceRig) cleanStopAndFsck() {
 	}
 	tf := time.Now()
 	fsckOn := other // up: a reset at the stop can only have hit the leader
-	rc, out, err := fsckOn.vm.try(120*time.Second, "echo 3 > /proc/sys/vm/drop_caches; e2fsck -fn /dev/vda 2>&1")
+	fsck := "echo 3 > /proc/sys/vm/drop_caches; e2fsck -fn /dev/vda 2>&1"
+	if r.vms[leader].exitsSince(ts) != nil {
+		// The reset left the journal to replay (e2fsck -n does not):
+		// mounting does, as the next leader's would.
+		fsck = "mkdir -p /mnt/replay && mount -t ext4 /dev/vda /mnt/replay && umount /mnt/replay && " + fsck
+	}
+	rc, out, err := fsckOn.vm.try(120*time.Second, fsck)
 	if err != nil || rc != 0 {
 		t.Fatalf("e2fsck -fn of the shared disk on %s: rc %d %v:\n%s", fsckOn.id, rc, err, out)
 	}
