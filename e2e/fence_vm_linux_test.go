@@ -1166,6 +1166,20 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 	return res
 }
 
+// fenceStrictKernel (NSMD_E2E_FENCE_STRICT_KERNEL=1) makes an NFSv4
+// client kernel's "lost N locks" an error. By default it is logged only:
+// the Linux client counts, at every state recovery, each lock state of an
+// open file that it did not re-establish — a lock request still waiting
+// (the workload's F_SETLKW behind another client's lock, the first-lock
+// prober's attempts in grace) or one released before the file was closed
+// counts too, and with the workload running across the failover the line
+// comes in about half of the drills. Locks that are held are checked
+// exactly: every holder's lock is refused to another client after the
+// drill and its holder saw no error, and the workload's sequence numbers
+// (one writer per lock at a time, every fsynced write kept) are checked
+// at the end.
+var fenceStrictKernel = os.Getenv("NSMD_E2E_FENCE_STRICT_KERNEL") == "1"
+
 // clientKernels reports (and clears) what the client kernels logged
 // about lost or unreclaimable locks since the last look: an error, but the
 // drills go on (each drill's account is worth more than the first).
@@ -1176,14 +1190,21 @@ func (r *fenceRig) clientKernels(when string) {
 			r.t.Errorf("%s: %s dmesg: %v", when, c.vm.name, err)
 			continue
 		}
-		var bad []string
+		var bad, lost []string
 		for _, line := range strings.Split(out, "\n") {
 			for _, b := range clientKernelErrors {
 				if strings.Contains(line, b) && (strings.Contains(line, "NFS") || strings.Contains(line, "lockd")) {
-					bad = append(bad, line)
+					if b == "lost " && !fenceStrictKernel {
+						lost = append(lost, line)
+					} else {
+						bad = append(bad, line)
+					}
 					break
 				}
 			}
+		}
+		if len(lost) > 0 {
+			r.t.Logf("CLIENT KERNEL %s: %s (NFS %s): %s — see fenceStrictKernel", when, c.vm.name, c.vers, strings.Join(lost, "; "))
 		}
 		if len(bad) > 0 {
 			r.t.Errorf("%s: client %s (NFS %s) kernel: %s\n(its kernel log since the last look:\n%s)", when, c.vm.name, c.vers, strings.Join(bad, "; "), tail(out, 30))
@@ -1210,9 +1231,15 @@ func (r *fenceRig) cleanStopAndFsck() {
 	}()
 	ts := time.Now()
 	// p.stopServer, but the VM may reset meanwhile (a failed stop, fencing on).
-	if _, _, err := leader.vm.try(100*time.Second, fmt.Sprintf("kill %[1]d; while kill -0 %[1]d 2>/dev/null; do sleep 0.1; done", leader.pid)); err != nil && !r.vms[leader].isDown() {
-		t.Fatalf("stopping %s: %v", leader.id, err)
-	}
+	leader.vm.sh(5*time.Second, fmt.Sprintf("kill %d", leader.pid))
+	testutil.WaitForSeen(t, 100*time.Second, leader.id+"'s nsmd to exit (or its VM to reset)", func() (bool, string) {
+		if r.vms[leader].isDown() {
+			return true, ""
+		}
+		rc, _, err := leader.vm.try(3*time.Second, fmt.Sprintf("kill -0 %d", leader.pid))
+		time.Sleep(200 * time.Millisecond)
+		return err == nil && rc != 0, fmt.Sprint(rc, err)
+	})
 	t.Logf("clean stop: %s's nsmd stopped %.1fs after SIGTERM", leader.id, time.Since(ts).Seconds())
 	for _, n := range p.servers {
 		if f := r.vms[n]; f.isDown() {
