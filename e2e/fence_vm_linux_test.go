@@ -1257,7 +1257,7 @@ func (r *fenceRig) cleanStopAndFsck() {
 	// What the last server's stop waits for, if it hangs (see below).
 	dump := make(chan string, 1)
 	go func() {
-		time.Sleep(12 * time.Second)
+		time.Sleep(3 * time.Second) // before a starving watchdog (fence_timeout) resets it
 		_, out, _ := leader.vm.try(10*time.Second, dStateDump+`; for d in /proc/[0-9]*; do c=$(tr '\0' ' ' < $d/cmdline); case "$c" in *rpc.nfsd*|*exportfs*|*umount*|*sync*|*nfsd-ha*) echo "$(basename $d) $(sed -n 's/^State:.//p' $d/status) $c"; cat $d/stack;; esac; done`)
 		dump <- out
 	}()
@@ -1281,8 +1281,8 @@ func (r *fenceRig) cleanStopAndFsck() {
 			t.Errorf("%s did not stop cleanly: %s %.1fs after SIGTERM (its on_follower failed: see the hook processes below)", n.id, ex[0].how, ex[0].at.Sub(ts).Seconds())
 			select {
 			case d := <-dump:
-				t.Logf("hook processes 12 s into %s's stop:\n%s", n.id, d)
-			default:
+				t.Logf("hook processes 3 s into %s's stop:\n%s", n.id, d)
+			case <-time.After(15 * time.Second):
 			}
 			f.boot()
 			f.n.vm.waitReady()
@@ -1295,7 +1295,7 @@ func (r *fenceRig) cleanStopAndFsck() {
 			case d = <-dump:
 			case <-time.After(15 * time.Second):
 			}
-			t.Errorf("%s after a clean stop (nsmd stopped): %s\nhook processes 12 s into the stop:\n%s", n.id, out, d)
+			t.Errorf("%s after a clean stop (nsmd stopped): %s\nhook processes 3 s into the stop:\n%s", n.id, out, d)
 			n.vm.sh(60*time.Second, "/usr/lib/nsmd/hooks/nfsd-ha stop")
 		}
 	}
