@@ -731,7 +731,19 @@ func TestFencingNeverTwoServers(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, f := range fvms {
-				t.Logf("== %s console (last lines):\n%s", f.n.id, tail(f.n.vm.console.String(), 25))
+				f.mu.Lock()
+				qs := "state " + f.state
+				if f.state != "down" && f.n.vm.cmd != nil && f.n.vm.cmd.Process != nil {
+					if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", f.n.vm.cmd.Process.Pid)); err == nil {
+						for _, l := range strings.Split(string(b), "\n") {
+							if strings.HasPrefix(l, "State:") {
+								qs += ", QEMU " + l
+							}
+						}
+					}
+				}
+				f.mu.Unlock()
+				t.Logf("== %s (%s) console (last lines):\n%s", f.n.id, qs, tail(f.n.vm.console.String(), 25))
 				if _, out, err := f.n.vm.try(10*time.Second, "grep -E 'fenc|watchdog|proven|hook|takeover|leadership|VIP|grace|reclaim' /var/lib/nsmd/nsmd.log | grep -v 'component=gossip' | tail -n 250; cat /run/fence_qemu.log; "+dStateDump); err == nil {
 					t.Logf("== %s nsmd log (fence, hooks):\n%s", f.n.id, out)
 				}
