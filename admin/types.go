@@ -65,6 +65,24 @@ type Status struct {
 	// Fence is how this node is fenced and what it waited for before it
 	// last served.
 	Fence Fence `json:"fence"`
+	// Process is the nsmd process behind this node and its machine's
+	// boot: a drill tells a reset node (another boot) from a restarted
+	// process (another start) from one that kept running.
+	Process *Process `json:"process,omitempty"`
+}
+
+// Process is GET /v1/status's "process".
+type Process struct {
+	PID int `json:"pid"`
+	// Started is when this node's agent started (a node nsmd dev
+	// restarts after a crash drill starts again in the same process).
+	Started time.Time `json:"started"`
+	// BootID is the kernel's boot id (/proc/sys/kernel/random/boot_id):
+	// it changes at every boot; empty where the kernel has none.
+	BootID string `json:"boot_id,omitempty"`
+	// InProcess: one of nsmd dev's nodes, which share one process: a
+	// signal or a firewall rule would hit them all.
+	InProcess bool `json:"in_process,omitempty"`
 }
 
 // Fence is a node's fencing: GET /v1/status's "fence".

@@ -81,6 +81,8 @@ type Agent struct {
 	pmapSrv    *oncrpc.Server
 
 	crashFn    func(*Agent)
+	started    time.Time // this agent's start (GET /v1/status, process)
+	bootID     string    // the kernel's boot id, read at start
 	hooks      *hookRunner
 	v4         *nfsv4
 	v4cancel   context.CancelFunc
@@ -162,7 +164,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if cfg.Witness {
 		cfg = witnessConfig(cfg, log)
 	}
-	a = &Agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), crashFn: opts.Crash}
+	a = &Agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), crashFn: opts.Crash, started: time.Now(), bootID: readBootID()}
 	defer func() {
 		if err != nil {
 			a.Close()

@@ -248,13 +248,23 @@ func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
 		return true
 	}
 	for {
+		if n.stopFailed.Load() {
+			// Its storage is still held and its watchdog resets it: it
+			// neither serves again nor says it does not.
+			n.log.Error("this node's last stop failed: not serving again; handing leadership on")
+			if err := n.TransferLeadership(""); err != nil {
+				n.log.Warn("no other serving node took leadership", "err", err)
+			}
+			<-ctx.Done()
+			return false
+		}
 		n.serving.Store(true)
 		if !n.awaitLease(ctx) {
 			n.serving.Store(false) // nothing started
 			return false
 		}
 		if err := n.armWatchdog(); err != nil {
-			n.serving.Store(false)
+			n.serving.Store(false) // nothing started
 			n.log.Error("cannot arm the watchdog: not serving without a fence", "err", err)
 			n.fault("watchdog", err)
 		} else {
@@ -301,9 +311,10 @@ func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
 const failedTakeoverRetry = 5 * time.Second
 
 // awaitLease waits until a quorum confirmed this node's leadership within
-// the lease (the lease loop asks every quarter lease), false when ctx ends.
+// the fence lease (the lease loop asks every quarter lease), false when
+// ctx ends.
 func (n *Node) awaitLease(ctx context.Context) bool {
-	for !n.leaderLeaseFresh() {
+	for !n.fenceLeaseFresh() {
 		t := time.NewTimer(n.cfg.LeaderLeaseTimeout / 4)
 		select {
 		case <-t.C:

@@ -336,7 +336,7 @@ func (c *Config) bindings() []binding {
 		str("on_fault", "script run when the node hits a fault it cannot fix (VIP, takeover, hook)", &c.OnFault),
 		duration("hook_timeout", "how long a hook script may run before it is killed", &c.HookTimeout),
 		str("fence_watchdog", "watchdog device a serving node (one with an on_leader hook) arms before on_leader and feeds only while a quorum confirms its leadership; it resets the node when it dies, hangs, loses its quorum or cannot stop; off: no watchdog (then only fence_agent fences, or nothing: say so explicitly)", &c.FenceWatchdog),
-		duration("fence_timeout", "watchdog timeout of every serving node (whole seconds, at least 2s): a new leader that cannot ask the previous serving node waits election + lease + this + 2s before it serves, unless fence_agent reports that node off first", &c.FenceTimeout),
+		duration("fence_timeout", "watchdog timeout of every serving node (whole seconds, at least 2s): a new leader that cannot ask the previous serving node waits election + heartbeat_timeout + this + 2s before it serves, unless fence_agent reports that node off first", &c.FenceTimeout),
 		str("fence_agent", "fence agent (ClusterLabs API: key=value lines on stdin, e.g. /usr/sbin/fence_ipmilan) a new leader runs with action=off against another serving node that may still serve; it serves only once the agent succeeded or the node said it stopped", &c.FenceAgent),
 		list("fence_agent_args", "key=value arguments for fence_agent, for every node, comma separated (e.g. ip=…,username=…,password_script=…)", &c.FenceAgentArgs),
 		list("fence_nodes", "per-node fence_agent arguments, NODE_ID:key=value, comma separated (e.g. s1:plug=s1,s2:plug=s2)", &c.FenceNodes),

@@ -128,6 +128,8 @@ type clusterSpec struct {
 	// slowDisks puts every node's data directory behind a FUSE
 	// passthrough (internal/slowfs) whose fsync the test can slow down.
 	slowDisks bool
+	// extraArgs, when set, adds agent flags per node (hooks, fencing).
+	extraArgs func(n *nsmNode) []string
 }
 
 // startCluster is the default setup: three fake client hosts, nsmd's
@@ -281,6 +283,9 @@ func (n *nsmNode) agentArgs() []string {
 		// The servers' flags, VIP included: the witness ignores what it
 		// never uses (as one configuration file for all three would).
 		args = append(args, "--witness")
+	}
+	if n.c.spec.extraArgs != nil {
+		args = append(args, n.c.spec.extraArgs(n)...)
 	}
 	if n.c.vipMode == "none" {
 		return append(args, "--vip-mode", "none")
