@@ -1383,8 +1383,12 @@ func (r *fenceRig) negativeControl(fencing bool) {
 		t.Logf("NEGATIVE CONTROL %s (fencing off, %s on the serving %s at %s UTC): the sampler saw the overlap %.1fs after the fault: %s\n  %s: %s\n  %s: %s",
 			kind, what, leader.id, t0.UTC().Format("15:04:05.000"), found, strings.Join(seen, "; "), leader.id, fl.timeline(t0, from), other.id, fo.timeline(t0, from))
 		if kind == "f" {
-			// Undo by hand: the busy process goes, the old node unmounts.
+			// Undo by hand: the busy process goes, the old node unmounts,
+			// and its nsmd restarts (one whose stop failed does not serve
+			// again until restarted).
 			leader.vm.sh(60*time.Second, fmt.Sprintf("kill %[1]d; while kill -0 %[1]d 2>/dev/null; do sleep 0.1; done; /usr/lib/nsmd/hooks/nfsd-ha stop", busy))
+			p.stopServer(leader)
+			p.startServer(leader)
 			continue
 		}
 		// Fence the old node by hand with its own watchdog: softdog with a
