@@ -200,6 +200,33 @@ func loadSoftdog(params string) string {
 	return `grep -q '^softdog ' /proc/modules || sed -n 's/^softdog //p' /etc/vm/optional-modules | while read m; do case $m in */softdog.ko) insmod $m ` + params + `;; *) grep -q "^$(basename $m .ko) " /proc/modules || insmod $m;; esac; done`
 }
 
+// reboot boots an ended server VM again and starts nsmd there. A fence
+// agent may power it off again while it boots (a leader that cannot ask a
+// booting node whether it serves fences it): then it boots once more,
+// and says so.
+func (f *fenceVM) reboot(p *pairTopo) {
+	p.t.Helper()
+	for try := 1; ; try++ {
+		f.boot()
+		v := f.n.vm
+		select {
+		case <-v.ready:
+			f.up(p)
+			return
+		case <-v.done:
+		case <-time.After(vmBootWait):
+			p.t.Fatalf("VM %s not up within %v:\n%s", v.name, vmBootWait, tail(v.console.String(), 40))
+		}
+		time.Sleep(100 * time.Millisecond) // the exit watcher records how
+		ex := f.exitsSince(time.Time{})
+		how := ex[len(ex)-1].how
+		if how != "fence agent power-off" || try == 3 {
+			p.t.Fatalf("VM %s ended while booting (%s):\n%s", v.name, how, tail(v.console.String(), 40))
+		}
+		p.t.Logf("FENCED AGAIN: %s was powered off by the fence agent while it booted (try %d); booting it again", v.name, try)
+	}
+}
+
 // up waits for the booted VM's agent, loads softdog (nsmd's watchdog is
 // /dev/watchdog) and starts rpcbind + nsmd.
 func (f *fenceVM) up(p *pairTopo) {
@@ -742,11 +769,17 @@ func TestFencingNeverTwoServers(t *testing.T) {
 						}
 					}
 				}
+				for _, e := range f.exits {
+					qs += fmt.Sprintf("; ended %s UTC (%s)", e.at.UTC().Format("15:04:05.0"), e.how)
+				}
 				f.mu.Unlock()
 				t.Logf("== %s (%s) console (last lines):\n%s", f.n.id, qs, tail(f.n.vm.console.String(), 25))
 				if _, out, err := f.n.vm.try(10*time.Second, "grep -E 'fenc|watchdog|proven|hook|takeover|leadership|VIP|grace|reclaim' /var/lib/nsmd/nsmd.log | grep -v 'component=gossip' | tail -n 250; cat /run/fence_qemu.log; "+dStateDump); err == nil {
 					t.Logf("== %s nsmd log (fence, hooks):\n%s", f.n.id, out)
 				}
+			}
+			if r.harness != nil {
+				t.Logf("== fence agent requests: %s", strings.Join(r.harness.since(tStart, tStart), "; "))
 			}
 			for _, c := range r.cs {
 				if _, out, err := c.vm.try(5*time.Second, "dmesg | tail -n 15"); err == nil {
@@ -1006,8 +1039,7 @@ func (r *fenceRig) ensureUp(before string) {
 		ex := f.exitsSince(r.tStart)
 		last := ex[len(ex)-1]
 		tb := time.Now()
-		f.boot()
-		f.up(r.pairTopo)
+		f.reboot(r.pairTopo)
 		_, out, _ := n.vm.try(10*time.Second, fmt.Sprintf("grep -E %s /var/lib/nsmd/nsmd.log | grep -v 'reason=start' | tail -n 12 | cut -c1-240", shellQuote(`starving|lost leadership|stop failed|watchdog|hook failed`)))
 		r.unexpected = append(r.unexpected, fmt.Sprintf("%s %s at %s UTC", n.id, last.how, last.at.UTC().Format("15:04:05.0")))
 		t.Logf("UNEXPECTED RESET before drill %s: %s's QEMU ended (%s) at %s UTC with no fault injected; booted again in %.1fs. Its nsmd's last words:\n%s",
@@ -1193,8 +1225,7 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 	// Back to a healthy pair: boot what was reset, start what died.
 	if fl.isDown() {
 		tb := time.Now()
-		fl.boot()
-		fl.up(p)
+		fl.reboot(p)
 		t.Logf("%s booted again and nsmd started in %.1fs", leader.id, time.Since(tb).Seconds())
 	} else if !r.nsmdAlive(leader) {
 		p.startServer(leader)
