@@ -282,6 +282,12 @@ func (rj RegistrationJSON) Registration(owner string, now time.Time) (fsm.Regist
 	if !nsm.ValidName(rj.MonName) || !nsm.ValidName(rj.MyName) {
 		return fsm.Registration{}, fmt.Errorf("invalid mon_name %q or my_name %q", rj.MonName, rj.MyName)
 	}
+	// rpc.statd's rule for SM_MON, which the NSM service applies too: the
+	// callback goes to the lock manager's program and callback procedure.
+	if rj.MyProg != nlm.Program || (rj.MyProc != nlm.ProcSMNotify && rj.MyProc != nlm.ProcSMNotifyAlt) {
+		return fsm.Registration{}, fmt.Errorf("my_prog %d my_proc %d: want %d and %d or %d (the lock manager's callback)",
+			rj.MyProg, rj.MyProc, nlm.Program, nlm.ProcSMNotify, nlm.ProcSMNotifyAlt)
+	}
 	reg := fsm.Registration{
 		ID:    fsm.MonID{MonName: rj.MonName, My: fsm.MyID{MyName: rj.MyName, Prog: rj.MyProg, Vers: rj.MyVers, Proc: rj.MyProc}},
 		Node:  owner,

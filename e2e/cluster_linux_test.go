@@ -125,6 +125,9 @@ type clusterSpec struct {
 	// witness makes the last node (n3) a witness: two servers and a
 	// witness, the HA pair's topology.
 	witness bool
+	// bins runs the named nodes from another nsmd binary (a rolling
+	// upgrade: an older release beside this one); the others run nsmdBin.
+	bins map[string]string
 	// slowDisks puts every node's data directory behind a FUSE
 	// passthrough (internal/slowfs) whose fsync the test can slow down.
 	slowDisks bool
@@ -314,8 +317,12 @@ func (n *nsmNode) start(t *testing.T) {
 	}
 	defer f.Close()
 	fmt.Fprintf(f, "==== e2e: start at %s\n", time.Now().Format(time.RFC3339Nano))
+	bin := nsmdBin
+	if b := n.c.spec.bins[n.id]; b != "" {
+		bin = b
+	}
 	args := append([]string{"netns", "exec", n.host.ns, "unshare", "--mount", "--uts", "--propagation", "private",
-		"sh", "-c", `hostname "` + nodeHostname(n.id) + `" && mount -t tmpfs nsmd-run /run && exec "$0" "$@"`, nsmdBin}, n.agentArgs()...)
+		"sh", "-c", `hostname "` + nodeHostname(n.id) + `" && mount -t tmpfs nsmd-run /run && exec "$0" "$@"`, bin}, n.agentArgs()...)
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
