@@ -78,6 +78,8 @@ type pairTopo struct {
 	confExtra []string
 	// serverArgs are more nsmd flags for the servers (from their next start).
 	serverArgs []string
+	// witnessArgs are more nsmd flags for the witness.
+	witnessArgs []string
 }
 
 // nsmdArgs are the flags every member gets, the witness too (it must
@@ -172,6 +174,7 @@ func (p *pairTopo) startWitness() {
 	}
 	defer f.Close()
 	args := append([]string{"netns", "exec", p.w.ns, nsmdBin}, p.nsmdArgs(n, filepath.Join(p.dir, "witness"))...)
+	args = append(args, p.witnessArgs...)
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
