@@ -138,13 +138,7 @@ func (n *Node) previousHolderReleased(ctx context.Context) (string, bool) {
 	if prev == "" || prev == n.cfg.NodeID {
 		return prev, false
 	}
-	addr := ""
-	if n.member != nil {
-		addr, _ = n.member.nsmAddr(prev)
-	}
-	if addr == "" {
-		addr = n.cfg.PeerNSMAddrs[prev]
-	}
+	addr := n.peerNSMAddr(prev)
 	if addr == "" {
 		return prev, false
 	}
