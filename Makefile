@@ -32,7 +32,7 @@ test: lint
 # E2E_RUN=TestName runs one e2e test (with NSMD_E2E_SEED=N, a schedule).
 E2E_RUN ?= .
 e2e: build
-	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 20m -v -run '$(E2E_RUN)' ./e2e/
+	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 35m -v -run '$(E2E_RUN)' ./e2e/
 
 # The long run of the checked fault schedules (root): SCHEDULES of them
 # (default 200), the summary table appended to out/soak.md, failing

@@ -527,6 +527,7 @@ func haPairKeepsLocks(t *testing.T, series string, full bool) {
 	}
 	p.checkWitness()
 	p.checkHookRefusesWithoutVIP()
+	p.checkHookRefusesUnusedTracking()
 	if !full {
 		p.negativeControl(cs)
 		return
@@ -692,6 +693,38 @@ func (p *pairTopo) checkHookRefusesWithoutVIP() {
 	if th := strings.TrimSpace(leader.vm.sh(5*time.Second, "cat /proc/fs/nfsd/threads")); th == "0" {
 		t.Fatalf("the refused hook stopped nfsd on %s", leader.id)
 	}
+}
+
+// checkHookRefusesUnusedTracking: the shipped hook, on a kernel left
+// without a node-local fallback (the hook takes nfsdcltrack and the
+// v4recovery directory away), stops nfsd again and fails when nfsd did
+// not use nsmd's tracking: here nsmd's status file says it watches the
+// pipe, but the nfsd started on the follower gets no GraceStart answer
+// from this term (the follower's nsmd does not serve it). The export is a
+// tmpfs of its own and the "VIP" the follower's own address, so the shared
+// disk and the serving leader are left alone. What the kernel logs about
+// its tracking meanwhile is in the test log (docs/kernel-facts.md).
+func (p *pairTopo) checkHookRefusesUnusedTracking() {
+	t := p.t
+	t.Helper()
+	leader, _ := p.waitServing(120*time.Second, 1, p.servers...)
+	other := p.other(leader)
+	v := other.vm
+	v.sh(5*time.Second, "dmesg -c >/dev/null; printf 'state=open\ngrace_start_sm_state=1\n' > /run/fake-tracking.status")
+	env := strings.Join([]string{"NSMD_EVENT=leader", "NSMD_ROLE=leader", fmt.Sprintf("NSMD_VIP=%s/%d", other.ip, topoBits),
+		"NSMD_NFSD_HA_CONF=/nonexistent", "NFS_HA_DEVICE=tmpfs", "NFS_HA_FSTYPE=tmpfs", "NFS_HA_MOUNT=/srv/scratch",
+		"NFS_HA_CLIENTS=127.0.0.1", "NFS_HA_SCOPE=refusal-check", "NFS_HA_TRACKING_WAIT=5", "NFS_HA_GRACE=10",
+		"NSMD_NFSV4_TRACKING=on", "NSMD_NFSV4_TRACKING_STATUS=/run/fake-tracking.status", "NSMD_SM_STATE=99999"}, " ")
+	rc, out, err := v.try(60*time.Second, env+" /usr/lib/nsmd/hooks/nfsd-ha")
+	kmsg := v.sh(10*time.Second, "dmesg | grep -i -E 'nfsd|track|recover|cld' || true")
+	v.sh(20*time.Second, "umount /srv/scratch 2>/dev/null; [ -f /proc/fs/nfsd/nfsv4recoverydir ] && echo /var/lib/nfs/v4recovery > /proc/fs/nfsd/nfsv4recoverydir; true")
+	if err != nil || rc == 0 || !strings.Contains(out, "did not use nsmd's NFSv4 client tracking") {
+		t.Fatalf("kernel %s: nfsd-ha on %s with nfsd not using nsmd's tracking: rc %d %q %v (want a refusal)", p.kernel, other.id, rc, out, err)
+	}
+	if th := strings.TrimSpace(v.sh(5*time.Second, "cat /proc/fs/nfsd/threads")); th != "0" {
+		t.Fatalf("kernel %s: the refusing hook left nfsd running on %s (%s threads)", p.kernel, other.id, th)
+	}
+	t.Logf("kernel %s: the hook refused nfsd without nsmd's tracking on %s; the kernel logged:\n%s", p.kernel, other.id, kmsg)
 }
 
 // workFiles are the files every client contends for.
