@@ -538,6 +538,7 @@ func haPairKeepsLocks(t *testing.T, series string, full bool) {
 	p.checkWitness()
 	p.checkHookRefusesWithoutVIP()
 	p.checkHookRefusesUnusedTracking()
+	p.logKernelWarnings()
 	if !full {
 		p.negativeControl(cs)
 		return
@@ -720,13 +721,13 @@ func (p *pairTopo) checkHookRefusesUnusedTracking() {
 	leader, _ := p.waitServing(120*time.Second, 1, p.servers...)
 	other := p.other(leader)
 	v := other.vm
-	v.sh(5*time.Second, "dmesg -c >/dev/null; printf 'state=open\ngrace_start_sm_state=1\n' > /run/fake-tracking.status")
+	v.sh(5*time.Second, "dmesg | wc -l > /run/dmesg-mark; printf 'state=open\ngrace_start_sm_state=1\n' > /run/fake-tracking.status")
 	env := strings.Join([]string{"NSMD_EVENT=leader", "NSMD_ROLE=leader", fmt.Sprintf("NSMD_VIP=%s/%d", other.ip, topoBits),
 		"NSMD_NFSD_HA_CONF=/nonexistent", "NFS_HA_DEVICE=tmpfs", "NFS_HA_FSTYPE=tmpfs", "NFS_HA_MOUNT=/srv/scratch",
 		"NFS_HA_CLIENTS=127.0.0.1", "NFS_HA_SCOPE=refusal-check", "NFS_HA_TRACKING_WAIT=5", "NFS_HA_GRACE=10",
 		"NSMD_NFSV4_TRACKING=on", "NSMD_NFSV4_TRACKING_STATUS=/run/fake-tracking.status", "NSMD_SM_STATE=99999"}, " ")
 	rc, out, err := v.try(60*time.Second, env+" /usr/lib/nsmd/hooks/nfsd-ha")
-	kmsg := v.sh(10*time.Second, "dmesg | grep -i -E 'nfsd|track|recover|cld' || true")
+	kmsg := v.sh(10*time.Second, "dmesg | tail -n +$(( $(cat /run/dmesg-mark) + 1 )) | grep -i -E 'nfsd|track|recover|cld' || true")
 	v.sh(20*time.Second, "umount /srv/scratch 2>/dev/null; [ -f /proc/fs/nfsd/nfsv4recoverydir ] && echo /var/lib/nfs/v4recovery > /proc/fs/nfsd/nfsv4recoverydir; true")
 	if err != nil || rc == 0 || !strings.Contains(out, "did not use nsmd's NFSv4 client tracking") {
 		t.Fatalf("kernel %s: nfsd-ha on %s with nfsd not using nsmd's tracking: rc %d %q %v (want a refusal)", p.kernel, other.id, rc, out, err)
@@ -735,6 +736,17 @@ func (p *pairTopo) checkHookRefusesUnusedTracking() {
 		t.Fatalf("kernel %s: the refusing hook left nfsd running on %s (%s threads)", p.kernel, other.id, th)
 	}
 	t.Logf("kernel %s: the hook refused nfsd without nsmd's tracking on %s; the kernel logged:\n%s", p.kernel, other.id, kmsg)
+}
+
+// logKernelWarnings logs the kernel warnings (WARNING, BUG, Oops) the
+// servers printed so far, with their first lines: docs/kernel-facts.md
+// records what each kernel prints under these drills.
+func (p *pairTopo) logKernelWarnings() {
+	for _, n := range p.servers {
+		if _, out, err := n.vm.try(5*time.Second, "dmesg | grep -A8 -E 'WARNING|BUG|Oops' | head -n 40"); err == nil && strings.TrimSpace(out) != "" {
+			p.t.Logf("kernel %s: %s printed a warning (since its last boot):\n%s", p.kernel, n.id, out)
+		}
+	}
 }
 
 // workFiles are the files every client contends for.
