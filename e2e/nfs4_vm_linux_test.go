@@ -757,6 +757,13 @@ type section struct {
 	file        string
 	read, wrote int
 	worker      string
+	waitedMS    int64 // how long its lock request waited
+	atMS        int64 // when it ended, Unix ms on the worker's VM clock
+}
+
+func (s section) String() string {
+	return fmt.Sprintf("%s read %d wrote %d (waited %d ms, ended %s on its clock)", s.worker, s.read, s.wrote, s.waitedMS,
+		time.UnixMilli(s.atMS).UTC().Format("15:04:05.000"))
 }
 
 // workerLog reads worker pid's output on client c: its sections, and the
@@ -773,7 +780,12 @@ func workerLog(t *testing.T, c *nfsClient, pid int) (secs []section, problems []
 		case len(f) >= 4 && f[0] == "CS":
 			r, _ := strconv.Atoi(f[2])
 			w, _ := strconv.Atoi(f[3])
-			secs = append(secs, section{file: f[1], read: r, wrote: w, worker: c.vm.name})
+			sec := section{file: f[1], read: r, wrote: w, worker: c.vm.name}
+			if len(f) >= 6 {
+				sec.waitedMS, _ = strconv.ParseInt(f[4], 10, 64)
+				sec.atMS, _ = strconv.ParseInt(f[5], 10, 64)
+			}
+			secs = append(secs, sec)
 		case len(f) > 0 && (f[0] == "OVERLAP" || f[0] == "ERROR"):
 			problems = append(problems, c.vm.name+": "+line)
 		case len(f) > 0 && f[0] == "DONE":
@@ -894,7 +906,7 @@ func checkSequences(t *testing.T, secs []section) {
 			byFile[s.file] = map[int]section{}
 		}
 		if prev, dup := byFile[s.file][s.wrote]; dup {
-			t.Fatalf("%s: sequence %d written twice, by %s and %s: two holders of one lock", s.file, s.wrote, prev.worker, s.worker)
+			t.Fatalf("%s: sequence %d written twice: %v, then %v: two holders of one lock, or a write lost", s.file, s.wrote, prev, s)
 		}
 		if s.wrote != s.read+1 {
 			t.Fatalf("%s: %s read %d and wrote %d", s.file, s.worker, s.read, s.wrote)
