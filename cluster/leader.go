@@ -248,13 +248,23 @@ func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
 		return true
 	}
 	for {
+		if n.stopFailed.Load() {
+			// Its storage is still held and its watchdog resets it: it
+			// neither serves again nor says it does not.
+			n.log.Error("this node's last stop failed: not serving again; handing leadership on")
+			if err := n.TransferLeadership(""); err != nil {
+				n.log.Warn("no other serving node took leadership", "err", err)
+			}
+			<-ctx.Done()
+			return false
+		}
 		n.serving.Store(true)
 		if !n.awaitLease(ctx) {
 			n.serving.Store(false) // nothing started
 			return false
 		}
 		if err := n.armWatchdog(); err != nil {
-			n.serving.Store(false)
+			n.serving.Store(false) // nothing started
 			n.log.Error("cannot arm the watchdog: not serving without a fence", "err", err)
 			n.fault("watchdog", err)
 		} else {

@@ -236,8 +236,7 @@ func (n *Node) stopped(err error, atStart bool) {
 		}
 		return
 	}
-	n.stopFailed.Store(true)
-	n.fault("stop_failed", err)
+	n.stopFailed.Store(true) // the failed hook already ran on_fault
 	if n.cfg.Watchdog == nil {
 		n.log.Error("stop failed and no watchdog fences this node: it may still hold the storage; another node must not serve it until it is stopped", "err", err)
 		return

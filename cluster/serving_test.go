@@ -42,9 +42,23 @@ type machine struct {
 
 func (m *machine) ping() { m.deadline = time.Now().Add(m.timeout) }
 
+// checkLocked resets the machine once its armed watchdog's deadline has
+// passed: it stops serving then, and nothing its process does after that
+// happens.
+func (m *machine) checkLocked() {
+	if m.crashed || !m.armed || m.deadline.IsZero() || time.Now().Before(m.deadline) {
+		return
+	}
+	m.crashed = true
+	if !m.from.IsZero() && m.until.IsZero() {
+		m.until, m.reset = m.deadline, m.deadline
+	}
+}
+
 func (m *machine) Arm() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.checkLocked()
 	if m.crashed {
 		return nil
 	}
@@ -56,6 +70,7 @@ func (m *machine) Arm() error {
 func (m *machine) Feed() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.checkLocked()
 	if m.crashed {
 		return nil
 	}
@@ -72,6 +87,7 @@ func (m *machine) Feed() error {
 func (m *machine) Starve() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.checkLocked()
 	if m.crashed {
 		return nil
 	}
@@ -87,6 +103,7 @@ func (m *machine) Starve() error {
 func (m *machine) ResetSoon() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.checkLocked()
 	if m.crashed {
 		return nil
 	}
@@ -99,6 +116,7 @@ func (m *machine) ResetSoon() error {
 func (m *machine) Disarm() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.checkLocked()
 	if m.crashed {
 		return nil
 	}
@@ -134,6 +152,7 @@ func (m *machine) serveFrom(at time.Time) {
 func (m *machine) stopped(at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.checkLocked()
 	if m.until.IsZero() && !m.crashed {
 		m.until = at
 	}
@@ -144,6 +163,7 @@ func (m *machine) stopped(at time.Time) {
 func (m *machine) servedUntil() time.Time {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.checkLocked()
 	return m.until
 }
 
@@ -358,18 +378,27 @@ func TestAFailedStopResetsTheNodeAndTheSuccessorDoesNotTrustIt(t *testing.T) {
 	if err := fc.nodes[li].n.TransferLeadership(""); err != nil {
 		t.Fatal(err)
 	}
+	// The harness cannot power the old node's process off when its fake
+	// watchdog fires: a takeover by it afterwards is that artefact.
 	next := fc.waitTakeover(20 * time.Second)
+	for next.node == first.node {
+		next = fc.waitTakeover(20 * time.Second)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the stop to fail", func() bool { return fc.nodes[li].n.FenceStatus().StopFailed })
+	until := old.servedUntil()
 	old.mu.Lock()
-	resetReq, deadline := old.resetReq, old.deadline
+	resetReq, reset := old.resetReq, old.reset
 	old.mu.Unlock()
-	if !resetReq {
+	// On a busy machine the watchdog may have fired before the stop even
+	// failed; either way the node was reset, not trusted.
+	if !resetReq && reset.IsZero() {
 		t.Fatal("a failed stop did not ask the watchdog to reset the node")
 	}
-	if !fc.nodes[li].n.FenceStatus().StopFailed {
-		t.Error("status does not say the stop failed")
-	}
-	if next.at.Before(deadline) {
-		t.Fatalf("%s served at %v, before the node whose stop failed was reset (%v)", next.node, next.at, deadline)
+	if until.IsZero() || next.at.Before(until) {
+		old.mu.Lock()
+		t.Logf("old %s: armed %v deadline %v crashed %v feeds %d starves %d from %v", first.node, old.armed, old.deadline, old.crashed, old.feeds, old.starves, old.from)
+		old.mu.Unlock()
+		t.Fatalf("%s served at %v, before the node whose stop failed was reset (%v)", next.node, next.at, until)
 	}
 }
 
