@@ -36,7 +36,7 @@ import (
 const (
 	vmAgentPort = 7000
 	vmMemMB     = 320
-	vmBootWait  = 90 * time.Second // from qemu start to vmagent listening (TCG, 2 busy cores)
+	vmBootWait  = 180 * time.Second // from qemu start to vmagent listening (TCG, 2 busy cores: 1.5 min seen at load 20)
 )
 
 // vmKernelDir is where `make vm-kernel` unpacked the kernel packages, one
