@@ -226,6 +226,10 @@ func (h *handler) importRegs(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, "bad import body: %v", err)
 		return
 	}
+	if req.State < 0 || req.State > fsm.MaxImportedState {
+		httpError(w, http.StatusBadRequest, "state %d is outside 0…%d: not a state an NSM server had (a statd adds 2 per reboot from 1)", req.State, fsm.MaxImportedState)
+		return
+	}
 	owner := req.Node
 	if owner == "" {
 		owner = h.c.NodeID

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // fakeStore is a node kept in a map: what the handlers need, nothing else.
@@ -149,6 +151,38 @@ func TestPrivilegedEndpointsNeedTheTokenAndCountRefusals(t *testing.T) {
 	}
 }
 
+// An imported sm_state outside 0…fsm.MaxImportedState is refused before
+// anything is imported: near the end of the int32 range the takeovers
+// that follow would run out of new states.
+func TestImportRefusesAStateOutsideItsRange(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, _ := serve(t, f, false)
+	c := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	ctx := context.Background()
+	row := RegistrationJSON{MonName: "10.0.0.1", MyName: "nfs1", MyProg: 100021, MyVers: 3, MyProc: 16, Priv: strings.Repeat("ab", 16), Callback: "127.0.0.1"}
+	for _, st := range []int32{2147483646, fsm.MaxImportedState + 1, -1} {
+		_, err := c.Import(ctx, ImportRequest{State: st, Registrations: []RegistrationJSON{row}})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("state %d is outside 0…%d", st, fsm.MaxImportedState)) {
+			t.Fatalf("import of state %d: %v", st, err)
+		}
+	}
+	// A registration whose callback is not the lock manager's (rpc.statd's SM_MON rule).
+	other := row
+	other.MyProg, other.MyProc = 100003, 1
+	if _, err := c.Import(ctx, ImportRequest{State: 3, Registrations: []RegistrationJSON{other}}); err == nil || !strings.Contains(err.Error(), "my_prog 100003 my_proc 1") {
+		t.Fatalf("import of a non-NLM callback: %v", err)
+	}
+	f.mu.Lock()
+	n := len(f.regs)
+	f.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d registrations imported by refused imports", n)
+	}
+	if res, err := c.Import(ctx, ImportRequest{State: fsm.MaxImportedState, Registrations: []RegistrationJSON{row}}); err != nil || res.Imported != 1 {
+		t.Fatalf("import of the largest state: %+v %v", res, err)
+	}
+}
+
 func TestImportValidatesRowsAndRegistrationsPage(t *testing.T) {
 	f := newFakeStore()
 	srv, tokFile, _ := serve(t, f, false)
@@ -260,7 +294,7 @@ func TestOverviewShowsRowsOnlyToOperatorsAndNeverPriv(t *testing.T) {
 	srv, tokFile, _ := serve(t, f, false)
 	op := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
 	ctx := context.Background()
-	if _, err := op.Import(ctx, ImportRequest{Registrations: []RegistrationJSON{{MonName: "client-a", MyName: "nfs1", Priv: strings.Repeat("cd", 16), Callback: "127.0.0.1"}}}); err != nil {
+	if _, err := op.Import(ctx, ImportRequest{Registrations: []RegistrationJSON{{MonName: "client-a", MyName: "nfs1", MyProg: 100021, MyVers: 4, MyProc: 16, Priv: strings.Repeat("cd", 16), Callback: "127.0.0.1"}}}); err != nil {
 		t.Fatal(err)
 	}
 	var o Overview
@@ -284,5 +318,115 @@ func TestOverviewShowsRowsOnlyToOperatorsAndNeverPriv(t *testing.T) {
 	var page V4ClientPage
 	if _, err := op.Get(ctx, "/v1/nfsv4/clients", &page); err != nil || page.Clients[0].Name != `"c\x00"` || page.Clients[0].PrincHash != "01" {
 		t.Errorf("nfsv4 clients: %+v %v", page, err)
+	}
+}
+
+// A privileged request a browser could have been made to send is refused
+// before the credential is even looked at: a cross-site write (Origin,
+// Sec-Fetch-Site), a write whose body is not JSON (an HTML form's), and,
+// on a plaintext API, a Host that is a name (DNS rebinding). nsmd's own
+// client passes every check.
+func TestPrivilegedRequestsFromBrowsersAreRefused(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, reg := serve(t, f, false)
+	tok, _ := os.ReadFile(tokFile)
+	do := func(method, path, host, ctype string, body string, hdr map[string]string) (int, string) {
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		if body == "" {
+			req.Body, req.ContentLength = nil, 0
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	imp := `{"state": 3, "registrations": []}`
+	cases := []struct {
+		name, method, path, host, ctype, body string
+		hdr                                   map[string]string
+		want                                  int
+	}{
+		{"cross-site form post", "POST", "/v1/import", "", "text/plain", imp, map[string]string{"Origin": "http://evil.example"}, 403},
+		{"fetch from another site", "POST", "/v1/leadership/transfer", "", "", "", map[string]string{"Sec-Fetch-Site": "cross-site"}, 403},
+		{"form body without origin", "POST", "/v1/import", "", "application/x-www-form-urlencoded", imp, nil, 415},
+		{"no content type", "POST", "/v1/import", "", "", imp, nil, 415},
+		{"rebound host name, read", "GET", "/v1/registrations", "evil.example:8024", "", "", nil, 403},
+		{"rebound host name, write", "POST", "/v1/import", "rebind.evil.example", "application/json", imp, nil, 403},
+		{"json import", "POST", "/v1/import", "", "application/json; charset=utf-8", imp, nil, 200},
+		{"localhost", "GET", "/v1/registrations", "localhost:8024", "", "", nil, 200},
+		{"ipv6 literal", "GET", "/v1/registrations", "[::1]:8024", "", "", nil, 200},
+		{"same-origin fetch", "POST", "/v1/import", "", "application/json", imp, map[string]string{"Sec-Fetch-Site": "same-origin"}, 200},
+	}
+	for _, c := range cases {
+		if got, body := do(c.method, c.path, c.host, c.ctype, c.body, c.hdr); got != c.want {
+			t.Errorf("%s: %d %s, want %d", c.name, got, body, c.want)
+		}
+	}
+	if got := testutil.GatheredValue(t, reg, "nsmd_admin_denied_total", "path", "/v1/import"); got != 4 {
+		t.Errorf("refused imports counted %v, want 4", got)
+	}
+	// nsmd's client: JSON body, no browser headers.
+	c := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	if _, err := c.Import(context.Background(), ImportRequest{State: 5, Registrations: []RegistrationJSON{}}); err != nil {
+		t.Fatalf("client import: %v", err)
+	}
+}
+
+// The local token: created once with mode 0640 and kept across starts;
+// the client sends it only to a loopback address and only when it can
+// read it; a guard on it names the file in its refusal.
+func TestLocalTokenIsCreatedOnceAndSentOnlyOnLoopback(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state", "admin.token")
+	created, err := CreateLocalToken(path)
+	if err != nil || !created {
+		t.Fatalf("create: %v %v", created, err)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o640 {
+		t.Fatalf("token file mode %v (%v), want 0640", st.Mode().Perm(), err)
+	}
+	first, _ := os.ReadFile(path)
+	if created, err := CreateLocalToken(path); err != nil || created {
+		t.Fatalf("second start: created=%v err=%v, want the file kept", created, err)
+	}
+	if again, _ := os.ReadFile(path); string(again) != string(first) || len(strings.TrimSpace(string(first))) != 64 {
+		t.Fatalf("token changed or malformed: %q then %q", first, again)
+	}
+	g, err := NewGuard(GuardConfig{TokenFile: path, LocalToken: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(NewHandler(newFakeStore(), HandlerConfig{NodeID: "n1", Guard: g}))
+	defer srv.Close()
+	anon := &Client{Addr: srv.URL}
+	if _, err := anon.Registrations(context.Background(), 1, "", ""); err == nil || !strings.Contains(err.Error(), "needs the local admin token "+path) {
+		t.Fatalf("without the token: %v", err)
+	}
+	local := &Client{Addr: srv.URL, Auth: Auth{LocalTokenFile: path}}
+	if _, err := local.Registrations(context.Background(), 1, "", ""); err != nil {
+		t.Fatalf("with the local token: %v", err)
+	}
+	// Not sent to another host (the request goes nowhere: only the header is checked).
+	req := httptest.NewRequest("GET", "http://10.0.0.1:8024/v1/registrations", nil)
+	if err := (&Auth{LocalTokenFile: path}).Authorize(req); err != nil || req.Header.Get("Authorization") != "" {
+		t.Fatalf("local token sent to 10.0.0.1: %q %v", req.Header.Get("Authorization"), err)
+	}
+	// Unreadable or missing: skipped, the server's refusal says why.
+	req = httptest.NewRequest("GET", "http://127.0.0.1:8024/v1/registrations", nil)
+	if err := (&Auth{LocalTokenFile: path + ".missing"}).Authorize(req); err != nil || req.Header.Get("Authorization") != "" {
+		t.Fatalf("missing local token: %q %v", req.Header.Get("Authorization"), err)
 	}
 }

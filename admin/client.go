@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strings"
@@ -22,7 +23,16 @@ import (
 type Auth struct {
 	CA, Cert, Key string // PEM files: cluster CA, client certificate, its key
 	TokenFile     string // file with the admin bearer token
+	// LocalTokenFile is the local admin token of an agent on this host
+	// (admin_local_token_file), sent when TokenFile is empty and the
+	// address is on loopback; skipped when it cannot be read (not root,
+	// not in the nsmd group, no such agent).
+	LocalTokenFile string
 }
+
+// DefaultLocalTokenFile is where the packaged agent keeps its local
+// admin token (<data_dir>/admin.token with data_dir /var/lib/nsmd).
+const DefaultLocalTokenFile = "/var/lib/nsmd/admin.token"
 
 // scheme is https with a CA, else http.
 func (o *Auth) scheme() string {
@@ -66,9 +76,17 @@ func (o *Auth) Transport() (*http.Transport, error) {
 	return tr, nil
 }
 
-// Authorize adds the bearer token, if any, to req.
+// Authorize adds the bearer token, if any, to req: TokenFile's, else, for
+// an address on loopback, LocalTokenFile's if it can be read.
 func (o *Auth) Authorize(req *http.Request) error {
 	if o.TokenFile == "" {
+		if o.LocalTokenFile == "" || !loopbackHost(req.URL.Hostname()) {
+			return nil
+		}
+		b, err := os.ReadFile(o.LocalTokenFile)
+		if tok := bytes.TrimSpace(b); err == nil && len(tok) > 0 {
+			req.Header.Set("Authorization", "Bearer "+string(tok))
+		}
 		return nil
 	}
 	b, err := os.ReadFile(o.TokenFile)
@@ -77,6 +95,15 @@ func (o *Auth) Authorize(req *http.Request) error {
 	}
 	req.Header.Set("Authorization", "Bearer "+string(bytes.TrimSpace(b)))
 	return nil
+}
+
+// loopbackHost reports whether host is localhost or a loopback address.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 // Client calls one node's admin API, as `nsmd status` and the other
@@ -96,6 +123,9 @@ func (c *Client) Do(ctx context.Context, method, path string, body io.Reader, ou
 	req, err := http.NewRequestWithContext(ctx, method, c.Auth.URL(c.Addr)+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json") // every body of the admin API is JSON
 	}
 	if err := c.Auth.Authorize(req); err != nil {
 		return nil, err

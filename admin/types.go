@@ -65,6 +65,24 @@ type Status struct {
 	// Fence is how this node is fenced and what it waited for before it
 	// last served.
 	Fence Fence `json:"fence"`
+	// Process is the nsmd process behind this node and its machine's
+	// boot: a drill tells a reset node (another boot) from a restarted
+	// process (another start) from one that kept running.
+	Process *Process `json:"process,omitempty"`
+}
+
+// Process is GET /v1/status's "process".
+type Process struct {
+	PID int `json:"pid"`
+	// Started is when this node's agent started (a node nsmd dev
+	// restarts after a crash drill starts again in the same process).
+	Started time.Time `json:"started"`
+	// BootID is the kernel's boot id (/proc/sys/kernel/random/boot_id):
+	// it changes at every boot; empty where the kernel has none.
+	BootID string `json:"boot_id,omitempty"`
+	// InProcess: one of nsmd dev's nodes, which share one process: a
+	// signal or a firewall rule would hit them all.
+	InProcess bool `json:"in_process,omitempty"`
 }
 
 // Fence is a node's fencing: GET /v1/status's "fence".
@@ -263,6 +281,12 @@ func registrationRow(g fsm.Registration) RegistrationJSON {
 func (rj RegistrationJSON) Registration(owner string, now time.Time) (fsm.Registration, error) {
 	if !nsm.ValidName(rj.MonName) || !nsm.ValidName(rj.MyName) {
 		return fsm.Registration{}, fmt.Errorf("invalid mon_name %q or my_name %q", rj.MonName, rj.MyName)
+	}
+	// rpc.statd's rule for SM_MON, which the NSM service applies too: the
+	// callback goes to the lock manager's program and callback procedure.
+	if rj.MyProg != nlm.Program || (rj.MyProc != nlm.ProcSMNotify && rj.MyProc != nlm.ProcSMNotifyAlt) {
+		return fsm.Registration{}, fmt.Errorf("my_prog %d my_proc %d: want %d and %d or %d (the lock manager's callback)",
+			rj.MyProg, rj.MyProc, nlm.Program, nlm.ProcSMNotify, nlm.ProcSMNotifyAlt)
 	}
 	reg := fsm.Registration{
 		ID:    fsm.MonID{MonName: rj.MonName, My: fsm.MyID{MyName: rj.MyName, Prog: rj.MyProg, Vers: rj.MyVers, Proc: rj.MyProc}},

@@ -81,6 +81,8 @@ type Agent struct {
 	pmapSrv    *oncrpc.Server
 
 	crashFn    func(*Agent)
+	started    time.Time // this agent's start (GET /v1/status, process)
+	bootID     string    // the kernel's boot id, read at start
 	hooks      *hookRunner
 	v4         *nfsv4
 	v4cancel   context.CancelFunc
@@ -162,7 +164,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if cfg.Witness {
 		cfg = witnessConfig(cfg, log)
 	}
-	a = &Agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), crashFn: opts.Crash}
+	a = &Agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), crashFn: opts.Crash, started: time.Now(), bootID: readBootID()}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -266,10 +268,13 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	svc, err := nsm.NewService(a.node, nsm.Config{
-		NodeID:  cfg.NodeID,
-		Trusted: cfg.TrustedPrefixes(),
-		Logger:  log,
-		Metrics: a.nsmm,
+		NodeID:           cfg.NodeID,
+		Trusted:          cfg.TrustedPrefixes(),
+		Logger:           log,
+		Metrics:          a.nsmm,
+		MaxRegistrations: cfg.MaxRegistrations,
+		NotifyBurst:      cfg.NotifyBurst,
+		NotifyEvery:      cfg.NotifyEvery,
 	})
 	if err != nil {
 		return a, err
@@ -319,17 +324,17 @@ func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
 
 func (a *Agent) serverConfig() oncrpc.ServerConfig {
 	return oncrpc.ServerConfig{Logger: a.log, Observe: a.nsmm.ObserveRPC,
-		MaxConns: a.cfg.NSMMaxConns, MaxConnsPerHost: a.cfg.NSMMaxConnsHost,
+		MaxConns: a.cfg.NSMMaxConns, MaxConnsPerHost: a.cfg.NSMMaxConnsHost, ReservedLocal: a.cfg.NSMReservedLocal,
 		OnConn: func(ev string) { a.connEvents.WithLabelValues(ev).Inc() }}
 }
 
 // registerConnMetrics counts NSM TCP connection events (accepted,
-// refused_per_host, refused_total, evicted_idle) and exports the open
+// refused_per_host, refused_total, evicted_idle, accepted_reserved) and exports the open
 // connections of the node's own NSM server.
 func (a *Agent) registerConnMetrics() error {
 	a.connEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nsmd_nsm_tcp_connections_total",
-		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room).",
+		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room), accepted_reserved (a privileged loopback port, i.e. lockd, admitted beyond the caps others hold: nsm_reserved_local_conns).",
 	}, []string{"event"})
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "nsmd_nsm_tcp_connections", Help: "Open NSM TCP connections on the node's own address.",
@@ -339,7 +344,10 @@ func (a *Agent) registerConnMetrics() error {
 		}
 		return float64(a.server.Conns())
 	})
-	for _, c := range []prometheus.Collector{a.connEvents, open} {
+	regMax := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "nsmd_registrations_max", Help: "max_registrations: SM_MONs that would add a registration beyond it are refused (0: no cap); alert on nsmd_registrations approaching it.",
+	}, func() float64 { return float64(a.cfg.MaxRegistrations) })
+	for _, c := range []prometheus.Collector{a.connEvents, open, regMax} {
 		if err := a.reg.Register(c); err != nil {
 			return err
 		}
@@ -617,12 +625,19 @@ func (a *Agent) startAdmin() error {
 		return fmt.Errorf("admin API on %s: %w", a.cfg.AdminAddr, err)
 	}
 	a.adminLn = ln
-	ln = a.adminListener(ln)
+	conns, err := newAdminConns(a.cfg.AdminMaxConns, a.reg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	// The cap wraps the TLS listener: ConnState sees the connections it admitted.
+	ln = conns.listener(a.adminListener(ln))
 	mux := admin.NewHandler(adminStore{a}, admin.HandlerConfig{
 		NodeID: a.cfg.NodeID, DrillCrash: a.cfg.DrillCrash, Guard: a.sec.guard, Metrics: a.reg, Logger: a.log,
 	})
 	registerStatusPage(mux)
-	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: a.adminErrorLog()}
+	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: a.cfg.AdminIdleTimeout,
+		ConnState: conns.connState, ErrorLog: a.adminErrorLog()}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()

@@ -89,6 +89,7 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 		{"tracking threshold", "expr: nsmd_cld_tracking_error == 1", "expr: nsmd_cld_tracking_error == 0"},
 		{"unfenced threshold", "expr: nsmd_fence_off == 1", "expr: nsmd_fence_off == 2"},
 		{"stop-failed leader check", "and on (job, instance) nsmd_is_leader == 0", "and on (job, instance) nsmd_is_leader >= 0"},
+		{"registrations cap threshold", "0.8 * nsmd_registrations_max", "1.8 * nsmd_registrations_max"},
 		{"backlog on any node", "nsmd_notify_targets{state=\"pending\"} > 0 and on (job, instance) nsmd_is_leader == 1", "nsmd_notify_targets{state=\"pending\"} > 0"},
 	} {
 		if !strings.Contains(string(rules), m.old) {

@@ -91,6 +91,9 @@ func StartDev(o DevOptions, opts Options) (*Dev, error) {
 		// take this machine's nfsd tracking pipe.
 		c.NFSv4Tracking = config.TrackingOff
 		c.DrillCrash = true // nsmd drill --kill works out of the box
+		// A development cluster: its admin APIs on 127.0.0.x stay open
+		// to every local user, so nsmd commands need no token.
+		c.AdminLocalTokenFile = config.AdminLocalTokenNone
 		c.LogLevel = o.LogLevel
 		if o.RaftProfile != "" {
 			c.RaftProfile = o.RaftProfile

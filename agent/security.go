@@ -39,11 +39,23 @@ func (a *Agent) setupSecurity() error {
 			return fmt.Errorf("tls_cert %s is not a node certificate (no %s name): make one with nsmd tls cert --node %s", a.cfg.TLSCert, pki.ServerName, a.cfg.NodeID)
 		}
 	}
-	s.guard, err = admin.NewGuard(admin.GuardConfig{
+	gc := admin.GuardConfig{
 		TokenFile: a.cfg.AdminTokenFile, TLS: s.tls != nil,
-		// Without TLS and token: only a loopback-only admin API, or insecure.
+		// Without TLS and token: a loopback-only admin API whose local
+		// token is off, or insecure.
 		Open: a.cfg.AdminLoopback() || a.cfg.Insecure, Registerer: a.reg,
-	})
+	}
+	if local := a.cfg.LocalTokenPath(); local != "" {
+		created, err := admin.CreateLocalToken(local)
+		if err != nil {
+			return fmt.Errorf("%w (admin_local_token_file; none turns the local token off)", err)
+		}
+		if created {
+			a.log.Info("created the local admin token: nsmd commands on this host read it (root, the nsmd group)", "file", local)
+		}
+		gc.TokenFile, gc.LocalToken, gc.Open = local, true, false
+	}
+	s.guard, err = admin.NewGuard(gc)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -50,6 +52,7 @@ func (a *Agent) Status() admin.Status {
 	s.NFSv4 = a.v4.status()
 	s.Grace = a.v4.graceStatus()
 	s.Fence = a.fenceStatus()
+	s.Process = &admin.Process{PID: os.Getpid(), Started: a.started.UTC(), BootID: a.bootID, InProcess: a.crashFn != nil}
 	if tl := a.node.LastTimeline(); !tl.Elected.IsZero() {
 		t := admin.Timeline(tl)
 		s.Takeover = &t
@@ -161,4 +164,13 @@ func (s adminStore) Ready(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// readBootID is the kernel's boot id, "" where it has none.
+func readBootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

@@ -111,6 +111,7 @@ func TestStatusPageOverTLSShowsNamesOnlyToOperators(t *testing.T) {
 	}}})
 	req, _ := http.NewRequest("POST", base+"/v1/import", bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	req.Header.Set("Content-Type", "application/json")
 	if resp, err := hc.Do(req); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("import: %v %v", err, resp)
 	}

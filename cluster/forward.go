@@ -50,8 +50,12 @@ const (
 
 const (
 	fwdMaxCmd   = 1 << 16
-	fwdMaxSkew  = 2 * time.Minute // accepted clock difference for keyed requests
+	fwdMaxSkew  = 30 * time.Second // accepted clock difference for keyed requests
 	fwdMACLabel = "nsmd-forward-v1"
+	// fwdReplayMax bounds the replay cache: MACs accepted in the last
+	// 2 × fwdMaxSkew (~4 MiB; ~2,000 forwarded writes a second). Full, it
+	// refuses forwarded writes until entries expire.
+	fwdReplayMax = 1 << 16
 )
 
 // Forwarding errors.
@@ -120,6 +124,14 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 	case fwdProcNull:
 		return nil
 	case fwdProcApply:
+		if c.Net == "udp" {
+			// A datagram's source address is not proof of anything, and a
+			// follower forwards over TCP only.
+			n.metrics.forwarded.WithLabelValues("denied").Inc()
+			out := fwdRes{Status: fwdDenied, Err: "forwarded writes are taken over TCP only"}
+			out.MarshalXDR(res)
+			return nil
+		}
 	case fwdProcVIPHeld:
 		n.serveVIPHeld(res) // handover.go
 		return nil
@@ -151,10 +163,25 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	if err != nil || len(cmds) != 1 {
 		return fwdRes{Status: fwdFailed, Err: fmt.Sprintf("want one command: %v", err)}
 	}
+	if cmds[0], err = n.forwardable(cmds[0]); err != nil {
+		n.metrics.forwarded.WithLabelValues("denied").Inc()
+		n.log.Warn("forwarded write denied", "from", from, "err", err)
+		return fwdRes{Status: fwdDenied, Err: err.Error()}
+	}
 	if !n.Leading() { // not leader, or elected but its takeover not committed yet
 		return fwdRes{Status: fwdNotLeader}
 	}
-	r, err := n.applyLocal(ctx, cmds[0])
+	var r fsm.Result
+	if t, ok := cmds[0].(fsm.Takeover); ok {
+		cmds[0] = n.lowerTakeover(t)
+	}
+	if isOwned(cmds[0]) && !n.ownerCommandsOK() {
+		// The sender saw every member apply owner commands, this leader
+		// does not (yet): commit it in the form every member applies.
+		r, err = n.applyLowered(ctx, cmds[0])
+	} else {
+		r, err = n.applyLocal(ctx, cmds[0])
+	}
 	switch {
 	case errors.Is(err, ErrNotLeader):
 		return fwdRes{Status: fwdNotLeader}
@@ -165,17 +192,45 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	return fwdRes{Status: fwdOK, State: r.State}
 }
 
-// authForward: with a cluster key the request must carry a valid HMAC and
-// a recent timestamp; without one it must come from a raft member's IP.
+// forwardable returns the command to commit for a forwarded cmd, or why
+// a follower may not forward it. A follower forwards the NSM writes it
+// takes — Register (SM_MON), Unregister and UnregisterAll (SM_UNMON,
+// SM_UNMON_ALL), PeerRebooted (an accepted SM_NOTIFY) — and asks for two
+// takeovers, SM_SIMU_CRASH and an import; of a Takeover the leader keeps
+// only the reason and a MinState within the import range, and makes the
+// rest (node, grace window, times) its own. The NFSv4 tracking commands
+// and every other takeover only a leader proposes, never a forward.
+func (n *Node) forwardable(cmd fsm.Command) (fsm.Command, error) {
+	switch c := cmd.(type) {
+	case fsm.Register, fsm.Unregister, fsm.UnregisterAll, fsm.PeerRebooted:
+		return cmd, nil
+	case fsm.Takeover:
+		if c.Reason != reasonSimuCrash && c.Reason != reasonImport {
+			return nil, fmt.Errorf("a forwarded takeover must be an SM_SIMU_CRASH or an import, not %q", c.Reason)
+		}
+		if c.MinState < 0 || c.MinState > fsm.MaxImportedState+1 {
+			return nil, fmt.Errorf("a forwarded takeover's MinState %d is outside 0…%d", c.MinState, fsm.MaxImportedState+1)
+		}
+		t := n.takeover(c.Reason)
+		t.MinState = c.MinState
+		return t, nil
+	}
+	return nil, fmt.Errorf("a follower does not forward %T", cmd)
+}
+
+// authForward: with a cluster key the request must carry a valid HMAC, a
+// timestamp within fwdMaxSkew, and a MAC not seen before (replayCache);
+// without one it must come from a raft member's IP (over TCP).
 func (n *Node) authForward(from netip.Addr, a *fwdArgs) error {
 	if len(n.cfg.ClusterKey) > 0 {
 		if !hmac.Equal(a.MAC, fwdMAC(n.cfg.ClusterKey, a.SentNS, a.Cmd)) {
 			return errors.New("bad MAC (cluster key mismatch?)")
 		}
-		if d := n.cfg.Now().Sub(time.Unix(0, a.SentNS)); d > fwdMaxSkew || d < -fwdMaxSkew {
-			return fmt.Errorf("timestamp off by %v", d)
+		now := n.cfg.Now()
+		if d := now.Sub(time.Unix(0, a.SentNS)); d > fwdMaxSkew || d < -fwdMaxSkew {
+			return fmt.Errorf("timestamp off by %v (at most %v: keep the members' clocks in sync)", d, fwdMaxSkew)
 		}
-		return nil
+		return n.replay.add(a.MAC, now)
 	}
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
@@ -191,6 +246,60 @@ func (n *Node) authForward(from netip.Addr, a *fwdArgs) error {
 		}
 	}
 	return fmt.Errorf("%s is not a raft member's address", from)
+}
+
+// replayCache remembers the MACs of the forwarded writes accepted within
+// the last 2 × fwdMaxSkew: a request with a valid MAC and timestamp is
+// accepted once. (A timestamp up to fwdMaxSkew in the future stays valid
+// until fwdMaxSkew after it, hence twice the skew.) The zero value is
+// ready.
+type replayCache struct {
+	mu    sync.Mutex
+	seen  map[[sha256.Size]byte]struct{}
+	order []replayEntry // by time accepted; order[head:] are live
+	head  int
+}
+
+type replayEntry struct {
+	mac [sha256.Size]byte
+	at  time.Time
+}
+
+// Replay refusals.
+var (
+	errReplayed   = errors.New("replayed (this forwarded write was accepted before)")
+	errReplayFull = errors.New("too many forwarded writes within the replay window; retry")
+)
+
+// add records mac as accepted at now, or refuses a MAC already recorded.
+func (c *replayCache) add(mac []byte, now time.Time) error {
+	var k [sha256.Size]byte
+	if copy(k[:], mac) != sha256.Size {
+		return errors.New("short MAC")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen == nil {
+		c.seen = make(map[[sha256.Size]byte]struct{})
+	}
+	keep := now.Add(-2 * fwdMaxSkew)
+	for c.head < len(c.order) && c.order[c.head].at.Before(keep) {
+		delete(c.seen, c.order[c.head].mac)
+		c.head++
+	}
+	if c.head > len(c.order)/2 {
+		c.order = append(c.order[:0], c.order[c.head:]...)
+		c.head = 0
+	}
+	if _, ok := c.seen[k]; ok {
+		return errReplayed
+	}
+	if len(c.seen) >= fwdReplayMax {
+		return errReplayFull
+	}
+	c.seen[k] = struct{}{}
+	c.order = append(c.order, replayEntry{mac: k, at: now})
+	return nil
 }
 
 // forwarder keeps one pipelining TCP client to the current leader.

@@ -311,9 +311,10 @@ func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
 const failedTakeoverRetry = 5 * time.Second
 
 // awaitLease waits until a quorum confirmed this node's leadership within
-// the lease (the lease loop asks every quarter lease), false when ctx ends.
+// the fence lease (the lease loop asks every quarter lease), false when
+// ctx ends.
 func (n *Node) awaitLease(ctx context.Context) bool {
-	for !n.leaderLeaseFresh() {
+	for !n.fenceLeaseFresh() {
 		t := time.NewTimer(n.cfg.LeaderLeaseTimeout / 4)
 		select {
 		case <-t.C:

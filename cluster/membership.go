@@ -24,6 +24,8 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nsmd/nsmd/fsm"
 )
 
 // GossipConfig configures memberlist discovery of the other nodes.
@@ -87,6 +89,9 @@ type nodeMeta struct {
 	HasState bool   `json:"st,omitempty"`      // already in a raft configuration
 	Leaving  bool   `json:"leaving,omitempty"` // shutting down on purpose
 	Witness  bool   `json:"w,omitempty"`       // a witness: never leads for long, never serves
+	// FSM is the newest optional set of log entry kinds the node applies
+	// (fsm.CommandLevel; absent in older releases: 0).
+	FSM int `json:"fsm,omitempty"`
 }
 
 func decodeMeta(b []byte) (nodeMeta, error) {
@@ -174,7 +179,7 @@ func newMembership(n *Node) (*membership, error) {
 		kick:   make(chan struct{}, 1),
 		meta: nodeMeta{
 			V: metaVersion, ID: n.cfg.NodeID, Raft: string(n.trans.LocalAddr()),
-			NSM: n.cfg.NSMAddr, Version: n.cfg.Version, Witness: n.cfg.Witness,
+			NSM: n.cfg.NSMAddr, Version: n.cfg.Version, Witness: n.cfg.Witness, FSM: n.cfg.commandLevel(),
 			Cluster: gc.ClusterID,
 		},
 		clusterID:      gc.ClusterID,
@@ -417,6 +422,23 @@ func (m *membership) isWitness(id string) bool {
 	defer m.mu.Unlock()
 	p, ok := m.peers[id]
 	return ok && p.metaOK && p.meta.Witness
+}
+
+// commandLevel is the lowest fsm.CommandLevel that the members ids
+// advertise: 0 if one of them is not alive or suspect in gossip with its
+// metadata known (dead, left, never seen, or an older release).
+func (m *membership) commandLevel(ids []string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	level := fsm.CommandLevel
+	for _, id := range ids {
+		p, ok := m.peers[id]
+		if !ok || !p.metaOK || (p.state != stateAlive && p.state != stateSuspect) {
+			return 0
+		}
+		level = min(level, p.meta.FSM)
+	}
+	return level
 }
 
 // isAlive reports whether gossip sees member id alive.

@@ -29,8 +29,9 @@ type gossipSpec struct {
 	join                       []string
 	expect                     int
 	key                        []byte
-	clusterID, version         string       // "" takes the defaults
-	log                        *slog.Logger // nil: gossipTestLogger()
+	clusterID, version         string        // "" takes the defaults
+	log                        *slog.Logger  // nil: gossipTestLogger()
+	tune                       func(*Config) // nil: none
 }
 
 func newGossipSpec(t testing.TB, id string, expect int, join ...string) *gossipSpec {
@@ -77,7 +78,7 @@ func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 	if lg == nil {
 		lg = gossipTestLogger()
 	}
-	n, err := New(Config{
+	cfg := Config{
 		NodeID: s.id, DataDir: s.dir, RaftBind: s.raftAddr, NSMAddr: s.nsmAddr, Version: s.version,
 		Gossip: GossipConfig{
 			Bind: "127.0.0.1", Port: s.port, Join: s.join, BootstrapExpect: s.expect, Key: s.key,
@@ -87,7 +88,11 @@ func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 		LeaderLeaseTimeout: 100 * time.Millisecond,
 		Logger:             lg,
 		Registerer:         prometheus.NewRegistry(),
-	})
+	}
+	if s.tune != nil {
+		s.tune(&cfg)
+	}
+	n, err := New(cfg)
 	if err != nil {
 		t.Fatalf("start %s: %v", s.id, err)
 	}
@@ -188,6 +193,13 @@ func sortedSpecs(specs ...*gossipSpec) []*gossipSpec {
 // first) with BootstrapExpect len(specs) and waits for one cluster.
 func formGossipCluster(t testing.TB, ids ...string) ([]*gossipSpec, []*Node) {
 	t.Helper()
+	return formGossipClusterTuned(t, nil, ids...)
+}
+
+// formGossipClusterTuned is formGossipCluster with tune(id, cfg) applied
+// to each node's configuration (tune may be nil).
+func formGossipClusterTuned(t testing.TB, tune func(id string, cfg *Config), ids ...string) ([]*gossipSpec, []*Node) {
+	t.Helper()
 	var specs []*gossipSpec
 	var nodes []*Node
 	for i, id := range ids {
@@ -196,6 +208,9 @@ func formGossipCluster(t testing.TB, ids ...string) ([]*gossipSpec, []*Node) {
 			join = []string{specs[0].gossipAddr()}
 		}
 		s := newGossipSpec(t, id, len(ids), join...)
+		if tune != nil {
+			s.tune = func(cfg *Config) { tune(id, cfg) }
+		}
 		specs = append(specs, s)
 		nodes = append(nodes, startGossipNode(t, s))
 	}

@@ -26,6 +26,7 @@ type metrics struct {
 	fenceWaitSeconds prometheus.Histogram
 	fenceAgentRuns   *prometheus.CounterVec
 	failedTakeovers  prometheus.Counter
+	ownerLowered     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -86,6 +87,10 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		failedTakeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_failed_takeovers_total", Help: "Takeovers whose on_leader hook failed: this node stopped again, notified nobody and handed leadership on.",
 		}),
+		ownerLowered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_unmon_owner_checked_by_proposer_total",
+			Help: "SM_UNMON and SM_UNMON_ALL committed as owner-less removals of the registrations the caller made, checked on the proposing node's state, because not every member applies the owner-checked commands yet (a rolling upgrade, a member down).",
+		}),
 		witnessHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_witness_handoffs_total", Help: "Leadership hand-offs by this witness after it won an election (ok, failed).",
 		}, []string{"result"}),
@@ -95,7 +100,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 	}
 	cs := []prometheus.Collector{
 		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
-		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs,
+		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs, m.ownerLowered,
 		m.watchdogArmed, m.watchdogFeeds, m.fenceWaits, m.fenceWaitSeconds, m.fenceAgentRuns, m.failedTakeovers,
 		gauge("nsmd_fence_serving", "1 while this node serves the storage (from before its on_leader hook until its on_follower hook succeeded).", func() float64 {
 			if n.serving.Load() {

@@ -121,6 +121,9 @@ type Config struct {
 	// than this (median over 2 s) stays out of leadership (diskslow.go).
 	// 0: 50 ms; negative: never.
 	DiskSlowThreshold time.Duration
+	// olderFSM: the node advertises fsm.CommandLevel 0, as a release
+	// before owner commands would (tests of the rolling-upgrade gate).
+	olderFSM bool
 	// noSlowLastResort: a slow node never becomes eligible again while
 	// slow (the negative control of the last resort, in tests only).
 	noSlowLastResort bool
@@ -296,7 +299,8 @@ type Node struct {
 	termCh          chan bool     // the latest of leaderCh, for leaderLoop (one slot)
 	crashCh         chan int32
 
-	fwd forwarder
+	fwd    forwarder
+	replay replayCache // MACs of forwarded writes accepted within the skew window
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change
@@ -560,6 +564,11 @@ func (n *Node) closeStores() {
 func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 	if n.cfg.Observer != nil {
 		n.cfg.Observer(index, cmd, res)
+	}
+	if _, ok := cmd.(fsm.Takeover); ok {
+		// This node may know the current incarnation now (Ready): wake
+		// the calls and writes waiting for it.
+		n.wakeWriters()
 	}
 	ev, ok := cmd.(fsm.PeerRebooted)
 	if !ok || !res.Accepted || index <= n.bootIndex {

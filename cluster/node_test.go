@@ -76,6 +76,12 @@ func reg(i int) fsm.Registration {
 	}
 }
 
+// lockdOn is the lock manager on node's loopback, as the NSM service
+// names the caller of an SM_UNMON.
+func lockdOn(node string) fsm.Owner {
+	return fsm.Owner{Node: node, Callback: netip.MustParseAddr("127.0.0.1")}
+}
+
 // TestRestartRaisesStateByTwoAndKeepsRegistrations: a node restarted on
 // its data directory is a rebooted server (DESIGN.md invariant 2): the
 // takeover after the restart raises sm_state by exactly 2, odd, and every
@@ -95,7 +101,7 @@ func TestRestartRaisesStateByTwoAndKeepsRegistrations(t *testing.T) {
 			t.Fatalf("Monitor %d: state %d err %v", i, st, err)
 		}
 	}
-	if _, err := n.Unmonitor(ctx, reg(3).ID); err != nil {
+	if _, err := n.Unmonitor(ctx, reg(3).ID, lockdOn("n1")); err != nil {
 		t.Fatal(err)
 	}
 	digest := n.FSM().Digest()
@@ -270,7 +276,7 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := n.Unmonitor(ctx, reg(7).ID); err != nil {
+	if _, err := n.Unmonitor(ctx, reg(7).ID, lockdOn("n1")); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.Close(); err != nil {

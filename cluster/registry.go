@@ -2,14 +2,33 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 )
 
-var _ nsm.Registry = (*Node)(nil)
+var (
+	_ nsm.Registry      = (*Node)(nil)
+	_ nsm.Counter       = (*Node)(nil)
+	_ nsm.ReadyNotifier = (*Node)(nil)
+)
+
+// ReadyChanged is closed at the next event that may make Ready true: a
+// takeover applied here, or leadership moving (nsm.ReadyNotifier).
+func (n *Node) ReadyChanged() <-chan struct{} { return n.leaderChanged() }
+
+// Count is the number of registrations (nsm.Counter).
+func (n *Node) Count() int { return n.fsm.Len() }
+
+// Has reports whether the registration id exists (nsm.Counter).
+func (n *Node) Has(id fsm.MonID) bool {
+	_, ok := n.fsm.Get(id)
+	return ok
+}
 
 // Monitor commits a registration (SM_MON) and returns sm_state.
 func (n *Node) Monitor(ctx context.Context, reg fsm.Registration) (int32, error) {
@@ -17,16 +36,132 @@ func (n *Node) Monitor(ctx context.Context, reg fsm.Registration) (int32, error)
 	return res.State, err
 }
 
-// Unmonitor commits an SM_UNMON.
-func (n *Node) Unmonitor(ctx context.Context, id fsm.MonID) (int32, error) {
-	res, err := n.apply(ctx, fsm.Unregister{ID: id})
+// Unmonitor commits an SM_UNMON of owner's registration (applyOwned).
+func (n *Node) Unmonitor(ctx context.Context, id fsm.MonID, owner fsm.Owner) (int32, error) {
+	res, err := n.applyOwned(ctx, fsm.Unregister{ID: id, Owner: owner})
 	return res.State, err
 }
 
-// UnmonitorAll commits an SM_UNMON_ALL.
-func (n *Node) UnmonitorAll(ctx context.Context, my fsm.MyID) (int32, error) {
-	res, err := n.apply(ctx, fsm.UnregisterAll{My: my})
+// UnmonitorAll commits an SM_UNMON_ALL of owner's registrations (applyOwned).
+func (n *Node) UnmonitorAll(ctx context.Context, my fsm.MyID, owner fsm.Owner) (int32, error) {
+	res, err := n.applyOwned(ctx, fsm.UnregisterAll{My: my, Owner: owner})
 	return res.State, err
+}
+
+// commandLevel is the fsm.CommandLevel this node advertises.
+func (c *Config) commandLevel() int {
+	if c.olderFSM {
+		return 0
+	}
+	return fsm.CommandLevel
+}
+
+// clusterLevel is the fsm.CommandLevel every server of the raft
+// configuration applies: the lowest that gossip shows them advertising,
+// 0 while one is down or unknown, or without gossip.
+func (n *Node) clusterLevel() int {
+	if n.member == nil {
+		return 0
+	}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	servers := f.Configuration().Servers
+	if len(servers) == 0 {
+		return 0
+	}
+	ids := make([]string, len(servers))
+	for i, s := range servers {
+		ids[i] = string(s.ID)
+	}
+	return n.member.commandLevel(ids)
+}
+
+// ownerCommandsOK reports whether an Unregister or UnregisterAll with an
+// Owner (log entry kinds 11 and 12) may be proposed: every server of the
+// raft configuration is alive in gossip and advertises fsm.CommandLevel
+// ≥ 1, so none would refuse the entry (an older release) and diverge.
+// Without gossip, or while a server is down or unknown, it is false.
+func (n *Node) ownerCommandsOK() bool { return n.clusterLevel() >= 1 }
+
+// lowerTakeover clears a Takeover's Wrap (kind 13) while not every member
+// applies it: an older member would saturate where the others wrap.
+func (n *Node) lowerTakeover(t fsm.Takeover) fsm.Takeover {
+	if t.Wrap && n.clusterLevel() < 1 {
+		t.Wrap = false
+	}
+	return t
+}
+
+// isOwned reports whether cmd is an Unregister or UnregisterAll with an
+// Owner (kinds 11 and 12).
+func isOwned(cmd fsm.Command) bool {
+	switch c := cmd.(type) {
+	case fsm.Unregister:
+		return !c.Owner.IsZero()
+	case fsm.UnregisterAll:
+		return !c.Owner.IsZero()
+	}
+	return false
+}
+
+// applyOwned commits an Unregister or UnregisterAll with an Owner: as
+// such once every member applies it (ownerCommandsOK), else — a rolling
+// upgrade, a member down — lowered (applyLowered).
+func (n *Node) applyOwned(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	if n.ownerCommandsOK() {
+		return n.apply(ctx, cmd)
+	}
+	return n.applyLowered(ctx, cmd)
+}
+
+// applyLowered commits cmd, an Unregister or UnregisterAll with an Owner,
+// in the form every release applies: one owner-less Unregister for each
+// registration that this node's state says the owner made (fsm.Owned).
+// The check runs on this node's state rather than in Apply, so a
+// registration committed but not yet applied here is not removed (lockd
+// is answered as if it had been; the registration costs one spurious
+// callback at most), and nothing is removed that the owner did not make.
+// The Result's State is the last committed one, Removed the count.
+func (n *Node) applyLowered(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	ids := n.fsm.Owned(cmd)
+	n.metrics.ownerLowered.Inc()
+	if len(ids) == 0 {
+		return fsm.Result{State: n.fsm.State()}, nil
+	}
+	type done struct {
+		res fsm.Result
+		err error
+	}
+	sem := make(chan struct{}, 64) // let group commit batch them
+	out := make(chan done, len(ids))
+	for _, id := range ids {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			res, err := n.apply(ctx, fsm.Unregister{ID: id})
+			out <- done{res, err}
+		}()
+	}
+	for range cap(sem) {
+		sem <- struct{}{}
+	}
+	close(out)
+	res := fsm.Result{State: n.fsm.State()}
+	var errs []error
+	for d := range out {
+		if d.err != nil {
+			errs = append(errs, d.err)
+			continue
+		}
+		res.State = max(res.State, d.res.State)
+		res.Removed += d.res.Removed
+	}
+	if err := errors.Join(errs...); err != nil {
+		return res, fmt.Errorf("cluster: unregister %d of %d registrations: %w", len(errs), len(ids), err)
+	}
+	return res, nil
 }
 
 // reasonSimuCrash marks the Takeover of an SM_SIMU_CRASH; the leader that
@@ -70,10 +205,24 @@ func (n *Node) WouldAccept(monName string, from netip.Addr, state int32) bool {
 	return n.fsm.WouldAccept(monName, from, state)
 }
 
+// wrapZone is how close to the end of the int32 range sm_state must be
+// for a takeover to carry Wrap (entry kind 13). Below it no takeover can
+// reach the end (each adds 2; a MinState a follower may forward or an
+// import may ask for is at most fsm.MaxImportedState+1), so takeovers keep
+// the kind every release applies, and a member can still be downgraded.
+const wrapZone = 1 << 20
+
+// takeover is a Takeover by this node; near the end of the sm_state range
+// it wraps there, once every member applies that (lowerTakeover).
 func (n *Node) takeover(reason string) fsm.Takeover {
 	now := n.cfg.Now().UTC()
-	return fsm.Takeover{Node: n.cfg.NodeID, GraceUntil: now.Add(n.cfg.GracePeriod), Reason: reason, At: now}
+	t := fsm.Takeover{Node: n.cfg.NodeID, GraceUntil: now.Add(n.cfg.GracePeriod), Reason: reason, At: now}
+	t.Wrap = n.fsm.State() >= math.MaxInt32-wrapZone
+	return n.lowerTakeover(t)
 }
+
+// ErrBadImport means an import was refused before anything was committed.
+var ErrBadImport = errors.New("cluster: import refused")
 
 // reasonImport marks the Takeover that follows an import of another
 // server's monitor list (nsmd import-statd).
@@ -84,6 +233,9 @@ const reasonImport = "import"
 // server had, so its clients accept our SM_NOTIFY; the leader then notifies
 // every monitored host with the new state. It returns the new sm_state.
 func (n *Node) Import(ctx context.Context, regs []fsm.Registration, minAbove int32) (int32, error) {
+	if minAbove < 0 || minAbove > fsm.MaxImportedState {
+		return 0, fmt.Errorf("%w: imported sm_state %d is outside 0…%d", ErrBadImport, minAbove, fsm.MaxImportedState)
+	}
 	sem := make(chan struct{}, 64) // let group commit batch them
 	errs := make(chan error, len(regs))
 	for _, r := range regs {

@@ -169,7 +169,7 @@ func (n *Node) tickWatchdog() {
 		return
 	}
 	if !n.fence.starving {
-		n.log.Warn("no proof this node may serve: the watchdog is no longer fed", "serving", n.serving.Load(), "stop_failed", n.stopFailed.Load(), "lease_fresh", n.leaderLeaseFresh())
+		n.log.Warn("no proof this node may serve: the watchdog is no longer fed", "serving", n.serving.Load(), "stop_failed", n.stopFailed.Load(), "fence_lease_fresh", n.fenceLeaseFresh())
 	}
 	n.fence.starving = true
 	if err := n.cfg.Watchdog.Starve(); err != nil {
@@ -179,13 +179,33 @@ func (n *Node) tickWatchdog() {
 
 // mayFeedLocked (fence.mu held) is the proof that lets a serving node feed
 // its watchdog: raft says it leads and a quorum confirmed that within the
-// lease, its stop did not fail, and an on_leader hook that runs is within
-// its timeout.
+// fence lease, its stop did not fail, and an on_leader hook that runs is
+// within its timeout.
 func (n *Node) mayFeedLocked() bool {
-	if !n.serving.Load() || n.stopFailed.Load() || !n.leaderLeaseFresh() {
+	if !n.serving.Load() || n.stopFailed.Load() || !n.fenceLeaseFresh() {
 		return false
 	}
 	return n.fence.hookUntil == 0 || n.mono() < n.fence.hookUntil
+}
+
+// fenceLease is how long after a quorum last confirmed its leadership a
+// serving node may still feed its watchdog: the heartbeat timeout, longer
+// than the read lease (a busy machine's confirmations come late, and a
+// healthy leader must not be reset for it; raft itself steps down after
+// LeaderLeaseTimeout without a quorum), and what a successor adds to its
+// election time in fenceNotBefore.
+func (n *Node) fenceLease() time.Duration {
+	return max(n.cfg.HeartbeatTimeout, n.cfg.LeaderLeaseTimeout)
+}
+
+// fenceLeaseFresh: raft says leader, and a quorum confirmed a heartbeat
+// round asked within fenceLease.
+func (n *Node) fenceLeaseFresh() bool {
+	if n.raft.State() != raft.Leader {
+		return false
+	}
+	v := n.leaseAt.Load()
+	return v != 0 && n.mono()-v < int64(n.fenceLease())
 }
 
 // armWatchdog arms the watchdog before this node serves; a node that
@@ -258,13 +278,14 @@ func (n *Node) stopped(err error, atStart bool) {
 
 // fenceNotBefore is when every node that served before this leader's term
 // must have been reset by its watchdog, unless it stopped: it fed its
-// watchdog only while a quorum confirmed its leadership within the lease,
-// and its last quorum contact was before this node's election (a quorum
-// voted for this term first), so its feeding ended by elected + lease and
-// its reset by that + the fence timeout (+ margin: whole seconds, one more
+// watchdog only while a quorum had confirmed its leadership within the
+// fence lease, and that confirmation was before this node's election (a
+// quorum voted for this term first, and a voter answers no older term
+// after it voted), so its feeding ended by elected + fence lease and its
+// reset by that + the fence timeout (+ margin: whole seconds, one more
 // ping at an unclean close, the reset itself).
 func (n *Node) fenceNotBefore(elected time.Time) time.Time {
-	return elected.Add(n.cfg.LeaderLeaseTimeout + n.cfg.FenceTimeout + fenceMargin)
+	return elected.Add(n.fenceLease() + n.cfg.FenceTimeout + fenceMargin)
 }
 
 // awaitFenced returns once every other serving voter is proven not to
@@ -356,7 +377,7 @@ func (n *Node) fencePeer(ctx context.Context, peer string, elected time.Time) Fe
 			defer t.Stop()
 			select {
 			case <-t.C:
-				res <- FencedPeer{Node: peer, By: "watchdog", Detail: "elected + lease + fence_timeout + margin passed"}
+				res <- FencedPeer{Node: peer, By: "watchdog", Detail: "elected + heartbeat timeout + fence_timeout + margin passed"}
 			case <-ctx.Done():
 			}
 		}()

@@ -154,13 +154,16 @@ type Config struct {
 	TLSCert         string
 	TLSKey          string
 	AdminTokenFile  string
-	Insecure        bool
-	LogLevel        string
-	LogFormat       string
-	OnLeader        string
-	OnFollower      string
-	OnFault         string
-	HookTimeout     time.Duration
+	// AdminLocalTokenFile: where the agent keeps the local admin token
+	// (LocalTokenPath); "none" turns it off.
+	AdminLocalTokenFile string
+	Insecure            bool
+	LogLevel            string
+	LogFormat           string
+	OnLeader            string
+	OnFollower          string
+	OnFault             string
+	HookTimeout         time.Duration
 	// Fencing: FenceWatchdog is the watchdog device a serving node arms
 	// ("off": none), FenceTimeout its timeout; FenceAgent a fence agent
 	// (ClusterLabs API) run against another node that may still serve,
@@ -177,10 +180,20 @@ type Config struct {
 	PmapPort          int
 	NSMMaxConns       int
 	NSMMaxConnsHost   int
-	NFSv4Tracking     string
-	RPCPipefs         string
-	GraceEnd          string
-	GraceSettle       time.Duration
+	// NSMReservedLocal: nsm_reserved_local_conns.
+	NSMReservedLocal int
+	// MaxRegistrations: max_registrations.
+	MaxRegistrations int
+	// AdminMaxConns, AdminIdleTimeout: admin_max_conns, admin_idle_timeout.
+	AdminMaxConns    int
+	AdminIdleTimeout time.Duration
+	// NotifyBurst, NotifyEvery: notify_accept_burst, notify_accept_every.
+	NotifyBurst   int
+	NotifyEvery   time.Duration
+	NFSv4Tracking string
+	RPCPipefs     string
+	GraceEnd      string
+	GraceSettle   time.Duration
 	// DiskSlowThreshold: data directory writes slower than this (median
 	// over 2 s) keep the node out of leadership; 0: never.
 	DiskSlowThreshold time.Duration
@@ -216,6 +229,12 @@ func Default() Config {
 		PmapPort:           111,
 		NSMMaxConns:        1024,
 		NSMMaxConnsHost:    64,
+		NSMReservedLocal:   32,
+		MaxRegistrations:   250000,
+		AdminMaxConns:      64,
+		AdminIdleTimeout:   time.Minute,
+		NotifyBurst:        4,
+		NotifyEvery:        10 * time.Second,
 		NFSv4Tracking:      TrackingAuto,
 		RPCPipefs:          "/var/lib/nfs/rpc_pipefs",
 		GraceEnd:           GraceEndAuto,
@@ -328,6 +347,7 @@ func (c *Config) bindings() []binding {
 		str("tls_cert", "PEM file with this node's certificate (signed by tls_ca)", &c.TLSCert),
 		str("tls_key", "PEM file with this node's private key", &c.TLSKey),
 		str("admin_token_file", "file with a bearer token that authorises admin API writes (besides a client certificate)", &c.AdminTokenFile),
+		str("admin_local_token_file", "an admin API on loopback without TLS and admin_token_file needs this token for writes and registrations; the agent creates it at first start (random, mode 0640: root and the nsmd group), and nsmd commands on this host read it (default <data_dir>/admin.token; none: every local user may use the admin API, as before)", &c.AdminLocalTokenFile),
 		boolean("insecure", "allow raft, gossip or the admin API on a non-loopback address without TLS and a gossip key (said in the log, /v1/status and nsmd_insecure)", &c.Insecure),
 		str("log_level", "debug | info | warn | error", &c.LogLevel),
 		str("log_format", "text | json", &c.LogFormat),
@@ -336,7 +356,7 @@ func (c *Config) bindings() []binding {
 		str("on_fault", "script run when the node hits a fault it cannot fix (VIP, takeover, hook)", &c.OnFault),
 		duration("hook_timeout", "how long a hook script may run before it is killed", &c.HookTimeout),
 		str("fence_watchdog", "watchdog device a serving node (one with an on_leader hook) arms before on_leader and feeds only while a quorum confirms its leadership; it resets the node when it dies, hangs, loses its quorum or cannot stop; off: no watchdog (then only fence_agent fences, or nothing: say so explicitly)", &c.FenceWatchdog),
-		duration("fence_timeout", "watchdog timeout of every serving node (whole seconds, at least 2s): a new leader that cannot ask the previous serving node waits election + lease + this + 2s before it serves, unless fence_agent reports that node off first", &c.FenceTimeout),
+		duration("fence_timeout", "watchdog timeout of every serving node (whole seconds, at least 2s): a new leader that cannot ask the previous serving node waits election + heartbeat_timeout + this + 2s before it serves, unless fence_agent reports that node off first", &c.FenceTimeout),
 		str("fence_agent", "fence agent (ClusterLabs API: key=value lines on stdin, e.g. /usr/sbin/fence_ipmilan) a new leader runs with action=off against another serving node that may still serve; it serves only once the agent succeeded or the node said it stopped", &c.FenceAgent),
 		list("fence_agent_args", "key=value arguments for fence_agent, for every node, comma separated (e.g. ip=…,username=…,password_script=…)", &c.FenceAgentArgs),
 		list("fence_nodes", "per-node fence_agent arguments, NODE_ID:key=value, comma separated (e.g. s1:plug=s1,s2:plug=s2)", &c.FenceNodes),
@@ -346,6 +366,12 @@ func (c *Config) bindings() []binding {
 		boolean("drill_crash", "allow POST /v1/drill/crash to kill this node (failover drills)", &c.DrillCrash),
 		integer("nsm_max_conns", "open NSM TCP connections at most; at the cap the longest-idle one is closed for a new one", &c.NSMMaxConns),
 		integer("nsm_max_conns_per_host", "open NSM TCP connections from one IP address at most", &c.NSMMaxConnsHost),
+		integer("admin_max_conns", "open admin API connections at most: over it the longest-idle keep-alive connection is closed, or the new one if none is idle (nsmd_admin_connections_total); 0: no cap", &c.AdminMaxConns),
+		duration("admin_idle_timeout", "an admin API keep-alive connection idle this long is closed", &c.AdminIdleTimeout),
+		integer("notify_accept_burst", "SM_NOTIFYs committed per sender address and per mon_name at once; beyond, one more every notify_accept_every; held back ones get no reply (the peer retransmits) and count as nsmd_notify_received_total{result=\"rate_limited\"}; -1: no limit", &c.NotifyBurst),
+		duration("notify_accept_every", "one more SM_NOTIFY per sender and per mon_name this often (notify_accept_burst)", &c.NotifyEvery),
+		integer("max_registrations", "registrations at most: an SM_MON that would add one more is answered stat_fail (nsmd_mon_refused_total{reason=\"registrations_cap\"}); nsmd_registrations_max exports it for an alert before it is hit; 0: no cap", &c.MaxRegistrations),
+		integer("nsm_reserved_local_conns", "NSM TCP connections from a privileged loopback port (lockd: only root binds one) are exempt from nsm_max_conns_per_host, and this many are admitted beyond nsm_max_conns when every other one is busy, so other local users cannot lock lockd out (-1: none beyond)", &c.NSMReservedLocal),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
 		str("raft_profile", "fast | default | wan: the raft timeouts and vip_lifetime in one name (heartbeat/election/lease, vip_lifetime: fast 100/100/50 ms, 1s; default 300/300/150 ms, 2s; wan 1s/1s/500ms, 2s); heartbeat_timeout, election_timeout, leader_lease_timeout and vip_lifetime, when set, override it (docs/running.md)", &c.RaftProfile),
 		profiled("heartbeat_timeout", "raft heartbeat timeout (default: raft_profile's)", &c.HeartbeatTimeout),
@@ -708,6 +734,23 @@ func (c *Config) Exposures() []Exposure {
 		}
 	}
 	return out
+}
+
+// AdminLocalTokenNone turns the local admin token off (admin_local_token_file).
+const AdminLocalTokenNone = "none"
+
+// LocalTokenPath is the local admin token file the agent creates and
+// requires, or "" when there is none: it is used only for an admin API on
+// loopback with neither TLS nor admin_token_file, unless
+// admin_local_token_file is "none". Default <data_dir>/admin.token.
+func (c *Config) LocalTokenPath() string {
+	if c.AdminAddr == "" || !c.AdminLoopback() || c.TLS() || c.AdminTokenFile != "" || c.AdminLocalTokenFile == AdminLocalTokenNone {
+		return ""
+	}
+	if c.AdminLocalTokenFile != "" {
+		return c.AdminLocalTokenFile
+	}
+	return filepath.Join(c.DataDir, "admin.token")
 }
 
 // AdminLoopback reports whether the admin API listens on loopback only.

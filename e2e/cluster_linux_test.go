@@ -125,9 +125,14 @@ type clusterSpec struct {
 	// witness makes the last node (n3) a witness: two servers and a
 	// witness, the HA pair's topology.
 	witness bool
+	// bins runs the named nodes from another nsmd binary (a rolling
+	// upgrade: an older release beside this one); the others run nsmdBin.
+	bins map[string]string
 	// slowDisks puts every node's data directory behind a FUSE
 	// passthrough (internal/slowfs) whose fsync the test can slow down.
 	slowDisks bool
+	// extraArgs, when set, adds agent flags per node (hooks, fencing).
+	extraArgs func(n *nsmNode) []string
 }
 
 // startCluster is the default setup: three fake client hosts, nsmd's
@@ -282,6 +287,9 @@ func (n *nsmNode) agentArgs() []string {
 		// never uses (as one configuration file for all three would).
 		args = append(args, "--witness")
 	}
+	if n.c.spec.extraArgs != nil {
+		args = append(args, n.c.spec.extraArgs(n)...)
+	}
 	if n.c.vipMode == "none" {
 		return append(args, "--vip-mode", "none")
 	}
@@ -309,8 +317,12 @@ func (n *nsmNode) start(t *testing.T) {
 	}
 	defer f.Close()
 	fmt.Fprintf(f, "==== e2e: start at %s\n", time.Now().Format(time.RFC3339Nano))
+	bin := nsmdBin
+	if b := n.c.spec.bins[n.id]; b != "" {
+		bin = b
+	}
 	args := append([]string{"netns", "exec", n.host.ns, "unshare", "--mount", "--uts", "--propagation", "private",
-		"sh", "-c", `hostname "` + nodeHostname(n.id) + `" && mount -t tmpfs nsmd-run /run && exec "$0" "$@"`, nsmdBin}, n.agentArgs()...)
+		"sh", "-c", `hostname "` + nodeHostname(n.id) + `" && mount -t tmpfs nsmd-run /run && exec "$0" "$@"`, bin}, n.agentArgs()...)
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -101,9 +101,20 @@ func (p *proc) kill(sig syscall.Signal) {
 	}
 }
 
+// getJSON GETs path from the plaintext admin API at adm, with the local
+// admin token of NSMD_ADMIN_LOCAL_TOKEN_FILE when set (agentArgs).
 func getJSON(adm, path string, out any) error {
 	c := &http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + adm + path)
+	req, err := http.NewRequest("GET", "http://"+adm+path, nil)
+	if err != nil {
+		return err
+	}
+	if f := os.Getenv("NSMD_ADMIN_LOCAL_TOKEN_FILE"); f != "" {
+		if tok, err := os.ReadFile(f); err == nil {
+			req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		}
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,10 @@ func (p *pairTopo) haConf(grace int, extra ...string) {
 // writeConf writes server n's /etc/nsmd/nfsd-ha.conf.
 func (p *pairTopo) writeConf(n *pairNode) {
 	p.t.Helper()
-	conf := fmt.Sprintf("NFS_HA_DEVICE=/dev/vda\nNFS_HA_MOUNT=%s\nNFS_HA_GRACE=%d\nNFS_HA_LEASE=%d\nNFS_HA_CLIENTS=%s.0/24\n", v4Export, p.grace, v4Lease, topoNet)
+	// The client VMs lock as root: they ask for no_root_squash, as an
+	// operator whose clients need root would (the hook's default squashes).
+	conf := fmt.Sprintf("NFS_HA_DEVICE=/dev/vda\nNFS_HA_MOUNT=%s\nNFS_HA_GRACE=%d\nNFS_HA_LEASE=%d\nNFS_HA_CLIENTS=%s.0/24\nNFS_HA_EXPORT_OPTIONS=%s\n",
+		v4Export, p.grace, v4Lease, topoNet, vmExportOptions)
 	for _, e := range p.confExtra {
 		conf += e + "\n"
 	}

@@ -28,8 +28,12 @@ import (
 // lower than one answered before (in real time) — sm_state rises only at
 // takeovers, which the model lets happen at any moment; an acknowledged
 // SM_MON's registration (with its cookie) is there at the end unless a later
-// acknowledged or possible SM_UNMON / SM_UNMON_ALL removed it; nothing
-// acknowledged as removed comes back.
+// acknowledged or possible SM_UNMON / SM_UNMON_ALL of the same lock
+// manager removed it; nothing acknowledged as removed comes back. A
+// registration belongs to the lock manager that made it (DESIGN.md): an
+// SM_UNMON or SM_UNMON_ALL removes only registrations whose last SM_MON
+// came the same way (Via: lockd on the same node, or the same client host
+// through the VIP).
 
 // monNames are the mon_names the workers use (the client hosts' IPs: every
 // one of them can receive SM_NOTIFY).
@@ -66,21 +70,29 @@ type nsmOutput struct {
 	Err   string           // why not Known, for the visualization
 }
 
-// nsmState is one my_name's registrations and the sm_state.
+// nsmState is one my_name's registrations, who made each, and the sm_state.
 type nsmState struct {
-	Priv [monNames]string
-	SM   int32
+	Priv  [monNames]string
+	Owner [monNames]string // the Via of the SM_MON that made it
+	SM    int32
 }
 
-// effect applies an operation's change to the table.
+// effect applies an operation's change to the table: an SM_UNMON or
+// SM_UNMON_ALL removes only what the same lock manager (Via) registered.
 func effect(s nsmState, in nsmInput) nsmState {
 	switch in.Kind {
 	case opMon:
-		s.Priv[in.Mon] = in.Priv
+		s.Priv[in.Mon], s.Owner[in.Mon] = in.Priv, in.Via
 	case opUnmon:
-		s.Priv[in.Mon] = ""
+		if s.Owner[in.Mon] == in.Via {
+			s.Priv[in.Mon], s.Owner[in.Mon] = "", ""
+		}
 	case opUnmonAll:
-		s.Priv = [monNames]string{}
+		for m := range s.Priv {
+			if s.Owner[m] == in.Via {
+				s.Priv[m], s.Owner[m] = "", ""
+			}
+		}
 	}
 	return s
 }
@@ -136,7 +148,7 @@ func nsmModel(monLabels, myLabels []string) porcupine.Model {
 		Hash: func(state any) uint64 {
 			s := state.(nsmState)
 			h := fnv.New64a()
-			fmt.Fprintf(h, "%d|%s", s.SM, strings.Join(s.Priv[:], "|"))
+			fmt.Fprintf(h, "%d|%s|%s", s.SM, strings.Join(s.Priv[:], "|"), strings.Join(s.Owner[:], "|"))
 			return h.Sum64()
 		},
 		DescribeOperation: func(input, output any) string {
@@ -287,6 +299,22 @@ func TestNSMModelAcceptsAndRejects(t *testing.T) {
 		{"even state", []porcupine.Operation{
 			op(0, 0, 10, mon(0, "p1"), ok(4)),
 		}, false},
+		{"unmon by another lock manager keeps it", []porcupine.Operation{
+			op(0, 0, 10, nsmInput{Kind: opMon, Mon: 0, Priv: "p1", Via: "lockd on n1"}, ok(3)),
+			op(1, 11, 20, nsmInput{Kind: opUnmon, Mon: 0, Via: "lockd on n2"}, ok(3)),
+			op(1, 21, 25, nsmInput{Kind: opUnmonAll, Via: "lockd on n2"}, ok(3)),
+			func() porcupine.Operation { i, o := read([monNames]string{"p1"}); return op(2, 30, 40, i, o) }(),
+		}, true},
+		{"unmon by another lock manager removed it", []porcupine.Operation{
+			op(0, 0, 10, nsmInput{Kind: opMon, Mon: 0, Priv: "p1", Via: "lockd on n1"}, ok(3)),
+			op(1, 11, 20, nsmInput{Kind: opUnmonAll, Via: "lockd on n2"}, ok(3)),
+			func() porcupine.Operation { i, o := read([monNames]string{}); return op(2, 30, 40, i, o) }(),
+		}, false},
+		{"the owner's unmon removes it", []porcupine.Operation{
+			op(0, 0, 10, nsmInput{Kind: opMon, Mon: 0, Priv: "p1", Via: "lockd on n1"}, ok(3)),
+			op(1, 11, 20, nsmInput{Kind: opUnmon, Mon: 0, Via: "lockd on n1"}, ok(3)),
+			func() porcupine.Operation { i, o := read([monNames]string{}); return op(2, 30, 40, i, o) }(),
+		}, true},
 		{"state rises at a takeover", []porcupine.Operation{
 			op(0, 0, 10, mon(0, "p1"), ok(3)),
 			op(1, 20, 30, unmon(0), ok(5)),

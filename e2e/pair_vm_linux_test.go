@@ -138,7 +138,7 @@ func (p *pairTopo) startServer(n *pairNode) {
 		p.writeConf(n)
 	}
 	n.vm.sh(10*time.Second, "pidof rpcbind >/dev/null || rpcbind -w")
-	env := fmt.Sprintf("NFS_HA_DEVICE=/dev/vda NFS_HA_MOUNT=%s NFS_HA_GRACE=%d NFS_HA_CLIENTS=%s.0/24", pairExport, pairGrace, topoNet)
+	env := fmt.Sprintf("NFS_HA_DEVICE=/dev/vda NFS_HA_MOUNT=%s NFS_HA_GRACE=%d NFS_HA_CLIENTS=%s.0/24 NFS_HA_EXPORT_OPTIONS=%s", pairExport, pairGrace, topoNet, vmExportOptions)
 	_, n.pid = n.vm.start(5*time.Second, fmt.Sprintf("echo started; exec env %s nsmd %s >>/var/lib/nsmd/nsmd.log 2>&1", env, strings.Join(q, " ")))
 }
 
@@ -152,6 +152,10 @@ func (p *pairTopo) stopServer(n *pairNode) {
 // vmTLSDir holds a server VM's certificates, gossip key and admin token
 // (on the initramfs: written again at every boot).
 const vmTLSDir = "/etc/nsmd/tls"
+
+// vmExportOptions are the VM tests' export options: the hook's default
+// with no_root_squash, because the client VMs lock files as root.
+const vmExportOptions = "rw,sync,no_subtree_check,no_root_squash,fsid=1"
 
 // installTLS copies server n's files from the cluster PKI into its VM.
 func (p *pairTopo) installTLS(n *pairNode) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -17,8 +18,11 @@ import (
 	"github.com/nsmd/nsmd/nsm/nsmtest"
 )
 
-// agentArgs are the flags of a one-node agent on loopback.
+// agentArgs are the flags of a one-node agent on loopback. Its admin API
+// needs the local token it creates in dataDir: the test's nsmd commands
+// and getJSON find it through NSMD_ADMIN_LOCAL_TOKEN_FILE.
 func agentArgs(t *testing.T, dataDir, nsmAddr, adm string, raftPort, pmapPort int) []string {
+	t.Setenv("NSMD_ADMIN_LOCAL_TOKEN_FILE", filepath.Join(dataDir, "admin.token"))
 	return []string{"agent",
 		"--node-id", "n1", "--data-dir", dataDir, "--bind", "127.0.0.1",
 		"--raft-port", strconv.Itoa(raftPort), "--nsm-addr", nsmAddr, "--admin-addr", adm,

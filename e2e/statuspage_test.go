@@ -252,6 +252,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		}}})
 		req, _ := http.NewRequest("POST", "http://"+lead.admin+"/v1/import", bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -22,10 +22,14 @@ import (
 //	ClientCheck   (8) = cname
 //	GraceStart    (9) =                 (no body)
 //	GraceDone    (10) =                 (no body)
+//	Unregister    (11) = str(mon_name) myid owner        (Owner not zero)
+//	UnregisterAll (12) = myid owner                      (Owner not zero)
+//	Takeover      (13) = as kind 4                        (Wrap set)
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
 //	myid     = str(my_name) prog:uvarint vers:uvarint proc:uvarint
+//	owner    = str(node) addr(callback)   (callback: 4 or 16 bytes, never empty)
 //	str(x)   = len:uvarint bytes        (len ≤ 1024; reason ≤ 256; princ_hash ≤ 32)
 //	cname    = str(name), 1…1024 bytes (an empty client name is refused)
 //	addr     = len:u8 (0, 4 or 16) bytes
@@ -41,6 +45,16 @@ import (
 // from upgraded nodes': every node of a cluster must run a build that
 // knows them before any is proposed, i.e. before NFSv4 client tracking is
 // used.
+//
+// Kinds 11 and 12 (an Unregister or UnregisterAll with an Owner) and 13
+// (a Takeover with Wrap) extend it the same way: an Unregister or
+// UnregisterAll with the zero Owner is still kind 2 or 3, a Takeover
+// without Wrap kind 4. A build that predates them would refuse them, and
+// one that applied kind 2 or 3 in their place would remove registrations
+// the owner check keeps, so they are proposed only once every member of
+// the cluster advertises CommandLevel ≥ 1 (package cluster gates it); an
+// older build would also apply a kind-13 Takeover differently at the end
+// of the range.
 const (
 	entryVersion = 1
 
@@ -54,6 +68,9 @@ const (
 	kindClientCheck   = 8
 	kindGraceStart    = 9
 	kindGraceDone     = 10
+	kindUnregisterOwn = 11
+	kindUnregAllOwn   = 12
+	kindTakeoverWrap  = 13
 
 	minCommandLen  = 1  // kind + the shortest body (GraceStart, GraceDone: none)
 	minRegisterLen = 33 // kind + the shortest registration
@@ -161,16 +178,34 @@ func (e *encoder) command(c Command) error {
 		e.b = append(e.b, kindRegister)
 		return e.registration(&c.Reg)
 	case Unregister:
-		e.b = append(e.b, kindUnregister)
+		if c.Owner.IsZero() {
+			e.b = append(e.b, kindUnregister)
+		} else {
+			e.b = append(e.b, kindUnregisterOwn)
+		}
 		if err := e.str(c.ID.MonName, MaxNameLen, "mon_name"); err != nil {
 			return err
 		}
-		return e.myID(c.ID.My)
+		if err := e.myID(c.ID.My); err != nil {
+			return err
+		}
+		return e.owner(c.Owner)
 	case UnregisterAll:
-		e.b = append(e.b, kindUnregisterAll)
-		return e.myID(c.My)
+		if c.Owner.IsZero() {
+			e.b = append(e.b, kindUnregisterAll)
+		} else {
+			e.b = append(e.b, kindUnregAllOwn)
+		}
+		if err := e.myID(c.My); err != nil {
+			return err
+		}
+		return e.owner(c.Owner)
 	case Takeover:
-		e.b = append(e.b, kindTakeover)
+		if c.Wrap {
+			e.b = append(e.b, kindTakeoverWrap)
+		} else {
+			e.b = append(e.b, kindTakeover)
+		}
 		return e.takeover(&c)
 	case PeerRebooted:
 		e.b = append(e.b, kindPeerRebooted)
@@ -271,6 +306,21 @@ func (e *encoder) myID(m MyID) error {
 	e.b = binary.AppendUvarint(e.b, uint64(m.Prog))
 	e.b = binary.AppendUvarint(e.b, uint64(m.Vers))
 	e.b = binary.AppendUvarint(e.b, uint64(m.Proc))
+	return nil
+}
+
+// owner writes a non-zero Owner (nothing for the zero one: kinds 2 and 3).
+func (e *encoder) owner(o Owner) error {
+	if o.IsZero() {
+		return nil
+	}
+	if !o.Callback.IsValid() {
+		return fmt.Errorf("owner %q without a callback address", o.Node)
+	}
+	if err := e.str(o.Node, MaxNameLen, "owner node"); err != nil {
+		return err
+	}
+	e.addr(ipOf(o.Callback))
 	return nil
 }
 
@@ -430,8 +480,16 @@ func (d *decoder) command() Command {
 		return Unregister{ID: MonID{MonName: d.str(MaxNameLen, "mon_name"), My: d.myID()}}
 	case kindUnregisterAll:
 		return UnregisterAll{My: d.myID()}
+	case kindUnregisterOwn:
+		return Unregister{ID: MonID{MonName: d.str(MaxNameLen, "mon_name"), My: d.myID()}, Owner: d.owner()}
+	case kindUnregAllOwn:
+		return UnregisterAll{My: d.myID(), Owner: d.owner()}
 	case kindTakeover:
 		return d.takeover()
+	case kindTakeoverWrap:
+		t := d.takeover()
+		t.Wrap = true
+		return t
 	case kindPeerRebooted:
 		return PeerRebooted{MonName: d.str(MaxNameLen, "mon_name"), From: d.addr().addr(), State: d.i32(), At: d.time()}
 	case kindClientCreate:
@@ -450,6 +508,17 @@ func (d *decoder) command() Command {
 		}
 		return nil
 	}
+}
+
+// owner reads the owner of kinds 11 and 12: its callback address must
+// not be empty (that Owner would be the zero one, kinds 2 and 3).
+func (d *decoder) owner() Owner {
+	node := d.str(MaxNameLen, "owner node")
+	cb := d.addr()
+	if d.err == nil && cb.n == 0 {
+		d.fail("owner without a callback address")
+	}
+	return Owner{Node: node, Callback: cb.addr()}
 }
 
 func (d *decoder) takeover() Takeover {

@@ -19,8 +19,12 @@ func sampleCommands() []Command {
 		Register{Reg: bare},
 		Unregister{ID: full.ID},
 		UnregisterAll{My: MyID{MyName: strings.Repeat("m", MaxNameLen), Prog: 1<<32 - 1}},
+		Unregister{ID: full.ID, Owner: Owner{Node: "node-1", Callback: netip.MustParseAddr("127.0.0.1")}},
+		UnregisterAll{My: lockd, Owner: Owner{Node: strings.Repeat("n", MaxNameLen), Callback: netip.MustParseAddr("2001:db8::5")}},
+		UnregisterAll{My: lockd, Owner: Owner{Callback: netip.MustParseAddr("192.0.2.1")}},
 		Takeover{Node: "n", MinState: -3, GraceUntil: time.Date(2262, 1, 1, 0, 0, 0, 1, time.UTC), Reason: strings.Repeat("r", MaxReasonLen), At: time.Unix(1, 0)},
 		Takeover{},
+		Takeover{Node: "n", MinState: 7, Reason: "leader_elected", At: time.Unix(2, 0), Wrap: true},
 		PeerRebooted{MonName: "client.example.com", From: netip.MustParseAddr("10.1.2.3"), State: 1 << 30, At: time.Date(1700, 1, 1, 0, 0, 0, 0, time.FixedZone("x", 3600))},
 		PeerRebooted{State: -1},
 		ClientCreate{Name: "Linux NFSv4.2 client.example.com\x00\xff", PrincHash: strings.Repeat("\xab", MaxPrincHashLen)},
@@ -103,6 +107,45 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	got, _ = Decode(b)
 	if at := got[0].(PeerRebooted).At; !at.Equal(local) || at.Location() != time.UTC {
 		t.Fatalf("time %v (%v)", at, at.Location())
+	}
+}
+
+// An Unregister or UnregisterAll without an Owner keeps the bytes of the
+// releases before owners (kinds 2 and 3), which every member applies;
+// with one it is kind 11 or 12, and an owner without a callback address
+// is refused both ways.
+func TestOwnerKindsAndTheOwnerlessEncoding(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1")
+	for _, tc := range []struct {
+		c    Command
+		kind byte
+	}{
+		{Unregister{ID: MonID{"h", lockd}}, kindUnregister},
+		{UnregisterAll{My: lockd}, kindUnregisterAll},
+		{Unregister{ID: MonID{"h", lockd}, Owner: Owner{Node: "n1", Callback: lo}}, kindUnregisterOwn},
+		{UnregisterAll{My: lockd, Owner: Owner{Node: "n1", Callback: lo}}, kindUnregAllOwn},
+		{Takeover{Node: "n1"}, kindTakeover},
+		{Takeover{Node: "n1", Wrap: true}, kindTakeoverWrap},
+	} {
+		b, err := Encode(tc.c)
+		if err != nil {
+			t.Fatalf("%+v: %v", tc.c, err)
+		}
+		if b[2] != tc.kind {
+			t.Fatalf("%+v encoded as kind %d, want %d", tc.c, b[2], tc.kind)
+		}
+	}
+	// Version-1 bytes of an owner-less SM_UNMON_ALL, as older releases wrote them.
+	b, _ := Encode(UnregisterAll{My: MyID{MyName: "a", Prog: 1, Vers: 2, Proc: 3}})
+	if want := []byte{1, 1, kindUnregisterAll, 1, 'a', 1, 2, 3}; !bytes.Equal(b, want) {
+		t.Fatalf("owner-less UnregisterAll = %x, want %x", b, want)
+	}
+	if _, err := Encode(UnregisterAll{My: lockd, Owner: Owner{Node: "n1"}}); !errors.Is(err, ErrBadCommand) {
+		t.Fatalf("owner without callback encoded: %v", err)
+	}
+	// kind 12, my_id "a" 1 2 3, owner node "n", empty callback.
+	if _, err := Decode([]byte{1, 1, kindUnregAllOwn, 1, 'a', 1, 2, 3, 1, 'n', 0}); !errors.Is(err, ErrBadCommand) {
+		t.Fatalf("owner without callback decoded: %v", err)
 	}
 }
 

@@ -179,15 +179,18 @@ func (f *FSM) apply(c Command, term uint64) Result {
 		return Result{State: s.sm}
 	case Unregister:
 		n := 0
-		if old, ok := s.regs.Delete(keyOf(c.ID)); ok {
-			s.dropped(old)
-			n = 1
+		if r, ok := s.regs.Get(keyOf(c.ID)); ok && c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
+			if old, ok := s.regs.Delete(r); ok {
+				s.dropped(old)
+				n = 1
+			}
 		}
 		return Result{State: s.sm, Removed: n}
 	case UnregisterAll:
 		var gone []rec
 		s.regs.Ascend(func(r rec) bool {
-			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc {
+			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc &&
+				c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
 				gone = append(gone, r)
 			}
 			return true
@@ -199,8 +202,9 @@ func (f *FSM) apply(c Command, term uint64) Result {
 		}
 		return Result{State: s.sm, Removed: len(gone)}
 	case Takeover:
-		s.sm = nextState(s.sm, c.MinState)
+		s.sm = nextState(s.sm, c.MinState, c.Wrap)
 		s.grace = c.GraceUntil
+		c.Wrap = false // a property of the command, not of the state (snapshots do not keep it)
 		s.last = c
 		s.lastTerm = term
 		return Result{State: s.sm}
@@ -290,9 +294,11 @@ func (s *state) graceStart() int {
 }
 
 // nextState is the smallest odd number greater than cur and ≥ min. At the
-// top of the int32 range it stays at math.MaxInt32 (odd), which a cluster
-// reaches only after a billion takeovers.
-func nextState(cur, minState int32) int32 {
+// top of the int32 range it stays at math.MaxInt32 (odd) unless wrap is
+// set; then it wraps to the smallest odd number that differs from cur
+// and from minState−1 (Takeover). A cluster reaches the top only after a
+// billion takeovers, or from a state imported or restored near it.
+func nextState(cur, minState int32, wrap bool) int32 {
 	n := int64(cur) + 1
 	if int64(minState) > n {
 		n = int64(minState)
@@ -300,10 +306,17 @@ func nextState(cur, minState int32) int32 {
 	if n&1 == 0 {
 		n++
 	}
-	if n > math.MaxInt32 {
+	if n <= math.MaxInt32 {
+		return int32(n)
+	}
+	if !wrap {
 		return math.MaxInt32
 	}
-	return int32(n)
+	w := int64(1)
+	for w == int64(cur) || w == int64(minState)-1 {
+		w += 2
+	}
+	return int32(w)
 }
 
 // register adds or replaces a registration; mu is held exclusively.
@@ -525,6 +538,42 @@ func (f *FSM) Get(id MonID) (Registration, bool) {
 		return Registration{}, false
 	}
 	return r.registration(), true
+}
+
+// CommandLevel is the newest optional set of entry kinds this build
+// applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
+// UnregisterAll with an Owner) and 13 (Takeover with Wrap). A cluster proposes a level's kinds only
+// once every member advertises that level.
+const CommandLevel = 1
+
+// Owned returns the MonIDs of the registrations that c, an Unregister or
+// UnregisterAll, would remove if applied now (its MonID, or its lock
+// manager's registrations, that its Owner owns), in MonID order; nil for
+// other commands. A proposer that cannot use kinds 11 and 12 yet removes
+// these one by one with owner-less Unregisters instead.
+func (f *FSM) Owned(c Command) []MonID {
+	var ids []MonID
+	switch c := c.(type) {
+	case Unregister:
+		f.mu.RLock()
+		r, ok := f.st.regs.Get(keyOf(c.ID))
+		f.mu.RUnlock()
+		if ok && c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
+			ids = append(ids, c.ID)
+		}
+	case UnregisterAll:
+		f.mu.Lock() // Clone mutates the source tree
+		regs := f.st.regs.Clone()
+		f.mu.Unlock()
+		regs.Ascend(func(r rec) bool {
+			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc &&
+				c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
+				ids = append(ids, MonID{MonName: r.monName, My: c.My})
+			}
+			return true
+		})
+	}
+	return ids
 }
 
 // Registrations returns up to limit registrations in MonID order strictly

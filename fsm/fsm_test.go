@@ -142,6 +142,80 @@ func TestUnregisterAllRemovesEveryRegistrationOfThatLockManager(t *testing.T) {
 	}
 }
 
+// A registration belongs to the lock manager that made it: lockd on the
+// node that took it (loopback callback), or a trusted remote lock manager
+// (its callback address, on any node). SM_UNMON and SM_UNMON_ALL with an
+// Owner remove only the owner's; the zero Owner (older releases) removes
+// any. Owned lists exactly what Apply would remove.
+func TestUnregisterWithOwnerRemovesOnlyTheOwnersRegistrations(t *testing.T) {
+	lo := netip.MustParseAddr("127.0.0.1")
+	remote := netip.MustParseAddr("10.0.0.50")
+	onN2 := mkReg("c", lockd, "n2")
+	remoteOnN1 := mkReg("d", lockd, "n1")
+	remoteOnN1.Callback = remote
+	setup := func(t *testing.T) *FSM {
+		f := New(Options{})
+		applyOK(t, f, 1, Takeover{MinState: 5},
+			Register{Reg: mkReg("a", lockd, "n1", "10.0.0.1")},
+			Register{Reg: mkReg("b", lockd, "n1")},
+			Register{Reg: onN2},
+			Register{Reg: remoteOnN1},
+		)
+		return f
+	}
+	left := func(f *FSM) []string {
+		var ids []string
+		for _, g := range f.Registrations(MonID{}, 0, "") {
+			ids = append(ids, g.ID.MonName+"@"+g.Node)
+		}
+		return ids
+	}
+	tests := []struct {
+		name    string
+		cmd     Command
+		removed int
+		left    []string
+	}{
+		{"unmon_all from another node's loopback", UnregisterAll{My: lockd, Owner: Owner{Node: "n3", Callback: lo}}, 0,
+			[]string{"a@n1", "b@n1", "c@n2", "d@n1"}},
+		{"unmon_all from n1's loopback", UnregisterAll{My: lockd, Owner: Owner{Node: "n1", Callback: lo}}, 2,
+			[]string{"c@n2", "d@n1"}},
+		{"unmon_all from the remote lock manager, on n2", UnregisterAll{My: lockd, Owner: Owner{Node: "n2", Callback: remote}}, 1,
+			[]string{"a@n1", "b@n1", "c@n2"}},
+		{"unmon of n2's from n1", Unregister{ID: onN2.ID, Owner: Owner{Node: "n1", Callback: lo}}, 0,
+			[]string{"a@n1", "b@n1", "c@n2", "d@n1"}},
+		{"unmon of n2's from n2", Unregister{ID: onN2.ID, Owner: Owner{Node: "n2", Callback: lo}}, 1,
+			[]string{"a@n1", "b@n1", "d@n1"}},
+		{"unmon of the remote's from n1's loopback", Unregister{ID: remoteOnN1.ID, Owner: Owner{Node: "n1", Callback: lo}}, 0,
+			[]string{"a@n1", "b@n1", "c@n2", "d@n1"}},
+		{"unmon of n1's by another remote", Unregister{ID: MonID{"a", lockd}, Owner: Owner{Node: "n1", Callback: netip.MustParseAddr("10.0.0.51")}}, 0,
+			[]string{"a@n1", "b@n1", "c@n2", "d@n1"}},
+		{"owner-less unmon_all (older releases)", UnregisterAll{My: lockd}, 4, nil},
+		{"owner-less unmon", Unregister{ID: onN2.ID}, 1, []string{"a@n1", "b@n1", "d@n1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			owned := f.Owned(tc.cmd)
+			res := applyOK(t, f, 2, tc.cmd)
+			if res[0].Removed != tc.removed || res[0].State != 5 {
+				t.Fatalf("result %+v, want Removed=%d State=5", res[0], tc.removed)
+			}
+			if len(owned) != tc.removed {
+				t.Fatalf("Owned listed %v before the apply that removed %d", owned, tc.removed)
+			}
+			if got := left(f); !slices.Equal(got, tc.left) {
+				t.Fatalf("left %v, want %v", got, tc.left)
+			}
+			for _, id := range owned {
+				if _, ok := f.Get(id); ok {
+					t.Fatalf("Owned listed %v, which the apply kept", id)
+				}
+			}
+		})
+	}
+}
+
 // XNFS: the state number is odd while the monitor runs and grows at every
 // restart; peers drop a notification whose state they have seen. nsmd's
 // Takeover picks the smallest odd number above the current one and ≥ MinState.
@@ -159,13 +233,47 @@ func TestTakeoverStateIsOddIncreasingAndHonoursMinState(t *testing.T) {
 		{11, 3, 13},
 		{0, -5, 1},
 		{math.MaxInt32 - 2, 0, math.MaxInt32},
-		{math.MaxInt32, 0, math.MaxInt32}, // saturates
+		{math.MaxInt32, 0, math.MaxInt32}, // saturates without Wrap
 	}
 	for _, tc := range tests {
-		if got := nextState(tc.cur, tc.min); got != tc.want {
+		if got := nextState(tc.cur, tc.min, false); got != tc.want {
 			t.Errorf("nextState(%d, %d) = %d, want %d", tc.cur, tc.min, got, tc.want)
 		}
 	}
+	// With Wrap, the end of the range wraps to the smallest odd state that
+	// differs from the current one and from the imported server's
+	// (MinState−1): every peer compares for inequality, so each sees a
+	// new state; below the end Wrap changes nothing.
+	wrapTests := []struct {
+		cur, min, want int32
+	}{
+		{math.MaxInt32 - 2, 0, math.MaxInt32},
+		{math.MaxInt32, 0, 1},
+		{math.MaxInt32, math.MaxInt32, 1},
+		{math.MaxInt32 - 1, 0, math.MaxInt32}, // even (stopped) just below the top
+		{1, math.MaxInt32, math.MaxInt32},
+		{math.MaxInt32, 2, 3}, // the imported server had 1
+		{3, 0, 5},
+	}
+	for _, tc := range wrapTests {
+		if got := nextState(tc.cur, tc.min, true); got != tc.want {
+			t.Errorf("nextState(%d, %d, wrap) = %d, want %d", tc.cur, tc.min, got, tc.want)
+		}
+	}
+	t.Run("wrap through Apply", func(t *testing.T) {
+		f := New(Options{})
+		applyOK(t, f, 1, Takeover{MinState: math.MaxInt32})
+		res := applyOK(t, f, 2, Takeover{Node: "n1", Wrap: true, Reason: "leader"})
+		if res[0].State != 1 || f.State() != 1 {
+			t.Fatalf("state after a wrapping takeover at the top: %d (%d), want 1", res[0].State, f.State())
+		}
+		if lt := f.LastTakeover(); lt.Wrap || lt.Node != "n1" {
+			t.Fatalf("last takeover %+v: Wrap is the command's, not the state's", lt)
+		}
+		if res := applyOK(t, f, 3, Takeover{Wrap: true}); res[0].State != 3 {
+			t.Fatalf("next takeover: %d, want 3", res[0].State)
+		}
+	})
 	t.Run("through Apply", func(t *testing.T) {
 		f := New(Options{})
 		grace := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)

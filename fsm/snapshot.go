@@ -400,6 +400,9 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 		switch tag {
 		case tagScalars:
 			st.sm = d.i32()
+			if d.err == nil && st.sm < 0 {
+				d.fail("sm_state %d (Apply never makes one below 0)", st.sm)
+			}
 			st.grace = d.time()
 			st.last = d.takeover()
 			index = d.uvarint()

@@ -84,6 +84,12 @@ func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
 		// its scalars frame has trailing bytes (takeover term, v4 epochs).
 		"v3 body as v1": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 1; return c }()),
 		"v3 body as v2": fixCRC(func() []byte { c := slices.Clone(b); c[8] = 2; return c }()),
+		// Apply never makes a negative sm_state; a snapshot with one is forged.
+		"negative sm_state": func() []byte {
+			g := populated(t, 4, 10)
+			g.st.sm = -3
+			return persist(t, g)
+		}(),
 	}
 	for name, data := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -55,22 +55,92 @@ type Command interface{ isCommand() }
 // Register adds or replaces (same MonID) a registration.
 type Register struct{ Reg Registration }
 
-// Unregister removes the registration with this MonID (SM_UNMON).
-type Unregister struct{ ID MonID }
+// Unregister removes the registration with this MonID (SM_UNMON); with a
+// non-zero Owner, only if Owner made it (Owner.Owns).
+type Unregister struct {
+	ID    MonID
+	Owner Owner
+}
 
-// UnregisterAll removes every registration of this lock manager (SM_UNMON_ALL).
-type UnregisterAll struct{ My MyID }
+// UnregisterAll removes every registration of this lock manager
+// (SM_UNMON_ALL); with a non-zero Owner, only those Owner made.
+type UnregisterAll struct {
+	My    MyID
+	Owner Owner
+}
+
+// Owner is the lock manager that sent an SM_UNMON or SM_UNMON_ALL, as the
+// node that took it saw it: Node is that node, Callback the caller's
+// address as a Registration records it (127.0.0.1 for a caller on the
+// node's loopback, else the trusted remote caller's address).
+//
+// A registration belongs to the lock manager that made it: one made on a
+// node's loopback (a loopback Callback) belongs to that node's lockd, one
+// made by a trusted remote lock manager belongs to that address, on
+// whichever node it was taken. So Owner{Node: n, Callback: 127.0.0.1}
+// owns only node n's loopback registrations, and Owner{Callback: r} with
+// r not a loopback address owns every registration whose callback is r.
+//
+// The zero Owner owns every registration: the meaning of SM_UNMON and
+// SM_UNMON_ALL in releases before registrations had owners (entry kinds
+// 2 and 3), which a proposer falls back to, after checking ownership
+// itself, until every member applies kinds 11 and 12 (CommandLevel).
+type Owner struct {
+	Node     string
+	Callback netip.Addr
+}
+
+// IsZero reports whether o is the zero Owner (owns every registration).
+func (o Owner) IsZero() bool { return o.Node == "" && !o.Callback.IsValid() }
+
+// Owns reports whether o made r (see Owner).
+func (o Owner) Owns(r *Registration) bool {
+	if o.IsZero() {
+		return true
+	}
+	return o.owns(r.Node, ipOf(r.Callback))
+}
+
+// owns is Owns on a registration's node and callback address (zones are
+// not compared: registrations do not keep them).
+func (o Owner) owns(node string, cb ip) bool {
+	if o.IsZero() {
+		return true
+	}
+	if cb != ipOf(o.Callback) {
+		return false
+	}
+	return !o.Callback.IsLoopback() || node == o.Node
+}
 
 // Takeover marks a new server incarnation (leader change, restart,
 // SM_SIMU_CRASH, import): sm_state becomes the smallest odd number that is
 // greater than the current one and ≥ MinState; the grace window is set.
+//
+// At the end of the int32 range (that number would exceed math.MaxInt32)
+// a Takeover with Wrap set wraps sm_state to the smallest odd number that
+// differs from the current state and from MinState−1 (the state a server
+// whose clients are imported had): peers compare states for inequality
+// only, so every monitored host still sees a new state. Without Wrap (the
+// releases before it, entry kind 4) sm_state stays at math.MaxInt32, which
+// every peer then ignores as a repeat. A Takeover with Wrap is entry kind
+// 13, proposed only once every member applies it (CommandLevel 1); the
+// applied state keeps the Takeover without Wrap (LastTakeover).
 type Takeover struct {
 	Node       string
 	MinState   int32
 	GraceUntil time.Time
 	Reason     string
 	At         time.Time
+	Wrap       bool
 }
+
+// MaxImportedState is the largest sm_state of another NSM server that an
+// import accepts (POST /v1/import, nsmd import-statd): 2^30, leaving half
+// a billion takeovers before sm_state reaches the end of its range. A
+// real rpc.statd adds 2 per reboot from 1; a state above this is a
+// mistake or an attack, and is refused.
+const MaxImportedState = 1 << 30
 
 // PeerRebooted is an accepted SM_NOTIFY from a monitored host. It matches
 // every registration whose MonName equals MonName or one of whose Addrs

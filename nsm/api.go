@@ -43,10 +43,13 @@ var Program = oncrpc.ProgVers{Prog: 100024, Vers: 1}
 type Registry interface {
 	// Monitor adds or replaces (same MonID) a registration (SM_MON).
 	Monitor(ctx context.Context, reg fsm.Registration) (int32, error)
-	// Unmonitor removes the registration with this MonID (SM_UNMON).
-	Unmonitor(ctx context.Context, id fsm.MonID) (int32, error)
-	// UnmonitorAll removes every registration of a lock manager (SM_UNMON_ALL).
-	UnmonitorAll(ctx context.Context, my fsm.MyID) (int32, error)
+	// Unmonitor removes the registration with this MonID (SM_UNMON) if
+	// owner made it (fsm.Owner.Owns): the Service passes the caller as
+	// this node saw it, so a lock manager removes only its own.
+	Unmonitor(ctx context.Context, id fsm.MonID, owner fsm.Owner) (int32, error)
+	// UnmonitorAll removes every registration of a lock manager
+	// (SM_UNMON_ALL) that owner made.
+	UnmonitorAll(ctx context.Context, my fsm.MyID, owner fsm.Owner) (int32, error)
 	// SimuCrash acts as a failover: new state, notify every host (SM_SIMU_CRASH).
 	SimuCrash(ctx context.Context) error
 	// PeerRebooted records an accepted SM_NOTIFY; the owners of matching

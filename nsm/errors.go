@@ -19,6 +19,9 @@ var (
 	// ErrBadName: a mon_name or my_name is empty, contains '/' or starts
 	// with '.'.
 	ErrBadName = errors.New("nsm: invalid host name")
+	// ErrTooMany: the registrations cap (Config.MaxRegistrations) is
+	// reached and the SM_MON would add one.
+	ErrTooMany = errors.New("nsm: registrations cap reached")
 	// ErrUnresolved: mon_name does not resolve to any address.
 	ErrUnresolved = errors.New("nsm: host name does not resolve")
 	// ErrBadEnum: an XDR enum carried an undeclared value.

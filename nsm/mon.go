@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -43,6 +44,9 @@ func (s *Service) monitor(ctx context.Context, c *oncrpc.Call, args *Mon) (int32
 	if !ValidName(args.ID.MonName) {
 		return 0, fmt.Errorf("mon_name %q: %w", args.ID.MonName, ErrBadName)
 	}
+	if err := s.checkCap(args.ID.FSM()); err != nil {
+		return 0, err
+	}
 	addrs, err := s.monAddrs(ctx, args.ID.MonName)
 	if err != nil {
 		return 0, err
@@ -64,4 +68,18 @@ func (s *Service) monAddrs(ctx context.Context, name string) ([]netip.Addr, erro
 		return []netip.Addr{a.Unmap()}, nil
 	}
 	return s.resolve(ctx, name)
+}
+
+// checkCap refuses an SM_MON that would add a registration beyond
+// Config.MaxRegistrations. It reads this node's state, so SM_MONs in
+// flight on several nodes may overshoot the cap by their number.
+func (s *Service) checkCap(id fsm.MonID) error {
+	c, ok := s.reg.(Counter)
+	if s.cfg.MaxRegistrations <= 0 || !ok {
+		return nil
+	}
+	if n := c.Count(); n >= s.cfg.MaxRegistrations && !c.Has(id) {
+		return fmt.Errorf("%d registrations, max_registrations %d: %w", n, s.cfg.MaxRegistrations, ErrTooMany)
+	}
+	return nil
 }

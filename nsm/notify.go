@@ -15,6 +15,11 @@ import (
 // seen from that host; then the registry commits it and the owners of the
 // matching registrations call their lock managers back.
 //
+// Before it is committed, an acceptable notification must pass the
+// limiter (Config.NotifyBurst, NotifyEvery): a token per sender address
+// and per mon_name, and not the same one already being committed; held
+// back, it gets no reply (the peer retransmits).
+//
 // The reply is void, also when the notification is ignored. One deliberate
 // difference from rpc.statd: when an acceptable notification cannot be
 // committed (no leader during an election, shutdown), no reply is sent, so
@@ -30,6 +35,20 @@ func (s *Service) notify(ctx context.Context, c *oncrpc.Call, _ *oncrpc.Writer) 
 		s.log.Debug("SM_NOTIFY ignored: unmonitored host or repeated state",
 			"mon_name", args.MonName, "from", from, "state", args.State)
 		return nil
+	}
+	if s.limit != nil {
+		k := notifyKey{monName: args.MonName, from: from, state: args.State}
+		switch s.limit.begin(k, s.cfg.Now()) {
+		case notifyLimited:
+			s.m.notifyReceivedInc("rate_limited")
+			s.log.Debug("SM_NOTIFY held back: too many from this sender or for this name; no reply, the peer retransmits",
+				"mon_name", args.MonName, "from", from, "state", args.State)
+			return fmt.Errorf("nsm: SM_NOTIFY from %s rate-limited: %w", from, oncrpc.ErrNoReply)
+		case notifyInFlight:
+			s.m.notifyReceivedInc("in_flight")
+			return fmt.Errorf("nsm: SM_NOTIFY from %s already being committed: %w", from, oncrpc.ErrNoReply)
+		}
+		defer s.limit.end(k)
 	}
 	err := s.reg.PeerRebooted(ctx, fsm.PeerRebooted{MonName: args.MonName, From: from, State: args.State, At: s.cfg.Now()})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,5 +165,57 @@ func TestNotReadyTCPCallWaitsForReadinessThenIsAnsweredOrDropped(t *testing.T) {
 	}
 	if n := counter(m.notReady.WithLabelValues("stat")); n != 1 {
 		t.Fatalf("dropped TCP SM_STAT counted %v times, want 1", n)
+	}
+}
+
+// notifiedRegistry is a mapRegistry that is a ReadyNotifier.
+type notifiedRegistry struct {
+	*mapRegistry
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (r *notifiedRegistry) ReadyChanged() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ch
+}
+
+// fire closes the current channel: an event that may make Ready true.
+func (r *notifiedRegistry) fire() {
+	r.mu.Lock()
+	close(r.ch)
+	r.ch = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// With a ReadyNotifier, a held call waits on its event, not on a poll: with
+// the poll at an hour, the call is answered as soon as readiness comes
+// with an event, having asked Ready only when it started and then.
+func TestHeldCallWakesOnTheReadyEvent(t *testing.T) {
+	reg := &notifiedRegistry{mapRegistry: newMapRegistry(3), ch: make(chan struct{})}
+	reg.notReady, reg.asked = true, make(chan struct{}, 8)
+	svc, err := NewService(reg, Config{NodeID: "n1", Resolve: testResolve, ReadyWait: time.Minute, ReadyPoll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp, _ := serveRPC(t, oncrpc.Programs{Program: svc}, loStr+":0")
+	c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: tcp, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := make(chan error, 1)
+	var res SMStatRes
+	go func() { got <- call(t, c, ProcStat, &SMName{"x"}, &res) }()
+	recv(t, reg.asked) // ServeRPC's check
+	recv(t, reg.asked) // awaitReady's, after it took the event channel
+	reg.setReady(true)
+	reg.fire()
+	if err := recv(t, got); err != nil || res.Res != StatSucc {
+		t.Fatalf("held SM_STAT after the ready event: %+v %v", res, err)
+	}
+	if n := len(reg.asked); n > 2 {
+		t.Fatalf("Ready asked %d more times: polled, not woken", n)
 	}
 }

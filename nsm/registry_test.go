@@ -47,28 +47,44 @@ func (m *mapRegistry) Monitor(_ context.Context, reg fsm.Registration) (int32, e
 	return m.state, nil
 }
 
-func (m *mapRegistry) Unmonitor(_ context.Context, id fsm.MonID) (int32, error) {
+func (m *mapRegistry) Unmonitor(_ context.Context, id fsm.MonID, owner fsm.Owner) (int32, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.write(); err != nil {
 		return 0, err
 	}
-	delete(m.regs, id)
+	if r, ok := m.regs[id]; ok && owner.Owns(&r) {
+		delete(m.regs, id)
+	}
 	return m.state, nil
 }
 
-func (m *mapRegistry) UnmonitorAll(_ context.Context, my fsm.MyID) (int32, error) {
+func (m *mapRegistry) UnmonitorAll(_ context.Context, my fsm.MyID, owner fsm.Owner) (int32, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.write(); err != nil {
 		return 0, err
 	}
-	for id := range m.regs {
-		if id.My == my {
+	for id, r := range m.regs {
+		if id.My == my && owner.Owns(&r) {
 			delete(m.regs, id)
 		}
 	}
 	return m.state, nil
+}
+
+// Count and Has make mapRegistry an nsm.Counter (MaxRegistrations).
+func (m *mapRegistry) Count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.regs)
+}
+
+func (m *mapRegistry) Has(id fsm.MonID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.regs[id]
+	return ok
 }
 
 func (m *mapRegistry) SimuCrash(context.Context) error {

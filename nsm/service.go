@@ -52,6 +52,40 @@ type Config struct {
 	ReadyWait time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// ReadyPoll is how often a call held for readiness checks Ready again
+	// besides the events of a Registry that is a ReadyNotifier. Default
+	// 2 ms, or 100 ms with a ReadyNotifier (its events carry the changes;
+	// the poll only catches what has none, e.g. a lease getting fresh).
+	ReadyPoll time.Duration
+	// MaxRegistrations caps the registrations: an SM_MON that would add
+	// one beyond it (not a repeat, which replaces) is refused stat_fail,
+	// counted as nsmd_mon_refused_total{reason="registrations_cap"}. It
+	// needs a Registry that is a Counter; 0: no cap.
+	MaxRegistrations int
+	// NotifyBurst and NotifyEvery limit the SM_NOTIFYs committed per
+	// sender address and per mon_name: a bucket of NotifyBurst tokens,
+	// one back every NotifyEvery (defaults 4 and 10 s; NotifyBurst < 0:
+	// no limit). NotifyTrack buckets of each kind are kept (default
+	// 65536; the least recently used go).
+	NotifyBurst int
+	NotifyEvery time.Duration
+	NotifyTrack int
+}
+
+// ReadyNotifier is what a Registry may offer so that calls held for
+// readiness wait on one event instead of each polling: ReadyChanged
+// returns a channel closed at the next event that may make Ready true
+// (a takeover applied, leadership moved).
+type ReadyNotifier interface {
+	ReadyChanged() <-chan struct{}
+}
+
+// Counter is what a Registry offers for Config.MaxRegistrations: how many
+// registrations there are, and whether one exists (a repeat SM_MON
+// replaces it and adds none).
+type Counter interface {
+	Count() int
+	Has(id fsm.MonID) bool
 }
 
 func (c *Config) setDefaults() {
@@ -72,6 +106,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.NotifyBurst == 0 {
+		c.NotifyBurst = 4
+	}
+	if c.NotifyEvery == 0 {
+		c.NotifyEvery = 10 * time.Second
+	}
+	if c.NotifyTrack == 0 {
+		c.NotifyTrack = 1 << 16
 	}
 }
 
@@ -132,10 +175,14 @@ func normAddrs(in []netip.Addr) []netip.Addr {
 // callers and arguments, then reads and writes state only through its
 // Registry. It is safe for concurrent use.
 type Service struct {
-	reg Registry
-	cfg Config
-	log *slog.Logger
-	m   *Metrics
+	reg   Registry
+	cfg   Config
+	log   *slog.Logger
+	m     *Metrics
+	limit *notifyLimiter // nil: SM_NOTIFY not limited
+	// refuseLog spaces the refusal log lines per caller address.
+	refuseLog *logLimiter
+	readyPoll time.Duration // Config.ReadyPoll, resolved
 
 	// Calls dropped while not ready: when that was last logged (Unix ns)
 	// and how many since.
@@ -147,8 +194,10 @@ const (
 	// notReadyLogEvery spaces the log lines about calls dropped while not ready.
 	notReadyLogEvery = time.Second
 	// readyPoll is how often a TCP call held for readiness checks again
-	// (Ready is a few loads).
-	readyPoll = 2 * time.Millisecond
+	// (Ready is a few loads) by default; readyPollNotified with a
+	// ReadyNotifier.
+	readyPoll         = 2 * time.Millisecond
+	readyPollNotified = 100 * time.Millisecond
 )
 
 var _ oncrpc.Handler = (*Service)(nil)
@@ -162,7 +211,17 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics}, nil
+	svc := &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, refuseLog: newLogLimiter(time.Minute, 4096), readyPoll: cfg.ReadyPoll}
+	if svc.readyPoll <= 0 {
+		svc.readyPoll = readyPoll
+		if _, ok := reg.(ReadyNotifier); ok {
+			svc.readyPoll = readyPollNotified
+		}
+	}
+	if cfg.NotifyBurst > 0 {
+		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
+	}
+	return svc, nil
 }
 
 // ServeRPC implements oncrpc.Handler: it dispatches on the procedure
@@ -205,12 +264,24 @@ func (s *Service) awaitReady(ctx context.Context, c *oncrpc.Call) bool {
 	if c.Net == "udp" || s.cfg.ReadyWait <= 0 {
 		return false
 	}
+	rn, _ := s.reg.(ReadyNotifier)
 	deadline := time.NewTimer(s.cfg.ReadyWait)
 	defer deadline.Stop()
-	tick := time.NewTicker(readyPoll)
+	tick := time.NewTicker(s.readyPoll)
 	defer tick.Stop()
 	for {
+		var changed <-chan struct{} // nil: no events, only the poll
+		if rn != nil {
+			changed = rn.ReadyChanged()
+			if s.reg.Ready() { // after taking the channel: no event is missed
+				return true
+			}
+		}
 		select {
+		case <-changed:
+			if s.reg.Ready() {
+				return true
+			}
 		case <-tick.C:
 			if s.reg.Ready() {
 				return true
@@ -262,12 +333,20 @@ func decodeArgs(c *oncrpc.Call, proc string, v oncrpc.Unmarshaler) error {
 	return nil
 }
 
-// refuse logs and counts a refused request.
+// refuse counts a refused request and logs it, at most once a minute per
+// caller address (refuseLog), with the number of refusals held back.
 func (s *Service) refuse(proc string, c *oncrpc.Call, err error, attrs ...any) {
 	reason := refuseReason(err)
 	s.m.monRefusedInc(reason)
-	s.log.Warn("NSM request refused", append([]any{"proc", proc, "caller", c.Remote.String(), "net", c.Net,
-		"reason", reason, "err", err}, attrs...)...)
+	ok, held := s.refuseLog.allow(callerAddr(c.Remote), s.cfg.Now())
+	if !ok {
+		return
+	}
+	args := []any{"proc", proc, "caller", c.Remote.String(), "net", c.Net, "reason", reason, "err", err}
+	if held > 0 {
+		args = append(args, "suppressed", held)
+	}
+	s.log.Warn("NSM request refused", append(args, attrs...)...)
 }
 
 func refuseReason(err error) string {
@@ -282,6 +361,8 @@ func refuseReason(err error) string {
 		return "bad_name"
 	case errors.Is(err, ErrUnresolved):
 		return "unresolved"
+	case errors.Is(err, ErrTooMany):
+		return "registrations_cap"
 	}
 	return "registry"
 }
@@ -304,21 +385,33 @@ func (s *Service) checkMyID(my MyID) error {
 
 // Registration builds the registration an accepted SM_MON commits.
 func (s *Service) registration(c *oncrpc.Call, args *Mon, addrs []netip.Addr) fsm.Registration {
-	cb := callerAddr(c.Remote)
-	if isLoopback(c.Remote) {
-		// The callback goes to the lock manager over IPv4 loopback, where
-		// Linux lockd listens and checks the source, whatever address the
-		// SM_MON came from.
-		cb = netip.AddrFrom4([4]byte{127, 0, 0, 1})
-	}
 	return fsm.Registration{
 		ID:       args.ID.FSM(),
 		Priv:     args.Priv,
 		Node:     s.cfg.NodeID,
-		Callback: cb,
+		Callback: callbackAddr(c),
 		Addrs:    addrs,
 		Added:    s.cfg.Now(),
 	}
+}
+
+// callbackAddr is where the lock manager that made call c is called back:
+// over IPv4 loopback, where Linux lockd listens and checks the source,
+// for a caller on loopback (whatever address it came from), else the
+// caller's address.
+func callbackAddr(c *oncrpc.Call) netip.Addr {
+	if isLoopback(c.Remote) {
+		return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	return callerAddr(c.Remote)
+}
+
+// owner is the lock manager behind an SM_UNMON or SM_UNMON_ALL: this node
+// and the caller's address as registration records it (127.0.0.1 for a
+// loopback caller), so that it removes only what the same lock manager
+// registered: lockd on this node, or the same trusted remote caller.
+func (s *Service) owner(c *oncrpc.Call) fsm.Owner {
+	return fsm.Owner{Node: s.cfg.NodeID, Callback: callbackAddr(c)}
 }
 
 // resolve resolves a mon_name with the configured resolver and timeout.

@@ -3,13 +3,18 @@ package nsm
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -301,6 +306,74 @@ func TestUnmonAndUnmonAll(t *testing.T) {
 	}
 }
 
+// A registration belongs to the lock manager that made it: SM_UNMON and
+// SM_UNMON_ALL from this node's loopback name this node and the loopback
+// callback as the owner, so registrations another node's lockd made (the
+// serving node's, in a cluster) are kept, and so are those of a remote
+// lock manager (fsm's tests cover the remote owner).
+func TestUnmonActsOnlyOnTheCallersRegistrations(t *testing.T) {
+	for _, network := range networks {
+		t.Run(network, func(t *testing.T) {
+			s := newNSMServer(t, Config{NodeID: "witness"})
+			lockdCB := netip.MustParseAddr("127.0.0.1")
+			remote := netip.MustParseAddr("10.0.0.50") // a remote lock manager's registration
+			for i, r := range []fsm.Registration{
+				{ID: fsm.MonID{MonName: "10.0.0.1", My: lockd.FSM()}, Node: "serving", Callback: lockdCB},
+				{ID: fsm.MonID{MonName: "10.0.0.2", My: lockd.FSM()}, Node: "serving", Callback: lockdCB},
+				{ID: fsm.MonID{MonName: "10.0.0.3", My: ganesha.FSM()}, Node: "serving", Callback: remote},
+			} {
+				if _, err := s.reg.Monitor(context.Background(), r); err != nil {
+					t.Fatalf("registration %d: %v", i, err)
+				}
+			}
+			c := s.dial(t, network, lo, false)
+			var res SMStat
+			if err := call(t, c, ProcUnmonAll, &lockd, &res); err != nil || res.State != 3 {
+				t.Fatalf("SM_UNMON_ALL: %v state %d", err, res.State)
+			}
+			if err := call(t, c, ProcUnmon, &MonID{"10.0.0.1", lockd}, &res); err != nil || res.State != 3 {
+				t.Fatalf("SM_UNMON: %v state %d", err, res.State)
+			}
+			if err := call(t, c, ProcUnmonAll, &ganesha, &res); err != nil || res.State != 3 {
+				t.Fatalf("SM_UNMON_ALL of ganesha from loopback: %v state %d", err, res.State)
+			}
+			if _, regs, _ := s.reg.snapshot(); len(regs) != 3 {
+				t.Fatalf("%d registrations left after this node's loopback unmonitored another node's, want 3", len(regs))
+			}
+		})
+	}
+}
+
+// At MaxRegistrations an SM_MON that would add a registration is refused
+// stat_fail and counted; a repeat (which replaces) still succeeds.
+func TestMonRefusedAtTheRegistrationsCap(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	s := newNSMServer(t, Config{MaxRegistrations: 2, Metrics: m})
+	c := s.dial(t, "tcp", lo, false)
+	for i, tc := range []struct {
+		mon  *Mon
+		want Res
+	}{
+		{mon("10.0.0.1", lockd), StatSucc},
+		{mon("10.0.0.2", lockd), StatSucc},
+		{mon("10.0.0.3", lockd), StatFail}, // a third
+		{mon("10.0.0.1", lockd), StatSucc}, // a repeat replaces
+		{mon("10.0.0.1", ganesha), StatFail},
+	} {
+		var res SMStatRes
+		if err := call(t, c, ProcMon, tc.mon, &res); err != nil || res.Res != tc.want {
+			t.Fatalf("SM_MON %d (%s): %v %+v, want %v", i, tc.mon.ID.MonName, err, res, tc.want)
+		}
+	}
+	if _, regs, _ := s.reg.snapshot(); len(regs) != 2 {
+		t.Fatalf("%d registrations, want the cap of 2", len(regs))
+	}
+	if got := testutil.GatheredValue(t, reg, "nsmd_mon_refused_total", "reason", "registrations_cap"); got != 2 {
+		t.Fatalf("nsmd_mon_refused_total{reason=registrations_cap} = %v, want 2", got)
+	}
+}
+
 // XNFS NSM SM_SIMU_CRASH: trusted caller and a privileged source port.
 func TestSimuCrashNeedsTrustedPrivilegedCaller(t *testing.T) {
 	cases := []struct {
@@ -453,5 +526,93 @@ func TestDefaultResolve(t *testing.T) {
 	}
 	if out := normAddrs(in); len(out) != MaxAddrs || out[1] != netip.MustParseAddr("10.0.0.1") {
 		t.Errorf("normAddrs: %v", out)
+	}
+}
+
+// SM_NOTIFY is limited before it reaches the registry: a sender that
+// alternates states (each new to the registry) gets NotifyBurst of them
+// committed, then none — unanswered, so a real peer retransmits — until a
+// token is back; a forged notification for a monitored name from another
+// address draws on the name's bucket too; another monitored host is not
+// affected; and the held-back ones are counted.
+func TestNotifyRateLimitedPerSenderAndPerName(t *testing.T) {
+	now := time.Unix(1700000000, 0)
+	reg := prometheus.NewRegistry()
+	s := newNSMServer(t, Config{Now: func() time.Time { return now }, NotifyBurst: 2, NotifyEvery: 10 * time.Second, Metrics: NewMetrics(reg)})
+	c := s.dial(t, "tcp", lo, false)
+	for _, name := range []string{"10.0.0.1", "10.0.0.2"} {
+		var res SMStatRes
+		if err := call(t, c, ProcMon, mon(name, lockd), &res); err != nil || res.Res != StatSucc {
+			t.Fatalf("SM_MON %s: %v %+v", name, err, res)
+		}
+	}
+	notify := func(from, name string, state int32) error {
+		w := oncrpc.NewWriter(nil)
+		(&StatChge{MonName: name, State: state}).MarshalXDR(w)
+		return s.svc.ServeRPC(context.Background(), &oncrpc.Call{Prog: Program.Prog, Vers: Program.Vers, Proc: ProcNotify,
+			Net: "udp", Remote: netip.AddrPortFrom(netip.MustParseAddr(from), 900), Args: oncrpc.NewReader(w.Bytes())}, oncrpc.NewWriter(nil))
+	}
+	events := func() int { _, _, ev := s.reg.snapshot(); return len(ev) }
+	// Alternating states from one sender: 2 committed, then held back.
+	for i, st := range []int32{3, 5, 7, 9} {
+		err := notify("127.0.0.50", "10.0.0.1", st)
+		if limited := errors.Is(err, oncrpc.ErrNoReply); limited != (i >= 2) {
+			t.Fatalf("notification %d: %v", i, err)
+		}
+	}
+	if n := events(); n != 2 {
+		t.Fatalf("%d committed, want 2", n)
+	}
+	// Another sender, same name: the name's bucket is empty too.
+	if err := notify("127.0.0.51", "10.0.0.1", 11); !errors.Is(err, oncrpc.ErrNoReply) {
+		t.Fatalf("same name from another sender: %v", err)
+	}
+	// Another monitored host, its own sender: committed.
+	if err := notify("127.0.0.52", "10.0.0.2", 3); err != nil {
+		t.Fatalf("another host: %v", err)
+	}
+	// A token back after NotifyEvery: the retransmission gets in.
+	now = now.Add(10 * time.Second)
+	if err := notify("127.0.0.50", "10.0.0.1", 9); err != nil {
+		t.Fatalf("after a token came back: %v", err)
+	}
+	if n := events(); n != 4 {
+		t.Fatalf("%d committed, want 4", n)
+	}
+	if got := testutil.GatheredValue(t, reg, "nsmd_notify_received_total", "result", "rate_limited"); got != 3 {
+		t.Fatalf("rate_limited counted %v, want 3", got)
+	}
+}
+
+// Refused calls are all counted, but logged at most once a minute per
+// caller address, the next line saying how many were held back: an
+// untrusted UDP flood does not write the journal full.
+func TestRefusalsLoggedOncePerMinutePerCaller(t *testing.T) {
+	var clock atomic.Int64 // Unix ns; the server reads it from its goroutines
+	clock.Store(time.Unix(1700000000, 0).UnixNano())
+	logs := &testutil.LockedBuffer{}
+	reg := prometheus.NewRegistry()
+	s := newNSMServer(t, Config{Now: func() time.Time { return time.Unix(0, clock.Load()) }, Metrics: NewMetrics(reg),
+		LoopbackTrusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		Logger:          slog.New(slog.NewTextHandler(logs, nil))})
+	c := s.dial(t, "udp", netip.MustParseAddr("127.0.0.9"), false)
+	for range 50 {
+		var res SMStatRes
+		if err := call(t, c, ProcMon, mon("10.0.0.1", lockd), &res); err != nil || res.Res != StatFail {
+			t.Fatalf("untrusted SM_MON: %v %+v", err, res)
+		}
+	}
+	if n := len(logs.Lines("NSM request refused")); n != 1 {
+		t.Fatalf("%d refusal lines for 50 refusals within a minute, want 1", n)
+	}
+	if got := testutil.GatheredValue(t, reg, "nsmd_mon_refused_total", "reason", "untrusted"); got != 50 {
+		t.Fatalf("refusals counted %v, want 50", got)
+	}
+	clock.Add(int64(time.Minute))
+	var res SMStatRes
+	call(t, c, ProcMon, mon("10.0.0.1", lockd), &res)
+	lines := logs.Lines("NSM request refused")
+	if len(lines) != 2 || !strings.Contains(lines[1], "suppressed=49") {
+		t.Fatalf("refusal lines after a minute: %q, want a second with suppressed=49", lines)
 	}
 }

@@ -38,7 +38,7 @@ func (s *Service) unmonitor(ctx context.Context, c *oncrpc.Call, args *MonID, ou
 	if !ValidName(args.My.MyName) {
 		return fmt.Errorf("my_name %q: %w", args.My.MyName, ErrBadName)
 	}
-	state, err := s.reg.Unmonitor(ctx, args.FSM())
+	state, err := s.reg.Unmonitor(ctx, args.FSM(), s.owner(c))
 	if err != nil {
 		out.State = -1
 		return fmt.Errorf("nsm: unmonitor %q: %w", args.MonName, err)

@@ -30,7 +30,7 @@ func (s *Service) unmonitorAll(ctx context.Context, c *oncrpc.Call, args *MyID, 
 	if !ValidName(args.MyName) {
 		return fmt.Errorf("my_name %q: %w", args.MyName, ErrBadName)
 	}
-	state, err := s.reg.UnmonitorAll(ctx, args.FSM())
+	state, err := s.reg.UnmonitorAll(ctx, args.FSM(), s.owner(c))
 	if err != nil {
 		out.State = -1
 		return fmt.Errorf("nsm: unmonitor all of %q: %w", args.MyName, err)

@@ -23,6 +23,11 @@ const (
 	// longest was closed to admit a new one (reported before the new
 	// connection's ConnAccepted).
 	ConnEvictedIdle = "evicted_idle"
+	// ConnAcceptedReserved: a connection from a privileged loopback port
+	// (ServerConfig.ReservedLocal) was admitted although its IP was at
+	// MaxConnsPerHost or MaxConns were open with none idle (instead of
+	// ConnAccepted).
+	ConnAcceptedReserved = "accepted_reserved"
 )
 
 // connEvent indexes the admission events.
@@ -33,6 +38,7 @@ const (
 	evRefusedPerHost
 	evRefusedTotal
 	evEvictedIdle
+	evAcceptedReserved
 	numConnEvents
 )
 
@@ -46,6 +52,8 @@ func (e connEvent) String() string {
 		return ConnRefusedTotal
 	case evEvictedIdle:
 		return ConnEvictedIdle
+	case evAcceptedReserved:
+		return ConnAcceptedReserved
 	}
 	return "unknown"
 }
@@ -74,8 +82,12 @@ func (s *Server) admit(conn net.Conn) (a admission, ok bool) {
 	if s.shutting.Load() {
 		return a, false
 	}
+	privLocal := privilegedLoopback(remote)
+	reserved := false
 	if host.IsValid() {
 		a.hostConns = s.hosts[host]
+	}
+	if host.IsValid() && !privLocal {
 		if a.hostConns >= s.cfg.MaxConnsPerHost {
 			a.event = evRefusedPerHost
 			return a, true
@@ -83,28 +95,48 @@ func (s *Server) admit(conn net.Conn) (a admission, ok bool) {
 	}
 	if s.conns.Len() >= s.cfg.MaxConns {
 		a.victim = s.longestIdle()
-		if a.victim == nil {
+		switch {
+		case a.victim != nil:
+			a.idle = now.Sub(a.victim.last)
+			s.dropConn(a.victim)
+		case privLocal && s.localPriv < s.cfg.ReservedLocal:
+			reserved = true
+		default:
 			a.event = evRefusedTotal
 			return a, true
 		}
-		a.idle = now.Sub(a.victim.last)
-		s.dropConn(a.victim)
 	}
 	sc := &serverConn{
-		s:      s,
-		c:      conn,
-		remote: remote,
-		local:  addrPortOf(conn.LocalAddr()),
-		sem:    make(chan struct{}, s.cfg.MaxInFlight),
-		last:   now,
+		s:         s,
+		c:         conn,
+		remote:    remote,
+		local:     addrPortOf(conn.LocalAddr()),
+		sem:       make(chan struct{}, s.cfg.MaxInFlight),
+		last:      now,
+		privLocal: privLocal,
 	}
 	sc.elem = s.conns.PushBack(sc)
-	if host.IsValid() {
+	switch {
+	case privLocal:
+		s.localPriv++
+		if host.IsValid() && s.hosts[host] >= s.cfg.MaxConnsPerHost {
+			reserved = true // over its IP's cap, thanks to the exemption
+		}
+	case host.IsValid():
 		s.hosts[host]++
 	}
 	s.workers.Add(1)
 	a.event, a.sc = evAccepted, sc
+	if reserved {
+		a.event = evAcceptedReserved
+	}
 	return a, true
+}
+
+// privilegedLoopback reports whether a connection comes from a loopback
+// address and a privileged port (below 1024), which only root can bind.
+func privilegedLoopback(remote netip.AddrPort) bool {
+	return remote.Addr().IsLoopback() && remote.Port() > 0 && remote.Port() < 1024
 }
 
 // longestIdle returns the connection without calls in flight whose last
@@ -131,6 +163,10 @@ func (s *Server) dropConn(sc *serverConn) {
 	}
 	s.conns.Remove(sc.elem)
 	sc.elem = nil
+	if sc.privLocal {
+		s.localPriv--
+		return
+	}
 	if h := sc.remote.Addr(); h.IsValid() {
 		if n := s.hosts[h] - 1; n > 0 {
 			s.hosts[h] = n
@@ -176,6 +212,9 @@ func (s *Server) logConn(ev connEvent, a *admission) {
 	case evRefusedTotal:
 		s.log.Warn("oncrpc: TCP connection refused: at the connection cap and none idle",
 			append(args, "max", s.cfg.MaxConns)...)
+	case evAcceptedReserved:
+		s.log.Warn("oncrpc: admitted a connection from a privileged loopback port beyond the caps (others hold them)",
+			append(args, "host_conns", a.hostConns, "max_per_host", s.cfg.MaxConnsPerHost, "max", s.cfg.MaxConns)...)
 	case evEvictedIdle:
 		s.log.Warn("oncrpc: closed the longest-idle TCP connection to admit a new one",
 			append(args, "evicted", a.victim.remote.String(), "idle", a.idle, "max", s.cfg.MaxConns)...)

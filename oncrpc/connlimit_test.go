@@ -356,11 +356,11 @@ func TestPerHostCapCountsMappedAddressesAsIPv4(t *testing.T) {
 		}
 		return a.event
 	}
-	mapped := &net.TCPAddr{IP: net.ParseIP("::ffff:127.0.0.2"), Port: 1000}
+	mapped := &net.TCPAddr{IP: net.ParseIP("::ffff:127.0.0.2"), Port: 41000}
 	if ev := admit(mapped); ev != evAccepted {
 		t.Fatalf("first connection: %v", ev)
 	}
-	if ev := admit(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 2).To4(), Port: 1001}); ev != evRefusedPerHost {
+	if ev := admit(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 2).To4(), Port: 41001}); ev != evRefusedPerHost {
 		t.Fatalf("second connection from the same host as IPv4: %v, want %v", ev, evRefusedPerHost)
 	}
 	for range 3 {
@@ -370,6 +370,61 @@ func TestPerHostCapCountsMappedAddressesAsIPv4(t *testing.T) {
 	}
 	if got := s.hosts[netip.MustParseAddr("127.0.0.2")]; got != 1 || len(s.hosts) != 1 {
 		t.Fatalf("per-host counts %v", s.hosts)
+	}
+}
+
+// TestPrivilegedLoopbackPortIsNeverLockedOut: other local users fill
+// 127.0.0.1's per-host cap and every slot of MaxConns with busy
+// connections; a connection from a privileged loopback port (lockd's:
+// only root binds one) is still admitted, beyond both caps, up to
+// ReservedLocal of them; the same from an unprivileged port, or from a
+// privileged port of another host, is refused.
+func TestPrivilegedLoopbackPortIsNeverLockedOut(t *testing.T) {
+	s := NewServer(Programs{}, ServerConfig{MaxConnsPerHost: 2, MaxConns: 3, ReservedLocal: 2})
+	admit := func(ip string, port int, busy bool) connEvent {
+		t.Helper()
+		a, ok := s.admit(fakeConn{remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}})
+		if !ok {
+			t.Fatal("admit: shutting down")
+		}
+		if a.sc != nil {
+			if busy {
+				a.sc.sem <- struct{}{} // a call in flight: never evicted
+			}
+			t.Cleanup(func() {
+				s.mu.Lock()
+				s.dropConn(a.sc)
+				s.mu.Unlock()
+				s.workers.Done()
+			})
+		}
+		return a.event
+	}
+	for i, want := range []connEvent{evAccepted, evAccepted, evRefusedPerHost} {
+		if ev := admit("127.0.0.1", 40000+i, true); ev != want {
+			t.Fatalf("local user's connection %d: %v, want %v", i, ev, want)
+		}
+	}
+	// Over 127.0.0.1's cap: lockd is admitted all the same.
+	if ev := admit("127.0.0.1", 700, true); ev != evAcceptedReserved {
+		t.Fatalf("lockd over the per-host cap: %v, want %v", ev, evAcceptedReserved)
+	}
+	// MaxConns (3) reached, every connection busy.
+	if ev := admit("127.0.0.5", 40000, true); ev != evRefusedTotal {
+		t.Fatalf("another local user at the total cap: %v, want %v", ev, evRefusedTotal)
+	}
+	if ev := admit("10.0.0.1", 700, true); ev != evRefusedTotal {
+		t.Fatalf("a privileged port of a remote host at the total cap: %v, want %v", ev, evRefusedTotal)
+	}
+	if ev := admit("127.0.0.1", 701, true); ev != evAcceptedReserved {
+		t.Fatalf("a second lockd connection at the total cap: %v, want %v", ev, evAcceptedReserved)
+	}
+	// ReservedLocal (2) used up.
+	if ev := admit("127.0.0.1", 702, true); ev != evRefusedTotal {
+		t.Fatalf("a third privileged loopback connection: %v, want %v", ev, evRefusedTotal)
+	}
+	if s.localPriv != 2 || s.hosts[netip.MustParseAddr("127.0.0.1")] != 2 {
+		t.Fatalf("accounting: localPriv %d, hosts %v", s.localPriv, s.hosts)
 	}
 }
 

@@ -33,6 +33,14 @@ type ServerConfig struct {
 	// (default 64). A connection over the cap is closed at once. Connections
 	// with no IP remote address (other listeners) are not counted per host.
 	MaxConnsPerHost int
+	// ReservedLocal: a connection from a loopback address and a privileged
+	// source port (below 1024: only root binds one, e.g. the kernel's lockd)
+	// is not counted per host, and up to ReservedLocal such connections are
+	// admitted beyond MaxConns when no connection is idle (reported as
+	// ConnAcceptedReserved). So other local users' connections, however
+	// many, cannot lock lockd out. Default 32; negative: none beyond
+	// MaxConns (they are still exempt from the per-host cap).
+	ReservedLocal int
 	// OnConn, when set, is called from the accept loop with ConnAccepted,
 	// ConnRefusedPerHost, ConnRefusedTotal or ConnEvictedIdle for each
 	// admission decision, so a caller can count them (Conns gives the open
@@ -67,6 +75,9 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	if c.MaxConnsPerHost <= 0 {
 		c.MaxConnsPerHost = 64
 	}
+	if c.ReservedLocal == 0 {
+		c.ReservedLocal = 32
+	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 2 * time.Minute
 	}
@@ -99,6 +110,7 @@ type Server struct {
 	pconns    map[net.PacketConn]struct{}
 	conns     *list.List         // of *serverConn, by last record or accept, oldest first
 	hosts     map[netip.Addr]int // open TCP connections per remote IP
+	localPriv int                // open TCP connections from a privileged loopback port
 	calls     sync.WaitGroup     // in-flight calls; Add only under mu while !shutting
 	workers   sync.WaitGroup     // connection goroutines; Add only under mu while !shutting
 	finished  chan struct{}      // closed when Shutdown returns
@@ -346,7 +358,7 @@ func (s *Server) ServeTCP(l net.Listener) error {
 			continue
 		}
 		go a.sc.serve()
-		s.reportConn(evAccepted, &a)
+		s.reportConn(a.event, &a)
 	}
 }
 
@@ -361,7 +373,9 @@ type serverConn struct {
 
 	// Under s.mu:
 	elem *list.Element // in s.conns; nil once dropped (evicted or closed)
-	last time.Time     // accept or last complete record
+	// privLocal: from a privileged loopback port (ServerConfig.ReservedLocal).
+	privLocal bool
+	last      time.Time // accept or last complete record
 }
 
 // busy reports whether a call read from sc has not been answered yet.

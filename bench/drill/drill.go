@@ -1,7 +1,9 @@
 // Package drill is the failover drill of `nsmd drill` and `nsmd bench
 // failover`: it finds a cluster's nodes through their admin API, faults the
-// leader (a planned transfer, a crash through POST /v1/drill/crash, or an
-// operator's kill command) and times, from the fault, four milestones: a
+// leader (a planned transfer, a crash through POST /v1/drill/crash, an
+// operator's kill command, or a node-level fault run on the leader's
+// machine through the operator's --node-cmd: kill -9, SIGSTOP or a cut of
+// the cluster links, or its hypervisor's pause: node.go) and times, from the fault, four milestones: a
 // new leader elected, the VIP answering NSM NULL, SM_STAT on the VIP with
 // the new sm_state, and the new leader's SM_NOTIFY fan-out complete; then
 // it reads the new leader's own timeline of the takeover (VIP taken, hook
@@ -81,8 +83,10 @@ type Options struct {
 	// admin port is probed (nsmd dev: node i's admin is 127.0.0.i:PORT).
 	Admins  []string
 	VIP     string // host:port of NSM on the VIP; "" = status.vip + the leader's NSM port
-	Fault   string // FaultTransfer | FaultKill | FaultKillCmd
+	Fault   string // FaultTransfer | FaultKill | FaultKillCmd | FaultNSMDKill | FaultNSMDHang | FaultPartition | FaultFreeze
 	KillCmd string
+	// Node says how node-level faults reach the leader's machine.
+	Node    NodeOptions
 	Runs    int
 	Timeout time.Duration // per run: the fault until the last milestone; also the wait between runs
 	Poll    time.Duration // default 20ms
@@ -120,6 +124,9 @@ type Failover struct {
 	// when the run failed before; each manager "not running" on nodes
 	// without kernel nfsd, like nsmd dev).
 	Grace []GraceEnd `json:"grace,omitempty"`
+	// Fence is how the new leader had the old one proven stopped before
+	// it served, and what became of the old server (fence.go).
+	Fence *FenceOutcome `json:"fence,omitempty"`
 	// Steps are the new leader's takeover, step by step (its timeline in
 	// GET /v1/status), in time order: see TakeoverSteps for the clock.
 	Steps []Step `json:"steps,omitempty"`
@@ -226,6 +233,9 @@ type Report struct {
 	// StepStats: the new leaders' takeover steps over the runs (StepStats).
 	StepStats []Stat `json:"step_stats,omitempty"`
 	Stopped   string `json:"stopped,omitempty"` // why fewer runs than asked
+	// FaultDetail is how the fault was made (node-level faults: how long
+	// and through which command prefix).
+	FaultDetail string `json:"fault_detail,omitempty"`
 }
 
 // failed counts the runs that missed a milestone.
@@ -248,6 +258,13 @@ type runner struct {
 	vip    string
 	// down are killed nodes that have not answered since.
 	down map[string]bool
+	// members as /v1/members listed them (a partition's addresses).
+	members []admin.Member
+	// inProcess: the nodes are nsmd dev's, all in one process.
+	inProcess bool
+	// unanswered are the nodes whose status did not answer since the
+	// current run's fault (statuses records them).
+	unanswered map[string]bool
 }
 
 // Run runs o.Runs failovers and returns what it measured. An error
@@ -274,8 +291,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if o.KillCmd == "" {
 			return nil, errors.New("drill: --kill-cmd is empty")
 		}
+	case FaultNSMDKill, FaultNSMDHang, FaultPartition:
+	case FaultFreeze:
+		if strings.TrimSpace(o.Node.FreezeCmd) == "" || strings.TrimSpace(o.Node.ThawCmd) == "" {
+			return nil, errors.New("drill: --fault freeze pauses the leader's machine through its hypervisor: give --freeze-cmd and --thaw-cmd (e.g. 'virsh suspend {node}' and 'virsh resume {node}')")
+		}
 	default:
-		return nil, fmt.Errorf("drill: unknown fault %q", o.Fault)
+		return nil, fmt.Errorf("drill: unknown fault %q (one of %s)", o.Fault, strings.Join(Faults(), ", "))
 	}
 	if o.Auth == nil {
 		o.Auth = &admin.Auth{}
@@ -289,7 +311,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := d.discover(ctx); err != nil {
 		return nil, err
 	}
-	rep := &Report{Date: time.Now().UTC(), Fault: o.Fault, Nodes: d.nodes, Asked: o.Runs, PollMS: float64(o.Poll.Microseconds()) / 1000}
+	if err := d.checkFault(); err != nil {
+		return nil, err
+	}
+	rep := &Report{Date: time.Now().UTC(), Fault: o.Fault, Nodes: d.nodes, Asked: o.Runs, PollMS: float64(o.Poll.Microseconds()) / 1000,
+		FaultDetail: d.faultDetail()}
 	for i := 1; i <= o.Runs; i++ {
 		leader, err := d.waitHealthy(ctx, i)
 		var stop *stopError
@@ -400,6 +426,9 @@ func (d *runner) discover(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
+		if s.Process != nil && s.Process.InProcess {
+			d.inProcess = true
+		}
 		if _, ok := byID[s.NodeID]; !ok {
 			byID[s.NodeID] = &Node{ID: s.NodeID, Admin: hostPort(adm), NSMAddr: s.NSMAddr}
 			order = append(order, s.NodeID)
@@ -418,6 +447,7 @@ func (d *runner) discover(ctx context.Context) error {
 	if len(byID) == 0 {
 		return fmt.Errorf("drill: no admin API answered: %w", errors.Join(errs...))
 	}
+	d.members = members
 	for _, m := range members {
 		n, ok := byID[m.ID]
 		if !ok {
@@ -507,6 +537,9 @@ func (d *runner) statuses(ctx context.Context, skip string, stop func(admin.Stat
 	for range n {
 		a := <-ch
 		out = append(out, a)
+		if a.err != nil && ctx.Err() == nil && d.unanswered != nil {
+			d.unanswered[a.node.ID] = true
+		}
 		if a.err == nil && stop != nil && stop(a.s) {
 			break
 		}
@@ -631,10 +664,22 @@ func (d *runner) findVIP(ctx context.Context, leader Node) error {
 		d.o.VIP = net.JoinHostPort(host, port)
 	}
 	d.vip = d.o.VIP
-	if _, err := vipStat(ctx, d.vip); err != nil {
-		return fmt.Errorf("drill: the VIP %s does not answer SM_STAT before the drill (use --vip): %w", d.vip, err)
+	// A new holder may need a moment (a drill right after a failover):
+	// retry up to the timeout before giving up.
+	deadline := time.Now().Add(d.o.Timeout)
+	for {
+		_, err := vipStat(ctx, d.vip)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("drill: the VIP %s does not answer SM_STAT before the drill (use --vip): %w", d.vip, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(healthPoll):
+		}
 	}
-	return nil
 }
 
 func vipDial(ctx context.Context, addr string) (*oncrpc.Client, error) {
@@ -678,10 +723,11 @@ type faultResult struct {
 func (d *runner) fault(ctx context.Context, leader Node) <-chan faultResult {
 	ch := make(chan faultResult, 1)
 	go func() {
+		crash := d.crashes()
 		switch d.o.Fault {
-		case FaultTransfer, FaultKill:
+		case FaultTransfer, FaultKill, FaultNSMDKill:
 			path := "/v1/leadership/transfer"
-			if d.o.Fault == FaultKill {
+			if crash {
 				path = "/v1/drill/crash"
 			}
 			var res map[string]string
@@ -690,7 +736,7 @@ func (d *runner) fault(ctx context.Context, leader Node) <-chan faultResult {
 			switch {
 			case errors.As(err, &he):
 				ch <- faultResult{err: err, definitive: true}
-			case err != nil && d.o.Fault == FaultKill:
+			case err != nil && crash:
 				// The node may die before its answer gets out.
 				ch <- faultResult{note: "crash call got no answer (node died first?): " + err.Error()}
 			case err != nil:
@@ -726,10 +772,14 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 	}
 	r.OldState = s.SMState
 	oldTerm := s.Term
+	oldProc := s.Process
 
-	t0 := time.Now()
+	faultCh, t0, err := d.startFault(ctx, leader, s)
+	if err != nil {
+		return r, fmt.Errorf("drill: fault on %s: %w", leader.ID, err)
+	}
 	r.FaultAt = t0.UTC()
-	faultCh := d.fault(ctx, leader)
+	d.unanswered = map[string]bool{}
 	faultDone := false
 	if d.o.Fault != FaultTransfer {
 		d.down[leader.ID] = true
@@ -742,7 +792,7 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 			d.progressf("run %d: %-26s %8s  (%s)\n", n, r.Milestones[i].Label, FormatDuration(r.Milestones[i].After), d.milestoneNote(&r, i))
 		}
 	}
-	d.progressf("run %d/%d: %s on leader %s (sm_state %d)\n", n, d.o.Runs, FaultLabel(d.o.Fault), leader.ID, r.OldState)
+	d.progressf("run %d/%d: %s on leader %s (sm_state %d)\n", n, d.o.Runs, d.faultLabel(), leader.ID, r.OldState)
 
 	deadline := t0.Add(d.o.Timeout)
 	tick := time.NewTicker(d.o.Poll)
@@ -850,14 +900,22 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 		d.waitGrace(ctx, &r, t0, deadline)
 		d.takeoverSteps(ctx, &r)
 	}
+	if r.NewLeader != "" {
+		d.fenceWait(ctx, &r)
+	}
 	if r.Err != "" {
 		d.progressf("run %d: %s\n", n, r.Err)
 	}
-	if !faultDone { // bounded by the timeout
+	if !faultDone { // bounded by the timeout (node-level faults: by their hold)
 		if fr := <-faultCh; fr.note != "" || fr.err != nil {
 			r.FaultNote = fr.note
 		}
 	}
+	if r.Fence == nil {
+		r.Fence = &FenceOutcome{}
+	}
+	d.oldServer(ctx, &r, leader, oldProc, t0)
+	d.progressf("run %d: old server %s: %s; %s\n", n, leader.ID, FenceLine(r.Fence), OldLine(r.Fence))
 	return r, nil
 }
 
@@ -981,6 +1039,14 @@ func FaultLabel(f string) string {
 		return "crash (POST /v1/drill/crash)"
 	case FaultKillCmd:
 		return "kill command"
+	case FaultNSMDKill:
+		return "kill -9 of nsmd"
+	case FaultNSMDHang:
+		return "nsmd hung (SIGSTOP)"
+	case FaultPartition:
+		return "cluster links cut"
+	case FaultFreeze:
+		return "machine frozen"
 	}
 	return "planned leadership transfer"
 }
@@ -1062,6 +1128,9 @@ func Print(w io.Writer, rep *Report) error {
 		ids = append(ids, n.ID)
 	}
 	fmt.Fprintf(w, "\ndrill: %s, %d of %d runs, VIP %s, nodes %s, polling every %s\n", FaultLabel(rep.Fault), len(rep.Runs), rep.Asked, rep.VIP, strings.Join(ids, " "), FormatMS(rep.PollMS))
+	if rep.FaultDetail != "" {
+		fmt.Fprintf(w, "fault: %s\n", rep.FaultDetail)
+	}
 	for _, r := range rep.Runs {
 		fmt.Fprintf(w, "run %d at %s: leader %s -> %s, sm_state %d -> %d", r.Run, r.FaultAt.Local().Format("15:04:05"), r.OldLeader, dash(r.NewLeader), r.OldState, r.NewState)
 		if r.Err != "" {
@@ -1132,6 +1201,9 @@ func Print(w io.Writer, rep *Report) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+	}
+	if err := printFence(w, rep); err != nil {
+		return err
 	}
 	if rep.Stopped != "" {
 		fmt.Fprintf(w, "\nstopped early: %s\n", rep.Stopped)

@@ -34,6 +34,8 @@ func WriteReport(w io.Writer, rep *Report) error {
 		"dur":   FormatDuration,
 		"ms":    FormatMS,
 		"fault": FaultLabel,
+		"fence": FenceLine,
+		"old":   OldLine,
 		"date":  func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 MST") },
 		"clock": func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
 		"step": func(r Failover, name string) string {
@@ -194,6 +196,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 <body>
 <h1>nsmd failover drill</h1>
 <p>{{date .R.Date}} — {{fault .R.Fault}}, {{len .R.Runs}} of {{.R.Asked}} run(s), VIP <code>{{.R.VIP}}</code>.</p>
+{{with .R.FaultDetail}}<p>Fault: {{.}}</p>{{end}}
 {{with .R.Stopped}}<p class="bad">Stopped early: {{.}}</p>{{end}}
 
 <h2>Cluster</h2>
@@ -204,10 +207,15 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 
 <h2>Runs</h2>
 <table>
-<tr><th>run</th><th>fault at (UTC)</th><th>old leader</th><th>new leader</th><th>old sm_state</th><th>new sm_state</th><th>result</th></tr>
+<tr><th>run</th><th>fault at (UTC)</th><th>old leader</th><th>new leader</th><th>old sm_state</th><th>new sm_state</th><th>result</th><th>old server proven stopped</th><th>old server afterwards</th></tr>
 {{range .R.Runs}}<tr><td class="num">{{.Run}}</td><td>{{clock .FaultAt}}</td><td>{{.OldLeader}}</td><td>{{.NewLeader}}</td><td class="num">{{.OldState}}</td><td class="num">{{.NewState}}</td>
-<td>{{if .Err}}<span class="bad">{{.Err}}</span>{{else}}all milestones reached{{end}}{{with .FaultNote}} <span class="note">({{.}})</span>{{end}}</td></tr>
+<td>{{if .Err}}<span class="bad">{{.Err}}</span>{{else}}all milestones reached{{end}}{{with .FaultNote}} <span class="note">({{.}})</span>{{end}}</td>
+<td>{{fence .Fence}}{{with .Fence}}{{with .Detail}} <span class="note">({{.}})</span>{{end}}{{end}}</td><td>{{old .Fence}}</td></tr>
 {{end}}</table>
+<p class="note">Proven stopped: what the new leader waited for before its on_leader hook (its status's fence.last_wait):
+clean = the old server said its stop succeeded; agent = the fence agent reported it off; watchdog = its watchdog must have reset it by then.
+Afterwards: the old server's status once it answered again — reset = another boot id, restarted = another nsmd start on the same boot,
+kept running = the same process.</p>
 
 <h2>Milestones (time since the fault)</h2>
 <table>

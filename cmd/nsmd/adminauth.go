@@ -22,4 +22,5 @@ func authFlags(fs *pflag.FlagSet, o *admin.Auth) {
 	fs.StringVar(&o.Cert, "tls-cert", envOr("NSMD_TLS_CERT", ""), "client certificate (nsmd tls cert --client) [env NSMD_TLS_CERT]")
 	fs.StringVar(&o.Key, "tls-key", envOr("NSMD_TLS_KEY", ""), "its key [env NSMD_TLS_KEY]")
 	fs.StringVar(&o.TokenFile, "token-file", envOr("NSMD_ADMIN_TOKEN_FILE", ""), "file with the admin bearer token [env NSMD_ADMIN_TOKEN_FILE]")
+	fs.StringVar(&o.LocalTokenFile, "local-token-file", envOr("NSMD_ADMIN_LOCAL_TOKEN_FILE", admin.DefaultLocalTokenFile), "the local agent's admin token (its admin_local_token_file), sent to a loopback address when --token-file is not given and the file is readable [env NSMD_ADMIN_LOCAL_TOKEN_FILE]")
 }

@@ -280,3 +280,116 @@ func TestDrillKillRunsOnDevRestart(t *testing.T) {
 	}
 	t.Logf("3 kill runs on nsmd dev, leaders killed %v", killed)
 }
+
+// TestDrillFaultFlags: --fault and the flags of the old faults and of the
+// node-level ones: conflicts and flags a fault does not use are refused,
+// naming both, before any cluster is asked.
+func TestDrillFaultFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string // error substring; "" = accepted (then fails later: no cluster)
+	}{
+		{[]string{"--fault", "nsmd-kill", "--kill"}, "--fault nsmd-kill and --kill: give one"},
+		{[]string{"--fault", "kill", "--kill-cmd", "true"}, "--fault kill and --kill-cmd: give one"},
+		{[]string{"--kill", "--kill-cmd", "true"}, "[kill kill-cmd]"},
+		{[]string{"--fault", "meltdown"}, `--fault "meltdown": not one of transfer, kill, nsmd-kill, nsmd-hang, partition, freeze`},
+		{[]string{"--fault", "partition", "--hang-for", "3s", "--node-cmd", "ssh {addr}"}, "--hang-for is for --fault nsmd-hang, not partition"},
+		{[]string{"--fault", "transfer", "--node-cmd", "ssh {addr}"}, "--node-cmd is for --fault nsmd-kill or nsmd-hang or partition, not transfer"},
+		{[]string{"--kill", "--cut-for", "3s"}, "--cut-for is for --fault partition, not kill"},
+		{[]string{"--fault", "freeze", "--freeze-cmd", "virsh suspend {node}"}, "give --freeze-cmd and --thaw-cmd"},
+		{[]string{"--fault", "freeze", "--node-cmd", "ssh {addr}", "--freeze-cmd", "a", "--thaw-cmd", "b"}, "--node-cmd is for"},
+		{[]string{"--fault", "nsmd-hang", "--node-cmd", "ssh {addr}", "--hang-for", "9s", "--nsmd-pidfile", "/run/nsmd.pid"}, ""},
+		{[]string{"--kill-cmd", "true"}, ""},
+		{[]string{"--fault", "kill-cmd"}, "give --kill-cmd CMD"},
+	} {
+		cmd := drillCmd()
+		var out, errOut bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&errOut)
+		// An admin address nothing listens on: accepted flags fail at the cluster.
+		cmd.SetArgs(append([]string{"--admin", "127.0.0.1:1", "--timeout", "1s"}, c.args...))
+		err := cmd.ExecuteContext(context.Background())
+		switch {
+		case c.want == "" && (err == nil || !strings.Contains(err.Error(), "no admin API answered")):
+			t.Errorf("%v: %v, want it accepted (and the cluster not found)", c.args, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestDrillNSMDKillOnDev: on nsmd dev, --fault nsmd-kill is the
+// in-process crash; the report says no fence wait was needed (no node
+// serves storage) and that the old node came back restarted. The faults
+// that need a machine of their own are refused first, saying why and
+// what to use, with nothing done to the cluster.
+func TestDrillNSMDKillOnDev(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	t.Parallel()
+	o := agenttest.DevOptions(t, "127.0.0.124", 3)
+	o.RestartAfter = 300 * time.Millisecond
+	d := agenttest.StartDev(t, o, agent.Options{})
+	agenttest.Leader(t, d, nil, 10*time.Second)
+	term := func() uint64 { return d.Agent(0).Status().Term }
+	before := term()
+	for _, args := range [][]string{{"--fault", "nsmd-hang", "--node-cmd", "ssh root@{addr}"}, {"--fault", "partition", "--node-cmd", "ssh root@{addr}"},
+		{"--fault", "freeze", "--freeze-cmd", "virsh suspend {node}", "--thaw-cmd", "virsh resume {node}"}} {
+		cmd := drillCmd()
+		var out, errOut bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&errOut)
+		cmd.SetArgs(append([]string{"--admin", d.Agent(0).AdminURL()}, args...))
+		err := cmd.ExecuteContext(context.Background())
+		if err == nil || !strings.Contains(err.Error(), "cannot run on nsmd dev") || !strings.Contains(err.Error(), "--node-cmd") ||
+			!strings.Contains(err.Error(), "e2e") || !strings.Contains(err.Error(), "nsmd-kill") {
+			t.Errorf("%v on nsmd dev: %v", args, err)
+		}
+	}
+	if term() != before {
+		t.Fatalf("a refused drill changed the term %d -> %d", before, term())
+	}
+
+	html := filepath.Join(t.TempDir(), "nsmd-kill.html")
+	cmd := drillCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"--admin", d.Agent(0).AdminURL(), "--fault", "nsmd-kill", "--json", "--report", html, "--timeout", "15s", "--poll", "10ms"})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("nsmd drill --fault nsmd-kill: %v\n%s", err, errOut.String())
+	}
+	var rep drill.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("--json: %v\n%s", err, out.String())
+	}
+	if rep.Fault != drill.FaultNSMDKill || len(rep.Runs) != 1 || !strings.Contains(rep.FaultDetail, "in-process") {
+		t.Fatalf("report %+v", rep)
+	}
+	r := rep.Runs[0]
+	// The killed node, restarted 300 ms later on its data, may win the
+	// new term itself: a new term and sm_state +2 either way.
+	if !r.Complete() || r.NewLeader == "" || r.NewState != r.OldState+2 {
+		t.Fatalf("run %+v\n%s", r, errOut.String())
+	}
+	f := r.Fence
+	if f == nil || f.Mode != "none" || f.By != "" || !strings.Contains(f.Note, "serves no storage") {
+		t.Errorf("fence %+v, want no wait on nsmd dev", f)
+	}
+	if f != nil && (f.Old.Outcome != drill.OldRestarted || !f.Old.Unreachable || f.Old.BackAfterMS < 300) {
+		t.Errorf("old server %+v, want restarted after being unreachable for at least the restart delay", f.Old)
+	}
+	if !strings.Contains(errOut.String(), "old server "+r.OldLeader+": no fence wait") || !strings.Contains(errOut.String(), "nsmd restarted") {
+		t.Errorf("progress:\n%s", errOut.String())
+	}
+	b, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"old server proven stopped", "nsmd restarted (same boot)", "in-process"} {
+		if !strings.Contains(string(b), w) {
+			t.Errorf("HTML lacks %q", w)
+		}
+	}
+}

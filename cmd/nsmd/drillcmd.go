@@ -1,13 +1,16 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/bench/drill"
@@ -17,6 +20,7 @@ import (
 func drillCmd() *cobra.Command {
 	var (
 		admins, killCmd, report string
+		fault                   string
 		o                       drill.Options
 		kill, asJSON            bool
 		auth                    admin.Auth
@@ -34,6 +38,22 @@ The fault is a planned leadership transfer unless --kill (POST /v1/drill/crash
 on the leader, which must run with drill_crash: true, as nsmd dev does) or
 --kill-cmd (a shell command given NSMD_LEADER_ID and NSMD_LEADER_ADMIN).
 
+--fault names the fault instead: transfer (the default), kill (= --kill),
+nsmd-kill (kill -9 of the leader's nsmd), nsmd-hang (SIGSTOP of it for
+--hang-for, then SIGCONT), partition (the leader's raft, gossip and NSM
+traffic to and from the other members dropped for --cut-for by an nft table
+of its own, inet ` + drill.NFTTable + `, deleted afterwards; clients still reach it)
+and freeze (--freeze-cmd, --freeze-for, then --thaw-cmd: the hypervisor
+pauses the leader's machine). nsmd-kill, nsmd-hang and partition run on the
+leader's machine through --node-cmd, a prefix such as 'ssh root@{addr}'
+({node}: the leader's node id, {addr}: the host of its admin address, each
+quoted as one shell word); they find nsmd's PID in --nsmd-pidfile or from
+systemd (systemctl show -p MainPID), never by name. On nsmd dev (one
+process) only transfer, kill and nsmd-kill (both its in-process crash) run.
+After each run the report says how the new leader had the old one proven
+stopped (its fence.last_wait: clean, agent or watchdog, and when) and
+whether the old server was reset, restarted or kept running.
+
 --admin takes one or more admin addresses (comma separated). Nodes not given
 are found from /v1/members by probing their NSM host with the given admin
 ports, which finds every node of nsmd dev from one address; otherwise list
@@ -49,14 +69,11 @@ says so.`,
 					o.Admins = append(o.Admins, a)
 				}
 			}
-			switch {
-			case kill:
-				o.Fault = drill.FaultKill
-			case killCmd != "":
-				o.Fault, o.KillCmd = drill.FaultKillCmd, killCmd
-			default:
-				o.Fault = drill.FaultTransfer
+			var err error
+			if o.Fault, err = drillFault(cmd.Flags(), fault, kill, killCmd); err != nil {
+				return err
 			}
+			o.KillCmd = killCmd
 			o.Auth = &auth
 			o.Progress = cmd.ErrOrStderr()
 			o.TTY = isTerminal(o.Progress)
@@ -95,8 +112,58 @@ says so.`,
 	f.StringVar(&report, "report", "", "write a self-contained HTML report to this file")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
 	authFlags(f, &auth)
+	f.StringVar(&fault, "fault", "", "the fault: "+strings.Join(drill.Faults(), ", ")+" (default transfer; --kill is kill)")
+	f.StringVar(&o.Node.NodeCmd, "node-cmd", "", "prefix that runs a command on the leader's machine for nsmd-kill, nsmd-hang, partition ({node}, {addr}; e.g. 'ssh root@{addr}')")
+	f.StringVar(&o.Node.PIDFile, "nsmd-pidfile", "", "nsmd's PID file on the nodes, {node} and {addr} filled in (nsmd-kill, nsmd-hang; default: systemctl show -p MainPID --nsmd-unit)")
+	f.StringVar(&o.Node.Unit, "nsmd-unit", "nsmd", "nsmd's systemd unit on the nodes (nsmd-kill, nsmd-hang without --nsmd-pidfile)")
+	f.DurationVar(&o.Node.HangFor, "hang-for", 0, "nsmd-hang: how long nsmd stays stopped (default: the leader's fence_timeout + 3s, 8s without a watchdog)")
+	f.DurationVar(&o.Node.CutFor, "cut-for", 0, "partition: how long the cluster links stay cut (default as --hang-for)")
+	f.StringVar(&o.Node.FreezeCmd, "freeze-cmd", "", "freeze: command that pauses the leader's machine, run here ({node}, {addr}; e.g. 'virsh suspend {node}')")
+	f.StringVar(&o.Node.ThawCmd, "thaw-cmd", "", "freeze: command that resumes it ({node}, {addr}; e.g. 'virsh resume {node}')")
+	f.DurationVar(&o.Node.FreezeFor, "freeze-for", 0, "freeze: how long the machine stays paused (default as --hang-for)")
 	cmd.MarkFlagsMutuallyExclusive("kill", "kill-cmd")
 	return cmd
+}
+
+// drillFault settles the fault from --fault, --kill and --kill-cmd, and
+// refuses flags the fault does not use.
+func drillFault(f *pflag.FlagSet, fault string, kill bool, killCmd string) (string, error) {
+	switch {
+	case f.Changed("fault") && kill:
+		return "", fmt.Errorf("--fault %s and --kill: give one (--kill is --fault kill)", fault)
+	case f.Changed("fault") && f.Changed("kill-cmd"):
+		return "", fmt.Errorf("--fault %s and --kill-cmd: give one (--kill-cmd runs the operator's own command; --fault a built-in one)", fault)
+	case fault == drill.FaultKillCmd:
+		return "", errors.New("--fault kill-cmd: give --kill-cmd CMD (the operator's own command) instead")
+	case kill:
+		fault = drill.FaultKill
+	case killCmd != "":
+		fault = drill.FaultKillCmd
+	case fault == "":
+		fault = drill.FaultTransfer
+	}
+	if fault != drill.FaultKillCmd && !slices.Contains(drill.Faults(), fault) {
+		return "", fmt.Errorf("--fault %q: not one of %s", fault, strings.Join(drill.Faults(), ", "))
+	}
+	uses := map[string][]string{
+		"node-cmd":     {drill.FaultNSMDKill, drill.FaultNSMDHang, drill.FaultPartition},
+		"nsmd-pidfile": {drill.FaultNSMDKill, drill.FaultNSMDHang},
+		"nsmd-unit":    {drill.FaultNSMDKill, drill.FaultNSMDHang},
+		"hang-for":     {drill.FaultNSMDHang},
+		"cut-for":      {drill.FaultPartition},
+		"freeze-cmd":   {drill.FaultFreeze},
+		"thaw-cmd":     {drill.FaultFreeze},
+		"freeze-for":   {drill.FaultFreeze},
+	}
+	for _, name := range []string{"node-cmd", "nsmd-pidfile", "nsmd-unit", "hang-for", "cut-for", "freeze-cmd", "thaw-cmd", "freeze-for"} {
+		if f.Changed(name) && !slices.Contains(uses[name], fault) {
+			return "", fmt.Errorf("--%s is for --fault %s, not %s", name, strings.Join(uses[name], " or "), fault)
+		}
+	}
+	if fault == drill.FaultFreeze && (!f.Changed("freeze-cmd") || !f.Changed("thaw-cmd")) {
+		return "", errors.New("--fault freeze pauses the leader's machine through its hypervisor: give --freeze-cmd and --thaw-cmd (e.g. 'virsh suspend {node}' and 'virsh resume {node}')")
+	}
+	return fault, nil
 }
 
 func isTerminal(w io.Writer) bool {

@@ -150,6 +150,7 @@ func TestDebContentsModesAndOwners(t *testing.T) {
 		"/usr/share/doc/nsmd/running.md":                  {"-rw-r--r--", "root/root"},
 		"/usr/share/doc/nsmd/ha-pair.md":                  {"-rw-r--r--", "root/root"},
 		"/usr/share/doc/nsmd/monitoring.md":               {"-rw-r--r--", "root/root"},
+		"/usr/share/doc/nsmd/security.md":                 {"-rw-r--r--", "root/root"},
 		"/usr/share/doc/nsmd/examples/hooks-as-root.conf": {"-rw-r--r--", "root/root"},
 		"/var/lib/nsmd":                                   {"drwxr-x---", "root/root"},
 	}
