@@ -396,7 +396,10 @@ func haPairKeepsLocks(t *testing.T, series string, full bool) {
 				if _, out, err := v.try(5*time.Second, "dmesg | tail -n 25"); err == nil {
 					t.Logf("== %s dmesg:\n%s", v.name, out)
 				}
-				if _, out, err := v.try(5*time.Second, "dmesg | grep -B3 -A14 -E 'WARNING|BUG|Oops' | head -n 60"); err == nil && strings.TrimSpace(out) != "" {
+				if _, out, err := v.try(10*time.Second, `for p in /proc/[0-9]*; do s=$(sed -n 's/^State:\t\(.\).*/\1/p' $p/status 2>/dev/null); [ "$s" = D ] || continue; echo "== pid ${p#/proc/} $(tr '\0' ' ' < $p/cmdline)"; cat $p/stack 2>/dev/null | head -n 16; done`); err == nil && strings.TrimSpace(out) != "" {
+					t.Logf("== %s kernel %s tasks in D state:\n%s", v.name, series, out)
+				}
+				if _, out, err := v.try(5*time.Second, "dmesg | grep -B3 -A14 -E 'WARNING|BUG|Oops|blocked for more' | head -n 60"); err == nil && strings.TrimSpace(out) != "" {
 					t.Logf("== %s kernel %s warnings:\n%s", v.name, series, out)
 				}
 			}
