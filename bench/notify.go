@@ -725,7 +725,7 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	case FaultKill:
 		leader.Kill()
 	case FaultTransfer:
-		if err := leader.Node().Raft().LeadershipTransfer().Error(); err != nil {
+		if err := leader.Node().TransferLeadership(""); err != nil {
 			return nil, fmt.Errorf("leadership transfer: %w", err)
 		}
 	}

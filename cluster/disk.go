@@ -181,8 +181,12 @@ func (d *diskHealth) run(done <-chan struct{}, probeEvery time.Duration) {
 			if d.n.raft != nil && d.n.raft.State() == raft.Leader {
 				// Found by the probe while leading: let a node that can
 				// write lead (raft steps us down by itself at our next
-				// failed write otherwise).
-				if err := d.n.raft.LeadershipTransfer().Error(); err != nil {
+				// failed write otherwise). Never the witness; the next
+				// target only once the last one's election cannot still
+				// be under way (successor.go).
+				if _, err := d.n.moveLeadership(moveDiskDown); errors.Is(err, ErrNoSuccessor) {
+					d.n.log.Debug("data directory not writable and no other serving node may lead: keeping leadership")
+				} else if err != nil {
 					d.n.log.Warn("cannot hand leadership away from an unwritable node", "err", err)
 				}
 			}

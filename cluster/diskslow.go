@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"math"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -11,9 +13,14 @@ import (
 // is answered after the leader's own fsync, whatever its followers do. A
 // slow follower costs nothing while the others make the quorum. So a node
 // whose writes are persistently slow stays out of leadership: a slow
-// leader hands leadership to a serving voter (never a witness), and while
+// leader hands leadership to a serving voter whose disk is measured faster
+// (successor.go: never a witness, never an equally slow node), and while
 // slow it does not campaign (the same stretched timeouts as a full disk);
-// it keeps voting and following.
+// it keeps voting and following. Each node tells the others what it
+// measures (diskReport, in its gossip metadata): judged slow, slowing down
+// ("suspect": a quarter of its writes over slowWindow over the threshold,
+// so that a disk that just slowed down is no target before its own
+// verdict is in), unwritable, and its median write.
 //
 // "Slow" is the median of the data directory's writes (raft log and stable
 // store commits, and the probe's 64 KiB write + fsync) over the last
@@ -31,12 +38,15 @@ import (
 // the probe runs every slowProbeEvery to decide quickly.
 //
 // Every change of leader costs a takeover (sm_state bump, grace, SM_NOTIFY
-// to every client), so the hand-off happens at most once per slow episode:
-// if leadership comes back while still slow (every other serving node is
-// slow too, or gone), this node keeps it. And a slow node must not leave
-// the cluster leaderless: when it has heard from no leader for
-// slowLastResort election timeouts it becomes eligible again (a slow
-// leader beats none).
+// to every client), so the hand-off happens at most once per slow episode,
+// and only when it gains something: when every other serving node is as
+// slow (a shared array's hiccup slows every fsync at once) the slow leader
+// keeps leading and says so once; handing over would have moved
+// leadership round the equally slow nodes, one takeover per hop. If
+// leadership comes back while still slow, this node keeps it. And a slow
+// node must not leave the cluster leaderless: when it has heard from no
+// leader for slowLastResort election timeouts it becomes eligible again
+// (a slow leader beats none).
 
 const (
 	defaultDiskSlowThreshold = 50 * time.Millisecond
@@ -47,6 +57,18 @@ const (
 	slowLastResort           = 3 // election timeouts with no leader heard
 	slowMaxSamples           = 4096
 	slowMaxAge               = 10 * time.Second
+	// A disk that slowed down is "suspect" (told in its gossiped report,
+	// so that it is no hand-off target) while at least 1/suspectShare of
+	// its writes over slowWindow, and at least suspectMinWrites, were over
+	// the threshold: when every disk slows at once, the others cross that
+	// line well before the leader's median does. One stalled fsync in a
+	// busy window is not enough: a fast node under load is still a target.
+	suspectShare     = 4
+	suspectMinWrites = 2
+	// slowHandoffSettle: a slow leader hands over no sooner than this
+	// after its verdict, so that the others' reports of a common slowdown
+	// have reached it.
+	slowHandoffSettle = time.Second
 )
 
 type writeSample struct {
@@ -66,7 +88,14 @@ type slowState struct {
 	lastTry      time.Time
 	lastResort   bool // eligible for elections despite the slow disk
 	nextTarget   int  // rotates hand-off targets (one per attempt)
+	declined     bool // "no faster node" said in this episode
+	// anySuccessor (tests only, the negative control): the rule before
+	// successor.go, any serving voter, gossip-alive first.
+	anySuccessor bool
 	episodes     uint64
+	// recent is the median of the writes the verdict looked at, however
+	// few (the gossiped report's; p50 needs slowMinSamples).
+	recent time.Duration
 }
 
 // diskSlowThreshold resolves Config.DiskSlowThreshold: 0 is the default,
@@ -127,16 +156,20 @@ func (d *diskHealth) slowVerdict(now time.Time) (became, cleared, fast bool) {
 		win--
 	}
 	win = min(max(win, slowMinSamples), len(s.samples))
-	if win >= slowMinSamples {
+	s.recent = 0
+	if win > 0 {
 		ds := make([]time.Duration, win)
 		for i, w := range s.samples[len(s.samples)-win:] {
 			ds[i] = w.d
 		}
 		slices.Sort(ds)
-		s.p50 = ds[len(ds)/2]
+		s.recent = ds[len(ds)/2]
+	}
+	if win >= slowMinSamples {
+		s.p50 = s.recent
 		switch {
 		case !s.slow && s.p50 > s.threshold:
-			s.slow, s.since, s.handedOff, s.lastResort = true, now, false, false
+			s.slow, s.since, s.handedOff, s.lastResort, s.declined = true, now, false, false, false
 			s.episodes++
 			became = true
 		case s.slow && s.p50 <= s.threshold/2:
@@ -197,52 +230,50 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 	}
 	d.mu.Lock()
 	s := &d.slowState
-	handedOff, lastTry, lastResort, next := s.handedOff, s.lastTry, s.lastResort, s.nextTarget
+	handedOff, lastTry, lastResort, next, anySuccessor, since := s.handedOff, s.lastTry, s.lastResort, s.nextTarget, s.anySuccessor, s.since
 	d.mu.Unlock()
 	switch r.State() {
 	case raft.Leader:
 		// Not after a last-resort election either: no healthy node took
 		// leadership when it could, so the others are slow or gone.
-		if handedOff || lastResort || d.n.cfg.Witness || now.Sub(lastTry) < slowTransferRetry {
+		if handedOff || lastResort || d.n.cfg.Witness || now.Sub(lastTry) < slowTransferRetry || now.Sub(since) < slowHandoffSettle {
 			return // a witness hands off by itself (handOff)
 		}
-		d.mu.Lock()
-		s.lastTry = now
-		d.mu.Unlock()
-		var to []raft.Server
-		all := d.n.servingVoters()
-		for _, t := range all {
-			if d.n.member == nil || d.n.member.isAlive(string(t.ID)) {
-				to = append(to, t)
+		// Only to a node whose disk is measured faster (successor.go):
+		// when every other one is as slow (a shared array's hiccup), a
+		// move costs a takeover and gains nothing.
+		to := d.n.successors(moveSlowDisk)
+		if anySuccessor {
+			to = d.n.successors(moveShutdown)
+		}
+		if len(to) == 0 {
+			d.mu.Lock()
+			said := s.declined
+			s.declined = true
+			p50 := s.p50
+			d.mu.Unlock()
+			if !said {
+				d.n.metrics.transferDeclined.WithLabelValues(moveSlowDisk.String()).Inc()
+				d.n.log.Warn("data directory slow, but no other serving node's disk is measured faster: keeping leadership",
+					"write_p50", p50, "threshold", s.threshold, "others", describeCandidates(d.n.candidates()))
 			}
-		}
-		if len(to) == 0 {
-			// Gossip lags raft (a voter back from a cut replicates for
-			// seconds before gossip says it is alive): try the others
-			// too, one per slowTransferRetry.
-			to = all
-		}
-		if len(to) == 0 {
-			d.n.log.Warn("data directory slow, but there is no other serving voter: keeping leadership")
 			return
 		}
 		// One target per attempt, the next one next time: a transfer to
-		// a node that is down (no gossip to say so in a static cluster)
-		// holds writes for an election timeout, so it is not retried at
-		// once.
+		// a node that is down (gossip lags) holds writes for an election
+		// timeout, so it is not retried at once.
 		t := to[next%len(to)]
 		d.mu.Lock()
+		s.lastTry = now
 		s.nextTarget = next + 1
 		d.mu.Unlock()
-		if err := r.LeadershipTransferToServer(t.ID, t.Address).Error(); err != nil {
-			d.n.log.Warn("data directory slow: leadership transfer failed; next attempt in a while", "to", t.ID, "err", err, "retry", slowTransferRetry)
-			return
+		if err := d.n.transfer(moveSlowDisk, t); err != nil {
+			return // logged; the next attempt comes after slowTransferRetry
 		}
 		d.mu.Lock()
 		s.handedOff = true
 		d.mu.Unlock()
 		d.n.metrics.diskSlowHandoffs.Inc()
-		d.n.log.Warn("data directory slow: handed leadership over", "to", t.ID)
 	case raft.Follower:
 		if lastResort || d.n.cfg.noSlowLastResort {
 			return
@@ -259,5 +290,51 @@ func (d *diskHealth) slowLeadership(now time.Time) {
 				"last_contact", last, "waited", wait)
 			d.restoreTimeoutsIfOK()
 		}
+	}
+}
+
+// diskReport is what a node tells the others about its data directory,
+// in its gossip metadata ("dk"); the successor policy (successor.go)
+// compares them. A member without one (no gossip, or an older version)
+// has no measured disk.
+type diskReport struct {
+	Slow    bool   `json:"s,omitempty"` // judged slow (the median over slowWindow)
+	Suspect bool   `json:"q,omitempty"` // slowing down: suspectShare of its writes over slowWindow over the threshold
+	Down    bool   `json:"x,omitempty"` // not writable
+	P50us   uint32 `json:"p,omitempty"` // median of its recent writes in µs; 0: none measured
+}
+
+// p50 is the report's median write time.
+func (r diskReport) p50() time.Duration { return time.Duration(r.P50us) * time.Microsecond }
+
+// sameForGossip says whether r and o tell the others the same thing:
+// every flag equal and the median in the same power-of-two bucket (a
+// median that wanders within its bucket is not worth a broadcast).
+func (r diskReport) sameForGossip(o diskReport) bool {
+	return r.Slow == o.Slow && r.Suspect == o.Suspect && r.Down == o.Down && bits.Len32(r.P50us) == bits.Len32(o.P50us)
+}
+
+// report is this node's diskReport now.
+func (d *diskHealth) report(now time.Time) diskReport {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := &d.slowState
+	us := s.recent.Microseconds()
+	us = min(max(us, 0), math.MaxUint32)
+	if us == 0 && s.recent > 0 {
+		us = 1 // measured, under a microsecond
+	}
+	over, all := 0, 0
+	for i := len(s.samples) - 1; i >= 0 && now.Sub(s.samples[i].at) <= slowWindow; i-- {
+		all++
+		if s.samples[i].d > s.threshold {
+			over++
+		}
+	}
+	return diskReport{
+		Slow:    s.slow,
+		Suspect: s.threshold > 0 && over >= suspectMinWrites && over*suspectShare >= all,
+		Down:    !d.ok,
+		P50us:   uint32(us),
 	}
 }

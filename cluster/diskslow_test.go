@@ -6,10 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nsmd/nsmd/internal/slowfs"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // slowDisks mounts a slow passthrough (internal/slowfs) per node; each
@@ -37,6 +40,16 @@ func slowDisks(t *testing.T, n int) ([]string, []*slowfs.FS) {
 	return dirs, fss
 }
 
+// slowDiskTimings are the agent's default timings: tcpCluster's 100 ms
+// ones are shorter than a vote on a slow disk (two fsyncs of the stable
+// store).
+func slowDiskTimings(c *Config) {
+	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
+	if testing.Verbose() {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
+	}
+}
+
 // monFor sends SM_MONs to whichever node leads for d and returns their
 // latencies (failures during a change of leader are skipped).
 func monFor(nodes []*tcpNode, d time.Duration, from int) []time.Duration {
@@ -59,6 +72,38 @@ func monFor(nodes []*tcpNode, d time.Duration, from int) []time.Duration {
 		}
 	}
 	return lat
+}
+
+// monLoad runs writers monFor loops at once for d (write pressure) and
+// returns every latency.
+func monLoad(nodes []*tcpNode, d time.Duration, writers, from int) []time.Duration {
+	var mu sync.Mutex
+	var all []time.Duration
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat := monFor(nodes, d, from+w*1_000_000)
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return all
+}
+
+// equalSlowDisk: every disk gets slowFsync, well over the threshold, but
+// a vote (six fsyncs with bolt) still fits the election timeout, so a
+// transfer between slow nodes can complete: the drill of a shared array
+// that slowed down, not of one that stopped.
+const slowFsync = 60 * time.Millisecond
+
+func equalSlowTimings(c *Config) {
+	slowDiskTimings(c)
+	c.DiskSlowThreshold = 25 * time.Millisecond
+	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
 }
 
 func p50(ds []time.Duration) time.Duration {
@@ -85,15 +130,9 @@ func TestSlowDiskLeaderStepsAside(t *testing.T) {
 	}{{"step-aside", 0}, {"off-negative-control", -1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dirs, fss := slowDisks(t, 3)
-			nodes, took := tcpCluster(t, dirs, func(c *Config) {
+			nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
 				c.DiskSlowThreshold = tc.threshold
-				// The agent's default timings: tcpCluster's 100 ms ones
-				// are shorter than a vote on the slow disk (two fsyncs of
-				// the stable store).
-				c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
-				if testing.Verbose() {
-					c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
-				}
+				slowDiskTimings(c)
 			})
 			first := nextTakeover(t, took, 5*time.Second)
 			var slow *tcpNode
@@ -249,4 +288,191 @@ func TestVerySlowFollowerDiskIsJudgedSlow(t *testing.T) {
 		waitCond(t, 15*time.Second, tn.id+" judges its disk fast again", func() bool { return !tn.n.Disk().Slow })
 		return
 	}
+}
+
+// TestEveryDiskSlowMovesNoLeadership: every node's fsyncs slow down at
+// once (a shared array's hiccup) while clients keep writing. No node is
+// healthier than the leader, so leadership stays: no takeover while every
+// disk is slow, the leader says why once (the declined metric), and no
+// follower campaigns. Negative control: with the rule before the one
+// policy (a slow leader hands to any serving voter) the same drill moves
+// leadership between equally slow nodes.
+func TestEveryDiskSlowMovesNoLeadership(t *testing.T) {
+	const delay = slowFsync
+	const watch = 8 * time.Second
+	for _, tc := range []struct {
+		name string
+		old  bool
+	}{{"stays", false}, {"old-rule-negative-control", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dirs, fss := slowDisks(t, 3)
+			var logs testutil.LockedBuffer
+			nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
+				equalSlowTimings(c)
+				if !testing.Verbose() {
+					c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
+				}
+			})
+			// On a failure, what moved leadership: a transfer, or an
+			// election (a starved heartbeat).
+			defer func() {
+				if t.Failed() {
+					for _, w := range []string{"slow", "handed", "transfer", "election"} {
+						for _, l := range logs.Lines(w) {
+							t.Log(strings.TrimSpace(l))
+						}
+					}
+				}
+			}()
+			nextTakeover(t, took, 10*time.Second)
+			var leader *tcpNode
+			for _, tn := range nodes {
+				tn.n.disk.mu.Lock()
+				tn.n.disk.slowState.anySuccessor = tc.old
+				tn.n.disk.mu.Unlock()
+			}
+			// An election before the fault (a starved heartbeat at start)
+			// is not what this test counts.
+			testutil.WaitFor(t, 5*time.Second, "a settled leader", func() bool {
+				for _, tn := range nodes {
+					if tn.n.IsLeader() && tn.n.Leading() {
+						leader = tn
+						return true
+					}
+				}
+				return false
+			})
+			if err := mon(leader.n, 0); err != nil {
+				t.Fatal(err)
+			}
+			var cands []interface{ Load() int64 }
+			for _, tn := range nodes {
+				cands = append(cands, countCandidacies(t, tn.n))
+			}
+			for len(took) > 0 {
+				<-took
+			}
+			for _, f := range fss {
+				f.SetDelay(delay)
+			}
+			start := time.Now()
+			lat := monLoad(nodes, watch, 8, 1)
+			var moves []takeoverEvent
+			for len(took) > 0 {
+				moves = append(moves, <-took)
+			}
+			everySlow := true
+			for _, tn := range nodes {
+				everySlow = everySlow && tn.n.Disk().Slow
+			}
+			if !everySlow {
+				for _, tn := range nodes {
+					t.Logf("%s: %+v", tn.id, tn.n.Disk())
+				}
+				t.Fatal("not every disk was judged slow: the drill did not make the condition")
+			}
+			if tc.old {
+				if len(moves) == 0 {
+					t.Fatalf("negative control: the old rule moved no leadership in %v with every disk slow", watch)
+				}
+				t.Logf("old rule: %d takeovers in %v with every disk slow (%v)", len(moves), watch, moves)
+				return
+			}
+			if len(moves) > 0 {
+				t.Fatalf("%d takeovers with every disk equally slow: %+v", len(moves), moves)
+			}
+			// (Whether the leader still leads at the end is not asked: on
+			// a starved machine its lease can lapse with every fsync slow,
+			// and it steps down with nobody to take over — no takeover,
+			// which is what counts.)
+			for i, c := range cands {
+				if got := c.Load(); got != 0 {
+					t.Fatalf("%s campaigned %d times with its disk slow", nodes[i].id, got)
+				}
+			}
+			if got := testutil.MetricValue(t, leader.n.metrics.transferDeclined.WithLabelValues(moveSlowDisk.String())); got != 1 {
+				t.Fatalf("declined hand-offs on the slow leader: %v, want 1 (said once per episode)", got)
+			}
+			t.Logf("every fsync +%v for %v: %s kept leading, no takeover, %d SM_MONs (p50 %v)",
+				delay, time.Since(start).Round(time.Millisecond), leader.id, len(lat), p50(lat))
+		})
+	}
+}
+
+// TestSlowLeaderHandsOverOnlyToAFasterNode: three servers and a witness;
+// the leader's disk and one other server's turn slow at once. Leadership
+// goes to the one server whose disk is fast — not to the other slow one,
+// not to the witness — and stays there.
+func TestSlowLeaderHandsOverOnlyToAFasterNode(t *testing.T) {
+	const delay = slowFsync
+	dirs, fss := slowDisks(t, 4)
+	var logs testutil.LockedBuffer
+	nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
+		equalSlowTimings(c)
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", c.NodeID)
+		c.Witness = c.NodeID == "n4"
+		c.Witnesses = []string{"n4"}
+	})
+	witness := nodes[3]
+	nextTakeover(t, took, 10*time.Second)
+	// The leader when the fault starts (an election at start on a starved
+	// machine is not what this test is about).
+	var first takeoverEvent
+	testutil.WaitFor(t, 5*time.Second, "a settled serving leader", func() bool {
+		for _, tn := range nodes[:3] {
+			if tn.n.IsLeader() && tn.n.Leading() {
+				first = takeoverEvent{node: tn.id, state: tn.n.FSM().State()}
+				return true
+			}
+		}
+		return false
+	})
+	for len(took) > 0 {
+		<-took
+	}
+	var leader, slow, fast *tcpNode
+	for i, tn := range nodes[:3] {
+		switch {
+		case tn.id == first.node:
+			leader = tn
+			fss[i].SetDelay(delay)
+		case slow == nil:
+			slow = tn
+			fss[i].SetDelay(delay)
+		default:
+			fast = tn
+		}
+	}
+	start := time.Now()
+	lat := monLoad(nodes, 500*time.Millisecond, 4, 1)
+	next := nextTakeover(t, took, 15*time.Second)
+	if next.node != fast.id || next.state != first.state+2 {
+		t.Fatalf("takeover %+v after %s and %s turned slow; want the fast %s with %d", next, leader.id, slow.id, fast.id, first.state+2)
+	}
+	after := monLoad(nodes, 3*time.Second, 4, 10_000_000)
+	for len(took) > 0 {
+		if ev := <-took; ev.node != fast.id {
+			t.Fatalf("takeover by %s (%+v) after the hand-over to the fast node", ev.node, ev)
+		}
+	}
+	// Every slow-disk transfer went to the fast node: none to the other
+	// slow one, none to the witness. (The witness may still win an
+	// election on a starved machine and hand on; that is no transfer.)
+	handed := logs.Lines("data directory slow: handed leadership over")
+	if len(handed) == 0 {
+		t.Fatalf("no slow-disk transfer logged; log:\n%s", logs.String())
+	}
+	for _, l := range handed {
+		if !strings.Contains(l, " to="+fast.id+" ") {
+			t.Fatalf("a slow-disk transfer not to the fast %s: %s", fast.id, l)
+		}
+	}
+	if got := witness.n.Handoffs(); got != 0 {
+		t.Logf("the witness won %d election(s) and handed on (a starved heartbeat, not a transfer)", got)
+	}
+	if !leader.n.Disk().Slow || !slow.n.Disk().Slow || fast.n.Disk().Slow {
+		t.Fatalf("disks: leader %+v, slow %+v, fast %+v", leader.n.Disk(), slow.n.Disk(), fast.n.Disk())
+	}
+	t.Logf("%s and %s slow (+%v): %s handed over to the fast %s after %v; SM_MON p50 %v before, %v after (%d)",
+		leader.id, slow.id, delay, leader.id, fast.id, time.Since(start).Round(time.Millisecond), p50(lat), p50(after), len(after))
 }

@@ -252,7 +252,7 @@ func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
 			// Its storage is still held and its watchdog resets it: it
 			// neither serves again nor says it does not.
 			n.log.Error("this node's last stop failed: not serving again; handing leadership on")
-			if err := n.TransferLeadership(""); err != nil {
+			if _, err := n.stepAsideAfterFailedTakeover(); err != nil {
 				n.log.Warn("no other serving node took leadership", "err", err)
 			}
 			<-ctx.Done()
@@ -290,7 +290,8 @@ func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
 				return false // the watchdog resets this node
 			}
 		}
-		if err := n.TransferLeadership(""); err == nil {
+		if to, err := n.stepAsideAfterFailedTakeover(); err == nil {
+			n.log.Info("handed leadership on after a failed takeover", "to", to)
 			<-ctx.Done() // the new leader serves
 			return false
 		} else {

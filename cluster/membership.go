@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"slices"
@@ -71,6 +72,9 @@ const (
 	msgLeaveIntent    = byte(1) // user message: "I am leaving on purpose", then the node id
 	defaultReconcile  = 2 * time.Second
 	statePollEvery    = 250 * time.Millisecond
+	diskPollEvery     = 250 * time.Millisecond // how often the disk report is compared with the one advertised
+	diskRepublishMin  = time.Second            // a report with no new trouble is re-advertised at most this often
+	diskUpdateWait    = 10 * time.Millisecond  // how long refreshDisk waits for memberlist to send its update
 	configChangeWait  = 5 * time.Second
 	updateNodeTimeout = time.Second
 	joinBackoffMin    = 200 * time.Millisecond
@@ -92,6 +96,9 @@ type nodeMeta struct {
 	// FSM is the newest optional set of log entry kinds the node applies
 	// (fsm.CommandLevel; absent in older releases: 0).
 	FSM int `json:"fsm,omitempty"`
+	// Disk is the node's data directory as it measures it (diskslow.go);
+	// nil from a node that does not report one.
+	Disk *diskReport `json:"dk,omitempty"`
 }
 
 func decodeMeta(b []byte) (nodeMeta, error) {
@@ -137,6 +144,7 @@ type membership struct {
 	wg   sync.WaitGroup
 
 	// Owned by the loop goroutine.
+	diskAt        time.Time // when the disk report was last advertised
 	hasState      bool
 	bootstrapped  bool
 	warnedCrowd   bool
@@ -180,7 +188,7 @@ func newMembership(n *Node) (*membership, error) {
 		meta: nodeMeta{
 			V: metaVersion, ID: n.cfg.NodeID, Raft: string(n.trans.LocalAddr()),
 			NSM: n.cfg.NSMAddr, Version: n.cfg.Version, Witness: n.cfg.Witness, FSM: n.cfg.commandLevel(),
-			Cluster: gc.ClusterID,
+			Cluster: gc.ClusterID, Disk: &diskReport{},
 		},
 		clusterID:      gc.ClusterID,
 		versionsWarned: map[string]struct{}{},
@@ -192,6 +200,7 @@ func newMembership(n *Node) (*membership, error) {
 	// The largest the metadata can ever get must fit, or memberlist panics.
 	worst := m.meta
 	worst.HasState, worst.Leaving, worst.Witness = true, true, true
+	worst.Disk = &diskReport{Slow: true, Suspect: true, Down: true, P50us: math.MaxUint32}
 	if b, err := json.Marshal(worst); err != nil {
 		return nil, fmt.Errorf("encode gossip metadata: %w", err)
 	} else if len(b) > memberlist.MetaMaxSize {
@@ -524,11 +533,17 @@ func (m *membership) loop(ctx context.Context) {
 	defer rec.Stop()
 	poll := time.NewTicker(statePollEvery)
 	defer poll.Stop()
+	disk := time.NewTicker(diskPollEvery)
+	defer disk.Stop()
 	m.step(ctx, true)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-disk.C:
+			if !m.isLeaving() {
+				m.refreshDisk(time.Now())
+			}
 		case <-m.kick:
 			m.step(ctx, true)
 		case <-rec.C:
@@ -582,6 +597,45 @@ func (m *membership) refreshState() {
 		m.log.Debug("metadata update not broadcast in time", "err", err)
 	}
 	m.log.Debug("advertising raft state", "has_state", has)
+}
+
+// refreshDisk advertises this node's disk report when it tells the others
+// something new: a trouble flag (slow, suspect, unwritable) that turned on
+// at once, anything else — a flag that cleared, a median in another
+// power-of-two bucket — at most every diskRepublishMin. Every update costs
+// each member a metadata event and a reconcile step, and on a loaded
+// machine "suspect" can come and go several times a second. It does not
+// wait for the broadcast (memberlist queues it either way): this loop also
+// runs bootstrap and reconcile.
+func (m *membership) refreshDisk(now time.Time) {
+	r := m.n.disk.report(now)
+	m.mu.Lock()
+	cur := *m.meta.Disk
+	m.mu.Unlock()
+	worse := (r.Slow && !cur.Slow) || (r.Suspect && !cur.Suspect) || (r.Down && !cur.Down)
+	if r.sameForGossip(cur) || (!worse && now.Sub(m.diskAt) < diskRepublishMin) {
+		return
+	}
+	m.diskAt = now
+	m.setMeta(func(md *nodeMeta) { md.Disk = &r })
+	if err := m.list.UpdateNode(diskUpdateWait); err != nil {
+		m.log.Debug("disk report queued, not yet broadcast", "err", err)
+	}
+	if r.Slow != cur.Slow || r.Suspect != cur.Suspect || r.Down != cur.Down {
+		m.log.Debug("advertising disk", "slow", r.Slow, "suspect", r.Suspect, "unwritable", r.Down, "write_p50", r.p50())
+	}
+}
+
+// diskOf is member id's disk report as its gossip metadata says (false:
+// none known).
+func (m *membership) diskOf(id string) (diskReport, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.peers[id]
+	if !ok || !p.metaOK || p.meta.Disk == nil {
+		return diskReport{}, false
+	}
+	return *p.meta.Disk, true
 }
 
 func (m *membership) setMeta(f func(*nodeMeta)) {

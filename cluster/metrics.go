@@ -27,6 +27,8 @@ type metrics struct {
 	fenceAgentRuns   *prometheus.CounterVec
 	failedTakeovers  prometheus.Counter
 	ownerLowered     prometheus.Counter
+	transfers        *prometheus.CounterVec
+	transferDeclined *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -91,9 +93,20 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 			Name: "nsmd_unmon_owner_checked_by_proposer_total",
 			Help: "SM_UNMON and SM_UNMON_ALL committed as owner-less removals of the registrations the caller made, checked on the proposing node's state, because not every member applies the owner-checked commands yet (a rolling upgrade, a member down).",
 		}),
+		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_leadership_transfers_total", Help: "Leadership transfers this node started, by reason (slow_disk, disk_unwritable, witness, failed_takeover, operator, shutdown) and result (ok, failed).",
+		}, []string{"reason", "result"}),
+		transferDeclined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nsmd_leadership_transfers_declined_total", Help: "Times this node had a reason to hand leadership away and no other node was healthier, so it kept leading (slow_disk: once per slow episode).",
+		}, []string{"reason"}),
 		witnessHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_witness_handoffs_total", Help: "Leadership hand-offs by this witness after it won an election (ok, failed).",
 		}, []string{"result"}),
+	}
+	for _, r := range moveReasons {
+		m.transfers.WithLabelValues(r.String(), "ok")
+		m.transfers.WithLabelValues(r.String(), "failed")
+		m.transferDeclined.WithLabelValues(r.String())
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
@@ -101,6 +114,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 	cs := []prometheus.Collector{
 		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
 		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs, m.ownerLowered,
+		m.transfers, m.transferDeclined,
 		m.watchdogArmed, m.watchdogFeeds, m.fenceWaits, m.fenceWaitSeconds, m.fenceAgentRuns, m.failedTakeovers,
 		gauge("nsmd_fence_serving", "1 while this node serves the storage (from before its on_leader hook until its on_follower hook succeeded).", func() float64 {
 			if n.serving.Load() {

@@ -518,7 +518,7 @@ func (n *Node) stop(graceful bool) error {
 	var err error
 	n.closed.Do(func() {
 		if graceful && n.raft.State() == raft.Leader && len(n.servingVoters()) > 0 {
-			if e := n.TransferLeadership(""); e != nil {
+			if _, e := n.moveLeadership(moveShutdown); e != nil {
 				n.log.Warn("leadership transfer on shutdown failed", "err", e)
 			}
 		}
