@@ -19,16 +19,30 @@ func (n *Node) leaderLoop() {
 		if cur == nil {
 			return
 		}
-		n.stopLeading()
+		n.stopLeading(false)
 		cur.cancel()
 		<-cur.done
 		cur = nil
 	}
 	defer stop()
+	quitting := false
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
+		case ack := <-n.quitTerms:
+			if cur != nil {
+				// Still raft's leader with its takeover committed: writes
+				// (lockd's SM_UNMON as nfsd stops) commit until the hook
+				// returned.
+				n.log.Info("shutting down: ending this node's term")
+				cur.cancel()
+				<-cur.done
+				n.stopLeading(true)
+				cur = nil
+			}
+			quitting = true
+			close(ack)
 		case leader := <-n.termCh:
 			n.metrics.leaderChanges.Inc()
 			if !leader {
@@ -36,8 +50,8 @@ func (n *Node) leaderLoop() {
 				stop()
 				continue
 			}
-			if cur != nil {
-				continue // still leading: the last change we saw was a gain
+			if cur != nil || quitting {
+				continue // still leading, or shutting down
 			}
 			n.log.Info("gained leadership")
 			cur = n.startTerm()
@@ -193,11 +207,24 @@ func (n *Node) notify(ctx context.Context, state int32) {
 
 // stopLeading drops leader-only side effects at once — the VIP first, then
 // OnFollower — before the notifier is waited for.
-func (n *Node) stopLeading() {
+//
+// keepWrites (a shutdown that ends the term while raft still leads) keeps
+// the node taking writes until OnFollower returned; otherwise writes go to
+// the next leader at once.
+func (n *Node) stopLeading(keepWrites bool) {
 	n.mu.Lock()
 	was := n.leading
-	n.leading = false
+	if !keepWrites {
+		n.leading = false
+	}
 	n.mu.Unlock()
+	if keepWrites {
+		defer func() {
+			n.mu.Lock()
+			n.leading = false
+			n.mu.Unlock()
+		}()
+	}
 	if n.cfg.VIP != nil {
 		if err := n.cfg.VIP.Release(); err != nil {
 			n.log.Error("cannot release the VIP", "err", err)

@@ -297,7 +297,11 @@ type Node struct {
 	slots           chan struct{} // one per entry in raft (Config.MaxInflightEntries)
 	leaderCh        chan bool     // raft's NotifyCh; only observeLeadership reads it
 	termCh          chan bool     // the latest of leaderCh, for leaderLoop (one slot)
-	crashCh         chan int32
+	// quitTerms: a graceful stop asks the leader loop to end its term (the
+	// on_follower hook) while raft still commits, and to start no other.
+	quitTerms chan chan struct{}
+	running   atomic.Bool // Start ran: the leader loop answers quitTerms
+	crashCh   chan int32
 
 	fwd    forwarder
 	replay replayCache // MACs of forwarded writes accepted within the skew window
@@ -340,16 +344,17 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:      cfg,
-		log:      cfg.Logger.With("node", cfg.NodeID),
-		writes:   make(chan *write, 4096),
-		inflight: make(chan *batch, cfg.MaxInflightEntries),
-		slots:    make(chan struct{}, cfg.MaxInflightEntries),
-		leaderCh: make(chan bool, 64),
-		termCh:   make(chan bool, 1),
-		crashCh:  make(chan int32, 1),
-		lcCh:     make(chan struct{}),
-		started:  time.Now(),
+		cfg:       cfg,
+		log:       cfg.Logger.With("node", cfg.NodeID),
+		writes:    make(chan *write, 4096),
+		inflight:  make(chan *batch, cfg.MaxInflightEntries),
+		slots:     make(chan struct{}, cfg.MaxInflightEntries),
+		leaderCh:  make(chan bool, 64),
+		termCh:    make(chan bool, 1),
+		quitTerms: make(chan chan struct{}),
+		crashCh:   make(chan int32, 1),
+		lcCh:      make(chan struct{}),
+		started:   time.Now(),
 	}
 	// Until its stop at start succeeded, a node whose previous process may
 	// have served says it serves (serving.go).
@@ -484,6 +489,7 @@ func New(cfg Config) (*Node, error) {
 // Start runs the node's goroutines: the group-commit writer, the leader
 // loop and the callback deliverer. They stop on Close.
 func (n *Node) Start() {
+	n.running.Store(true)
 	if n.member != nil {
 		n.member.start(n.ctx)
 	}
@@ -522,6 +528,18 @@ func (n *Node) stop(graceful bool) error {
 				n.log.Warn("leadership transfer on shutdown failed", "err", e)
 			}
 		}
+		if graceful && n.running.Load() {
+			// The term ends while raft still commits: stopping nfsd makes
+			// lockd send SM_UNMON for its hosts, which must be answered
+			// (a leader that found no one to hand over to, the last server
+			// of a pair, still has the witness for a quorum).
+			ack := make(chan struct{})
+			select {
+			case n.quitTerms <- ack:
+				<-ack
+			case <-n.ctx.Done():
+			}
+		}
 		if graceful && n.member != nil {
 			if e := n.member.leave(2 * time.Second); e != nil {
 				n.log.Warn("gossip leave failed", "err", e)
@@ -538,7 +556,7 @@ func (n *Node) stop(graceful bool) error {
 			n.member.shutdown()
 		}
 		n.wg.Wait()
-		n.stopLeading()
+		n.stopLeading(false)
 		n.fwd.close()
 		n.closeStores()
 	})

@@ -32,6 +32,7 @@ type machine struct {
 	from, until time.Time
 	stopErr     error         // what OnFollower returns
 	stopBlock   chan struct{} // OnFollower waits for it to close
+	onStop      func() error  // OnFollower's work (nfsd's stop sending SM_UNMON)
 	leaderErr   error         // what OnLeader returns
 	reset       time.Time
 	disarms     int
@@ -200,10 +201,13 @@ func newFencedCluster(t *testing.T, size int, fenceTimeout time.Duration, tune f
 		}
 		cfg.OnFollower = func() error {
 			m.mu.Lock()
-			err, block := m.stopErr, m.stopBlock
+			err, block, work := m.stopErr, m.stopBlock, m.onStop
 			m.mu.Unlock()
 			if block != nil {
 				<-block
+			}
+			if work != nil && err == nil {
+				err = work()
 			}
 			if err == nil {
 				m.stopped(time.Now())
@@ -512,4 +516,55 @@ func nodeIndex(c *tcluster, id string) int {
 	}
 	c.t.Fatalf("no node %s", id)
 	return -1
+}
+
+// The last server of a pair stops (SIGTERM) with its peer gone: nobody to
+// hand over to. Its on_follower stops nfsd, whose lockd sends SM_UNMON to
+// this node: the term must end while raft still commits (the witness
+// makes the quorum), or the stop hangs and the watchdog resets the node.
+func TestTheLastServerStopsCleanlyWhileItsSMUnmonStillCommits(t *testing.T) {
+	fc := newFencedCluster(t, 3, 2*time.Second, func(cfg *Config) {
+		cfg.Witnesses = []string{"n3"}
+		cfg.Witness = cfg.NodeID == "n3"
+	})
+	first := fc.waitTakeover(10 * time.Second)
+	li := nodeIndex(fc.tcluster, first.node)
+	fc.kill(1 - li) // the pair's other server (n1 ↔ n2)
+	tn := fc.nodes[li]
+	m := fc.machines[tn.id]
+	// lockd monitors a client through this node (its SM_MON).
+	reg := testReg("10.77.0.50", tn.id, 7)
+	reg.ID.My.MyName = tn.id
+	ctx0, cancel0 := context.WithTimeout(context.Background(), 5*time.Second)
+	if _, err := tn.n.Monitor(ctx0, reg); err != nil {
+		t.Fatal(err)
+	}
+	cancel0()
+	var unmonErr error
+	m.mu.Lock()
+	m.onStop = func() error {
+		time.Sleep(300 * time.Millisecond) // rpc.nfsd 0's work before lockd's SM_UNMON
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, unmonErr = tn.n.UnmonitorAll(ctx, fsm.MyID{MyName: tn.id, Prog: 100021, Vers: 3, Proc: 16}, fsm.Owner{Node: tn.id})
+		return unmonErr
+	}
+	m.mu.Unlock()
+	start := time.Now()
+	tn.alive = false
+	if err := tn.n.Close(); err != nil {
+		t.Logf("close: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	tn.srv.Shutdown(ctx)
+	cancel()
+	if unmonErr != nil {
+		t.Fatalf("SM_UNMON during the last server's stop failed: %v (its stop would hang)", unmonErr)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.until.IsZero() || m.crashed || m.armed {
+		t.Fatalf("the last server did not stop cleanly: stopped %v, reset %v, armed %v", m.until, m.crashed, m.armed)
+	}
+	t.Logf("stopped cleanly %v after SIGTERM", time.Since(start).Round(time.Millisecond))
 }

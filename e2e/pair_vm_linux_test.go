@@ -81,6 +81,8 @@ type pairTopo struct {
 	// kernel is the VMs' kernel series ("6.1", "6.12"): every reported
 	// figure names it.
 	kernel string
+	// witnessArgs are more nsmd flags for the witness.
+	witnessArgs []string
 }
 
 // nsmdArgs are the flags every member gets, the witness too (it must
@@ -186,6 +188,7 @@ func (p *pairTopo) startWitness() {
 	}
 	defer f.Close()
 	args := append([]string{"netns", "exec", p.w.ns, nsmdBin}, p.nsmdArgs(n, filepath.Join(p.dir, "witness"))...)
+	args = append(args, p.witnessArgs...)
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -141,12 +141,17 @@ func needVMImageFor(t *testing.T, series string) *vmImage {
 var vmPrograms = []string{
 	"/usr/sbin/rpcbind", "/usr/sbin/rpc.mountd", "/usr/sbin/exportfs", "/usr/sbin/rpc.nfsd",
 	"/usr/sbin/rpc.statd", "/usr/sbin/sm-notify", "/usr/sbin/mount.nfs",
-	"/usr/sbin/nfsdcld",
+	"/usr/sbin/nfsdcld", "/usr/sbin/e2fsck",
 }
 
 // vmModules are loaded in order at boot (dependencies resolved by modprobe
 // --show-depends against the unpacked tree).
 var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd", "nfsv3", "nfsv4"}
+
+// vmOptionalModules are in the image but loaded only where a test asks
+// (softdog: the fencing test's server VMs get a /dev/watchdog). Their
+// paths are in /etc/vm/optional-modules, "name path" per line.
+var vmOptionalModules = []string{"softdog"}
 
 func buildVMImage(series string) (*vmImage, string, error) {
 	qemu, err := exec.LookPath("qemu-system-x86_64")
@@ -244,6 +249,26 @@ func buildVMImage(series string) (*vmImage, string, error) {
 		}
 	}
 	cw.addData("etc/vm/modules", []byte(strings.Join(order, "\n")+"\n"), 0o644)
+	var optional []string
+	for _, m := range vmOptionalModules {
+		out, err := exec.Command("modprobe", "-d", k.root, "-S", k.version, "--show-depends", m).Output()
+		if err != nil {
+			return nil, "", fmt.Errorf("modprobe --show-depends %s: %w", m, err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 || f[0] != "insmod" || seen[f[1]] {
+				continue
+			}
+			seen[f[1]] = true
+			rel := strings.TrimPrefix(f[1], k.root+"/")
+			if err := cw.addFile(rel, f[1], 0o644); err != nil {
+				return nil, "", err
+			}
+			optional = append(optional, m+" /"+rel)
+		}
+	}
+	cw.addData("etc/vm/optional-modules", []byte(strings.Join(optional, "\n")+"\n"), 0o644)
 
 	// The shipped hooks, unchanged.
 	hooks, _ := filepath.Glob("../deploy/hooks/*")
@@ -255,6 +280,9 @@ func buildVMImage(series string) (*vmImage, string, error) {
 
 	// The positive control of the NFSv4 drills (test tooling, not shipped).
 	cw.addData("usr/local/bin/nfsdcld-control", []byte(nfsdcldControlHook), 0o755)
+	// The fencing test's stand-in for a fence agent (test tooling, not
+	// shipped: fence_vm_linux_test.go says what it is and is not).
+	cw.addData("usr/lib/nsmd/test/fence_qemu", []byte(fenceQemuAgent), 0o755)
 
 	// Configuration files the RPC programs read.
 	for _, f := range []string{"/etc/netconfig", "/etc/services", "/etc/rpc", "/etc/protocols"} {

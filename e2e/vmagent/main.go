@@ -24,8 +24,14 @@
 //	                       after SECONDS" (since "probing") and the process exits (the time a new lock is
 //	                       first granted after a failover, despite the
 //	                       client's own backoff while the server is in grace)
+//	vmagent ask ADDR LINE  send LINE to the test harness at ADDR (TCP), print
+//	                       its one-line answer (the fence-agent stand-in's
+//	                       channel: e2e/fence_vm_linux_test.go)
 //
-// Request {"cmd": "...", "timeout_ms": N, "detach": bool}: run `sh -c cmd`.
+// Request {"cmd": "...", "timeout_ms": N, "detach": bool}: run `sh -c cmd`;
+// "@cat FILE..." instead reads the files itself (no process: the fencing
+// test's sampler asks every 300 ms) and answers their contents, one after
+// the other, rc 1 if one could not be read.
 // Without detach the answer comes when it exits (rc, combined output). With
 // detach the process keeps running (its own session, output appended to
 // /run/vmagent/<pid>.log) and the answer comes at its first output line, or
@@ -93,6 +99,8 @@ func main() {
 		err = contend(os.Args[2:])
 	case "firstlock":
 		err = firstLock(os.Args[2:])
+	case "ask":
+		err = ask(os.Args[2:])
 	case "trylock":
 		err = lock(os.Args[2], false)
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
@@ -167,6 +175,10 @@ func handle(c net.Conn) {
 		timeout = 30 * time.Second
 	}
 	var resp Response
+	if files, ok := strings.CutPrefix(req.Cmd, "@cat "); ok {
+		json.NewEncoder(c).Encode(catFiles(strings.Fields(files)))
+		return
+	}
 	if req.Detach {
 		resp = detach(req.Cmd, timeout)
 	} else {
@@ -261,4 +273,45 @@ func detach(command string, timeout time.Duration) Response {
 		resp.TimedOut = true
 	}
 	return resp
+}
+
+// ask sends one line to the test harness at args[0] and prints the line it
+// answers. The harness may take a while (it powers a VM off first), so the
+// answer is awaited up to 60 s.
+func ask(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: vmagent ask ADDR LINE")
+	}
+	c, err := net.DialTimeout("tcp", args[0], 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("ask: %w", err)
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(60 * time.Second)); err != nil {
+		return fmt.Errorf("ask: %w", err)
+	}
+	if _, err := fmt.Fprintln(c, args[1]); err != nil {
+		return fmt.Errorf("ask: send: %w", err)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("ask: answer: %w", err)
+	}
+	fmt.Print(line)
+	return nil
+}
+
+// catFiles reads files without starting a process.
+func catFiles(files []string) Response {
+	var b strings.Builder
+	rc := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			rc = 1
+			continue
+		}
+		b.Write(data)
+	}
+	return Response{RC: rc, Out: b.String()}
 }
