@@ -32,7 +32,7 @@ test: lint
 # E2E_RUN=TestName runs one e2e test (with NSMD_E2E_SEED=N, a schedule).
 E2E_RUN ?= .
 e2e: build
-	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 20m -v -run '$(E2E_RUN)' ./e2e/
+	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 35m -v -run '$(E2E_RUN)' ./e2e/
 
 # The long run of the checked fault schedules (root): SCHEDULES of them
 # (default 200), the summary table appended to out/soak.md, failing
@@ -44,8 +44,10 @@ soak: build
 	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_E2E_SEED=$(SEED) NSMD_E2E_SCHEDULES=$(SCHEDULES) NSMD_E2E_SUMMARY=$(CURDIR)/out/soak.md NSMD_E2E_OUT=$(CURDIR)/out/histories \
 	  $(GO) test -count=1 -timeout 6h -v -run TestCheckedFaultSchedules ./e2e/
 
-# The Debian cloud kernel the real-kernel e2e tier boots under QEMU (root:
-# apt-get download). Without it those tests skip and say so.
+# The Debian cloud kernels the real-kernel e2e tier boots under QEMU (root:
+# apt-get download): Debian 12's 6.1 into out/vm-kernel/6.1, Debian 13's 6.12
+# into out/vm-kernel/6.12 (a private apt state; the host's sources stay as
+# they are). Without them those tests skip and say so.
 vm-kernel:
 	e2e/vmkernel.sh $(CURDIR)/out/vm-kernel
 

@@ -505,6 +505,13 @@ func (s *Server) call(ctx context.Context, m Msg) outcome {
 		}
 	case GraceStart:
 		out.records, out.err = s.store.GraceStart(ctx)
+		var dups int
+		if out.records, dups = uniqueRecords(out.records); dups > 0 {
+			// nfsd adds a reclaim record per downcall: a name sent twice
+			// would be counted twice against the clients that must
+			// reclaim, and "every client reclaimed" would never come.
+			s.log.Warn("cld: the store returned a client name more than once; sent to nfsd once", "duplicates", dups)
+		}
 	case GraceDone:
 		out.err = s.store.GraceDone(ctx)
 	}
@@ -550,6 +557,21 @@ func (s *Server) answer(p *Pipe, m Msg, out outcome, read time.Time) {
 		}
 	}
 	s.logWriteErr(m, err)
+}
+
+// uniqueRecords keeps the first record of each client name, in order,
+// and says how many it dropped.
+func uniqueRecords(recs []Record) ([]Record, int) {
+	seen := make(map[string]bool, len(recs))
+	out := recs[:0:0]
+	for _, r := range recs {
+		if seen[string(r.Name)] {
+			continue
+		}
+		seen[string(r.Name)] = true
+		out = append(out, r)
+	}
+	return out, len(recs) - len(out)
 }
 
 // sendRecords writes one -EINPROGRESS downcall per record.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -911,5 +912,63 @@ func TestRunTwiceAtOnceIsRefused(t *testing.T) {
 	waitStatus(t, h.srv, "waiting", inState(cld.StateWaiting))
 	if err := h.srv.Run(context.Background()); !errors.Is(err, cld.ErrRunning) {
 		t.Fatalf("second Run: %v, want ErrRunning", err)
+	}
+}
+
+// dupStore returns every record of its memStore's GraceStart twice (the
+// second copy with another principal hash), as a store that merged two
+// epochs carelessly would.
+type dupStore struct{ *memStore }
+
+func (s dupStore) GraceStart(ctx context.Context) ([]cld.Record, error) {
+	recs, err := s.memStore.GraceStart(ctx)
+	out := slices.Clone(recs)
+	for _, r := range recs {
+		out = append(out, cld.Record{Name: r.Name, PrincHash: princA})
+	}
+	return out, err
+}
+
+// TestGraceStartSendsEachClientNameOnce: nfsd keeps one reclaim record per
+// downcall, so a name sent twice would be waited for twice; whatever the
+// store returns, the kernel gets each name once (the first record of it).
+func TestGraceStartSendsEachClientNameOnce(t *testing.T) {
+	k, err := cldtest.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.SetOpenWait(10 * time.Second)
+	store := dupStore{newMemStore()}
+	srv, _ := newServer(t, k, store, nil)
+	stop := run(t, srv)
+	t.Cleanup(func() { stop(); k.Close() })
+	ctx := testCtx(t)
+	if _, err := k.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a", "b"} {
+		if err := k.Create(ctx, []byte(n), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k.GraceDone(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k.Stop()
+	waitStatus(t, srv, "waiting after nfsd stopped", inState(cld.StateWaiting))
+	recs, err := k.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(recs); got != "a,b" {
+		t.Fatalf("GraceStart sent %q, want a,b (each once)", got)
+	}
+	for _, r := range recs {
+		if r.PrincHash != nil {
+			t.Fatalf("record %s: principal %x, want the first record's (none)", r.Name, r.PrincHash)
+		}
+	}
+	if st := srv.Status(); st.LastGraceStartRecords != 2 {
+		t.Fatalf("status: %d records sent, want 2", st.LastGraceStartRecords)
 	}
 }

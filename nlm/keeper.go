@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -48,10 +50,23 @@ type Keeper struct {
 	mu      sync.Mutex
 	v4Known bool // ExpectV4 was called: nfsd's GraceStart was answered
 	ended   map[Manager]GraceEnd
+	// asked: the Keeper wrote the end of m's grace (with this reason) and
+	// waits to read it over: a kernel may end it after the write returns.
+	asked   map[Manager]askedEnd
 	absent  map[Manager]bool // its control file is missing: not running here
 	locks   int              // POSIX locks last seen in /proc/locks (-1: not read yet)
 	lastErr string
 }
+
+// askedEnd is an end of grace the Keeper asked the kernel for.
+type askedEnd struct {
+	reason string
+	at     time.Time
+}
+
+// reaskAfter is how long the Keeper waits for an end it asked for before
+// it asks again.
+const reaskAfter = 2 * time.Second
 
 // GraceEnd is how one lock manager's grace period ended.
 type GraceEnd struct {
@@ -82,6 +97,7 @@ func NewKeeper(cfg KeeperConfig, nlmHosts []string, started time.Time) *Keeper {
 		started: started,
 		r:       NewReclaims(ReclaimPlan{NLMHosts: nlmHosts, Settle: cfg.Settle}, started),
 		ended:   map[Manager]GraceEnd{},
+		asked:   map[Manager]askedEnd{},
 		absent:  map[Manager]bool{},
 		locks:   -1,
 	}
@@ -157,24 +173,60 @@ func (k *Keeper) stepManager(m Manager, now time.Time) bool {
 		return false
 	}
 	if !in {
-		k.markEnded(m, ReasonKernel, now)
+		k.markEnded(m, k.endReason(m), now)
 		return true
 	}
 	if m == NFSv4 && !k.v4Expected() {
 		return false // nfsd's GraceStart not answered yet: the kernel decides
 	}
+	k.mu.Lock()
+	a, pending := k.asked[m]
+	k.mu.Unlock()
+	if pending && now.Sub(a.at) < reaskAfter {
+		return false // asked: the kernel ends it when it gets to it
+	}
 	ok, reason, _ := k.r.MayEnd(m, now)
 	if !ok {
 		return false
 	}
-	if err := k.kernel.End(m); err != nil {
-		// nfsd answers EBUSY while it is still starting (tracking not up
-		// yet) or once grace ended meanwhile: look again next round.
+	err = k.kernel.End(m)
+	if errors.Is(err, syscall.EBUSY) {
+		// nfsd answers EBUSY when its grace already ended, or when its
+		// client tracking is not active (still starting, or none): which
+		// one, the file says.
+		if in, rerr := k.kernel.InGrace(m); rerr == nil && !in {
+			k.markEnded(m, k.endReason(m), now)
+			return true
+		}
+		k.setErr(fmt.Errorf("%w: still in grace, so nfsd's client tracking is not active (yet); its own timer ends grace otherwise", err))
+		return false
+	}
+	if err != nil {
 		k.setErr(err)
 		return false
 	}
-	k.markEnded(m, reason, now)
-	return true
+	// Written. Older kernels end grace in the write; newer ones ask
+	// nfsd's laundromat to, and the write returns before it did: the
+	// end is what the file says, now or at a later round.
+	k.mu.Lock()
+	k.asked[m] = askedEnd{reason: reason, at: now}
+	k.mu.Unlock()
+	if in, err := k.kernel.InGrace(m); err == nil && !in {
+		k.markEnded(m, reason, now)
+		return true
+	}
+	return false
+}
+
+// endReason is why m's grace is over when it is seen over: the reason the
+// Keeper asked for it with, or the kernel's own end.
+func (k *Keeper) endReason(m Manager) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if a, ok := k.asked[m]; ok {
+		return a.reason
+	}
+	return ReasonKernel
 }
 
 func (k *Keeper) v4Expected() bool {

@@ -2,10 +2,12 @@ package nlm
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -128,4 +130,102 @@ func TestKeeperRecordsTheKernelsOwnEnd(t *testing.T) {
 	if m := k.Status().NFSv4.Missing; len(m) != 1 || m[0] != "Linux NFSv4.2 gone" {
 		t.Fatalf("missing %v", m)
 	}
+}
+
+// A kernel whose write to v4_end_grace only asks nfsd's laundromat to end
+// grace and returns before it did: the Keeper records the end when it
+// reads it over, with its own reason, and does not write again meanwhile.
+func TestKeeperWaitsForAnAsynchronousEnd(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "fs/nfsd/v4_end_grace", "N\n")
+	clk := &fakeClock{t: time.Unix(5000, 0)}
+	var ends []string
+	k := NewKeeper(KeeperConfig{Proc: root, Now: clk.now,
+		OnEnd: func(m Manager, reason string, after time.Duration) {
+			ends = append(ends, fmt.Sprintf("%s:%s:%v", m, reason, after))
+		}}, nil, clk.now())
+	writes := 0
+	k.kernel.write = func(string) error { writes++; return nil } // the laundromat runs later
+	k.ExpectV4(nil)                                              // no client to wait for
+	if k.step() {
+		t.Fatal("done while the kernel still reads in grace")
+	}
+	if writes != 1 {
+		t.Fatalf("%d writes, want 1", writes)
+	}
+	if e := k.Status().NFSv4.Ended; e != nil {
+		t.Fatalf("grace recorded over (%+v) while the kernel reads in grace", e)
+	}
+	clk.add(500 * time.Millisecond)
+	if k.step() || writes != 1 {
+		t.Fatalf("written again (%d writes) 0.5 s after asking", writes)
+	}
+	write(t, root, "fs/nfsd/v4_end_grace", "Y\n") // the laundromat ended it
+	clk.add(200 * time.Millisecond)
+	if !k.step() {
+		t.Fatal("not done once the kernel reads grace over")
+	}
+	if got := strings.Join(ends, ","); got != "nfsv4:nothing_to_reclaim:700ms" {
+		t.Fatalf("ends %s, want the Keeper's reason at the time it read the end", got)
+	}
+	// A kernel that never ends it after a write is asked again.
+	k2 := NewKeeper(KeeperConfig{Proc: t.TempDir(), Now: clk.now}, nil, clk.now())
+	write(t, k2.cfg.Proc, "fs/nfsd/v4_end_grace", "N\n")
+	writes = 0
+	k2.kernel.write = func(string) error { writes++; return nil }
+	k2.ExpectV4(nil)
+	k2.step()
+	clk.add(reaskAfter)
+	k2.step()
+	if writes != 2 {
+		t.Fatalf("%d writes after %v without an end, want 2", writes, reaskAfter)
+	}
+}
+
+// nfsd answers a write to v4_end_grace with EBUSY when grace already
+// ended or its client tracking is not active: the Keeper reads the file
+// back and tells the two apart.
+func TestKeeperReadsBackAfterEBUSY(t *testing.T) {
+	busy := func(p string) error { return &fs.PathError{Op: "write", Path: p, Err: syscall.EBUSY} }
+	t.Run("ended meanwhile", func(t *testing.T) {
+		root := t.TempDir()
+		write(t, root, "fs/nfsd/v4_end_grace", "N\n")
+		clk := &fakeClock{t: time.Unix(5000, 0)}
+		k := NewKeeper(KeeperConfig{Proc: root, Now: clk.now}, nil, clk.now())
+		k.kernel.write = func(p string) error {
+			write(t, root, "fs/nfsd/v4_end_grace", "Y\n") // the kernel's timer, just before
+			return busy(p)
+		}
+		k.ExpectV4(nil)
+		if !k.step() {
+			t.Fatal("not done: EBUSY with grace over is the end")
+		}
+		st := k.Status()
+		if st.NFSv4.Ended == nil || st.NFSv4.Ended.Reason != ReasonKernel || st.Error != "" {
+			t.Fatalf("ended %+v error %q, want the kernel's end and no error", st.NFSv4.Ended, st.Error)
+		}
+	})
+	t.Run("not tracking", func(t *testing.T) {
+		root := t.TempDir()
+		write(t, root, "fs/nfsd/v4_end_grace", "N\n")
+		clk := &fakeClock{t: time.Unix(5000, 0)}
+		k := NewKeeper(KeeperConfig{Proc: root, Now: clk.now}, nil, clk.now())
+		k.kernel.write = busy
+		k.ExpectV4(nil)
+		if k.step() {
+			t.Fatal("done while nfsd is in grace")
+		}
+		st := k.Status()
+		if st.NFSv4.Ended != nil || !strings.Contains(st.Error, "client tracking is not active") {
+			t.Fatalf("ended %+v error %q, want in grace and the reason said", st.NFSv4.Ended, st.Error)
+		}
+		write(t, root, "fs/nfsd/v4_end_grace", "Y\n") // nfsd's own timer
+		clk.add(90 * time.Second)
+		if !k.step() {
+			t.Fatal("not done after the kernel's timer")
+		}
+		if e := k.Status().NFSv4.Ended; e == nil || e.Reason != ReasonKernel {
+			t.Fatalf("ended %+v, want the kernel's", e)
+		}
+	})
 }
