@@ -113,6 +113,20 @@ func (n *Node) applyOwned(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	if n.ownerCommandsOK() {
 		return n.apply(ctx, cmd)
 	}
+	if !n.Leading() {
+		// A follower's state may lag writes the leader acknowledged (an
+		// SM_MON this node's own lockd sent a moment ago, forwarded and
+		// answered before this node applied it): the leader lowers the
+		// command on its state, which holds every acknowledged write.
+		// An older leader refuses the new kind: then it is lowered here.
+		if id, addr := n.leaderNSMAddr(); addr != "" && id != n.cfg.NodeID {
+			if st, err := n.forward(ctx, addr, cmd); err == nil {
+				return fsm.Result{State: st}, nil
+			} else {
+				n.log.Debug("leader did not take an owner command; lowering it here", "leader", id, "err", err)
+			}
+		}
+	}
 	return n.applyLowered(ctx, cmd)
 }
 
