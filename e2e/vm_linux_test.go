@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -661,7 +662,23 @@ type vmResponse struct {
 func (v *testVM) call(cmd string, timeout time.Duration, detach bool) (vmResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Second)
 	defer cancel()
-	c, err := dialIn(ctx, v.from, "tcp", fmt.Sprintf("%s:%d", v.ip, vmAgentPort))
+	addr := fmt.Sprintf("%s:%d", v.ip, vmAgentPort)
+	c, err := dialIn(ctx, v.from, "tcp", addr)
+	// Just after a boot the host may still hold a failed neighbour entry
+	// from while the guest was down (EHOSTUNREACH at once, until ARP is
+	// tried again): a connect to a guest that just said it listens is
+	// retried for a few seconds. Nothing was sent yet.
+	for tries := 0; err != nil && tries < 25 && time.Since(v.started) < 20*time.Second &&
+		(errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ECONNREFUSED)); tries++ {
+		select {
+		case <-v.done:
+			return vmResponse{}, fmt.Errorf("VM %s: %w", v.name, err)
+		case <-ctx.Done():
+			return vmResponse{}, fmt.Errorf("VM %s: %w", v.name, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		c, err = dialIn(ctx, v.from, "tcp", addr)
+	}
 	if err != nil {
 		return vmResponse{}, fmt.Errorf("VM %s: %w", v.name, err)
 	}
