@@ -228,13 +228,14 @@ func buildVMImage(series string) (*vmImage, string, error) {
 		}
 	}
 
-	// Kernel modules, in load order.
-	var order []string
+	// Kernel modules, in load order: each with the modules it depends on,
+	// each file once; the optional ones (loaded only where a test wants
+	// them) listed apart.
 	seen := map[string]bool{}
-	for _, m := range vmModules {
+	addModule := func(m string, added func(rel string)) error {
 		out, err := exec.Command("modprobe", "-d", k.root, "-S", k.version, "--show-depends", m).Output()
 		if err != nil {
-			return nil, "", fmt.Errorf("modprobe --show-depends %s: %w", m, err)
+			return fmt.Errorf("modprobe --show-depends %s: %w", m, err)
 		}
 		for _, line := range strings.Split(string(out), "\n") {
 			f := strings.Fields(line)
@@ -244,29 +245,23 @@ func buildVMImage(series string) (*vmImage, string, error) {
 			seen[f[1]] = true
 			rel := strings.TrimPrefix(f[1], k.root+"/")
 			if err := cw.addFile(rel, f[1], 0o644); err != nil {
-				return nil, "", err
+				return err
 			}
-			order = append(order, "/"+rel)
+			added(rel)
+		}
+		return nil
+	}
+	var order []string
+	for _, m := range vmModules {
+		if err := addModule(m, func(rel string) { order = append(order, "/"+rel) }); err != nil {
+			return nil, "", err
 		}
 	}
 	cw.addData("etc/vm/modules", []byte(strings.Join(order, "\n")+"\n"), 0o644)
 	var optional []string
 	for _, m := range vmOptionalModules {
-		out, err := exec.Command("modprobe", "-d", k.root, "-S", k.version, "--show-depends", m).Output()
-		if err != nil {
-			return nil, "", fmt.Errorf("modprobe --show-depends %s: %w", m, err)
-		}
-		for _, line := range strings.Split(string(out), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 2 || f[0] != "insmod" || seen[f[1]] {
-				continue
-			}
-			seen[f[1]] = true
-			rel := strings.TrimPrefix(f[1], k.root+"/")
-			if err := cw.addFile(rel, f[1], 0o644); err != nil {
-				return nil, "", err
-			}
-			optional = append(optional, m+" /"+rel)
+		if err := addModule(m, func(rel string) { optional = append(optional, m+" /"+rel) }); err != nil {
+			return nil, "", err
 		}
 	}
 	cw.addData("etc/vm/optional-modules", []byte(strings.Join(optional, "\n")+"\n"), 0o644)
