@@ -908,14 +908,7 @@ func (r *fenceRig) startClients(leader *pairNode) {
 	t := r.t
 	t.Helper()
 	for _, c := range r.cs {
-		c.vm.sh(20*time.Second, clientBoot)
-		c.vm.sh(60*time.Second, fmt.Sprintf("mkdir -p /mnt/nfs && mount.nfs %s:%s /mnt/nfs -o vers=%s,proto=tcp,hard,timeo=20", pairVIP, v4Export, c.vers))
-		line, pid := c.vm.start(40*time.Second, "vmagent lock "+c.file)
-		if !strings.HasPrefix(line, "locked") {
-			t.Fatalf("%s lock: %q", c.vm.name, line)
-		}
-		c.holder = pid
-		c.ino = inode(t, leader.vm, v4Export+"/"+filepath.Base(c.file))
+		mountAndHold(t, c, leader)
 	}
 	for _, c := range r.cs {
 		line, pid := c.vm.start(60*time.Second, "vmagent contend "+c.vm.name+" 100ms 1s "+strings.Join(workFiles, " "))

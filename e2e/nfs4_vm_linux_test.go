@@ -449,14 +449,7 @@ func haPairKeepsLocks(t *testing.T, series string, full bool) {
 	}
 
 	for _, c := range cs {
-		c.vm.sh(20*time.Second, clientBoot)
-		c.vm.sh(60*time.Second, fmt.Sprintf("mkdir -p /mnt/nfs && mount.nfs %s:%s /mnt/nfs -o vers=%s,proto=tcp,hard,timeo=20", pairVIP, v4Export, c.vers))
-		line, pid := c.vm.start(40*time.Second, "vmagent lock "+c.file)
-		if !strings.HasPrefix(line, "locked") {
-			t.Fatalf("%s lock: %q", c.vm.name, line)
-		}
-		c.holder = pid
-		c.ino = inode(t, leader.vm, v4Export+"/"+filepath.Base(c.file))
+		mountAndHold(t, c, leader)
 	}
 	kinds, err := lockKindsOn(leader.vm)
 	if err != nil {
@@ -977,4 +970,19 @@ func (p *pairTopo) negativeControl(cs []*nfsClient) {
 		return len(caught) > 0, "nothing yet"
 	})
 	t.Logf("NEGATIVE CONTROL kernel %s (node-local NFSv4 tracking on %s): loss detected %.1fs after the transfer: %s", p.kernel, other.id, time.Since(t0).Seconds(), strings.Join(caught, "; "))
+}
+
+// mountAndHold boots client c's NFS side, mounts the VIP with its NFS
+// version and starts its lock holder on its file; it records the holder's
+// pid and the file's inode on the serving leader.
+func mountAndHold(t *testing.T, c *nfsClient, leader *pairNode) {
+	t.Helper()
+	c.vm.sh(20*time.Second, clientBoot)
+	c.vm.sh(60*time.Second, fmt.Sprintf("mkdir -p /mnt/nfs && mount.nfs %s:%s /mnt/nfs -o vers=%s,proto=tcp,hard,timeo=20", pairVIP, v4Export, c.vers))
+	line, pid := c.vm.start(40*time.Second, "vmagent lock "+c.file)
+	if !strings.HasPrefix(line, "locked") {
+		t.Fatalf("%s lock: %q", c.vm.name, line)
+	}
+	c.holder = pid
+	c.ino = inode(t, leader.vm, v4Export+"/"+filepath.Base(c.file))
 }
