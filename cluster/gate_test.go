@@ -75,8 +75,9 @@ func monNames(n *Node) []string {
 // leader's lockd, sent to the follower's own NSM port — removes none of
 // the leader's registrations; the follower's own lockd still removes its
 // own. Without gossip no member is known to apply owner commands, so the
-// proposer checks ownership itself and commits owner-less Unregisters
-// (what every release applies), counted by the fallback metric.
+// leader checks ownership on its state and commits owner-less
+// Unregisters (what every release applies), counted by the fallback
+// metric.
 func TestUnmonFromAnotherNodeRemovesNothingWithoutGossip(t *testing.T) {
 	logs := map[string]*unregLog{}
 	c := newTestCluster(t, 3, func(cfg *Config) {
@@ -118,8 +119,13 @@ func TestUnmonFromAnotherNodeRemovesNothingWithoutGossip(t *testing.T) {
 	if len(got) != len(mine) {
 		t.Fatalf("leader applied %d removals, want %d", len(got), len(mine))
 	}
-	if v := itest.MetricValue(t, f.metrics.ownerLowered); v != 2 {
-		t.Fatalf("nsmd_unmon_owner_checked_by_proposer_total on %s = %v, want 2", f.cfg.NodeID, v)
+	// The follower forwarded both; the leader, whose state holds every
+	// acknowledged write, lowered them.
+	if v := itest.MetricValue(t, leader.n.metrics.ownerLowered); v != 2 {
+		t.Fatalf("nsmd_unmon_owner_checked_by_proposer_total on the leader %s = %v, want 2", leader.id, v)
+	}
+	if v := itest.MetricValue(t, f.metrics.ownerLowered); v != 0 {
+		t.Fatalf("nsmd_unmon_owner_checked_by_proposer_total on the follower %s = %v, want 0 (it forwards)", f.cfg.NodeID, v)
 	}
 	// The leader's own lockd still removes its own.
 	if _, err := leader.n.UnmonitorAll(ctx, my, lockdOn(leader.id)); err != nil {
