@@ -141,6 +141,8 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 	case fwdProcServing:
 		n.serveServing(res) // serving.go
 		return nil
+	case fwdProcConns:
+		return n.serveConns(c, res) // conns.go
 	default:
 		return oncrpc.ErrProcUnavail
 	}

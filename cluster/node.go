@@ -305,6 +305,8 @@ type Node struct {
 
 	fwd    forwarder
 	replay replayCache // MACs of forwarded writes accepted within the skew window
+	// vipConns: the leader's last sample of its VIP connections (conns.go).
+	vipConns atomic.Pointer[VIPConns]
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change

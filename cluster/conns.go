@@ -1,0 +1,210 @@
+package cluster
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/tickle"
+)
+
+// The clients' connections to the VIP, replicated so that the node that
+// takes the VIP over can tickle them (package tickle): the leader's owner
+// samples its own connections on the VIP and hands them to SetVIPConns;
+// every other serving node asks the leader for them (LeaderVIPConns, the
+// forward program's CONNS procedure) and keeps the last answer. The list
+// is not in the FSM: it changes every second, it is only a hint, and a
+// lost or stale one costs what having none costs (the clients reconnect
+// by their own TCP timers), so it is not worth a log entry.
+
+// fwdProcConns: connsArgs → connsRes, the connections on the VIP the
+// leader's last sample found (fwdOK), fwdNotLeader from a node that does
+// not lead with a committed takeover. Authenticated like APPLY (the
+// cluster key's HMAC, or a raft member's address), over TCP only. A
+// release without it answers PROC_UNAVAIL.
+const fwdProcConns uint32 = 5
+
+// MaxVIPConns bounds the connections one CONNS answer carries (~50 bytes
+// each: 16,384 fit well within a client's 1 MiB record).
+const MaxVIPConns = 16384
+
+// ErrVIPConnsUnsupported means the leader does not answer the CONNS
+// procedure (a release before it): ask again only once another node leads.
+var ErrVIPConnsUnsupported = errors.New("cluster: the leader does not share its VIP connections (an older release)")
+
+// VIPConns is a sample of the established TCP connections on the VIP.
+type VIPConns struct {
+	Conns []tickle.Conn
+	// Total is how many connections matched: more than len(Conns) when
+	// the sample was bounded.
+	Total int
+	// At is when the sample was taken, on this node's clock.
+	At time.Time
+}
+
+// SetVIPConns records the leader's latest sample of its connections on
+// the VIP, which it answers CONNS with while it leads.
+func (n *Node) SetVIPConns(v VIPConns) { n.vipConns.Store(&v) }
+
+// connsArgs is CONNS's argument: at most how many connections the asker
+// wants, its clock and an HMAC over both with the cluster key (empty
+// without one).
+type connsArgs struct {
+	SentNS int64
+	Max    uint32
+	MAC    []byte
+}
+
+func (a *connsArgs) MarshalXDR(w *oncrpc.Writer) {
+	w.Int64(a.SentNS)
+	w.Uint32(a.Max)
+	w.Opaque(a.MAC)
+}
+
+func (a *connsArgs) UnmarshalXDR(r *oncrpc.Reader) error {
+	a.SentNS = r.Int64()
+	a.Max = r.Uint32()
+	a.MAC = r.Opaque(32)
+	return r.Done()
+}
+
+// macInput is what the HMAC covers after the forward label and the time:
+// a tag no fsm encoding starts with, and Max. APPLY's MAC and this one
+// cannot stand in for each other.
+func (a *connsArgs) macInput() []byte {
+	return binary.BigEndian.AppendUint32([]byte("\x00conns\x00"), a.Max)
+}
+
+// connsRes is CONNS's result.
+type connsRes struct {
+	Status uint32
+	Err    string
+	Total  uint32
+	AgeMS  uint32 // how old the sample is, so the asker dates it on its own clock
+	Conns  []tickle.Conn
+	max    int // decoding: the most connections accepted
+}
+
+func (r *connsRes) MarshalXDR(w *oncrpc.Writer) {
+	w.Uint32(r.Status)
+	w.String(r.Err)
+	w.Uint32(r.Total)
+	w.Uint32(r.AgeMS)
+	w.Uint32(uint32(len(r.Conns)))
+	for _, c := range r.Conns {
+		w.Opaque(c.Local.Addr().AsSlice())
+		w.Uint32(uint32(c.Local.Port()))
+		w.Opaque(c.Remote.Addr().AsSlice())
+		w.Uint32(uint32(c.Remote.Port()))
+	}
+}
+
+func (r *connsRes) UnmarshalXDR(rd *oncrpc.Reader) error {
+	r.Status = rd.Uint32()
+	r.Err = rd.String(256)
+	r.Total = rd.Uint32()
+	r.AgeMS = rd.Uint32()
+	count := rd.Uint32()
+	if rd.Err() != nil {
+		return rd.Err()
+	}
+	if int64(count) > int64(r.max) {
+		return fmt.Errorf("%d connections, more than the %d asked for", count, r.max)
+	}
+	r.Conns = make([]tickle.Conn, 0, count)
+	for range count {
+		var c tickle.Conn
+		var err error
+		if c.Local, err = readAddrPort(rd); err != nil {
+			return err
+		}
+		if c.Remote, err = readAddrPort(rd); err != nil {
+			return err
+		}
+		r.Conns = append(r.Conns, c)
+	}
+	return rd.Err()
+}
+
+func readAddrPort(rd *oncrpc.Reader) (netip.AddrPort, error) {
+	b := rd.Opaque(16)
+	port := rd.Uint32()
+	if err := rd.Err(); err != nil {
+		return netip.AddrPort{}, err
+	}
+	a, ok := netip.AddrFromSlice(b)
+	if !ok || port > 0xffff {
+		return netip.AddrPort{}, fmt.Errorf("bad address %x port %d", b, port)
+	}
+	return netip.AddrPortFrom(a, uint16(port)), nil
+}
+
+// serveConns answers CONNS.
+func (n *Node) serveConns(c *oncrpc.Call, res *oncrpc.Writer) error {
+	if c.Net == "udp" {
+		out := connsRes{Status: fwdDenied, Err: "taken over TCP only"}
+		out.MarshalXDR(res)
+		return nil
+	}
+	var args connsArgs
+	if err := args.UnmarshalXDR(c.Args); err != nil {
+		return fmt.Errorf("%w: conns: %v", oncrpc.ErrGarbageArgs, err)
+	}
+	from := c.Remote.Addr().Unmap()
+	if err := n.authForward(from, &fwdArgs{SentNS: args.SentNS, Cmd: args.macInput(), MAC: args.MAC}); err != nil {
+		n.log.Warn("request for the VIP's connections denied", "from", from, "err", err)
+		out := connsRes{Status: fwdDenied, Err: err.Error()}
+		out.MarshalXDR(res)
+		return nil
+	}
+	out := connsRes{Status: fwdNotLeader}
+	if v := n.vipConns.Load(); v != nil && n.Leading() {
+		out = connsRes{Status: fwdOK, Total: uint32(v.Total), AgeMS: uint32(min(time.Since(v.At).Milliseconds(), 1<<31))}
+		out.Conns = v.Conns[:min(len(v.Conns), int(args.Max), MaxVIPConns)]
+	}
+	out.MarshalXDR(res)
+	return nil
+}
+
+// LeaderVIPConns asks the leader for its latest sample of the connections
+// on the VIP, at most max of them, and says which node answered. A leader
+// that does not answer CONNS is ErrVIPConnsUnsupported; one that no
+// longer leads, ErrNotLeader.
+func (n *Node) LeaderVIPConns(ctx context.Context, max int) (leader string, v VIPConns, err error) {
+	max = min(max, MaxVIPConns)
+	id, addr := n.leaderNSMAddr()
+	if addr == "" {
+		return id, v, ErrNoLeader
+	}
+	args := connsArgs{SentNS: n.cfg.Now().UnixNano(), Max: uint32(max)}
+	if len(n.cfg.ClusterKey) > 0 {
+		args.MAC = fwdMAC(n.cfg.ClusterKey, args.SentNS, args.macInput())
+	}
+	local, _ := netip.ParseAddrPort(n.cfg.RaftBind)
+	c, err := n.fwd.get(ctx, addr, local.Addr())
+	if err != nil {
+		return id, v, fmt.Errorf("cluster: ask leader %s for its VIP connections: %w", addr, err)
+	}
+	res := connsRes{max: max}
+	if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcConns, &args, &res); err != nil {
+		if errors.Is(err, oncrpc.ErrProcUnavail) {
+			return id, v, fmt.Errorf("%s: %w", id, ErrVIPConnsUnsupported)
+		}
+		n.fwd.drop(c)
+		return id, v, fmt.Errorf("cluster: ask leader %s for its VIP connections: %w", addr, err)
+	}
+	switch res.Status {
+	case fwdOK:
+	case fwdNotLeader:
+		return id, v, fmt.Errorf("cluster: %s: %w", addr, ErrNotLeader)
+	case fwdDenied:
+		return id, v, fmt.Errorf("cluster: %s refused to list its VIP connections: %s", addr, res.Err)
+	default:
+		return id, v, fmt.Errorf("cluster: %s: status %d: %s", addr, res.Status, res.Err)
+	}
+	return id, VIPConns{Conns: res.Conns, Total: int(res.Total), At: time.Now().Add(-time.Duration(res.AgeMS) * time.Millisecond)}, nil
+}

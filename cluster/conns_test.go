@@ -1,0 +1,148 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/tickle"
+)
+
+func testVIPConns(n int) []tickle.Conn {
+	out := make([]tickle.Conn, n)
+	for i := range out {
+		out[i] = tickle.Conn{
+			Local:  netip.MustParseAddrPort("10.77.3.100:2049"),
+			Remote: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 77, 3, byte(1 + i%200)}), uint16(600+i)),
+		}
+	}
+	out[n-1].Local = netip.MustParseAddrPort("[fd77:3::100]:2049")
+	out[n-1].Remote = netip.MustParseAddrPort("[fd77:3::1]:700")
+	return out
+}
+
+// TestFollowersLearnTheLeadersVIPConns: the leader answers CONNS with its
+// last sample (bounded by what the asker takes, its total kept); a
+// follower does not answer it; a follower with another cluster key is
+// refused.
+func TestFollowersLearnTheLeadersVIPConns(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	c.waitTakeover(5 * time.Second)
+	li, ld := c.leader(5 * time.Second)
+	f := c.nodes[(li+1)%3]
+	ctx := context.Background()
+
+	if _, _, err := f.n.LeaderVIPConns(ctx, 10); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("before the leader sampled: %v, want ErrNotLeader (nothing to share yet)", err)
+	}
+	conns := testVIPConns(5)
+	sampled := time.Now().Add(-300 * time.Millisecond)
+	ld.n.SetVIPConns(VIPConns{Conns: conns, Total: 7, At: sampled})
+
+	from, v, err := f.n.LeaderVIPConns(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if from != ld.id || !slices.Equal(v.Conns, conns) || v.Total != 7 {
+		t.Fatalf("got %v from %s (total %d), want %v from %s (total 7)", v.Conns, from, v.Total, conns, ld.id)
+	}
+	if d := v.At.Sub(sampled); d < -50*time.Millisecond || d > 200*time.Millisecond {
+		t.Errorf("sample dated %v off the leader's time", d)
+	}
+	_, v, err = f.n.LeaderVIPConns(ctx, 2)
+	if err != nil || !slices.Equal(v.Conns, conns[:2]) || v.Total != 7 {
+		t.Fatalf("bounded to 2: %v (total %d), %v", v.Conns, v.Total, err)
+	}
+
+	// Asked directly, a follower does not answer with a list of its own.
+	var res connsRes
+	res.max = 10
+	callConns(t, f.nsmAddr, f.n, &res)
+	if res.Status != fwdNotLeader {
+		t.Fatalf("a follower answered status %d, want fwdNotLeader", res.Status)
+	}
+
+	f.n.cfg.ClusterKey = []byte("another key")
+	if _, _, err := f.n.LeaderVIPConns(ctx, 10); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("with another cluster key: %v, want a refusal", err)
+	}
+}
+
+// callConns calls CONNS at addr as node n would (its key, its clock).
+func callConns(t *testing.T, addr string, n *Node, res *connsRes) {
+	t.Helper()
+	cl, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	args := connsArgs{SentNS: time.Now().UnixNano(), Max: uint32(res.max)}
+	args.MAC = fwdMAC(n.cfg.ClusterKey, args.SentNS, args.macInput())
+	if err := cl.Call(context.Background(), ForwardProgram.Prog, ForwardProgram.Vers, fwdProcConns, &args, res); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// olderRelease serves the forward program as a release without CONNS.
+type olderRelease struct{ n *Node }
+
+func (o olderRelease) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+	if c.Proc == fwdProcConns {
+		return oncrpc.ErrProcUnavail
+	}
+	return o.n.ServeRPC(ctx, c, res)
+}
+
+// TestAnOlderLeaderIsNotAskedForVIPConns: a leader that answers
+// PROC_UNAVAIL to CONNS is reported as ErrVIPConnsUnsupported.
+func TestAnOlderLeaderIsNotAskedForVIPConns(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	c.waitTakeover(5 * time.Second)
+	li, ld := c.leader(5 * time.Second)
+	f := c.nodes[(li+1)%3]
+	ld.n.SetVIPConns(VIPConns{Conns: testVIPConns(2), Total: 2, At: time.Now()})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ld.srv.Shutdown(ctx)
+	ln, err := net.Listen("tcp", ld.nsmAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld.srv = oncrpc.NewServer(oncrpc.Programs{ForwardProgram: olderRelease{ld.n}}, oncrpc.ServerConfig{})
+	go ld.srv.ServeTCP(ln)
+
+	// The follower's cached connection to the old server is gone: the
+	// first call may fail on it, and the next one dials again.
+	var lastErr error
+	for range 3 {
+		_, _, lastErr = f.n.LeaderVIPConns(ctx, 10)
+		if errors.Is(lastErr, ErrVIPConnsUnsupported) {
+			return
+		}
+	}
+	t.Fatalf("an older leader: %v, want ErrVIPConnsUnsupported", lastErr)
+}
+
+func TestConnsResultRoundTripAndBound(t *testing.T) {
+	in := connsRes{Status: fwdOK, Total: 9, AgeMS: 250, Conns: testVIPConns(4)}
+	var w oncrpc.Writer
+	in.MarshalXDR(&w)
+	out := connsRes{max: 4}
+	if err := out.UnmarshalXDR(oncrpc.NewReader(w.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(out.Conns, in.Conns) || out.Total != 9 || out.AgeMS != 250 {
+		t.Fatalf("round trip: %+v, want %+v", out, in)
+	}
+	short := connsRes{max: 3}
+	if err := short.UnmarshalXDR(oncrpc.NewReader(w.Bytes())); err == nil {
+		t.Fatal("an answer with more connections than asked for was accepted")
+	}
+}
