@@ -39,6 +39,7 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/tickle"
 	"github.com/nsmd/nsmd/vip"
 )
 
@@ -57,6 +58,10 @@ type Options struct {
 	// TuneTracking, when set, adjusts the NFSv4 client-tracking server of
 	// node id (tests put a fake kernel's pipe there: cld/cldtest).
 	TuneTracking func(id string, c *cld.Config)
+	// TuneTickle, when set, gives node id's tickler the procfs root it
+	// reads connections from and the function it sends tickles with, and
+	// lets a loopback VIP tickle too (tests record the sends).
+	TuneTickle func(id string) (procRoot string, send func(context.Context, []tickle.Conn, tickle.SendConfig) (int, error))
 }
 
 // Agent is one running node: raft, the NSM server, rpcbind registration,
@@ -87,6 +92,7 @@ type Agent struct {
 	v4         *nfsv4
 	v4cancel   context.CancelFunc
 	netlinkVIP *vip.Netlink // closed (address dropped) on shutdown
+	tickle     *tickler     // nil without tickling (tickle.go)
 	sec        security
 	connEvents *prometheus.CounterVec
 
@@ -97,6 +103,7 @@ type Agent struct {
 // leave; its sockets (and so its loopback VIP) close. Close still releases
 // what Kill left (the hook runner).
 func (a *Agent) Kill() {
+	a.tickle.stop()
 	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
 	if a.v4cancel != nil {
 		a.v4cancel()
@@ -190,6 +197,13 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
+	var tuneTickle func(string) (string, sendFunc)
+	if opts.TuneTickle != nil {
+		tuneTickle = func(id string) (string, sendFunc) { root, send := opts.TuneTickle(id); return root, send }
+	}
+	if a.tickle, err = newTickler(cfg, log, a.reg, tuneTickle); err != nil {
+		return a, err
+	}
 	a.hooks.onStart = a.hookStarted
 	a.hooks.start(context.Background())
 	if opts.RaftMetrics {
@@ -292,6 +306,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		}
 	}
 	a.node.Start()
+	a.tickle.start(a.node)
 	v4ctx, cancel := context.WithCancel(context.Background())
 	a.v4cancel = cancel
 	a.v4.start(v4ctx)
@@ -434,6 +449,7 @@ func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error
 	if a.cfg.OnLeader != "" {
 		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
 	}
+	a.tickle.takeover(ctx, state) // alongside SM_NOTIFY, which starts when this returns
 	a.v4.serving(ctx)
 	return nil
 }
@@ -523,6 +539,7 @@ func (a *Agent) startRpcbind() error {
 // node.Close), then the servers, then the rpcbind registration.
 func (a *Agent) Close() error {
 	var errs []error
+	a.tickle.stop() // first: nothing of it uses the node after
 	if a.node != nil {
 		errs = append(errs, a.node.Close())
 	}

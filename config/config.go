@@ -50,6 +50,16 @@ const (
 	TrackingOff  = "off"
 )
 
+// Tickle modes (tickle).
+const (
+	TickleOn  = "on"  // the node that takes the VIP tickles the connections the previous holder had
+	TickleOff = "off" // the clients reconnect by their own TCP timers
+)
+
+// MaxTickleConns is the largest tickle_max_conns: one answer of the
+// leader's connection list must fit a forwarded reply.
+const MaxTickleConns = 16384
+
 // Grace-end modes (grace_end).
 const (
 	GraceEndAuto  = "auto"  // end the kernel's grace once every client that could reclaim has
@@ -194,6 +204,9 @@ type Config struct {
 	RPCPipefs     string
 	GraceEnd      string
 	GraceSettle   time.Duration
+	// Tickle, TickleMaxConns: tickle, tickle_max_conns.
+	Tickle         string
+	TickleMaxConns int
 	// DiskSlowThreshold: data directory writes slower than this (median
 	// over 2 s) keep the node out of leadership; 0: never.
 	DiskSlowThreshold time.Duration
@@ -239,6 +252,8 @@ func Default() Config {
 		RPCPipefs:          "/var/lib/nfs/rpc_pipefs",
 		GraceEnd:           GraceEndAuto,
 		GraceSettle:        3 * time.Second,
+		Tickle:             TickleOn,
+		TickleMaxConns:     4096,
 		DiskSlowThreshold:  50 * time.Millisecond,
 		HookTimeout:        30 * time.Second,
 		FenceWatchdog:      "/dev/watchdog",
@@ -341,6 +356,8 @@ func (c *Config) bindings() []binding {
 		str("rpc_pipefs", "where rpc_pipefs is (or is mounted): the tracking pipe is <rpc_pipefs>/nfsd/cld", &c.RPCPipefs),
 		str("grace_end", "auto | timer: auto ends lockd's and nfsd's grace as soon as every client that could reclaim has come back and reclaims are quiet for grace_settle; timer leaves it to the kernel", &c.GraceEnd),
 		duration("grace_settle", "grace_end auto: how long reclaims must be quiet after the last client came back", &c.GraceSettle),
+		str("tickle", "on | off: the node that takes the VIP over sends every NFS client connection the previous holder had a tickle ACK, so the client's TCP is reset and it reconnects at once instead of by its own retransmission timers (vip_mode netlink; CAP_NET_RAW)", &c.Tickle),
+		integer("tickle_max_conns", "connections on the VIP (nfsd's port 2049, lockd's when fixed) the leader shares with the other nodes for tickling, at most (1 to 16384); those beyond reconnect by their own timers", &c.TickleMaxConns),
 		str("rpcbind", "register | embedded | off", &c.Rpcbind),
 		str("gossip_key_file", "file with a base64 16/24/32-byte gossip encryption key", &c.GossipKeyFile),
 		str("tls_ca", "PEM file with the cluster CA: raft and the admin API use mutual TLS (nsmd tls init makes one)", &c.TLSCA),
@@ -606,6 +623,14 @@ func (c *Config) Validate() error {
 	}
 	if c.GraceSettle < 0 {
 		bad("grace_settle", "must not be negative")
+	}
+	switch c.Tickle {
+	case TickleOn, TickleOff:
+	default:
+		bad("tickle", "%q is not one of on, off", c.Tickle)
+	}
+	if c.TickleMaxConns < 1 || c.TickleMaxConns > MaxTickleConns {
+		bad("tickle_max_conns", "%d must be 1 to %d", c.TickleMaxConns, MaxTickleConns)
 	}
 	switch c.Rpcbind {
 	case RpcbindRegister, RpcbindEmbedded, RpcbindOff:

@@ -309,3 +309,33 @@ func TestRaftProfileConflictNamesTheProfile(t *testing.T) {
 		t.Errorf("vip_lifetime 1.5s: %v", err)
 	}
 }
+
+// tickle: on by default, on or off; tickle_max_conns: 4096 by default,
+// 1 to MaxTickleConns.
+func TestTickleKeys(t *testing.T) {
+	c := Default()
+	if c.Tickle != TickleOn || c.TickleMaxConns != 4096 {
+		t.Fatalf("defaults tickle %q, tickle_max_conns %d; want on, 4096", c.Tickle, c.TickleMaxConns)
+	}
+	for _, tc := range []struct{ key, val, want string }{
+		{"tickle", "on", ""},
+		{"tickle", "off", ""},
+		{"tickle", "yes", `tickle: "yes" is not one of on, off`},
+		{"tickle_max_conns", "1", ""},
+		{"tickle_max_conns", "16384", ""},
+		{"tickle_max_conns", "0", "tickle_max_conns: 0 must be 1 to 16384"},
+		{"tickle_max_conns", "16385", "tickle_max_conns: 16385 must be 1 to 16384"},
+	} {
+		c := Default()
+		if err := c.Set(tc.key, tc.val); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Validate()
+		if tc.want == "" && err != nil {
+			t.Errorf("%s %q: %v", tc.key, tc.val, err)
+		}
+		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s %q: %v, want %q", tc.key, tc.val, err, tc.want)
+		}
+	}
+}
