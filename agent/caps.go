@@ -46,7 +46,7 @@ func neededCaps(cfg config.Config) []capNeed {
 	if cfg.VIPMode == config.VIPNetlink && !cfg.Witness {
 		need = append(need,
 			capNeed{capNetAdmin, fmt.Sprintf("vip_mode netlink: add the VIP %s on %s", cfg.VIP, cfg.VIPInterface)},
-			capNeed{capNetRaw, fmt.Sprintf("vip_mode netlink: announce the VIP %s (gratuitous ARP / unsolicited NA)", cfg.VIP)})
+			capNeed{capNetRaw, fmt.Sprintf("vip_mode netlink: announce the VIP %s (gratuitous ARP / unsolicited NA) and send tickle ACKs from it", cfg.VIP)})
 	}
 	low := func(key, hostport string) {
 		_, p, err := net.SplitHostPort(hostport)
