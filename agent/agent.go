@@ -197,11 +197,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
-	var tuneTickle func(string) (string, sendFunc)
-	if opts.TuneTickle != nil {
-		tuneTickle = func(id string) (string, sendFunc) { root, send := opts.TuneTickle(id); return root, send }
-	}
-	if a.tickle, err = newTickler(cfg, log, a.reg, tuneTickle); err != nil {
+	if a.tickle, err = newTickler(cfg, log, a.reg, opts.TuneTickle); err != nil {
 		return a, err
 	}
 	a.hooks.onStart = a.hookStarted

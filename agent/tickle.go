@@ -62,11 +62,13 @@ type sendFunc func(context.Context, []tickle.Conn, tickle.SendConfig) (int, erro
 // newTickler returns the tickler of cfg, nil when there is none (tickle
 // off, no netlink VIP, a witness). tune (Options.TuneTickle) gives a
 // test's procfs root and sender, and then a loopback VIP tickles too.
-func newTickler(cfg config.Config, log *slog.Logger, reg prometheus.Registerer, tune func(string) (string, sendFunc)) (*tickler, error) {
+func newTickler(cfg config.Config, log *slog.Logger, reg prometheus.Registerer, tune func(string) (string, func(context.Context, []tickle.Conn, tickle.SendConfig) (int, error))) (*tickler, error) {
 	procRoot, send := "/proc", sendFunc(tickle.Send)
 	vipOK := cfg.VIPMode == config.VIPNetlink
 	if tune != nil {
-		procRoot, send = tune(cfg.NodeID)
+		var fn func(context.Context, []tickle.Conn, tickle.SendConfig) (int, error)
+		procRoot, fn = tune(cfg.NodeID)
+		send = fn
 		vipOK = vipOK || cfg.VIPMode == config.VIPLoopback
 	}
 	if cfg.Tickle != config.TickleOn || !vipOK || cfg.Witness {
