@@ -53,6 +53,7 @@ type tickler struct {
 	from        string           // the leader that answered it
 	unsupported string           // a leader that answered PROC_UNAVAIL: not asked again
 	lastErr     string           // the last sampling error, logged once
+	overLogged  bool             // "over tickle_max_conns" logged, not cleared since
 	stopped     bool             // stop ran: no new sends
 }
 
@@ -173,14 +174,19 @@ func (t *tickler) sample() {
 func (t *tickler) setKnown(n, total int) {
 	t.known.Set(float64(n))
 	t.over.Set(float64(total - n))
-	if total > n {
-		t.logOnce("more connections on the VIP than tickle_max_conns: those beyond it will reconnect by their own timers after a failover", errors.New("over tickle_max_conns"), "connections", total, "tickle_max_conns", t.max)
+	t.mu.Lock()
+	over, logged := total > n, t.overLogged
+	t.overLogged = over
+	t.mu.Unlock()
+	if over && !logged {
+		t.log.Warn("more connections on the VIP than tickle_max_conns: those beyond it will reconnect by their own timers after a failover",
+			"connections", total, "tickle_max_conns", t.max)
 	}
 }
 
 // logOnce logs msg with err when it differs from the last one logged
 // (nil: things are fine again).
-func (t *tickler) logOnce(msg string, err error, args ...any) {
+func (t *tickler) logOnce(msg string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := ""
@@ -192,7 +198,7 @@ func (t *tickler) logOnce(msg string, err error, args ...any) {
 	}
 	t.lastErr = s
 	if err != nil {
-		t.log.Warn(msg, append(args, "err", err)...)
+		t.log.Warn(msg, "err", err)
 	}
 }
 
