@@ -186,11 +186,11 @@ func forge(trans raft.Transport, nodes []*tcpNode) []error {
 
 func quietHclog() hclog.Logger { return hclog.New(&hclog.LoggerOptions{Output: io.Discard}) }
 
-// TestForgedRaftMessagesChangeNothingUnderTLS is issue 13's proof: forged
-// RequestVote and AppendEntries messages, sent to a TLS cluster's raft
-// ports in plaintext, with a certificate of another CA, with an operator
-// certificate of the cluster's own CA and with an expired node
-// certificate, are refused at the handshake; leader, terms, sm_state and
+// TestForgedRaftMessagesChangeNothingUnderTLS shows what raft over mutual
+// TLS stops: forged RequestVote and AppendEntries messages, sent to a TLS
+// cluster's raft ports in plaintext, with a certificate of another CA,
+// with an operator certificate of the cluster's own CA and with an expired
+// node certificate, are refused at the handshake; leader, terms, sm_state and
 // the FSM digests stay as they were, and every refusal is counted by
 // reason. The control: the same forgery against a plaintext cluster
 // deposes its leader.
