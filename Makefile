@@ -70,7 +70,7 @@ benchmarks: build
 # Short fuzzing of every decoder (FUZZTIME each, default 10s).
 FUZZTIME ?= 10s
 fuzz:
-	@set -e; for pkg in ./oncrpc ./fsm ./nsm ./nlm ./cld ./cluster; do \
+	@set -e; for pkg in ./oncrpc ./fsm ./nsm ./nlm ./cld ./cluster ./tickle; do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg; \
 	  done; \

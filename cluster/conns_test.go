@@ -146,3 +146,31 @@ func TestConnsResultRoundTripAndBound(t *testing.T) {
 		t.Fatal("an answer with more connections than asked for was accepted")
 	}
 }
+
+// FuzzConnsResult: a CONNS answer decodes or is refused, never panics,
+// never yields more connections than asked for, and what decodes
+// encodes back to an answer that decodes the same.
+func FuzzConnsResult(f *testing.F) {
+	var w oncrpc.Writer
+	in := connsRes{Status: fwdOK, Total: 9, AgeMS: 250, Conns: testVIPConns(3)}
+	in.MarshalXDR(&w)
+	f.Add(w.Bytes())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := connsRes{max: 8}
+		if r.UnmarshalXDR(oncrpc.NewReader(b)) != nil {
+			return
+		}
+		if len(r.Conns) > 8 {
+			t.Fatalf("%d connections, more than asked for", len(r.Conns))
+		}
+		var w oncrpc.Writer
+		r.MarshalXDR(&w)
+		again := connsRes{max: 8}
+		if err := again.UnmarshalXDR(oncrpc.NewReader(w.Bytes())); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(again.Conns, r.Conns) || again.Total != r.Total || again.Status != r.Status || again.Err != r.Err {
+			t.Fatalf("round trip: %+v, want %+v", again, r)
+		}
+	})
+}

@@ -3,6 +3,7 @@ package tickle
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -184,4 +185,55 @@ func TestLockdPort(t *testing.T) {
 			t.Errorf("%q: %d, %v; want %d, error %v", tc.content, p, err, tc.want, tc.bad)
 		}
 	}
+}
+
+// FuzzParseTable: any input is parsed or refused with ErrMalformed, never
+// a panic; every connection it yields prints back to a line it parses
+// the same way.
+func FuzzParseTable(f *testing.F) {
+	for _, name := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte("   1: 6400A8C0:0801 0A00A8C0:03FF 01\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var got []Conn
+		err := ParseTable(strings.NewReader(string(b)), func(c Conn) { got = append(got, c) })
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v is not ErrMalformed", err)
+			}
+			return
+		}
+		for _, c := range got {
+			if c.Local.Addr().Is4() != c.Remote.Addr().Is4() {
+				// One end IPv4-mapped, the other not: unmapped they differ
+				// in family, and such a connection is not Valid (not sent).
+				if c.Valid() {
+					t.Fatalf("%v of mixed families is Valid", c)
+				}
+				continue
+			}
+			line := "0: " + kernelAddr(c.Local) + " " + kernelAddr(c.Remote) + " 01\n"
+			var again []Conn
+			if err := ParseTable(strings.NewReader(line), func(c Conn) { again = append(again, c) }); err != nil || len(again) != 1 || again[0] != c {
+				t.Fatalf("%v printed as %q parses as %v, %v", c, line, again, err)
+			}
+		}
+	})
+}
+
+// kernelAddr prints ap as the kernel does in /proc/net/tcp (IPv4 as 8
+// digits, else 32: 32-bit words in the host's byte order).
+func kernelAddr(ap netip.AddrPort) string {
+	raw := ap.Addr().AsSlice()
+	var sb strings.Builder
+	for i := 0; i < len(raw); i += 4 {
+		fmt.Fprintf(&sb, "%08X", binary.NativeEndian.Uint32(raw[i:]))
+	}
+	fmt.Fprintf(&sb, ":%04X", ap.Port())
+	return sb.String()
 }
