@@ -554,7 +554,7 @@ scrape_configs:
     static_configs: [{targets: [%s]}]
 `, rules, dc.Agents()[0].Config().TLSCA, strings.Join(targets, ", "))
 	writeFile(t, filepath.Join(dir, "prometheus.yml"), cfg)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(agenttest.FreePort(t, "127.0.0.1")))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testutil.FreePort(t, "127.0.0.1")))
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
 	var logs testutil.LockedBuffer

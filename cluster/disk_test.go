@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // smallDisk mounts a tmpfs of sizeMB on a new directory: a real disk that
@@ -71,18 +73,10 @@ func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, ch
 	t.Helper()
 	nodes := make([]*tcpNode, len(dirs))
 	voters := map[string]string{}
-	var lns []net.Listener // held until every port is chosen: a closed one can be handed out again
+	ports := testutil.FreePorts(t, len(nodes))
 	for i := range nodes {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		nodes[i] = &tcpNode{id: fmt.Sprintf("n%d", i+1), addr: ln.Addr().String()}
+		nodes[i] = &tcpNode{id: fmt.Sprintf("n%d", i+1), addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i]))}
 		voters[nodes[i].id] = nodes[i].addr
-	}
-	for _, ln := range lns {
-		ln.Close()
 	}
 	took := make(chan takeoverEvent, 64)
 	for i, tn := range nodes {

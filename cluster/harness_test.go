@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -60,12 +61,7 @@ func newTestCluster(t testing.TB, size int, tune func(*Config)) *tcluster {
 		cut: map[[2]int]bool{}, tuneCfg: tune}
 	for i := range size {
 		tn := &tnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), addr: raft.ServerAddress(fmt.Sprintf("inmem-n%d", i+1))}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		tn.nsmAddr = ln.Addr().String()
-		ln.Close()
+		tn.nsmAddr = testutil.FreeAddr(t, "127.0.0.1")
 		c.nodes = append(c.nodes, tn)
 		c.voters[tn.id] = string(tn.addr)
 		c.peerNSM[tn.id] = tn.nsmAddr

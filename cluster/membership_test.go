@@ -37,32 +37,12 @@ type gossipSpec struct {
 func newGossipSpec(t testing.TB, id string, expect int, join ...string) *gossipSpec {
 	t.Helper()
 	return &gossipSpec{
-		id: id, dir: filepath.Join(t.TempDir(), id), raftAddr: freeAddr(t), nsmAddr: freeAddr(t),
-		port: freeGossipPort(t), join: join, expect: expect,
+		id: id, dir: filepath.Join(t.TempDir(), id), raftAddr: testutil.FreeAddr(t, "127.0.0.1"), nsmAddr: testutil.FreeAddr(t, "127.0.0.1"),
+		port: testutil.FreePort(t), join: join, expect: expect,
 	}
 }
 
 func (s *gossipSpec) gossipAddr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
-
-// freeGossipPort is a loopback port free for both TCP and UDP.
-func freeGossipPort(t testing.TB) int {
-	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		ln.Close()
-		if err == nil {
-			pc.Close()
-			return port
-		}
-	}
-	t.Fatal("no free TCP+UDP port")
-	return 0
-}
 
 // gossipTestLogger logs to stderr when NSMD_TEST_LOG is set.
 func gossipTestLogger() *slog.Logger {

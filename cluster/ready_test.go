@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // Readiness (ready.go) with real raft over TCP on loopback.
@@ -146,7 +147,7 @@ func newReadyCluster(t *testing.T, size int, tune func(*Config)) *rcluster {
 	c := &rcluster{t: t, voters: map[string]string{}, gate: newTakeoverGate(),
 		takeovers: make(chan takeoverEvent, 64), tune: tune}
 	for i := range size {
-		rn := &rnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), raftAddr: freeAddr(t)}
+		rn := &rnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), raftAddr: testutil.FreeAddr(t, "127.0.0.1")}
 		c.nodes = append(c.nodes, rn)
 		c.voters[rn.id] = rn.raftAddr
 	}

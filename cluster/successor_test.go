@@ -161,7 +161,7 @@ func tcpGossipCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNo
 	t.Helper()
 	ports := map[string]int{}
 	for i := range dirs {
-		ports[fmt.Sprintf("n%d", i+1)] = freeGossipPort(t)
+		ports[fmt.Sprintf("n%d", i+1)] = testutil.FreePort(t)
 	}
 	nodes, took := tcpCluster(t, dirs, func(c *Config) {
 		c.Gossip = GossipConfig{Bind: "127.0.0.1", Port: ports[c.NodeID]}

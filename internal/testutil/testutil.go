@@ -1,9 +1,9 @@
 // Package testutil holds the helpers that tests of several packages share:
-// a log sink a test can read while the code under test writes to it, and
+// a log sink a test can read while the code under test writes to it,
 // polling for a condition that has no event to wait on (another process's
-// state, a server's internal bookkeeping), always with a bound, and reading
-// one metric's value. It imports
-// nothing of nsmd, so any package's tests can use it.
+// state, a server's internal bookkeeping), always with a bound, free ports
+// for the nodes a test starts, and reading one metric's value. It imports
+// nothing of nsmd but internal/freeport, so any package's tests can use it.
 package testutil
 
 import (
