@@ -165,7 +165,7 @@ func TestFullDiskSingleNodeStaysOutOfElectionsAndRecovers(t *testing.T) {
 	}
 	cands := countCandidacies(t, n)
 	free := fill(t, dir)
-	waitCond(t, 5*time.Second, "the probe finds the full disk", func() bool { return !n.Disk().Writable })
+	testutil.WaitFor(t, 5*time.Second, "the probe finds the full disk", func() bool { return !n.Disk().Writable })
 	// Bolt writes into pages it already has until it needs new ones: an
 	// SM_MON acknowledged now was fsynced and is durable. Write until one
 	// fails; every acknowledged one must survive.
@@ -185,10 +185,10 @@ func TestFullDiskSingleNodeStaysOutOfElectionsAndRecovers(t *testing.T) {
 	c0 := cands.Load()
 	// Nothing may happen for a while: election timeouts are 100 ms, so
 	// 1.5 s is ≥ 7 missed chances to campaign.
-	time.Sleep(1500 * time.Millisecond)
-	if got := n.raft.CurrentTerm(); got != term || cands.Load() != c0 {
-		t.Fatalf("full node campaigned: term %d → %d, %d candidacies", term, got, cands.Load()-c0)
-	}
+	testutil.HoldsFor(t, 1500*time.Millisecond, 20*time.Millisecond, "a full node out of elections", func() (bool, string) {
+		got := n.raft.CurrentTerm()
+		return got == term && cands.Load() == c0, fmt.Sprintf("full node campaigned: term %d → %d, %d candidacies", term, got, cands.Load()-c0)
+	})
 	if err := mon(n, failedAt); err == nil {
 		t.Fatal("SM_MON acknowledged by a full node that should have stepped down")
 	}
@@ -267,12 +267,12 @@ func TestFullDiskLeaderStepsAsideAndTheOthersKeepServing(t *testing.T) {
 
 	free()
 	want := leader.n.fsm.AppliedIndex()
-	waitCond(t, 10*time.Second, "the freed node catches up", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the freed node catches up", func() bool {
 		return full.n.Disk().Writable && full.n.fsm.AppliedIndex() >= want
 	})
 	if full.n.fsm.Digest() != leader.n.fsm.Digest() {
 		// Digests compare equal state at equal index; wait for both.
-		waitCond(t, 5*time.Second, "equal digests", func() bool {
+		testutil.WaitFor(t, 5*time.Second, "equal digests", func() bool {
 			return full.n.fsm.AppliedIndex() == leader.n.fsm.AppliedIndex() && full.n.fsm.Digest() == leader.n.fsm.Digest()
 		})
 	}
@@ -291,18 +291,6 @@ func killWithin(t *testing.T, tn *tcpNode, d time.Duration) {
 		buf := make([]byte, 4<<20)
 		buf = buf[:runtime.Stack(buf, true)]
 		t.Errorf("node %s did not stop within %v; goroutines:\n%s", tn.id, d, buf)
-	}
-}
-
-// waitCond polls cond (state with no event to wait on) until it holds.
-func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -346,14 +334,14 @@ func TestFollowerWithFlappingDiskIsReplicatedToAgain(t *testing.T) {
 	defer func() { cancel(); writers.Wait() }()
 	for flap := range 8 {
 		free := fill(t, victimDir)
-		waitCond(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees its full disk", flap), func() bool { return !victim.n.Disk().Writable })
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees its full disk", flap), func() bool { return !victim.n.Disk().Writable })
 		free()
-		waitCond(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees space again", flap), func() bool { return victim.n.Disk().Writable })
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees space again", flap), func() bool { return victim.n.Disk().Writable })
 	}
 	cancel()
 	writers.Wait()
 	want := leader.n.fsm.AppliedIndex()
-	waitCond(t, 10*time.Second, "the flapped follower catches up", func() bool { return victim.n.fsm.AppliedIndex() >= want })
+	testutil.WaitFor(t, 10*time.Second, "the flapped follower catches up", func() bool { return victim.n.fsm.AppliedIndex() >= want })
 	t.Logf("8 disk-full flaps on follower %s under 8 writers (%d SM_MONs acknowledged); it caught up to index %d", victim.id, acked.Load(), want)
 	for _, tn := range nodes {
 		killWithin(t, tn, 10*time.Second)

@@ -186,18 +186,18 @@ func (c *tcluster) waitTakeover(timeout time.Duration) takeoverEvent {
 // waiting up to timeout.
 func (c *tcluster) leader(timeout time.Duration) (int, *tnode) {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var li int
+	var ld *tnode
+	testutil.WaitFor(c.t, timeout, "a live node that leads and has taken over", func() bool {
 		for i, tn := range c.nodes {
 			if tn.alive && tn.n.Leading() && tn.n.IsLeader() {
-				return i, tn
+				li, ld = i, tn
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("no leader within %v", timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
+	return li, ld
 }
 
 // converge waits until every live node has applied the leader's last index
@@ -210,18 +210,14 @@ func (c *tcluster) converge(timeout time.Duration) [32]byte {
 		c.t.Fatalf("barrier: %v", err)
 	}
 	want := ld.n.FSM().AppliedIndex()
-	deadline := time.Now().Add(timeout)
-	for _, tn := range c.nodes {
-		if !tn.alive {
-			continue
-		}
-		for tn.n.FSM().AppliedIndex() < want {
-			if time.Now().After(deadline) {
-				c.t.Fatalf("%s applied %d < leader's %d after %v", tn.id, tn.n.FSM().AppliedIndex(), want, timeout)
+	testutil.WaitForSeen(c.t, timeout, fmt.Sprintf("every live node to apply the leader's index %d", want), func() (bool, string) {
+		for _, tn := range c.nodes {
+			if tn.alive && tn.n.FSM().AppliedIndex() < want {
+				return false, fmt.Sprintf("%s applied %d", tn.id, tn.n.FSM().AppliedIndex())
 			}
-			time.Sleep(5 * time.Millisecond)
 		}
-	}
+		return true, ""
+	})
 	d := ld.n.FSM().Digest()
 	for _, tn := range c.nodes {
 		if tn.alive && tn.n.FSM().AppliedIndex() == want && tn.n.FSM().Digest() != d {

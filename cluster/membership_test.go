@@ -81,18 +81,6 @@ func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 	return n
 }
 
-// gossipWaitFor polls cond until it holds or the deadline passes.
-func gossipWaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // raftVoters is a node's raft configuration as "id=addr" for voters, sorted.
 func raftVoters(n *Node) []string {
 	f := n.raft.GetConfiguration()
@@ -195,7 +183,7 @@ func formGossipClusterTuned(t testing.TB, tune func(id string, cfg *Config), ids
 		nodes = append(nodes, startGossipNode(t, s))
 	}
 	want := wantVoters(specs...)
-	gossipWaitFor(t, 10*time.Second, "one cluster with every node a voter", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "one cluster with every node a voter", func() bool {
 		if gossipLeader(nodes...) == nil {
 			return false
 		}
@@ -245,7 +233,7 @@ func TestGossipLateJoinerBecomesVoter(t *testing.T) {
 	n4 := startGossipNode(t, s4)
 	all := append(slices.Clone(nodes), n4)
 	want := wantVoters(append(slices.Clone(specs), s4)...)
-	gossipWaitFor(t, 10*time.Second, "n4 a voter on every node", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "n4 a voter on every node", func() bool {
 		for _, n := range all {
 			if !slices.Equal(raftVoters(n), want) {
 				return false
@@ -257,7 +245,7 @@ func TestGossipLateJoinerBecomesVoter(t *testing.T) {
 	if l == nil || l == n4 {
 		t.Fatalf("leader %v: want one of the original nodes", l)
 	}
-	gossipWaitFor(t, 5*time.Second, "add_voter counted", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "add_voter counted", func() bool {
 		return testutil.MetricValue(t, l.member.changes.WithLabelValues("add_voter")) >= 1
 	})
 }
@@ -283,10 +271,10 @@ func TestGossipGracefulLeaveRemovesServer(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	gossipWaitFor(t, 10*time.Second, f.ID()+" removed from the raft configuration", func() bool {
+	testutil.WaitFor(t, 10*time.Second, f.ID()+" removed from the raft configuration", func() bool {
 		return slices.Equal(raftVoters(l), wantVoters(restSpecs...))
 	})
-	gossipWaitFor(t, 5*time.Second, f.ID()+" shown as left", func() bool {
+	testutil.WaitFor(t, 5*time.Second, f.ID()+" shown as left", func() bool {
 		for _, m := range l.Members() {
 			if m.ID == f.ID() {
 				return m.State == stateLeft && m.Suffrage == ""
@@ -296,7 +284,7 @@ func TestGossipGracefulLeaveRemovesServer(t *testing.T) {
 	})
 	// The configuration changes when the leader appends the entry; the
 	// metric when the change has committed.
-	gossipWaitFor(t, 5*time.Second, "remove_server counted once", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "remove_server counted once", func() bool {
 		return testutil.MetricValue(t, l.member.changes.WithLabelValues("remove_server")) == 1
 	})
 
@@ -312,7 +300,7 @@ func TestGossipGracefulLeaveRemovesServer(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	gossipWaitFor(t, 10*time.Second, "the last node leading alone", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the last node leading alone", func() bool {
 		return last.IsLeader() && slices.Equal(raftVoters(last), wantVoters(lastSpec))
 	})
 }
@@ -336,7 +324,7 @@ func TestGossipFailedNodeStaysVoter(t *testing.T) {
 	if c, ok := victim.trans.(io.Closer); ok {
 		c.Close()
 	}
-	gossipWaitFor(t, 10*time.Second, victim.ID()+" marked dead by the leader", func() bool {
+	testutil.WaitFor(t, 10*time.Second, victim.ID()+" marked dead by the leader", func() bool {
 		for _, m := range l.Members() {
 			if m.ID == victim.ID() {
 				return m.State == stateDead
@@ -345,7 +333,7 @@ func TestGossipFailedNodeStaysVoter(t *testing.T) {
 		return false
 	})
 	before := l.member.reconciles.Load()
-	gossipWaitFor(t, 5*time.Second, "two more reconcile passes", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "two more reconcile passes", func() bool {
 		return l.member.reconciles.Load() >= before+2
 	})
 	if got, want := raftVoters(l), wantVoters(specs...); !slices.Equal(got, want) {
@@ -384,21 +372,21 @@ func TestGossipWipedRestartRejoins(t *testing.T) {
 	if err := victim.Close(); err != nil {
 		t.Fatal(err)
 	}
-	gossipWaitFor(t, 10*time.Second, vs.id+" removed", func() bool { return len(raftVoters(l)) == 2 })
+	testutil.WaitFor(t, 10*time.Second, vs.id+" removed", func() bool { return len(raftVoters(l)) == 2 })
 	if err := os.RemoveAll(vs.dir); err != nil {
 		t.Fatal(err)
 	}
 	re := *vs
 	re.expect, re.join = 0, []string{l.member.list.LocalNode().Address()}
 	n := startGossipNode(t, &re)
-	gossipWaitFor(t, 10*time.Second, vs.id+" a voter again", func() bool {
+	testutil.WaitFor(t, 10*time.Second, vs.id+" a voter again", func() bool {
 		return slices.Equal(raftVoters(l), wantVoters(specs...))
 	})
 	if _, err := l.Monitor(ctx, reg(10)); err != nil {
 		t.Fatal(err)
 	}
 	want := l.FSM().AppliedIndex()
-	gossipWaitFor(t, 10*time.Second, "the wiped node catching up", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the wiped node catching up", func() bool {
 		return n.FSM().AppliedIndex() >= want
 	})
 	if got := n.FSM().Len(); got != 11 {
@@ -423,7 +411,7 @@ func TestGossipWipedRestartAtNewAddressReplacesVoter(t *testing.T) {
 	if c, ok := victim.trans.(io.Closer); ok {
 		c.Close()
 	}
-	gossipWaitFor(t, 10*time.Second, vs.id+" marked dead", func() bool {
+	testutil.WaitFor(t, 10*time.Second, vs.id+" marked dead", func() bool {
 		for _, m := range l.Members() {
 			if m.ID == vs.id {
 				return m.State == stateDead
@@ -435,7 +423,7 @@ func TestGossipWipedRestartAtNewAddressReplacesVoter(t *testing.T) {
 	re.port = vs.port // same gossip address: memberlist lets it refute its death
 	n := startGossipNode(t, re)
 	specs[i] = re
-	gossipWaitFor(t, 10*time.Second, "the voter's raft address replaced", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the voter's raft address replaced", func() bool {
 		return slices.Equal(raftVoters(l), wantVoters(specs...))
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -444,7 +432,7 @@ func TestGossipWipedRestartAtNewAddressReplacesVoter(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := l.FSM().AppliedIndex()
-	gossipWaitFor(t, 10*time.Second, "the replacement catching up", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the replacement catching up", func() bool {
 		return n.FSM().AppliedIndex() >= want
 	})
 }
@@ -460,7 +448,7 @@ func TestGossipEncryptionRefusesPlaintextAndOtherKeys(t *testing.T) {
 	s2 := newGossipSpec(t, "k2", 2, s1.gossipAddr())
 	s2.key = key
 	k2 := startGossipNode(t, s2)
-	gossipWaitFor(t, 10*time.Second, "the keyed cluster", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the keyed cluster", func() bool {
 		return gossipLeader(k1, k2) != nil && membersAgree(sortedSpecs(s1, s2), k1, k2)
 	})
 

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/cluster/pki"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // testPKI is a cluster CA with node certificates, and the certificates an
@@ -123,8 +124,7 @@ func viewOf(t *testing.T, nodes []*tcpNode) clusterView {
 	var v clusterView
 	// Wait until every node applied what the leader committed, so the
 	// digests compare equal state.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.WaitForSeen(t, 5*time.Second, "the cluster to settle", func() (bool, string) {
 		_, lid := nodes[0].n.Raft().LeaderWithID()
 		v.leader = string(lid)
 		ok := v.leader != ""
@@ -139,14 +139,9 @@ func viewOf(t *testing.T, nodes []*tcpNode) clusterView {
 				ok = false
 			}
 		}
-		if ok && v.digests[0] == v.digests[1] && v.digests[1] == v.digests[2] {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster did not settle: %+v", v)
-		}
-		time.Sleep(10 * time.Millisecond) // polling raft's state: it has no event for "applied everywhere"
-	}
+		return ok && v.digests[0] == v.digests[1] && v.digests[1] == v.digests[2], fmt.Sprintf("%+v", v)
+	})
+	return v
 }
 
 // forge sends a RequestVote for a member with a huge term and the

@@ -215,13 +215,7 @@ func TestMeasureScale1M(t *testing.T) {
 	}
 	lead.Start()
 	defer lead.Kill()
-	deadline := time.Now().Add(10 * time.Second)
-	for !lead.Leading() {
-		if time.Now().After(deadline) {
-			t.Fatal("n1 did not take over")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 10*time.Second, "n1 to take over", lead.Leading)
 	var children []*scaleChild
 	for _, id := range []string{"n2", "n3"} {
 		c := startScaleChild(t, id, filepath.Join(root, id), testutil.FreeAddr(t, "127.0.0.1"))

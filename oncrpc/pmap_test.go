@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 func TestEmbeddedPortmapper(t *testing.T) {
@@ -268,16 +270,10 @@ func realRpcbindChild(t *testing.T) {
 // waitPmap polls PMAP NULL until the portmapper answers (bounded).
 func waitPmap(t *testing.T, p *PmapClient) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.WaitForSeen(t, 10*time.Second, "rpcbind to answer", func() (bool, string) {
 		err := p.Null(context.Background())
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rpcbind did not answer: %v", err)
-		}
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 func rpcinfo(t *testing.T, args ...string) string {
