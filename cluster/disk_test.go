@@ -68,7 +68,7 @@ func diskCluster(t *testing.T, dirs []string) ([]*tcpNode, chan takeoverEvent) {
 }
 
 // tcpCluster starts len(dirs) nodes with raft over TCP on loopback
-// (static voters, 100 ms timeouts); tune adjusts each node's config.
+// (static voters, 300 ms timeouts); tune adjusts each node's config.
 func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, chan takeoverEvent) {
 	t.Helper()
 	nodes := make([]*tcpNode, len(dirs))
@@ -82,8 +82,8 @@ func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, ch
 	for i, tn := range nodes {
 		cfg := Config{
 			NodeID: tn.id, DataDir: dirs[i], RaftBind: tn.addr, NSMAddr: "127.0.0.1:1", Voters: voters,
-			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
+			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+			LeaderLeaseTimeout: 150 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
 			DiskProbeInterval: 50 * time.Millisecond,
 			OnLeader: func(_ context.Context, _ fsm.Takeover, s int32) error {
 				took <- takeoverEvent{node: tn.id, state: s, at: time.Now()}
@@ -183,16 +183,16 @@ func TestFullDiskSingleNodeStaysOutOfElectionsAndRecovers(t *testing.T) {
 	}
 	term := n.raft.CurrentTerm()
 	c0 := cands.Load()
-	// Nothing may happen for a while: election timeouts are 100 ms, so
-	// 1.5 s is ≥ 7 missed chances to campaign.
-	testutil.HoldsFor(t, 1500*time.Millisecond, 20*time.Millisecond, "a full node out of elections", func() (bool, string) {
+	// Nothing may happen for a while: election timeouts are 300 ms (raft
+	// waits up to twice that), so 3 s is ≥ 5 missed chances to campaign.
+	testutil.HoldsFor(t, 3*time.Second, 20*time.Millisecond, "a full node out of elections", func() (bool, string) {
 		got := n.raft.CurrentTerm()
 		return got == term && cands.Load() == c0, fmt.Sprintf("full node campaigned: term %d → %d, %d candidacies", term, got, cands.Load()-c0)
 	})
 	if err := mon(n, failedAt); err == nil {
 		t.Fatal("SM_MON acknowledged by a full node that should have stepped down")
 	}
-	t.Logf("full disk: %d SM_MONs acknowledged (durable) until #%d failed; then 1.5 s with term %d, 0 candidacies; disk %+v", len(acked), failedAt, term, n.Disk())
+	t.Logf("full disk: %d SM_MONs acknowledged (durable) until #%d failed; then 3 s with term %d, 0 candidacies; disk %+v", len(acked), failedAt, term, n.Disk())
 
 	free()
 	ev := nextTakeover(t, took, 5*time.Second)

@@ -40,9 +40,9 @@ func slowDisks(t *testing.T, n int) ([]string, []*slowfs.FS) {
 	return dirs, fss
 }
 
-// slowDiskTimings are the agent's default timings: tcpCluster's 100 ms
-// ones are shorter than a vote on a slow disk (two fsyncs of the stable
-// store).
+// slowDiskTimings are the agent's default timings, set here whatever
+// tcpCluster's are: shorter ones would not outlast a vote on a slow disk
+// (two fsyncs of the stable store).
 func slowDiskTimings(c *Config) {
 	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
 	if testing.Verbose() {

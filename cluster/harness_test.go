@@ -86,8 +86,8 @@ func (c *tcluster) start(i int) {
 	cfg := Config{
 		NodeID: tn.id, DataDir: tn.dir, RaftBind: "127.0.0.1:1", NSMAddr: tn.nsmAddr,
 		Voters: c.voters, PeerNSMAddrs: c.peerNSM, Transport: tn.trans,
-		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-		LeaderLeaseTimeout: 50 * time.Millisecond, HoldTimeout: 2 * time.Second,
+		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond, HoldTimeout: 2 * time.Second,
 		ClusterKey: []byte("test-cluster-key"), // inmem raft addresses carry no IPs to match
 		Notifier: nsm.NotifierConfig{Name: "nfs.test", InitialRTO: 50 * time.Millisecond,
 			MaxRTO: 200 * time.Millisecond, Window: 2 * time.Second},

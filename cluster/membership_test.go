@@ -64,8 +64,8 @@ func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 			Bind: "127.0.0.1", Port: s.port, Join: s.join, BootstrapExpect: s.expect, Key: s.key,
 			ReconcileEvery: 250 * time.Millisecond, ClusterID: s.clusterID,
 		},
-		HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-		LeaderLeaseTimeout: 100 * time.Millisecond,
+		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond,
 		Logger:             lg,
 		Registerer:         prometheus.NewRegistry(),
 	}

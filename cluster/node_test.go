@@ -44,8 +44,8 @@ func startNode(t testing.TB, dir, addr string, tk *takeovers) *Node {
 	t.Helper()
 	n, err := New(Config{
 		NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true,
-		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-		LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
+		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -241,8 +241,8 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	start := func(dir, addr, store string, tk *takeovers) (*Node, error) {
 		n, err := New(Config{
 			NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true, LogStore: store,
-			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
+			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+			LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
 		})
 		if err == nil {
 			n.Start()

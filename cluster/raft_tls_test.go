@@ -89,10 +89,14 @@ type tcpNode struct {
 
 // startTCPCluster starts 3 nodes with raft on 127.0.0.1 TCP ports, over
 // mutual TLS when stores is not nil, and waits for a committed takeover.
+// Its timeouts are long: the test compares terms before and after an
+// attack, and an election after a heartbeat starved on a loaded machine
+// would look like the attack's doing.
 func startTCPCluster(t *testing.T, stores []*pki.Store, refusals *pki.Refusals) []*tcpNode {
 	t.Helper()
 	ids := map[string]int{"n1": 0, "n2": 1, "n3": 2}
 	nodes, took := tcpCluster(t, []string{t.TempDir(), t.TempDir(), t.TempDir()}, func(c *Config) {
+		c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
 		if stores != nil {
 			c.RaftTLS, c.TLSRefusals = stores[ids[c.NodeID]], refusals
 		}
@@ -123,8 +127,9 @@ func viewOf(t *testing.T, nodes []*tcpNode) clusterView {
 	t.Helper()
 	var v clusterView
 	// Wait until every node applied what the leader committed, so the
-	// digests compare equal state.
-	testutil.WaitForSeen(t, 5*time.Second, "the cluster to settle", func() (bool, string) {
+	// digests compare equal state (after the control's forgery: a new
+	// election, a few of its 1 s timeouts).
+	testutil.WaitForSeen(t, 15*time.Second, "the cluster to settle", func() (bool, string) {
 		_, lid := nodes[0].n.Raft().LeaderWithID()
 		v.leader = string(lid)
 		ok := v.leader != ""
