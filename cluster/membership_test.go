@@ -283,9 +283,14 @@ func TestGossipGracefulLeaveRemovesServer(t *testing.T) {
 		return false
 	})
 	// The configuration changes when the leader appends the entry; the
-	// metric when the change has committed.
-	testutil.WaitFor(t, 5*time.Second, "remove_server counted once", func() bool {
-		return testutil.MetricValue(t, l.member.changes.WithLabelValues("remove_server")) == 1
+	// metric when the change has committed, on whichever node led then
+	// (leadership may move on a loaded machine): once in all.
+	testutil.WaitForSeen(t, 5*time.Second, "remove_server counted once", func() (bool, string) {
+		sum := 0.0
+		for _, n := range rest {
+			sum += testutil.MetricValue(t, n.member.changes.WithLabelValues("remove_server"))
+		}
+		return sum == 1, fmt.Sprint(sum)
 	})
 
 	// Now the leader leaves: it hands leadership over, and the new leader
@@ -332,18 +337,33 @@ func TestGossipFailedNodeStaysVoter(t *testing.T) {
 		}
 		return false
 	})
-	before := l.member.reconciles.Load()
-	testutil.WaitFor(t, 5*time.Second, "two more reconcile passes", func() bool {
-		return l.member.reconciles.Load() >= before+2
-	})
+	// Leadership may move between the survivors on a loaded machine (a
+	// lapsed lease): whoever leads reconciles, so count the passes and
+	// changes of both.
+	var survivors []*Node
+	for _, n := range nodes {
+		if n != victim {
+			survivors = append(survivors, n)
+		}
+	}
+	reconciles := func() (sum uint64) {
+		for _, n := range survivors {
+			sum += n.member.reconciles.Load()
+		}
+		return sum
+	}
+	before := reconciles()
+	testutil.WaitFor(t, 5*time.Second, "two more reconcile passes", func() bool { return reconciles() >= before+2 })
 	if got, want := raftVoters(l), wantVoters(specs...); !slices.Equal(got, want) {
 		t.Errorf("voters after a failure %v, want unchanged %v", got, want)
 	}
 	if got := testutil.MetricValue(t, l.member.membersGauge.WithLabelValues(stateDead)); got != 1 {
 		t.Errorf("nsmd_members{state=dead} = %v, want 1", got)
 	}
-	if got := testutil.MetricValue(t, l.member.changes.WithLabelValues("remove_server")); got != 0 {
-		t.Errorf("remove_server changes %v, want 0", got)
+	for _, n := range survivors {
+		if got := testutil.MetricValue(t, n.member.changes.WithLabelValues("remove_server")); got != 0 {
+			t.Errorf("%s: remove_server changes %v, want 0", n.ID(), got)
+		}
 	}
 }
 
