@@ -596,16 +596,23 @@ scrape_configs:
 		n, _ := strconv.Atoi(value(`sum(count_over_time(up{job="nsmd"}[1m]))`))
 		return n >= 9 && value(`count(nsmd:vip_holders:sum)`) == "1", "up " + value(`up`)
 	})
-	for _, c := range []struct{ q, want string }{
-		{`sum(up{job="nsmd"})`, "3"},
-		{`nsmd:vip_holders:sum{job="nsmd"}`, "1"},
-		{`nsmd:leaders:sum{job="nsmd"}`, "1"},
-		{`nsmd:nodes_ready:sum{job="nsmd"}`, "3"},
-	} {
-		if got := value(c.q); got != c.want {
-			t.Errorf("%s = %s, want %s", c.q, got, c.want)
+	// Seen together once: on a loaded machine one scrape may miss its 1 s
+	// timeout (up 0 for that node) or a lease lapse for a moment (a node
+	// not ready), and that is no fault of the rules.
+	testutil.WaitForSeen(t, 30*time.Second, "three nodes up and ready, one VIP holder and one leader", func() (bool, string) {
+		var wrong []string
+		for _, c := range []struct{ q, want string }{
+			{`sum(up{job="nsmd"})`, "3"},
+			{`nsmd:vip_holders:sum{job="nsmd"}`, "1"},
+			{`nsmd:leaders:sum{job="nsmd"}`, "1"},
+			{`nsmd:nodes_ready:sum{job="nsmd"}`, "3"},
+		} {
+			if got := value(c.q); got != c.want {
+				wrong = append(wrong, fmt.Sprintf("%s = %s, want %s", c.q, got, c.want))
+			}
 		}
-	}
+		return len(wrong) == 0, strings.Join(wrong, "; ")
+	})
 	// Nothing fires or is pending, but for the grace a fresh takeover opened.
 	alerts, err := query(`ALERTS`)
 	if err != nil {
