@@ -358,7 +358,7 @@ func TestRestartedNodeKnowsThePreviousLeader(t *testing.T) {
 	n := c.nodes[f].n
 	// Start's observer goroutine records it; no later leader change
 	// happens to tell it again.
-	testutil.WaitForSeen(t, 2*time.Second, "the restarted node to know the leader it heard before Start", func() (bool, string) {
+	testutil.WaitForSeen(t, 5*time.Second, "the restarted node to know the leader it heard before Start", func() (bool, string) {
 		n.lcMu.Lock()
 		defer n.lcMu.Unlock()
 		return n.prevLeader == lead.id, fmt.Sprintf("previous leader %q, want %s", n.prevLeader, lead.id)

@@ -475,7 +475,7 @@ func TestCutOffLeaderStopsBeingReadyWithinItsLease(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	c.waitTakeover(5 * time.Second)
 	li, l := c.leader(5 * time.Second)
-	testutil.WaitFor(t, time.Second, "the leader is ready", l.n.Ready)
+	testutil.WaitFor(t, 5*time.Second, "the leader is ready", l.n.Ready)
 	lease := l.n.cfg.LeaderLeaseTimeout
 	cut := time.Now()
 	c.partition(li)
@@ -502,7 +502,7 @@ func TestFollowerReadStateNeverGoesBackAcrossATransfer(t *testing.T) {
 		li, l := c.leader(5 * time.Second)
 		target := c.nodes[(li+1)%3]
 		third := c.nodes[(li+2)%3]
-		testutil.WaitFor(t, 2*time.Second, "the third node is ready", third.n.Ready)
+		testutil.WaitFor(t, 5*time.Second, "the third node is ready", third.n.Ready)
 		old := l.n.State()
 		stop := make(chan struct{})
 		var newSeen atomic.Int64 // unix nanos when the new state was first answered by the new leader
