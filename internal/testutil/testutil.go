@@ -2,9 +2,9 @@
 // a log sink a test can read while the code under test writes to it,
 // polling for a condition that has no event to wait on (another process's
 // state, a server's internal bookkeeping), always with a bound, or watching
-// one that must keep holding for a while, free ports
-// for the nodes a test starts, and reading one metric's value. It imports
-// nothing of nsmd but internal/freeport, so any package's tests can use it.
+// one that must keep holding for a while; free ports for the nodes a test
+// starts; reading one metric's value. It imports nothing of nsmd but
+// internal/freeport, so any package's tests can use it.
 package testutil
 
 import (
