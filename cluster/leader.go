@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
-	"github.com/nsmd/nsmd/timeline"
 	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // leaderLoop is the one owner of leader-only side effects. It is driven by

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // FenceOutcome is, for one run, how the new leader had the old leader
@@ -299,7 +300,7 @@ func fenceFrom(f *FenceOutcome, s admin.Status, old string, newState int32) {
 	case f.Mode == "none" || f.Mode == "":
 		f.Note = "no fence wait: the new leader serves no storage (no on_leader hook), so it waits for nobody"
 		return
-	case lw == nil || tl == nil || tl.State < newState || lw.At.Before(tl.Elected):
+	case lw == nil || tl == nil || tl.State < newState || lw.At.Before(tl.At(timeline.Elected.Name())):
 		if s.Fence.Waiting {
 			f.Note = "the new leader is still waiting for proof"
 		} else {
