@@ -298,6 +298,25 @@ func TimelineOf(tl timeline.Timeline) Timeline {
 	return t
 }
 
+// TimelineSummary is the one-line form of a node's last takeover
+// (Status.Takeover) that nsmd status prints: each step reached, in the
+// table's order, in ms from the election.
+func TimelineSummary(t *Timeline) string {
+	if t == nil {
+		return "this node has not taken over since it started"
+	}
+	t0 := t.At(timeline.Elected.Name())
+	parts := make([]string, 0, len(t.Steps))
+	for _, s := range t.Steps {
+		if t0.IsZero() {
+			parts = append(parts, s.Label)
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %+dms", s.Label, s.At.Sub(t0).Milliseconds()))
+	}
+	return fmt.Sprintf("sm_state %d: %s", t.State, strings.Join(parts, ", "))
+}
+
 // Grace is the kernel grace periods of a node's last takeover: GET
 // /v1/status's "grace".
 type Grace struct {
