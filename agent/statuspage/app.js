@@ -145,7 +145,8 @@
         const at = tl[d.name];
         const ok = at && new Date(at).getUTCFullYear() > 1;
         if (ok) {
-          steps.push(row(d.label, fmtTime(at), '+' + (new Date(at).getTime() - t0) + ' ms'));
+          const after = new Date(at).getTime() - t0; // before the election for the previous leader's last word
+          steps.push(row(d.label, fmtTime(at), (after < 0 ? '' : '+') + after + ' ms'));
         } else if (d.always) {
           steps.push(row(d.label, 'not reached', ''));
         }
