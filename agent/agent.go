@@ -234,7 +234,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		Notifier:           notifier,
 		Deliverer:          nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
 		OnFault:            a.onFault,
-		Observer:           func(i uint64, c fsm.Command, _ fsm.Result) { a.v4.grace.Observe(i, c) },
+		Observer:           a.v4.grace.Observe,
 		OnLeader:           a.onLeader,
 		OnFollower:         a.onFollower,
 		StandDownWait:      standDownWait(cfg),

@@ -200,10 +200,10 @@ func (s *Service) Serving(ctx context.Context) {
 // Wait waits for the Keepers Serving started (after their ctx ended).
 func (s *Service) Wait() { s.wg.Wait() }
 
-// Observe sees every applied command (the cluster's observer; it does
-// not block): an SM_MON or an NFSv4 Create after the takeover is a client
-// coming back.
-func (s *Service) Observe(index uint64, cmd fsm.Command) {
+// Observe sees every applied command (the cluster's observer, with its
+// signature; it does not block): an SM_MON or an NFSv4 Create after the
+// takeover is a client coming back.
+func (s *Service) Observe(index uint64, cmd fsm.Command, _ fsm.Result) {
 	s.mu.Lock()
 	k, from := s.keeper, s.keeperFrom
 	s.mu.Unlock()

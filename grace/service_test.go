@@ -37,9 +37,9 @@ type fsmCluster struct {
 
 func newFSMCluster(t *testing.T) *fsmCluster {
 	c := &fsmCluster{t: t}
-	c.f = fsm.New(fsm.Options{Observer: func(index uint64, cmd fsm.Command, _ fsm.Result) {
+	c.f = fsm.New(fsm.Options{Observer: func(index uint64, cmd fsm.Command, res fsm.Result) {
 		if c.s != nil {
-			c.s.Observe(index, cmd)
+			c.s.Observe(index, cmd, res)
 		}
 	}})
 	return c
