@@ -148,7 +148,7 @@ func (k *Keeper) step() bool {
 	k.sampleLocks(now)
 	k.sampleV40Clients(now)
 	done := true
-	for _, m := range Managers {
+	for _, m := range Managers() {
 		if !k.stepManager(m, now) {
 			done = false
 		}

@@ -27,7 +27,7 @@ const (
 )
 
 // Managers lists every kernel lock manager, in a fixed order.
-var Managers = []Manager{NLM, NFSv4}
+func Managers() []Manager { return []Manager{NLM, NFSv4} }
 
 // ErrNoManager means the kernel does not offer the control file of that
 // lock manager: no lockd or nfsd loaded, or a kernel older than the file.
