@@ -1,8 +1,10 @@
-// Package cluster runs nsmd's replicated state: hashicorp/raft with
-// raft-boltdb/v2 for the log and stable store and a file snapshot store in
-// the data directory, the group-commit writer that turns NSM writes into
-// raft log entries, and the leader loop that owns every leader-only side
-// effect (takeover, the VIP, hooks, SM_NOTIFY fan-out). The VIP itself is
+// Package cluster runs nsmd's replicated state: hashicorp/raft with its log
+// in hashicorp/raft-wal (a new data directory) or raft-boltdb/v2 (what an
+// older one has; logstore.go), raft-boltdb/v2 for the stable store and a
+// file snapshot store in the data directory, the group-commit writer that
+// turns NSM writes into raft log entries, and the leader loop that owns
+// every leader-only side effect (takeover, the VIP, hooks, SM_NOTIFY
+// fan-out). The VIP itself is
 // a FloatingAddr (package vip has both modes'); this package decides when
 // a leader may take it (handover.go).
 //
