@@ -54,6 +54,24 @@ type ServerConfig struct {
 	// stalled the reader and lost datagrams to retransmission.
 	MaxInFlightUDP int
 	WriteTimeout   time.Duration // TCP write deadline for one reply; default 30 s
+	// MaxConnBuffered, MaxHostBuffered and MaxBuffered cap the bytes of
+	// call records being served and replies waiting to be written that one
+	// TCP connection, the connections from one remote IP, and all of them
+	// may hold (defaults 256 KiB, 4 MiB, 64 MiB; buflimit.go): at a cap,
+	// the reader takes no further record until handlers give bytes back.
+	// A connection from a privileged loopback port is held only by its own
+	// cap.
+	MaxConnBuffered int
+	MaxHostBuffered int
+	MaxBuffered     int
+	// StallAfter: a connection whose reply write has been blocked this
+	// long (its peer does not read) is the first to be closed for a new
+	// connection, at MaxConns and at its IP's MaxConnsPerHost (default 1 s).
+	StallAfter time.Duration
+	// OnHold, when set, is called with HoldConn, HoldHost or HoldTotal
+	// each time a reader starts waiting at a buffer cap. It must return
+	// quickly.
+	OnHold func(cap string)
 	// Observe, when set, is called once per call after the reply is sent
 	// (program, version, procedure, the accept status error or nil, duration).
 	// For a handler that returned ErrNoReply it is called with that error;
@@ -90,6 +108,18 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 30 * time.Second
 	}
+	if c.MaxConnBuffered <= 0 {
+		c.MaxConnBuffered = 256 << 10
+	}
+	if c.MaxHostBuffered <= 0 {
+		c.MaxHostBuffered = 4 << 20
+	}
+	if c.MaxBuffered <= 0 {
+		c.MaxBuffered = 64 << 20
+	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = time.Second
+	}
 	return c
 }
 
@@ -116,6 +146,7 @@ type Server struct {
 	finished  chan struct{}      // closed when Shutdown returns
 
 	bufs    sync.Pool       // *[]byte, receive and reply buffers
+	buf     *bufAccount     // bytes held by TCP connections (buflimit.go)
 	connLog *hostLogLimiter // Warn lines about refused and evicted connections
 }
 
@@ -133,6 +164,7 @@ func NewServer(p Programs, cfg ServerConfig) *Server {
 		pconns:    make(map[net.PacketConn]struct{}),
 		conns:     list.New(),
 		hosts:     make(map[netip.Addr]int),
+		buf:       newBufAccount(),
 		connLog:   newHostLogLimiter(connLogInterval, connLogHosts),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -350,7 +382,11 @@ func (s *Server) ServeTCP(l net.Listener) error {
 		}
 		if a.victim != nil {
 			a.victim.c.Close() // its serve goroutine sees the error and exits
-			s.reportConn(evEvictedIdle, &a)
+			ev := evEvictedIdle
+			if a.stalled {
+				ev = evEvictedStalled
+			}
+			s.reportConn(ev, &a)
 		}
 		if a.sc == nil {
 			conn.Close()
@@ -370,6 +406,13 @@ type serverConn struct {
 	sem           chan struct{} // in-flight calls on this connection
 	wg            sync.WaitGroup
 	wmu           sync.Mutex // serialises reply writes
+
+	gone chan struct{} // closed when dropped (evicted or closed)
+	// writing: when the reply write in progress started (Unix ns), 0 if none.
+	writing atomic.Int64
+
+	// Under s.buf.mu: bytes of records being served and replies waiting.
+	held int
 
 	// Under s.mu:
 	elem *list.Element // in s.conns; nil once dropped (evicted or closed)
@@ -403,7 +446,7 @@ func (sc *serverConn) serve() {
 	br := bufio.NewReaderSize(sc.c, 4096)
 	for {
 		sc.c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
-		if s.shutting.Load() {
+		if s.shutting.Load() || !sc.awaitRoom() {
 			break
 		}
 		bufp := s.getBuf()
@@ -426,8 +469,10 @@ func (sc *serverConn) serve() {
 			s.putBuf(bufp)
 			break
 		}
+		n := cap(rec)
+		sc.hold(n)
 		sc.wg.Add(1)
-		go sc.handle(bufp)
+		go sc.handle(bufp, n)
 	}
 	sc.wg.Wait()
 	sc.c.Close()
@@ -436,7 +481,11 @@ func (sc *serverConn) serve() {
 	s.mu.Unlock()
 }
 
-func (sc *serverConn) handle(rec *[]byte) {
+// handle serves one call read off sc, whose record holds n bytes of the
+// connection's buffer cap. The record is given back as soon as the handler
+// returned; a reply that must wait for another reply's write is copied to
+// its own size first, so that a peer that does not read holds little.
+func (sc *serverConn) handle(rec *[]byte, n int) {
 	s := sc.s
 	defer func() {
 		<-sc.sem
@@ -447,15 +496,30 @@ func (sc *serverConn) handle(rec *[]byte) {
 	x.begin(s, "tcp", sc.remote, sc.local)
 	out := s.getBuf()
 	reply, status, ok := s.serve(&x, *rec, out)
+	// The call's arguments and credentials point into the record.
+	x.call.Args, x.call.Cred.Body, x.call.Verf.Body = nil, nil, nil
+	s.putBuf(rec)
+	sc.release(n)
 	if !ok {
 		sc.c.Close() // not an RPC call: the stream cannot be trusted
 	} else if reply != nil {
 		b := (*out)[:replyReserve+len(reply)]
 		putMarker(b, len(reply))
-		sc.wmu.Lock()
+		held := 0
+		if !sc.wmu.TryLock() {
+			b = append([]byte(nil), b...)
+			s.putBuf(out)
+			out = nil
+			held = len(b)
+			sc.hold(held)
+			sc.wmu.Lock()
+		}
+		sc.writing.Store(time.Now().UnixNano())
 		sc.c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		_, err := sc.c.Write(b)
+		sc.writing.Store(0)
 		sc.wmu.Unlock()
+		sc.release(held)
 		if err != nil {
 			s.log.Debug("oncrpc: writing reply", "remote", sc.remote.String(), "err", err)
 			sc.c.Close()
@@ -464,8 +528,9 @@ func (sc *serverConn) handle(rec *[]byte) {
 	if ok {
 		s.observe(&x, status)
 	}
-	s.putBuf(out)
-	s.putBuf(rec)
+	if out != nil {
+		s.putBuf(out)
+	}
 }
 
 // ---- UDP -------------------------------------------------------------------
