@@ -138,6 +138,9 @@ type Config struct {
 	// handshakes go to TLSRefusals (may be nil).
 	RaftTLS     *pki.Store
 	TLSRefusals *pki.Refusals
+	// RaftHandshakesPerHost caps the raft TLS handshakes in progress from
+	// one IP address (default DefaultRaftHandshakesPerHost; 64 in all).
+	RaftHandshakesPerHost int
 
 	// Notifier is the template for the SM_NOTIFY fan-out after each takeover.
 	Notifier nsm.NotifierConfig
@@ -394,7 +397,7 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("cluster: raft address: %w", err)
 		}
 		if cfg.RaftTLS != nil {
-			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, hl.Named("transport"))
+			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, cfg.RaftHandshakesPerHost, hl.Named("transport"))
 		} else {
 			trans, err = raft.NewTCPTransportWithConfig(cfg.RaftBind, addr, &raft.NetworkTransportConfig{
 				MaxPool: 4, Timeout: 5 * time.Second, Logger: hl.Named("transport"), MaxRPCsInFlight: raftMaxRPCsInFlight,
