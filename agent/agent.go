@@ -270,13 +270,14 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	svc, err := nsm.NewService(a.node, nsm.Config{
-		NodeID:           cfg.NodeID,
-		Trusted:          cfg.TrustedPrefixes(),
-		Logger:           log,
-		Metrics:          a.nsmm,
-		MaxRegistrations: cfg.MaxRegistrations,
-		NotifyBurst:      cfg.NotifyBurst,
-		NotifyEvery:      cfg.NotifyEvery,
+		NodeID:             cfg.NodeID,
+		Trusted:            cfg.TrustedPrefixes(),
+		Logger:             log,
+		Metrics:            a.nsmm,
+		MaxRegistrations:   cfg.MaxRegistrations,
+		NotifyBurst:        cfg.NotifyBurst,
+		NotifyEvery:        cfg.NotifyEvery,
+		NotifyStrictSender: cfg.NotifyStrictSender,
 	})
 	if err != nil {
 		return a, err

@@ -599,7 +599,7 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 		if reg.Node != n.cfg.NodeID {
 			continue
 		}
-		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State}) {
+		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State, From: ev.From}) {
 			n.log.Warn("callback queue full; callback dropped", "mon_name", reg.ID.MonName)
 		}
 	}

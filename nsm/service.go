@@ -68,9 +68,22 @@ type Config struct {
 	// one back every NotifyEvery (defaults 4 and 10 s; NotifyBurst < 0:
 	// no limit). NotifyTrack buckets of each kind are kept (default
 	// 65536; the least recently used go).
+	//
+	// A notification sent from an address of the host it names, and one
+	// sent from anywhere else (rpc.statd accepts both), draw on separate
+	// per-name buckets when the Registry is a SenderChecker: notifications
+	// forged for a name from other addresses cannot use up the host's own.
 	NotifyBurst int
 	NotifyEvery time.Duration
 	NotifyTrack int
+	// NotifyStrictSender accepts an SM_NOTIFY only when it comes from one
+	// of the addresses of the host it names (the Registry must be a
+	// SenderChecker). rpc.statd's rule, the default, accepts it when
+	// mon_name or the sender's address matches a monitored host, so a
+	// host that reboots with a new address, or notifies from another
+	// interface, is still heard; strict mode does not hear those, and an
+	// attacker must then forge the host's own source address.
+	NotifyStrictSender bool
 }
 
 // ReadyNotifier is what a Registry may offer so that calls held for
@@ -222,6 +235,9 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 		}
 	}
 	svc.gate = newReadyGate(reg, poll)
+	if _, ok := reg.(SenderChecker); cfg.NotifyStrictSender && !ok {
+		return nil, errors.New("nsm: NotifyStrictSender needs a Registry that is a SenderChecker")
+	}
 	if cfg.NotifyBurst > 0 {
 		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
 	}
