@@ -138,7 +138,7 @@ func NewDeliverer(cfg DelivererConfig) *Deliverer {
 // are dropped once they fill half of the queue.
 func (d *Deliverer) Enqueue(cb Callback) bool {
 	other := !cb.fromHost()
-	if other && d.others.Add(1) > int64(d.cfg.QueueSize/2) {
+	if other && d.others.Add(1) > int64((d.cfg.QueueSize+1)/2) {
 		d.others.Add(-1)
 		d.m.callback("dropped")
 		return false
