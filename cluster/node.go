@@ -308,6 +308,7 @@ type Node struct {
 
 	fwd    forwarder
 	replay replayCache // MACs of forwarded writes accepted within the skew window
+	fwdLog denialLog   // spaces the log lines about denied forwarded writes
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change

@@ -45,7 +45,8 @@ const (
 	evEvictedIdle
 	evAcceptedReserved
 	evEvictedStalled
-	evReadHeld // not an admission: a reader waited for buffer room (buflimit.go)
+	evReadHeld     // not an admission: a reader waited for buffer room (buflimit.go)
+	evRecordTooBig // not an admission: a connection closed for an oversized record
 	numConnEvents
 )
 
@@ -65,6 +66,8 @@ func (e connEvent) String() string {
 		return ConnEvictedStalled
 	case evReadHeld:
 		return "read_held"
+	case evRecordTooBig:
+		return "record_too_big"
 	}
 	return "unknown"
 }

@@ -456,7 +456,10 @@ func (sc *serverConn) serve() {
 			s.putBuf(bufp)
 			switch {
 			case errors.Is(err, ErrRecordTooBig):
-				s.log.Warn("oncrpc: closing connection", "remote", sc.remote.String(), "err", err)
+				// At most a line a minute per remote IP: anyone may send one.
+				if ok, _ := s.connLog.allow(sc.remote.Addr(), evRecordTooBig); ok {
+					s.log.Warn("oncrpc: closing connection", "remote", sc.remote.String(), "err", err)
+				}
 			case errors.Is(err, io.EOF), s.shutting.Load():
 			default:
 				s.log.Debug("oncrpc: closing connection", "remote", sc.remote.String(), "err", err)
