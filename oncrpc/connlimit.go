@@ -47,6 +47,7 @@ const (
 	evEvictedStalled
 	evReadHeld     // not an admission: a reader waited for buffer room (buflimit.go)
 	evRecordTooBig // not an admission: a connection closed for an oversized record
+	evMartian      // not an admission: a datagram with a spoofed loopback source dropped
 	numConnEvents
 )
 
@@ -68,6 +69,8 @@ func (e connEvent) String() string {
 		return "read_held"
 	case evRecordTooBig:
 		return "record_too_big"
+	case evMartian:
+		return "martian"
 	}
 	return "unknown"
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -566,6 +567,7 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 		}
 		u.pi = pi
 	}
+	lo := loopbackIndexes()
 	sem := make(chan struct{}, s.cfg.MaxInFlightUDP)
 	buf := make([]byte, maxDatagram)
 	oob := make([]byte, 256)
@@ -600,6 +602,13 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 			s.log.Debug("oncrpc: UDP read", "addr", pc.LocalAddr().String(), "err", err)
 			continue
 		}
+		if martian(from, ifx, lo) {
+			if ok, held := s.connLog.allow(from.Addr().Unmap(), evMartian); ok {
+				s.log.Warn("oncrpc: dropped a datagram with a loopback source that came from a network interface (spoofed; is net.ipv4.conf.*.route_localnet on?)",
+					"remote", from.String(), "ifindex", ifx, "suppressed", held[evMartian])
+			}
+			continue
+		}
 		sem <- struct{}{}
 		if !s.callStart() {
 			<-sem
@@ -619,6 +628,31 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 			u.handle(bufp, from, dst, ifx, local, rawSrc)
 		}()
 	}
+}
+
+// martian reports whether a datagram from a loopback address arrived on
+// an interface that is not a loopback one (ifx from IP_PKTINFO; lo the
+// loopback interfaces' indexes). Only a spoofed packet does: the kernel
+// drops them unless route_localnet is set, and a caller trusted for being
+// on this host must not be forged that way. Unknown indexes pass.
+func martian(from netip.AddrPort, ifx int, lo []int) bool {
+	return ifx > 0 && len(lo) > 0 && from.Addr().Unmap().IsLoopback() && !slices.Contains(lo, ifx)
+}
+
+// loopbackIndexes are the indexes of the loopback interfaces (nil if they
+// cannot be listed).
+func loopbackIndexes() []int {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil
+	}
+	var lo []int
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 {
+			lo = append(lo, i.Index)
+		}
+	}
+	return lo
 }
 
 // udpSocket is one socket served by ServeUDP.
