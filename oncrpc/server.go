@@ -78,6 +78,8 @@ type ServerConfig struct {
 	// For a handler that returned ErrNoReply it is called with that error;
 	// for a rejected call (RPC_MISMATCH, AUTH_ERROR) with a *MismatchError or
 	// *AuthError. Messages that are not decodable calls are not observed.
+	// Over TCP the call's Args and credential bodies are nil by then (the
+	// record they pointed into has been given back).
 	Observe func(c *Call, err error, d time.Duration)
 }
 
