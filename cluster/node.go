@@ -1,8 +1,10 @@
-// Package cluster runs nsmd's replicated state: hashicorp/raft with
-// raft-boltdb/v2 for the log and stable store and a file snapshot store in
-// the data directory, the group-commit writer that turns NSM writes into
-// raft log entries, and the leader loop that owns every leader-only side
-// effect (takeover, the VIP, hooks, SM_NOTIFY fan-out). The VIP itself is
+// Package cluster runs nsmd's replicated state: hashicorp/raft with its log
+// in hashicorp/raft-wal (a new data directory) or raft-boltdb/v2 (what an
+// older one has; logstore.go), raft-boltdb/v2 for the stable store and a
+// file snapshot store in the data directory, the group-commit writer that
+// turns NSM writes into raft log entries, and the leader loop that owns
+// every leader-only side effect (takeover, the VIP, hooks, SM_NOTIFY
+// fan-out). The VIP itself is
 // a FloatingAddr (package vip has both modes'); this package decides when
 // a leader may take it (handover.go).
 //
@@ -283,6 +285,8 @@ type Node struct {
 	metrics *metrics
 	deliver *nsm.Deliverer
 	disk    *diskHealth
+	// stableGate turns away stable-store writes once the stores close.
+	stableGate *storeGate
 
 	// bootIndex is the last log index present when the node started: the
 	// FSM replays entries up to it, and their side effects (callbacks)
@@ -348,17 +352,18 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:       cfg,
-		log:       cfg.Logger.With("node", cfg.NodeID),
-		writes:    make(chan *write, 4096),
-		inflight:  make(chan *batch, cfg.MaxInflightEntries),
-		slots:     make(chan struct{}, cfg.MaxInflightEntries),
-		leaderCh:  make(chan bool, 64),
-		termCh:    make(chan bool, 1),
-		quitTerms: make(chan chan struct{}),
-		crashCh:   make(chan int32, 1),
-		lcCh:      make(chan struct{}),
-		started:   time.Now(),
+		cfg:        cfg,
+		log:        cfg.Logger.With("node", cfg.NodeID),
+		writes:     make(chan *write, 4096),
+		stableGate: &storeGate{},
+		inflight:   make(chan *batch, cfg.MaxInflightEntries),
+		slots:      make(chan struct{}, cfg.MaxInflightEntries),
+		leaderCh:   make(chan bool, 64),
+		termCh:     make(chan bool, 1),
+		quitTerms:  make(chan chan struct{}),
+		crashCh:    make(chan int32, 1),
+		lcCh:       make(chan struct{}),
+		started:    time.Now(),
 	}
 	// Until its stop at start succeeded, a node whose previous process may
 	// have served says it serves (serving.go).
@@ -458,7 +463,7 @@ func New(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: inspect state: %w", err)
 	}
-	r, err := raft.NewRaft(rc, n.fsm, logs, guardedStable{StableStore: store, d: n.disk}, snaps, trans)
+	r, err := raft.NewRaft(rc, n.fsm, logs, guardedStable{StableStore: store, d: n.disk, gate: n.stableGate}, snaps, trans)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
@@ -568,6 +573,7 @@ func (n *Node) stop(graceful bool) error {
 }
 
 func (n *Node) closeStores() {
+	n.stableGate.close() // a late heartbeat's term write is dropped: see guardedStable
 	if c, ok := n.trans.(io.Closer); ok && n.trans != nil {
 		c.Close()
 	}
