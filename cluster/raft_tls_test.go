@@ -97,6 +97,9 @@ func startTCPCluster(t *testing.T, stores []*pki.Store, refusals *pki.Refusals) 
 	nodes, took := tcpCluster(t, []string{t.TempDir(), t.TempDir(), t.TempDir()}, func(c *Config) {
 		if stores != nil {
 			c.RaftTLS, c.TLSRefusals = stores[ids[c.NodeID]], refusals
+			// Three members, and the forger, on one address: each would
+			// be a host of its own in a cluster.
+			c.RaftHandshakesPerHost = maxRaftHandshakes
 		}
 	})
 	select {
