@@ -152,9 +152,9 @@ func smallReceiver(t testing.TB, local, addr string) net.Conn {
 
 // stallConn makes c a connection the server cannot write to: it pipelines
 // echo calls and never reads, until the server holds its reader at the
-// connection's cap and a reply write has been blocked for StallAfter. The
-// writing goroutine ends when c is closed.
-func stallConn(t testing.TB, ts *testServer, h holds, c net.Conn) {
+// connection's cap and (with waitStalled) a reply write has been blocked
+// for StallAfter. The writing goroutine ends when c is closed.
+func stallConn(t testing.TB, ts *testServer, h holds, c net.Conn, waitStalled bool) {
 	t.Helper()
 	go func() {
 		for i := uint32(1); ; i++ {
@@ -164,6 +164,9 @@ func stallConn(t testing.TB, ts *testServer, h holds, c net.Conn) {
 		}
 	}()
 	h.await(t, HoldConn)
+	if !waitStalled {
+		return
+	}
 	host := addrPortOf(c.LocalAddr()).Addr()
 	testutil.WaitFor(t, 10*time.Second, "a reply write blocked for StallAfter", func() bool {
 		ts.srv.mu.Lock()
@@ -176,7 +179,8 @@ func stallConn(t testing.TB, ts *testServer, h holds, c net.Conn) {
 // and never reads its replies no longer keeps its connection slot for the
 // write timeout: at the total cap, with every other connection busy, and
 // at its address's cap, a new connection closes it and is served; the
-// connections that read are untouched.
+// connections that read are untouched. The negative controls, with the
+// stall rule out of reach, show the new connection refused instead.
 func TestConnectionThatDoesNotReadIsEvictedFirst(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -184,9 +188,12 @@ func TestConnectionThatDoesNotReadIsEvictedFirst(t *testing.T) {
 		newFrom    string // the new connection's address
 		busyFrom   string // a connection with a call in flight
 		stalledFrm string
+		refused    string // the negative control's refusal, "" for the rule
 	}{
-		{"total cap, the others busy", ServerConfig{MaxConns: 2}, "127.0.0.62", "127.0.0.61", "127.0.0.60"},
-		{"the address's cap", ServerConfig{MaxConnsPerHost: 2}, "127.0.0.70", "127.0.0.70", "127.0.0.70"},
+		{"total cap, the others busy", ServerConfig{MaxConns: 2}, "127.0.0.62", "127.0.0.61", "127.0.0.60", ""},
+		{"the address's cap", ServerConfig{MaxConnsPerHost: 2}, "127.0.0.70", "127.0.0.70", "127.0.0.70", ""},
+		{"negative control: total cap", ServerConfig{MaxConns: 2}, "127.0.0.65", "127.0.0.64", "127.0.0.63", ConnRefusedTotal},
+		{"negative control: the address's cap", ServerConfig{MaxConnsPerHost: 2}, "127.0.0.71", "127.0.0.71", "127.0.0.71", ConnRefusedPerHost},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ev := newConnEvents()
@@ -194,9 +201,12 @@ func TestConnectionThatDoesNotReadIsEvictedFirst(t *testing.T) {
 			cfg := tc.cfg
 			cfg.OnConn, cfg.OnHold = ev.onConn, h.onHold
 			cfg.MaxConnBuffered, cfg.StallAfter, cfg.WriteTimeout = 16<<10, 50*time.Millisecond, time.Minute
+			if tc.refused != "" {
+				cfg.StallAfter = time.Hour
+			}
 			ts := startServer(t, cfg, nil)
 			stalled := smallReceiver(t, tc.stalledFrm, ts.tcpAddr)
-			stallConn(t, ts, h, stalled)
+			stallConn(t, ts, h, stalled, tc.refused == "")
 
 			busy := dialTest(t, ClientConfig{Net: "tcp", Addr: ts.tcpAddr, LocalAddr: netip.MustParseAddr(tc.busyFrom)})
 			done := make(chan error, 1)
@@ -205,6 +215,17 @@ func TestConnectionThatDoesNotReadIsEvictedFirst(t *testing.T) {
 			ev.await(t, map[string]int{ConnAccepted: 2})
 
 			c := dialFromAddr(t, tc.newFrom, ts.tcpAddr)
+			if tc.refused != "" {
+				if err := rawNull(c, 1); !closedByPeer(err) {
+					t.Fatalf("negative control: the new connection's call = %v, want it closed", err)
+				}
+				ev.await(t, map[string]int{ConnAccepted: 2, tc.refused: 1})
+				close(ts.svc.release)
+				if err := <-done; err != nil {
+					t.Fatalf("the busy connection's call: %v", err)
+				}
+				return
+			}
 			if err := rawNull(c, 1); err != nil {
 				t.Fatalf("new connection not served: %v", err)
 			}
