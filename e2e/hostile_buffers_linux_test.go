@@ -158,3 +158,51 @@ func metricLine(text, series string) float64 {
 	}
 	return 0
 }
+
+// TestHostileLocalUserCannotRedirectLockdsCallback: with the embedded
+// portmapper (`rpcbind: embedded`), an unprivileged local user's SET of
+// lockd's program (where nsmd's callbacks go) and UNSET of NSM's are
+// refused and change nothing; root — as the kernel's lockd, from a
+// privileged port — registers. A build that took changes from any
+// loopback port let the user redirect the callback (and read lockd's
+// cookies on it).
+func TestHostileLocalUserCannotRedirectLockdsCallback(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	h := newHostile(t)
+	nsmAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
+	adm := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t, "127.0.0.1")))
+	startNsmd(t, append(agentArgs(t, t.TempDir(), nsmAddr, adm, freePort(t, "127.0.0.1"), 111), "--rpcbind", "embedded")...)
+	waitLeader(t, adm, 0)
+	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: 3 * time.Second})
+	getPort := func(prog, vers uint32) uint16 {
+		t.Helper()
+		port, err := pm.GetPort(context.Background(), prog, vers, oncrpc.IPProtoUDP)
+		if err != nil && !errors.Is(err, oncrpc.ErrProgUnavail) {
+			t.Fatal(err)
+		}
+		return port
+	}
+	nsmPort := getPort(nsm.Program.Prog, nsm.Program.Vers)
+	if nsmPort == 0 {
+		t.Fatal("the embedded portmapper does not map NSM")
+	}
+	user := h.run(t, "", true, nsmCall{Addr: "127.0.0.1", Op: "pmap", Count: 4045})
+	if user.Res[0] != 0 || user.Res[1] != 0 {
+		t.Fatalf("the local user's SET and UNSET = %v, want both refused", user.Res)
+	}
+	if p := getPort(100021, 4); p != 0 {
+		t.Fatalf("lockd's program mapped to %d by the local user", p)
+	}
+	if p := getPort(nsm.Program.Prog, nsm.Program.Vers); p != nsmPort {
+		t.Fatalf("NSM's mapping %d → %d after the local user's UNSET", nsmPort, p)
+	}
+	var root nsmCallResult
+	if err := doNSMCall(nsmCall{Addr: "127.0.0.1", Op: "pmap", Count: 4046}, &root); err != nil {
+		t.Fatal(err)
+	}
+	if root.Res[0] != 1 || getPort(100021, 4) != 4046 {
+		t.Fatalf("root's SET = %v, mapping %d; want registered at 4046", root.Res, getPort(100021, 4))
+	}
+}

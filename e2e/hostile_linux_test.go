@@ -88,6 +88,24 @@ func doNSMCall(call nsmCall, out *nsmCallResult) error {
 		fmt.Printf("HOLDING %d\n", len(conns))
 		select {}
 	}
+	if call.Op == "pmap" {
+		// SET 100021/4/udp → port Count, then UNSET 100024/1, at the
+		// portmapper on Addr (from a privileged port when this process may
+		// bind one): Res holds 1 for each change the portmapper made.
+		p := oncrpc.NewPmapClient(call.Addr, oncrpc.ClientConfig{Timeout: 3 * time.Second})
+		set, err := p.Set(ctx, oncrpc.Mapping{Prog: 100021, Vers: 4, Prot: oncrpc.IPProtoUDP, Port: uint32(call.Count)})
+		if err != nil {
+			return err
+		}
+		unset, err := p.Unset(ctx, oncrpc.Mapping{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers})
+		if err != nil {
+			return err
+		}
+		for _, ok := range []bool{set, unset} {
+			out.Res = append(out.Res, map[bool]int32{false: 0, true: 1}[ok])
+		}
+		return nil
+	}
 	network := "tcp"
 	if call.Op == "notify" {
 		network = "udp" // as sm-notify sends it
@@ -193,8 +211,9 @@ func newHostile(t *testing.T) *hostile {
 	return &hostile{bin: bin, setpriv: setpriv, uid: uid, gid: gid}
 }
 
-// run makes call from namespace ns: as root with a privileged port (lockd)
-// when asUser is false, else as the unprivileged user.
+// run makes call from namespace ns ("": this process's): as root with a
+// privileged port (lockd) when asUser is false, else as the unprivileged
+// user.
 func (h *hostile) run(t *testing.T, ns string, asUser bool, call nsmCall) nsmCallResult {
 	t.Helper()
 	argv := []string{h.bin, "-test.run", "^TestNSMCallHelper$", "-test.count=1", "-test.v"}
@@ -202,7 +221,10 @@ func (h *hostile) run(t *testing.T, ns string, asUser bool, call nsmCall) nsmCal
 		argv = append([]string{h.setpriv}, setprivArgs(h.uid, h.gid, nil, argv...)...)
 	}
 	spec, _ := json.Marshal(call)
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if ns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
+	}
 	cmd.Env = append(os.Environ(), nsmCallEnv+"="+string(spec))
 	cmd.Dir = os.TempDir()
 	b, err := cmd.CombinedOutput()
