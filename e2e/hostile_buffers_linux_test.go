@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,5 +205,139 @@ func TestHostileLocalUserCannotRedirectLockdsCallback(t *testing.T) {
 	}
 	if root.Res[0] != 1 || getPort(100021, 4) != 4046 {
 		t.Fatalf("root's SET = %v, mapping %d; want registered at 4046", root.Res, getPort(100021, 4))
+	}
+}
+
+// TestHostileSilentRaftHandshakesDoNotStallElections: a host on the
+// cluster network, without a certificate, keeps 72 silent connections
+// open to every member's raft port (more than the handshake cap of 64),
+// reopening each as the member closes it. Under the attack a follower
+// restarts (its raft connections are gone: every member must handshake
+// with it again) and then the leader is killed. The two others still
+// elect a leader and take over: the attacker holds only
+// raft_handshakes_per_host (8) handshakes per member, never the members'
+// own. NSMD_E2E_RAFT_HANDSHAKES_PER_HOST=64 runs the attack without the
+// per-address cap, for comparison: with this attacker's pace (a refused
+// connection retried after 200 ms) the members still got in between its
+// connections, later (the test took 11.7 s instead of 6.2 s here), so
+// that run is not a negative control that fails.
+func TestHostileSilentRaftHandshakesDoNotStallElections(t *testing.T) {
+	const slots = 72
+	spec := clusterSpec{clients: 1, fakeClients: true}
+	if v := os.Getenv("NSMD_E2E_RAFT_HANDSHAKES_PER_HOST"); v != "" {
+		spec.extraArgs = func(*nsmNode) []string { return []string{"--raft-handshakes-per-host", v} }
+	}
+	c := startClusterWith(t, spec)
+	v := c.settle(t, 60*time.Second, 1)
+	state := v.leaderStatus().SMState
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	dial := nsDialer(ctx, &wg, c.clients[0].host.ns)
+	for _, n := range c.nodes {
+		addr := net.JoinHostPort(n.host.ip.String(), strconv.Itoa(raftPort))
+		for range slots {
+			wg.Go(func() { holdSilent(ctx, dial, addr) })
+		}
+	}
+	for _, n := range c.nodes {
+		testutil.WaitForSeen(t, 20*time.Second, n.id+" to refuse the attacker's excess handshakes", func() (bool, string) {
+			got := metricSum(t, n, "nsmd_tls_handshake_failures_total", `reason="too_many"`)
+			return got > 0, fmt.Sprint(got)
+		})
+	}
+	follower := c.others(v.leader)[0]
+	t.Logf("attacking every raft port with %d silent connections; restarting follower %s", slots, follower.id)
+	if !follower.kill(syscall.SIGKILL, 10*time.Second) {
+		t.Fatalf("%s did not die", follower.id)
+	}
+	follower.start(t)
+	waitCaughtUp(t, follower, v.leader, 30*time.Second)
+	t.Logf("%s rejoined; killing leader %s (sm_state %d)", follower.id, v.leader.id, state)
+	if !v.leader.kill(syscall.SIGKILL, 10*time.Second) {
+		t.Fatalf("%s did not die", v.leader.id)
+	}
+	nv := c.settle(t, 30*time.Second, state+2, v.leader)
+	t.Logf("new leader %s, sm_state %d, under the attack", nv.leader.id, nv.leaderStatus().SMState)
+}
+
+// waitCaughtUp waits until n reports leader's term and applied index.
+func waitCaughtUp(t *testing.T, n, leader *nsmNode, timeout time.Duration) {
+	t.Helper()
+	testutil.WaitForSeen(t, timeout, n.id+" to follow "+leader.id+" again", func() (bool, string) {
+		ls, err := leader.status()
+		if err != nil {
+			return false, err.Error()
+		}
+		s, err := n.status()
+		if err != nil {
+			return false, err.Error()
+		}
+		return s.LeaderID == leader.id && s.Term == ls.Term && s.AppliedIndex >= ls.AppliedIndex,
+			fmt.Sprintf("%s: leader %q term %d applied %d; %s: term %d applied %d", n.id, s.LeaderID, s.Term, s.AppliedIndex, leader.id, ls.Term, ls.AppliedIndex)
+	})
+}
+
+// nsDialer returns a dial function whose sockets are made in namespace ns
+// by one thread that lives there until ctx ends.
+func nsDialer(ctx context.Context, wg *sync.WaitGroup, ns string) func(addr string) (net.Conn, error) {
+	type req struct {
+		addr  string
+		reply chan net.Conn
+	}
+	reqs := make(chan req)
+	wg.Go(func() {
+		inNetnsThread(ns, func() error {
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case r := <-reqs:
+					c, err := net.DialTimeout("tcp", r.addr, time.Second)
+					if err != nil {
+						c = nil
+					}
+					r.reply <- c
+				}
+			}
+		})
+	})
+	return func(addr string) (net.Conn, error) {
+		r := req{addr: addr, reply: make(chan net.Conn, 1)}
+		select {
+		case reqs <- r:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if c := <-r.reply; c != nil {
+			return c, nil
+		}
+		return nil, fmt.Errorf("dial %s failed", addr)
+	}
+}
+
+// holdSilent keeps one connection to addr open and silent until ctx ends,
+// opening a new one whenever the server closes it (after at most its
+// handshake deadline; at once when it refuses, then after 200 ms).
+func holdSilent(ctx context.Context, dial func(string) (net.Conn, error), addr string) {
+	buf := make([]byte, 1)
+	for ctx.Err() == nil {
+		c, err := dial(addr)
+		if err == nil {
+			start := time.Now()
+			c.SetReadDeadline(time.Now().Add(6 * time.Second))
+			c.Read(buf)
+			c.Close()
+			if time.Since(start) > 100*time.Millisecond {
+				continue // held until the server gave up: reopen at once
+			}
+		}
+		pace := time.NewTimer(200 * time.Millisecond) // the attacker's pace, not a wait for the node
+		select {
+		case <-ctx.Done():
+		case <-pace.C:
+		}
+		pace.Stop()
 	}
 }
