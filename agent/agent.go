@@ -39,6 +39,7 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/timeline"
 	"github.com/nsmd/nsmd/vip"
 )
 
@@ -234,7 +235,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		Notifier:              notifier,
 		Deliverer:             nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
 		OnFault:               a.onFault,
-		Observer:              a.v4.observe,
+		Observer:              a.v4.grace.Observe,
 		OnLeader:              a.onLeader,
 		OnFollower:            a.onFollower,
 		StandDownWait:         standDownWait(cfg),
@@ -441,7 +442,7 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
-	a.v4.takeover(state)
+	a.v4.grace.Takeover(state)
 	var err error
 	select {
 	case err = <-a.hooks.leader(ctx, t, state):
@@ -454,7 +455,7 @@ func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error
 	if a.cfg.OnLeader != "" {
 		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
 	}
-	a.v4.serving(ctx)
+	a.v4.grace.Serving(ctx)
 	return nil
 }
 
@@ -462,7 +463,7 @@ func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error
 // timeline.
 func (a *Agent) hookStarted(event string, state int32, at time.Time) {
 	if event == hookEventLeader && a.node != nil {
-		a.node.MarkTimeline(state, func(tl *cluster.Timeline) { tl.HookStarted = at })
+		a.node.MarkTimeline(state, func(tl *timeline.Timeline) { tl.Mark(timeline.HookStarted, at) })
 	}
 }
 

@@ -36,6 +36,7 @@ import (
 
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // Errors.
@@ -324,7 +325,7 @@ type Node struct {
 	notifier      *nsm.Notifier
 	notifyState   int32 // sm_state the current (or last) fan-out sends
 	notifyTargets int   // hosts it was started with
-	timeline      Timeline
+	timeline      timeline.Timeline
 
 	started      time.Time
 	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)
