@@ -1,8 +1,8 @@
 package oncrpc
 
 import (
-	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,30 +36,37 @@ const (
 	HoldTotal = "total"
 )
 
-// bufAccount counts the bytes held per connection, per remote IP and in
-// total, and wakes the readers that wait for room.
+// bufAccount counts the bytes held in total and wakes the readers that
+// wait for room; per connection and per remote IP the counts are in
+// serverConn.held and hostBuf. Counting is a few atomic adds per call; the
+// lock is taken only while a reader waits.
 type bufAccount struct {
+	total   atomic.Int64
+	waiters atomic.Int32
 	mu      sync.Mutex
-	total   int
-	hosts   map[netip.Addr]int
-	waiters int
 	freed   chan struct{} // closed (and replaced) when bytes are given back while someone waits
 }
 
+// hostBuf is what the open connections from one remote IP hold. It lives
+// while a connection from that IP is open (Server.hostBufs, under s.mu);
+// a connection keeps its own pointer, so bytes it gives back after it was
+// dropped still land on the right count.
+type hostBuf struct {
+	bytes atomic.Int64
+	conns int // under s.mu
+}
+
 func newBufAccount() *bufAccount {
-	return &bufAccount{hosts: make(map[netip.Addr]int), freed: make(chan struct{})}
+	return &bufAccount{freed: make(chan struct{})}
 }
 
 // hold adds n bytes held by sc.
 func (sc *serverConn) hold(n int) {
-	b := sc.s.buf
-	b.mu.Lock()
-	sc.held += n
-	b.total += n
-	if h := sc.remote.Addr(); h.IsValid() {
-		b.hosts[h] += n
+	sc.held.Add(int64(n))
+	sc.s.buf.total.Add(int64(n))
+	if sc.hostBuf != nil {
+		sc.hostBuf.bytes.Add(int64(n))
 	}
-	b.mu.Unlock()
 }
 
 // release gives back n bytes held by sc and wakes the readers waiting for
@@ -68,54 +75,60 @@ func (sc *serverConn) release(n int) {
 	if n == 0 {
 		return
 	}
+	sc.held.Add(-int64(n))
 	b := sc.s.buf
-	b.mu.Lock()
-	sc.held -= n
-	b.total -= n
-	if h := sc.remote.Addr(); h.IsValid() {
-		if v := b.hosts[h] - n; v > 0 {
-			b.hosts[h] = v
-		} else {
-			delete(b.hosts, h)
-		}
+	b.total.Add(-int64(n))
+	if sc.hostBuf != nil {
+		sc.hostBuf.bytes.Add(-int64(n))
 	}
-	if b.waiters > 0 {
+	if b.waiters.Load() > 0 {
+		b.mu.Lock()
 		close(b.freed)
 		b.freed = make(chan struct{})
+		b.mu.Unlock()
 	}
-	b.mu.Unlock()
+}
+
+// over returns the cap that keeps sc's reader from taking another record,
+// or "".
+func (sc *serverConn) over() string {
+	s := sc.s
+	switch {
+	case sc.held.Load() >= int64(s.cfg.MaxConnBuffered):
+		return HoldConn
+	case sc.privLocal:
+		return ""
+	case sc.hostBuf != nil && sc.hostBuf.bytes.Load() >= int64(s.cfg.MaxHostBuffered):
+		return HoldHost
+	case s.buf.total.Load() >= int64(s.cfg.MaxBuffered):
+		return HoldTotal
+	}
+	return ""
 }
 
 // overCap returns the cap that keeps sc's reader from taking another
-// record ("" if none), and the channel closed when bytes are given back.
-// With a cap, the caller counts itself as a waiter until it calls
-// doneWaiting.
+// record ("" if none) and, with a cap, the channel closed when bytes are
+// given back; the caller then counts as a waiter until it calls
+// doneWaiting. Registering before the second look means no release is
+// missed: one that came before it shows in the counts, one after it
+// closes the channel.
 func (sc *serverConn) overCap() (string, <-chan struct{}) {
-	s := sc.s
-	b := s.buf
+	if sc.over() == "" {
+		return "", nil
+	}
+	b := sc.s.buf
+	b.waiters.Add(1)
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	var over string
-	switch {
-	case sc.held >= s.cfg.MaxConnBuffered:
-		over = HoldConn
-	case sc.privLocal:
-	case sc.remote.Addr().IsValid() && b.hosts[sc.remote.Addr()] >= s.cfg.MaxHostBuffered:
-		over = HoldHost
-	case b.total >= s.cfg.MaxBuffered:
-		over = HoldTotal
+	freed := b.freed
+	b.mu.Unlock()
+	over := sc.over()
+	if over == "" {
+		b.waiters.Add(-1)
 	}
-	if over != "" {
-		b.waiters++
-	}
-	return over, b.freed
+	return over, freed
 }
 
-func (b *bufAccount) doneWaiting() {
-	b.mu.Lock()
-	b.waiters--
-	b.mu.Unlock()
-}
+func (b *bufAccount) doneWaiting() { b.waiters.Add(-1) }
 
 // awaitRoom returns once sc may read another record (true), or false when
 // sc was dropped or the server shuts down. Each wait is reported to
@@ -147,11 +160,7 @@ func (sc *serverConn) awaitRoom() bool {
 
 // Buffered returns the bytes that TCP connections hold (records being
 // served, replies waiting to be written).
-func (s *Server) Buffered() int {
-	s.buf.mu.Lock()
-	defer s.buf.mu.Unlock()
-	return s.buf.total
-}
+func (s *Server) Buffered() int { return int(s.buf.total.Load()) }
 
 func (s *Server) reportHold(sc *serverConn, over string) {
 	if s.cfg.OnHold != nil {
@@ -160,9 +169,10 @@ func (s *Server) reportHold(sc *serverConn, over string) {
 	if ok, _ := s.connLog.allow(sc.remote.Addr(), evReadHeld); !ok {
 		return
 	}
-	s.buf.mu.Lock()
-	conn, host, total := sc.held, s.buf.hosts[sc.remote.Addr()], s.buf.total
-	s.buf.mu.Unlock()
+	conn, host, total := sc.held.Load(), int64(0), s.buf.total.Load()
+	if sc.hostBuf != nil {
+		host = sc.hostBuf.bytes.Load()
+	}
 	s.log.Warn("oncrpc: not reading from a TCP connection until its buffered calls and replies are served",
 		"remote", sc.remote.String(), "cap", over, "conn_bytes", conn, "host_bytes", host, "total_bytes", total,
 		"max_conn", s.cfg.MaxConnBuffered, "max_host", s.cfg.MaxHostBuffered, "max_total", s.cfg.MaxBuffered)

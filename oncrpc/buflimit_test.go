@@ -152,9 +152,9 @@ func smallReceiver(t testing.TB, local, addr string) net.Conn {
 
 // stallConn makes c a connection the server cannot write to: it pipelines
 // echo calls and never reads, until the server holds its reader at the
-// connection's cap and (with waitStalled) a reply write has been blocked
-// for StallAfter. The writing goroutine ends when c is closed.
-func stallConn(t testing.TB, ts *testServer, h holds, c net.Conn, waitStalled bool) {
+// connection's cap and a reply write has been blocked for 50 ms. The
+// writing goroutine ends when c is closed.
+func stallConn(t testing.TB, ts *testServer, h holds, c net.Conn) {
 	t.Helper()
 	go func() {
 		for i := uint32(1); ; i++ {
@@ -164,14 +164,17 @@ func stallConn(t testing.TB, ts *testServer, h holds, c net.Conn, waitStalled bo
 		}
 	}()
 	h.await(t, HoldConn)
-	if !waitStalled {
-		return
-	}
-	host := addrPortOf(c.LocalAddr()).Addr()
-	testutil.WaitFor(t, 10*time.Second, "a reply write blocked for StallAfter", func() bool {
+	local := addrPortOf(c.LocalAddr())
+	testutil.WaitFor(t, 10*time.Second, "a reply write blocked for 50 ms", func() bool {
 		ts.srv.mu.Lock()
 		defer ts.srv.mu.Unlock()
-		return ts.srv.mostStalled(time.Now(), host) != nil
+		for e := ts.srv.conns.Front(); e != nil; e = e.Next() {
+			if sc := e.Value.(*serverConn); sc.remote == local {
+				w := sc.writing.Load()
+				return w != 0 && time.Since(time.Unix(0, w)) >= 50*time.Millisecond
+			}
+		}
+		return false
 	})
 }
 
@@ -206,7 +209,7 @@ func TestConnectionThatDoesNotReadIsEvictedFirst(t *testing.T) {
 			}
 			ts := startServer(t, cfg, nil)
 			stalled := smallReceiver(t, tc.stalledFrm, ts.tcpAddr)
-			stallConn(t, ts, h, stalled, tc.refused == "")
+			stallConn(t, ts, h, stalled)
 
 			busy := dialTest(t, ClientConfig{Net: "tcp", Addr: ts.tcpAddr, LocalAddr: netip.MustParseAddr(tc.busyFrom)})
 			done := make(chan error, 1)

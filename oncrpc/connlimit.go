@@ -146,6 +146,15 @@ func (s *Server) admit(conn net.Conn) (a admission, ok bool) {
 		privLocal: privLocal,
 	}
 	sc.elem = s.conns.PushBack(sc)
+	if host.IsValid() {
+		hb := s.hostBufs[host]
+		if hb == nil {
+			hb = &hostBuf{}
+			s.hostBufs[host] = hb
+		}
+		hb.conns++
+		sc.hostBuf = hb
+	}
 	switch {
 	case privLocal:
 		s.localPriv++
@@ -215,6 +224,11 @@ func (s *Server) dropConn(sc *serverConn) {
 	s.conns.Remove(sc.elem)
 	sc.elem = nil
 	close(sc.gone)
+	if hb := sc.hostBuf; hb != nil {
+		if hb.conns--; hb.conns == 0 {
+			delete(s.hostBufs, sc.remote.Addr())
+		}
+	}
 	if sc.privLocal {
 		s.localPriv--
 		return

@@ -143,10 +143,11 @@ type Server struct {
 	pconns    map[net.PacketConn]struct{}
 	conns     *list.List         // of *serverConn, by last record or accept, oldest first
 	hosts     map[netip.Addr]int // open TCP connections per remote IP
-	localPriv int                // open TCP connections from a privileged loopback port
-	calls     sync.WaitGroup     // in-flight calls; Add only under mu while !shutting
-	workers   sync.WaitGroup     // connection goroutines; Add only under mu while !shutting
-	finished  chan struct{}      // closed when Shutdown returns
+	hostBufs  map[netip.Addr]*hostBuf
+	localPriv int            // open TCP connections from a privileged loopback port
+	calls     sync.WaitGroup // in-flight calls; Add only under mu while !shutting
+	workers   sync.WaitGroup // connection goroutines; Add only under mu while !shutting
+	finished  chan struct{}  // closed when Shutdown returns
 
 	bufs    sync.Pool       // *[]byte, receive and reply buffers
 	buf     *bufAccount     // bytes held by TCP connections (buflimit.go)
@@ -167,6 +168,7 @@ func NewServer(p Programs, cfg ServerConfig) *Server {
 		pconns:    make(map[net.PacketConn]struct{}),
 		conns:     list.New(),
 		hosts:     make(map[netip.Addr]int),
+		hostBufs:  make(map[netip.Addr]*hostBuf),
 		buf:       newBufAccount(),
 		connLog:   newHostLogLimiter(connLogInterval, connLogHosts),
 	}
@@ -414,8 +416,9 @@ type serverConn struct {
 	// writing: when the reply write in progress started (Unix ns), 0 if none.
 	writing atomic.Int64
 
-	// Under s.buf.mu: bytes of records being served and replies waiting.
-	held int
+	// held: bytes of records being served and replies waiting (buflimit.go).
+	held    atomic.Int64
+	hostBuf *hostBuf // of its remote IP; nil without one
 
 	// Under s.mu:
 	elem *list.Element // in s.conns; nil once dropped (evicted or closed)
