@@ -141,6 +141,9 @@ type Config struct {
 	// handshakes go to TLSRefusals (may be nil).
 	RaftTLS     *pki.Store
 	TLSRefusals *pki.Refusals
+	// RaftHandshakesPerHost caps the raft TLS handshakes in progress from
+	// one IP address (default DefaultRaftHandshakesPerHost; 64 in all).
+	RaftHandshakesPerHost int
 
 	// Notifier is the template for the SM_NOTIFY fan-out after each takeover.
 	Notifier nsm.NotifierConfig
@@ -310,6 +313,7 @@ type Node struct {
 
 	fwd    forwarder
 	replay replayCache // MACs of forwarded writes accepted within the skew window
+	fwdLog denialLog   // spaces the log lines about denied forwarded writes
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change
@@ -400,7 +404,7 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("cluster: raft address: %w", err)
 		}
 		if cfg.RaftTLS != nil {
-			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, hl.Named("transport"))
+			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, cfg.RaftHandshakesPerHost, hl.Named("transport"))
 		} else {
 			trans, err = raft.NewTCPTransportWithConfig(cfg.RaftBind, addr, &raft.NetworkTransportConfig{
 				MaxPool: 4, Timeout: 5 * time.Second, Logger: hl.Named("transport"), MaxRPCsInFlight: raftMaxRPCsInFlight,
@@ -603,7 +607,7 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 		if reg.Node != n.cfg.NodeID {
 			continue
 		}
-		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State}) {
+		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State, From: ev.From}) {
 			n.log.Warn("callback queue full; callback dropped", "mon_name", reg.ID.MonName)
 		}
 	}

@@ -17,6 +17,9 @@ import (
 )
 
 func TestEmbeddedPortmapper(t *testing.T) {
+	if !canBindPrivileged() {
+		t.Skip("needs root: the embedded portmapper takes SET and UNSET only from a privileged port")
+	}
 	pm := NewPortmapper()
 	pm.Register(Mapping{PmapProg, PmapVers, IPProtoUDP, PmapPort})
 	ts := startServer(t, ServerConfig{}, Programs{{PmapProg, PmapVers}: pm})
@@ -67,7 +70,7 @@ func TestEmbeddedPortmapper(t *testing.T) {
 	}
 }
 
-func TestPortmapperRefusesChangesFromNonLoopback(t *testing.T) {
+func TestPortmapperTakesChangesOnlyFromPrivilegedLoopbackPorts(t *testing.T) {
 	pm := NewPortmapper()
 	call := func(proc uint32, remote string, m Mapping) bool {
 		w := NewWriter(nil)
@@ -84,8 +87,14 @@ func TestPortmapperRefusesChangesFromNonLoopback(t *testing.T) {
 	if call(PmapProcSet, "192.0.2.1:700", m) {
 		t.Fatal("SET from a remote address accepted")
 	}
+	if call(PmapProcSet, "127.0.0.1:40000", m) {
+		t.Fatal("SET from an unprivileged loopback port accepted: a local user could redirect lockd's callback")
+	}
 	if !call(PmapProcSet, "[::1]:700", m) {
-		t.Fatal("SET from ::1 refused")
+		t.Fatal("SET from ::1 and a privileged port refused")
+	}
+	if call(PmapProcUnset, "127.0.0.1:40000", m) {
+		t.Fatal("UNSET from an unprivileged loopback port accepted")
 	}
 	if call(PmapProcUnset, "192.0.2.1:700", m) {
 		t.Fatal("UNSET from a remote address accepted")
