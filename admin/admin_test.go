@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +39,8 @@ func newFakeStore() *fakeStore {
 func (f *fakeStore) Status() Status {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Status{NodeID: "n1", Role: "leader", LeaderID: f.leader, SMState: f.state, Registrations: len(f.regs)}
+	return Status{NodeID: "n1", Role: "leader", LeaderID: f.leader, SMState: f.state, Registrations: len(f.regs),
+		LastHookFailure: &HookFailure{Hook: "on_leader", Event: "leader", Err: "exit status 1", Output: "exportfs: /srv/secret: No such file"}}
 }
 
 func (f *fakeStore) Members() []Member {
@@ -428,5 +430,58 @@ func TestLocalTokenIsCreatedOnceAndSentOnlyOnLoopback(t *testing.T) {
 	req = httptest.NewRequest("GET", "http://127.0.0.1:8024/v1/registrations", nil)
 	if err := (&Auth{LocalTokenFile: path + ".missing"}).Authorize(req); err != nil || req.Header.Get("Authorization") != "" {
 		t.Fatalf("missing local token: %q %v", req.Header.Get("Authorization"), err)
+	}
+}
+
+// The last hook failure's output (it may say anything about the host) is
+// in /v1/status for privileged callers only; others see that the hook
+// failed, and how, without it.
+func TestStatusShowsHookOutputOnlyToOperators(t *testing.T) {
+	srv, tokFile, _ := serve(t, newFakeStore(), false)
+	tok, err := os.ReadFile(tokFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(token string) HookFailure {
+		t.Helper()
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/status", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var st Status
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.LastHookFailure == nil {
+			t.Fatalf("status: %+v %v", st, err)
+		}
+		return *st.LastHookFailure
+	}
+	if f := get(""); f.Output != "" || f.Err == "" || f.Hook != "on_leader" {
+		t.Fatalf("without credentials: %+v, want the failure without its output", f)
+	}
+	if f := get(strings.TrimSpace(string(tok))); f.Output == "" {
+		t.Fatalf("with the token: %+v, want the output", f)
+	}
+}
+
+// TestTimelineSummaryListsTheStepsReached: nsmd status's takeover line
+// renders whatever steps the timeline has, from the election.
+func TestTimelineSummaryListsTheStepsReached(t *testing.T) {
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	tl := Timeline{State: 7, Steps: []TimelineStep{
+		{Name: "prev_leader_contact", Label: "previous leader (or witness) last heard", At: at.Add(-300 * time.Millisecond)},
+		{Name: "elected", Label: "elected", At: at},
+		{Name: "vip", Label: "VIP taken", At: at.Add(15 * time.Millisecond)},
+		{Name: "zz_newer", Label: "zz_newer", At: at.Add(2 * time.Second)},
+	}}
+	want := "sm_state 7: previous leader (or witness) last heard -300ms, elected +0ms, VIP taken +15ms, zz_newer +2000ms"
+	if got := TimelineSummary(&tl); got != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+	if got := TimelineSummary(nil); got != "this node has not taken over since it started" {
+		t.Fatalf("no takeover: %s", got)
 	}
 }

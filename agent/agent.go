@@ -40,6 +40,7 @@ import (
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 	"github.com/nsmd/nsmd/tickle"
+	"github.com/nsmd/nsmd/timeline"
 	"github.com/nsmd/nsmd/vip"
 )
 
@@ -95,6 +96,7 @@ type Agent struct {
 	tickle     *tickler     // nil without tickling (tickle.go)
 	sec        security
 	connEvents *prometheus.CounterVec
+	readsHeld  *prometheus.CounterVec
 
 	wg sync.WaitGroup
 }
@@ -232,27 +234,28 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		RaftBind: net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
 		// A lone node (expect 1, nothing to join) forms its own cluster; one
 		// given --join waits for the leader to add it.
-		Bootstrap:          cfg.BootstrapExpect <= 1 && len(cfg.Join) == 0,
-		GracePeriod:        cfg.GracePeriod,
-		HeartbeatTimeout:   timing.HeartbeatTimeout,
-		ElectionTimeout:    timing.ElectionTimeout,
-		LeaderLeaseTimeout: timing.LeaderLeaseTimeout,
-		SnapshotThreshold:  cfg.SnapshotThreshold,
-		TrailingLogs:       cfg.TrailingLogs,
-		LogStore:           cfg.RaftLogStore,
-		Notifier:           notifier,
-		Deliverer:          nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
-		OnFault:            a.onFault,
-		Observer:           a.v4.observe,
-		OnLeader:           a.onLeader,
-		OnFollower:         a.onFollower,
-		StandDownWait:      standDownWait(cfg),
-		HookTimeout:        cfg.HookTimeout,
-		DiskSlowThreshold:  diskSlowThreshold(cfg.DiskSlowThreshold),
-		RaftTLS:            a.sec.tls,
-		TLSRefusals:        a.sec.refusals,
-		Logger:             opts.Logger,
-		Registerer:         a.reg,
+		Bootstrap:             cfg.BootstrapExpect <= 1 && len(cfg.Join) == 0,
+		GracePeriod:           cfg.GracePeriod,
+		HeartbeatTimeout:      timing.HeartbeatTimeout,
+		ElectionTimeout:       timing.ElectionTimeout,
+		LeaderLeaseTimeout:    timing.LeaderLeaseTimeout,
+		SnapshotThreshold:     cfg.SnapshotThreshold,
+		TrailingLogs:          cfg.TrailingLogs,
+		LogStore:              cfg.RaftLogStore,
+		Notifier:              notifier,
+		Deliverer:             nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
+		OnFault:               a.onFault,
+		Observer:              a.v4.grace.Observe,
+		OnLeader:              a.onLeader,
+		OnFollower:            a.onFollower,
+		StandDownWait:         standDownWait(cfg),
+		HookTimeout:           cfg.HookTimeout,
+		DiskSlowThreshold:     diskSlowThreshold(cfg.DiskSlowThreshold),
+		RaftTLS:               a.sec.tls,
+		TLSRefusals:           a.sec.refusals,
+		RaftHandshakesPerHost: a.cfg.RaftHandshakesPerHost,
+		Logger:                opts.Logger,
+		Registerer:            a.reg,
 	}
 	key, err := readGossipKey(cfg.GossipKeyFile)
 	if err != nil {
@@ -278,13 +281,14 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	svc, err := nsm.NewService(a.node, nsm.Config{
-		NodeID:           cfg.NodeID,
-		Trusted:          cfg.TrustedPrefixes(),
-		Logger:           log,
-		Metrics:          a.nsmm,
-		MaxRegistrations: cfg.MaxRegistrations,
-		NotifyBurst:      cfg.NotifyBurst,
-		NotifyEvery:      cfg.NotifyEvery,
+		NodeID:             cfg.NodeID,
+		Trusted:            cfg.TrustedPrefixes(),
+		Logger:             log,
+		Metrics:            a.nsmm,
+		MaxRegistrations:   cfg.MaxRegistrations,
+		NotifyBurst:        cfg.NotifyBurst,
+		NotifyEvery:        cfg.NotifyEvery,
+		NotifyStrictSender: cfg.NotifyStrictSender,
 	})
 	if err != nil {
 		return a, err
@@ -336,7 +340,9 @@ func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
 func (a *Agent) serverConfig() oncrpc.ServerConfig {
 	return oncrpc.ServerConfig{Logger: a.log, Observe: a.nsmm.ObserveRPC,
 		MaxConns: a.cfg.NSMMaxConns, MaxConnsPerHost: a.cfg.NSMMaxConnsHost, ReservedLocal: a.cfg.NSMReservedLocal,
-		OnConn: func(ev string) { a.connEvents.WithLabelValues(ev).Inc() }}
+		MaxConnBuffered: a.cfg.NSMMaxConnBuffer, MaxHostBuffered: a.cfg.NSMMaxHostBuffer, MaxBuffered: a.cfg.NSMMaxBuffer,
+		OnConn: func(ev string) { a.connEvents.WithLabelValues(ev).Inc() },
+		OnHold: func(cap string) { a.readsHeld.WithLabelValues(cap).Inc() }}
 }
 
 // registerConnMetrics counts NSM TCP connection events (accepted,
@@ -345,7 +351,7 @@ func (a *Agent) serverConfig() oncrpc.ServerConfig {
 func (a *Agent) registerConnMetrics() error {
 	a.connEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nsmd_nsm_tcp_connections_total",
-		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room), accepted_reserved (a privileged loopback port, i.e. lockd, admitted beyond the caps others hold: nsm_reserved_local_conns).",
+		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room), evicted_stalled (a connection that does not read its replies, closed to make room), accepted_reserved (a privileged loopback port, i.e. lockd, admitted beyond the caps others hold: nsm_reserved_local_conns).",
 	}, []string{"event"})
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "nsmd_nsm_tcp_connections", Help: "Open NSM TCP connections on the node's own address.",
@@ -355,10 +361,25 @@ func (a *Agent) registerConnMetrics() error {
 		}
 		return float64(a.server.Conns())
 	})
+	a.readsHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nsmd_nsm_tcp_reads_held_total",
+		Help: "Times an NSM TCP connection was not read until its buffered calls and replies were served, by cap: conn (nsm_max_conn_buffer), host (nsm_max_host_buffer), total (nsm_max_buffer).",
+	}, []string{"cap"})
+	for _, c := range []string{oncrpc.HoldConn, oncrpc.HoldHost, oncrpc.HoldTotal} {
+		a.readsHeld.WithLabelValues(c)
+	}
+	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "nsmd_nsm_tcp_buffered_bytes", Help: "Bytes of NSM calls being served and replies not yet written that the node's own TCP connections hold.",
+	}, func() float64 {
+		if a.server == nil {
+			return 0
+		}
+		return float64(a.server.Buffered())
+	})
 	regMax := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "nsmd_registrations_max", Help: "max_registrations: SM_MONs that would add a registration beyond it are refused (0: no cap); alert on nsmd_registrations approaching it.",
 	}, func() float64 { return float64(a.cfg.MaxRegistrations) })
-	for _, c := range []prometheus.Collector{a.connEvents, open, regMax} {
+	for _, c := range []prometheus.Collector{a.connEvents, a.readsHeld, buffered, open, regMax} {
 		if err := a.reg.Register(c); err != nil {
 			return err
 		}
@@ -432,7 +453,7 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
-	a.v4.takeover(state)
+	a.v4.grace.Takeover(state)
 	var err error
 	select {
 	case err = <-a.hooks.leader(ctx, t, state):
@@ -446,7 +467,7 @@ func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error
 		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
 	}
 	a.tickle.takeover(ctx, state) // alongside SM_NOTIFY, which starts when this returns
-	a.v4.serving(ctx)
+	a.v4.grace.Serving(ctx)
 	return nil
 }
 
@@ -454,7 +475,7 @@ func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error
 // timeline.
 func (a *Agent) hookStarted(event string, state int32, at time.Time) {
 	if event == hookEventLeader && a.node != nil {
-		a.node.MarkTimeline(state, func(tl *cluster.Timeline) { tl.HookStarted = at })
+		a.node.MarkTimeline(state, func(tl *timeline.Timeline) { tl.Mark(timeline.HookStarted, at) })
 	}
 }
 

@@ -156,7 +156,7 @@ func (n *Node) serveConns(c *oncrpc.Call, res *oncrpc.Writer) error {
 	}
 	from := c.Remote.Addr().Unmap()
 	if err := n.authForward(from, &fwdArgs{SentNS: args.SentNS, Cmd: args.macInput(), MAC: args.MAC}); err != nil {
-		n.log.Warn("request for the VIP's connections denied", "from", from, "err", err)
+		n.fwdLog.warn(n.log, from, fmt.Errorf("a request for the VIP's connections (CONNS): %w", err))
 		out := connsRes{Status: fwdDenied, Err: err.Error()}
 		out.MarshalXDR(res)
 		return nil

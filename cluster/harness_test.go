@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -60,12 +61,7 @@ func newTestCluster(t testing.TB, size int, tune func(*Config)) *tcluster {
 		cut: map[[2]int]bool{}, tuneCfg: tune}
 	for i := range size {
 		tn := &tnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), addr: raft.ServerAddress(fmt.Sprintf("inmem-n%d", i+1))}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		tn.nsmAddr = ln.Addr().String()
-		ln.Close()
+		tn.nsmAddr = testutil.FreeAddr(t, "127.0.0.1")
 		c.nodes = append(c.nodes, tn)
 		c.voters[tn.id] = string(tn.addr)
 		c.peerNSM[tn.id] = tn.nsmAddr
@@ -90,8 +86,8 @@ func (c *tcluster) start(i int) {
 	cfg := Config{
 		NodeID: tn.id, DataDir: tn.dir, RaftBind: "127.0.0.1:1", NSMAddr: tn.nsmAddr,
 		Voters: c.voters, PeerNSMAddrs: c.peerNSM, Transport: tn.trans,
-		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-		LeaderLeaseTimeout: 50 * time.Millisecond, HoldTimeout: 2 * time.Second,
+		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond, HoldTimeout: 2 * time.Second,
 		ClusterKey: []byte("test-cluster-key"), // inmem raft addresses carry no IPs to match
 		Notifier: nsm.NotifierConfig{Name: "nfs.test", InitialRTO: 50 * time.Millisecond,
 			MaxRTO: 200 * time.Millisecond, Window: 2 * time.Second},
@@ -190,18 +186,18 @@ func (c *tcluster) waitTakeover(timeout time.Duration) takeoverEvent {
 // waiting up to timeout.
 func (c *tcluster) leader(timeout time.Duration) (int, *tnode) {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var li int
+	var ld *tnode
+	testutil.WaitFor(c.t, timeout, "a live node that leads and has taken over", func() bool {
 		for i, tn := range c.nodes {
 			if tn.alive && tn.n.Leading() && tn.n.IsLeader() {
-				return i, tn
+				li, ld = i, tn
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("no leader within %v", timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
+	return li, ld
 }
 
 // converge waits until every live node has applied the leader's last index
@@ -214,18 +210,14 @@ func (c *tcluster) converge(timeout time.Duration) [32]byte {
 		c.t.Fatalf("barrier: %v", err)
 	}
 	want := ld.n.FSM().AppliedIndex()
-	deadline := time.Now().Add(timeout)
-	for _, tn := range c.nodes {
-		if !tn.alive {
-			continue
-		}
-		for tn.n.FSM().AppliedIndex() < want {
-			if time.Now().After(deadline) {
-				c.t.Fatalf("%s applied %d < leader's %d after %v", tn.id, tn.n.FSM().AppliedIndex(), want, timeout)
+	testutil.WaitForSeen(c.t, timeout, fmt.Sprintf("every live node to apply the leader's index %d", want), func() (bool, string) {
+		for _, tn := range c.nodes {
+			if tn.alive && tn.n.FSM().AppliedIndex() < want {
+				return false, fmt.Sprintf("%s applied %d", tn.id, tn.n.FSM().AppliedIndex())
 			}
-			time.Sleep(5 * time.Millisecond)
 		}
-	}
+		return true, ""
+	})
 	d := ld.n.FSM().Digest()
 	for _, tn := range c.nodes {
 		if tn.alive && tn.n.FSM().AppliedIndex() == want && tn.n.FSM().Digest() != d {

@@ -36,6 +36,7 @@ import (
 
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // Errors.
@@ -140,6 +141,9 @@ type Config struct {
 	// handshakes go to TLSRefusals (may be nil).
 	RaftTLS     *pki.Store
 	TLSRefusals *pki.Refusals
+	// RaftHandshakesPerHost caps the raft TLS handshakes in progress from
+	// one IP address (default DefaultRaftHandshakesPerHost; 64 in all).
+	RaftHandshakesPerHost int
 
 	// Notifier is the template for the SM_NOTIFY fan-out after each takeover.
 	Notifier nsm.NotifierConfig
@@ -311,6 +315,7 @@ type Node struct {
 	replay replayCache // MACs of forwarded writes accepted within the skew window
 	// vipConns: the leader's last sample of its VIP connections (conns.go).
 	vipConns atomic.Pointer[VIPConns]
+	fwdLog   denialLog // spaces the log lines about denied forwarded writes
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change
@@ -322,7 +327,7 @@ type Node struct {
 	notifier      *nsm.Notifier
 	notifyState   int32 // sm_state the current (or last) fan-out sends
 	notifyTargets int   // hosts it was started with
-	timeline      Timeline
+	timeline      timeline.Timeline
 
 	started      time.Time
 	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)
@@ -401,7 +406,7 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("cluster: raft address: %w", err)
 		}
 		if cfg.RaftTLS != nil {
-			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, hl.Named("transport"))
+			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, cfg.RaftHandshakesPerHost, hl.Named("transport"))
 		} else {
 			trans, err = raft.NewTCPTransportWithConfig(cfg.RaftBind, addr, &raft.NetworkTransportConfig{
 				MaxPool: 4, Timeout: 5 * time.Second, Logger: hl.Named("transport"), MaxRPCsInFlight: raftMaxRPCsInFlight,
@@ -604,7 +609,7 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 		if reg.Node != n.cfg.NodeID {
 			continue
 		}
-		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State}) {
+		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State, From: ev.From}) {
 			n.log.Warn("callback queue full; callback dropped", "mon_name", reg.ID.MonName)
 		}
 	}

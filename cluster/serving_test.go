@@ -293,6 +293,9 @@ func TestSuccessorServesAtOnceAfterACleanStop(t *testing.T) {
 		t.Fatalf("successor served at %v, old stopped at %v", next.at, stopped)
 	}
 	w := fc.nodes[nodeIndex(fc.tcluster, next.node)].n.FenceStatus().LastWait
+	if w == nil {
+		t.Fatalf("%s served at %v, after %s, and recorded no fence wait", next.node, next.at, first.node)
+	}
 	for _, p := range w.Nodes {
 		if p.By != "clean" {
 			t.Errorf("%s proven stopped by %q after a planned move, want clean", p.Node, p.By)
@@ -337,6 +340,9 @@ func TestFenceAgentLetsTheSuccessorServeBeforeTheWatchdogWait(t *testing.T) {
 		t.Fatalf("successor served at %v before the agent fenced %s (%v)", next.at, first.node, at)
 	}
 	w := fc.nodes[nodeIndex(fc.tcluster, next.node)].n.FenceStatus().LastWait
+	if w == nil {
+		t.Fatalf("%s served at %v, after %s, and recorded no fence wait", next.node, next.at, first.node)
+	}
 	for _, p := range w.Nodes {
 		if p.Node == first.node && p.By != "agent" {
 			t.Errorf("%s proven stopped by %q, want agent", p.Node, p.By)
@@ -425,15 +431,18 @@ func TestAPartitionedLeaderStopsFeedingItsWatchdog(t *testing.T) {
 	m.mu.Lock()
 	feeds, deadline := m.feeds, m.deadline
 	m.mu.Unlock()
-	time.Sleep(time.Second) // no event says "no more feeds": watch for a while
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.feeds != feeds {
-		t.Fatalf("fed %d more times after losing its quorum", m.feeds-feeds)
-	}
-	if m.deadline.After(deadline) {
-		t.Fatalf("starving moved the reset deadline from %v to %v", deadline, m.deadline)
-	}
+	// No event says "no more feeds": watch for a while.
+	testutil.HoldsFor(t, time.Second, 20*time.Millisecond, "a starved watchdog", func() (bool, string) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.feeds != feeds {
+			return false, fmt.Sprintf("fed %d more times after losing its quorum", m.feeds-feeds)
+		}
+		if m.deadline.After(deadline) {
+			return false, fmt.Sprintf("starving moved the reset deadline from %v to %v", deadline, m.deadline)
+		}
+		return true, ""
+	})
 	if bound := cut.Add(300*time.Millisecond + 3*time.Second + time.Second); deadline.After(bound) {
 		t.Fatalf("reset deadline %v is after cut + heartbeat timeout + fence timeout (%v)", deadline, bound)
 	}

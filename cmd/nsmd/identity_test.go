@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -78,13 +79,10 @@ func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
 	refused := func(ag *agent.Agent) float64 {
 		return testutil.GatheredValue(t, ag.Registry(), "nsmd_cluster_join_refused_total", "reason", cluster.RefusedClusterID)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for refused(a) < 1 || refused(b) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("refusals: alpha %v, beta %v; want both ≥ 1", refused(a), refused(b))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.WaitForSeen(t, 10*time.Second, "both clusters to count a refusal", func() (bool, string) {
+		ra, rb := refused(a), refused(b)
+		return ra >= 1 && rb >= 1, fmt.Sprintf("refusals: alpha %v, beta %v", ra, rb)
+	})
 
 	for _, c := range []struct {
 		ag       *agent.Agent
@@ -126,7 +124,8 @@ func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
 
 	admin := a.AdminAddr()
 	out, err := runCLI(t, "status", "--admin", admin)
-	if err != nil || !strings.Contains(out, "cluster_id     alpha") || !strings.Contains(out, "version        "+bi.Gossip()) {
+	if err != nil || !strings.Contains(out, "cluster_id     alpha") || !strings.Contains(out, "version        "+bi.Gossip()) ||
+		!strings.Contains(out, "takeover       sm_state ") || !strings.Contains(out, "elected +0ms") {
 		t.Errorf("nsmd status: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, "members", "--admin", admin)
