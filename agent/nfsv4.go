@@ -95,7 +95,7 @@ func newNFSv4(a *Agent, tune func(string, *cld.Config)) (*nfsv4, error) {
 	if err := a.reg.Register(v.graceSecs); err != nil {
 		return nil, err
 	}
-	f := func() *fsm.FSM { return a.node.FSM() }
+	f := func() *cluster.Node { return a.node }
 	for _, g := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nsmd_nfsv4_client_records", Help: "NFSv4 client-tracking records in the current epoch (clients that may reclaim after the next failover).", ConstLabels: prometheus.Labels{"epoch": "current"}},
 			func() float64 { c, _, _ := f().V4Counts(); return float64(c) }),
@@ -213,7 +213,7 @@ func (v *nfsv4) hookEnv() []string {
 // host monitored now was sent (or will be sent) SM_NOTIFY, and each that
 // held NLM locks comes back through this node's lockd.
 func (v *nfsv4) takeover(state int32) {
-	targets := v.a.node.FSM().Targets()
+	targets := v.a.node.Targets()
 	hosts := make([]string, len(targets))
 	for i, t := range targets {
 		hosts[i] = t.MonName
@@ -252,7 +252,7 @@ func (v *nfsv4) takeover(state int32) {
 		},
 	}, hosts, time.Now())
 	v.mu.Lock()
-	v.keeper, v.keeperFrom, v.keeperState = k, v.a.node.FSM().AppliedIndex(), state
+	v.keeper, v.keeperFrom, v.keeperState = k, v.a.node.AppliedIndex(), state
 	v.mu.Unlock()
 }
 
@@ -272,7 +272,7 @@ func (v *nfsv4) serving(ctx context.Context) {
 	}()
 }
 
-// observe sees every applied command (cluster.Config.Observer; must not
+// observe sees every applied command (a cluster.Subscriber; must not
 // block): an SM_MON or an NFSv4 Create after the takeover is a client
 // coming back.
 func (v *nfsv4) observe(index uint64, cmd fsm.Command, _ fsm.Result) {
@@ -308,7 +308,7 @@ func (v *nfsv4) graceStatus() *nlm.GraceStatus {
 
 // status is the NFSv4 part of GET /v1/status.
 func (v *nfsv4) status() admin.NFSv4Status {
-	f := v.a.node.FSM()
+	f := v.a.node
 	s := admin.NFSv4Status{Tracking: v.tracking, TrackingWhy: v.trackingWhy}
 	s.CurrentEpoch, s.RecoveryEpoch = f.Epochs()
 	s.Clients, s.Reclaimable, s.Reclaimed = f.V4Counts()
@@ -328,7 +328,7 @@ func (v *nfsv4) status() admin.NFSv4Status {
 
 // clients is GET /v1/nfsv4/clients.
 func (v *nfsv4) clients() admin.V4ClientPage {
-	f := v.a.node.FSM()
+	f := v.a.node
 	p := admin.V4ClientPage{Clients: []admin.V4ClientJSON{}}
 	p.CurrentEpoch, p.RecoveryEpoch = f.Epochs()
 	for _, e := range []struct {
@@ -378,7 +378,7 @@ func (s trackingStore) GraceStart(ctx context.Context) ([]cld.Record, error) {
 	v := s.v
 	v.mu.Lock()
 	k := v.keeper
-	v.graceStartState, v.graceStartAt = s.node().FSM().State(), time.Now()
+	v.graceStartState, v.graceStartAt = s.node().State(), time.Now()
 	state, at := v.graceStartState, v.graceStartAt
 	v.mu.Unlock()
 	s.node().MarkTimeline(state, func(tl *cluster.Timeline) { tl.NFSdGraceStart = at })
@@ -397,7 +397,7 @@ func (s trackingStore) GraceStart(ctx context.Context) ([]cld.Record, error) {
 // confirmed now, and that may reclaim in this grace, is recorded in the
 // current epoch. Then the grace period ends in the table.
 func (s trackingStore) GraceDone(ctx context.Context) error {
-	f := s.node().FSM()
+	f := s.node()
 	if _, rec := f.Epochs(); rec != 0 {
 		if err := s.carryV40(ctx, f); err != nil {
 			return err
@@ -406,7 +406,7 @@ func (s trackingStore) GraceDone(ctx context.Context) error {
 	return s.node().TrackGraceDone(ctx)
 }
 
-func (s trackingStore) carryV40(ctx context.Context, f *fsm.FSM) error {
+func (s trackingStore) carryV40(ctx context.Context, f *cluster.Node) error {
 	clients, err := nlm.NFSdClients("")
 	if errors.Is(err, nlm.ErrNoManager) {
 		return nil

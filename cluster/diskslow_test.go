@@ -421,7 +421,7 @@ func TestSlowLeaderHandsOverOnlyToAFasterNode(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "a settled serving leader", func() bool {
 		for _, tn := range nodes[:3] {
 			if tn.n.IsLeader() && tn.n.Leading() {
-				first = takeoverEvent{node: tn.id, state: tn.n.FSM().State()}
+				first = takeoverEvent{node: tn.id, state: tn.n.fsm.State()}
 				return true
 			}
 		}

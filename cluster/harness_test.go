@@ -34,6 +34,10 @@ type tnode struct {
 	n       *Node
 	srv     *oncrpc.Server
 	alive   bool
+	// nt sends SM_NOTIFY when n serves a term, as the agent composes it
+	// (a Subscriber); stopDeliver ends its callback deliverer, if any.
+	nt          *nsm.Notifier
+	stopDeliver context.CancelFunc
 }
 
 // tcluster is an in-process cluster with raft over in-memory transports.
@@ -45,6 +49,11 @@ type tcluster struct {
 	takeovers chan takeoverEvent
 	followers chan takeoverEvent // OnFollower calls
 
+	// notify configures every node's notifier; deliver, when set, gives
+	// every node a callback deliverer (both composed as the agent does).
+	notify  nsm.NotifierConfig
+	deliver *nsm.DelivererConfig
+
 	mu      sync.Mutex
 	cut     map[[2]int]bool // links cut by partition()
 	tuneCfg func(*Config)
@@ -55,9 +64,21 @@ type tcluster struct {
 
 func newTestCluster(t testing.TB, size int, tune func(*Config)) *tcluster {
 	t.Helper()
+	return newTestClusterWith(t, size, tune, nil)
+}
+
+// newTestClusterWith is newTestCluster with set run on the cluster before
+// its nodes start (the notifier's and the deliverer's settings).
+func newTestClusterWith(t testing.TB, size int, tune func(*Config), set func(*tcluster)) *tcluster {
+	t.Helper()
 	c := &tcluster{t: t, voters: map[string]string{}, peerNSM: map[string]string{},
 		takeovers: make(chan takeoverEvent, 256), followers: make(chan takeoverEvent, 256),
-		cut: map[[2]int]bool{}, tuneCfg: tune}
+		cut: map[[2]int]bool{}, tuneCfg: tune,
+		notify: nsm.NotifierConfig{Name: "nfs.test", InitialRTO: 50 * time.Millisecond,
+			MaxRTO: 200 * time.Millisecond, Window: 2 * time.Second}}
+	if set != nil {
+		set(c)
+	}
 	for i := range size {
 		tn := &tnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), addr: raft.ServerAddress(fmt.Sprintf("inmem-n%d", i+1))}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -87,24 +108,39 @@ func (c *tcluster) start(i int) {
 	c.t.Helper()
 	tn := c.nodes[i]
 	_, tn.trans = raft.NewInmemTransport(tn.addr)
-	cfg := Config{
-		NodeID: tn.id, DataDir: tn.dir, RaftBind: "127.0.0.1:1", NSMAddr: tn.nsmAddr,
-		Voters: c.voters, PeerNSMAddrs: c.peerNSM, Transport: tn.trans,
-		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-		LeaderLeaseTimeout: 50 * time.Millisecond, HoldTimeout: 2 * time.Second,
-		ClusterKey: []byte("test-cluster-key"), // inmem raft addresses carry no IPs to match
-		Notifier: nsm.NotifierConfig{Name: "nfs.test", InitialRTO: 50 * time.Millisecond,
-			MaxRTO: 200 * time.Millisecond, Window: 2 * time.Second},
-		OnLeader: func(_ context.Context, _ fsm.Takeover, state int32) error {
-			c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
-			return nil
-		},
-		OnFollower: func() error { c.followers <- takeoverEvent{node: tn.id, at: time.Now()}; return nil },
+	cfg := testConfig(tn.id, tn.dir)
+	cfg.NSMAddr, cfg.Voters, cfg.PeerNSMAddrs, cfg.Transport = tn.nsmAddr, c.voters, c.peerNSM, tn.trans
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout = 100*time.Millisecond, 100*time.Millisecond
+	cfg.LeaderLeaseTimeout, cfg.HoldTimeout = 50*time.Millisecond, 2*time.Second
+	cfg.ClusterKey = []byte("test-cluster-key") // inmem raft addresses carry no IPs to match
+	cfg.OnLeader = func(_ context.Context, _ fsm.Takeover, state int32) error {
+		c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
+		return nil
+	}
+	cfg.OnFollower = func() error { c.followers <- takeoverEvent{node: tn.id, at: time.Now()}; return nil }
+	nt, err := nsm.NewNotifier(c.notify)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	tn.nt = nt
+	var n *Node // set before Start, the first Serving
+	cfg.Subscribers = append(cfg.Subscribers, Subscriber{Serving: func(ctx context.Context, state int32) {
+		nt.Run(ctx, state, n.Targets())
+	}})
+	if c.deliver != nil {
+		d := nsm.NewDeliverer(*c.deliver)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); d.Run(ctx) }()
+		tn.stopDeliver = func() { cancel(); <-done }
+		cfg.Subscribers = append(cfg.Subscribers, Subscriber{Applied: func(ev Applied) {
+			d.Applied(tn.id, ev.Cmd, ev.Result, ev.Replay)
+		}})
 	}
 	if c.tuneCfg != nil {
 		c.tuneCfg(&cfg)
 	}
-	n, err := New(cfg)
+	n, err = New(cfg)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", tn.id, err)
 	}
@@ -152,6 +188,9 @@ func (c *tcluster) kill(i int) {
 	tn.srv.Shutdown(ctx)
 	cancel()
 	tn.n.Kill()
+	if tn.stopDeliver != nil {
+		tn.stopDeliver()
+	}
 	c.relink()
 }
 
@@ -213,22 +252,22 @@ func (c *tcluster) converge(timeout time.Duration) [32]byte {
 	if err := ld.n.raft.Barrier(timeout).Error(); err != nil {
 		c.t.Fatalf("barrier: %v", err)
 	}
-	want := ld.n.FSM().AppliedIndex()
+	want := ld.n.AppliedIndex()
 	deadline := time.Now().Add(timeout)
 	for _, tn := range c.nodes {
 		if !tn.alive {
 			continue
 		}
-		for tn.n.FSM().AppliedIndex() < want {
+		for tn.n.AppliedIndex() < want {
 			if time.Now().After(deadline) {
-				c.t.Fatalf("%s applied %d < leader's %d after %v", tn.id, tn.n.FSM().AppliedIndex(), want, timeout)
+				c.t.Fatalf("%s applied %d < leader's %d after %v", tn.id, tn.n.AppliedIndex(), want, timeout)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	d := ld.n.FSM().Digest()
+	d := ld.n.fsm.Digest()
 	for _, tn := range c.nodes {
-		if tn.alive && tn.n.FSM().AppliedIndex() == want && tn.n.FSM().Digest() != d {
+		if tn.alive && tn.n.AppliedIndex() == want && tn.n.fsm.Digest() != d {
 			c.t.Errorf("%s FSM digest differs from the leader's at index %d", tn.id, want)
 		}
 	}
@@ -258,4 +297,13 @@ func askVIPHeld(t testing.TB, addr string) bool {
 		t.Fatal(err)
 	}
 	return held.V
+}
+
+// testConfig is a valid Config for node id with its state in dir: every
+// setting New requires, with the values a test cluster runs (tests change
+// what they are about).
+func testConfig(id, dir string) Config {
+	return Config{
+		NodeID: id, DataDir: dir, RaftBind: "127.0.0.1:1",
+	}
 }

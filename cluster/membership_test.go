@@ -417,14 +417,14 @@ func TestGossipWipedRestartRejoins(t *testing.T) {
 	if _, err := l.Monitor(ctx, reg(10)); err != nil {
 		t.Fatal(err)
 	}
-	want := l.FSM().AppliedIndex()
+	want := l.fsm.AppliedIndex()
 	gossipWaitFor(t, 10*time.Second, "the wiped node catching up", func() bool {
-		return n.FSM().AppliedIndex() >= want
+		return n.fsm.AppliedIndex() >= want
 	})
-	if got := n.FSM().Len(); got != 11 {
+	if got := n.fsm.Len(); got != 11 {
 		t.Errorf("wiped node has %d registrations, want 11", got)
 	}
-	if n.FSM().Digest() != l.FSM().Digest() && n.FSM().AppliedIndex() == l.FSM().AppliedIndex() {
+	if n.fsm.Digest() != l.fsm.Digest() && n.fsm.AppliedIndex() == l.fsm.AppliedIndex() {
 		t.Error("FSM digests differ at the same applied index")
 	}
 }
@@ -463,9 +463,9 @@ func TestGossipWipedRestartAtNewAddressReplacesVoter(t *testing.T) {
 	if _, err := l.Monitor(ctx, reg(1)); err != nil {
 		t.Fatal(err)
 	}
-	want := l.FSM().AppliedIndex()
+	want := l.fsm.AppliedIndex()
 	gossipWaitFor(t, 10*time.Second, "the replacement catching up", func() bool {
-		return n.FSM().AppliedIndex() >= want
+		return n.fsm.AppliedIndex() >= want
 	})
 }
 

@@ -1,13 +1,16 @@
-// Package cluster runs nsmd's replicated state: hashicorp/raft with
-// raft-boltdb/v2 for the log and stable store and a file snapshot store in
-// the data directory, the group-commit writer that turns NSM writes into
-// raft log entries, and the leader loop that owns every leader-only side
-// effect (takeover, the VIP, hooks, SM_NOTIFY fan-out). The VIP itself is
-// a FloatingAddr (package vip has both modes'); this package decides when
-// a leader may take it (handover.go).
+// Package cluster replicates nsmd's state: hashicorp/raft with raft-wal or
+// raft-boltdb/v2 for the log, a bolt stable store and a file snapshot
+// store in the data directory, the group-commit writer that turns NSM
+// writes into raft log entries, gossip membership, and the leader loop
+// that owns every leader-only step of a term (takeover, the VIP, fencing,
+// the hooks). The VIP itself is a FloatingAddr (package vip has both
+// modes'); this package decides when a leader may take it (handover.go).
 //
-// A Node implements nsm.Registry: writes return only after they are
-// committed; reads come from the local FSM.
+// It speaks no NSM: what a term or an applied command means to clients
+// (SM_NOTIFY after a takeover, the lock-manager callback of an accepted
+// SM_NOTIFY) is done by subscribers given to New (events.go). A Node
+// satisfies the NSM service's Registry: writes return only after they are
+// committed; reads come from the local state machine.
 package cluster
 
 import (
@@ -33,7 +36,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
-	"github.com/nsmd/nsmd/nsm"
 )
 
 // Errors.
@@ -139,29 +141,24 @@ type Config struct {
 	RaftTLS     *pki.Store
 	TLSRefusals *pki.Refusals
 
-	// Notifier is the template for the SM_NOTIFY fan-out after each takeover.
-	Notifier nsm.NotifierConfig
-	// Deliverer configures lock-manager callbacks for this node's registrations.
-	Deliverer nsm.DelivererConfig
-
 	// VIP, when set, is acquired by each new leader after its Takeover
 	// committed (and after a previous holder's lifetime ran out) and
 	// released first when leadership ends.
 	VIP FloatingAddr
-	// Observer, when set, is called on every node for every applied
-	// command, after the entry is applied (fsm.Options.Observer: it must
-	// not block). Entries replayed from the log at start-up are included:
-	// index ≤ BootIndex() tells them apart.
-	Observer func(index uint64, cmd fsm.Command, res fsm.Result)
+	// Subscribers hear of the node's events (events.go): every applied
+	// command, and each term this node serves. They are fixed when New
+	// starts raft, so none misses a command raft applies before Start.
+	Subscribers []Subscriber
 	// OnFault, when set, is told about faults the node cannot fix itself
 	// (the VIP cannot be taken, a takeover did not commit). Must not block.
 	OnFault func(reason string, err error)
 
 	// OnLeader runs in the leader loop after the takeover committed, the VIP
 	// was taken and every other serving node was proven stopped, and before
-	// the notifier starts (the on_leader hook: mount, start nfsd). An error
-	// is a failed takeover: the node stops again (OnFollower), notifies
-	// nobody and hands leadership to another serving node. OnFollower runs
+	// the subscribers hear that the term serves (the on_leader hook: mount,
+	// start nfsd). An error is a failed takeover: the node stops again
+	// (OnFollower), tells no subscriber and hands leadership to another
+	// serving node. OnFollower runs
 	// when leadership is lost or on shutdown (the on_follower hook: stop
 	// nfsd, unmount); an error means the node may still hold the storage,
 	// and its watchdog resets it. Both return once their hook ran (bounded
@@ -278,7 +275,7 @@ type Node struct {
 	trans   raft.Transport
 	member  *membership // nil without gossip
 	metrics *metrics
-	deliver *nsm.Deliverer
+	subs    []Subscriber // Config.Subscribers, fixed at New
 	disk    *diskHealth
 
 	// bootIndex is the last log index present when the node started: the
@@ -311,12 +308,9 @@ type Node struct {
 	// prevLeader is the last other node seen leading (for the VIP hand-over).
 	prevLeader string
 
-	mu            sync.Mutex
-	leading       bool
-	notifier      *nsm.Notifier
-	notifyState   int32 // sm_state the current (or last) fan-out sends
-	notifyTargets int   // hosts it was started with
-	timeline      Timeline
+	mu       sync.Mutex
+	leading  bool
+	timeline Timeline
 
 	started      time.Time
 	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)
@@ -345,6 +339,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg:       cfg,
+		subs:      slices.Clone(cfg.Subscribers),
 		log:       cfg.Logger.With("node", cfg.NodeID),
 		writes:    make(chan *write, 4096),
 		inflight:  make(chan *batch, cfg.MaxInflightEntries),
@@ -365,11 +360,6 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.metrics = m
-	dcfg := cfg.Deliverer
-	if dcfg.Logger == nil {
-		dcfg.Logger = n.log
-	}
-	n.deliver = nsm.NewDeliverer(dcfg)
 	n.fsm = fsm.New(fsm.Options{Observer: n.observe})
 
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
@@ -487,13 +477,14 @@ func New(cfg Config) (*Node, error) {
 }
 
 // Start runs the node's goroutines: the group-commit writer, the leader
-// loop and the callback deliverer. They stop on Close.
+// loop, leadership observation, the lease loop and the disk probe. They
+// stop on Close.
 func (n *Node) Start() {
 	n.running.Store(true)
 	if n.member != nil {
 		n.member.start(n.ctx)
 	}
-	n.wg.Add(7)
+	n.wg.Add(6)
 	if n.cfg.Watchdog != nil {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.fenceLoop() }()
@@ -504,12 +495,6 @@ func (n *Node) Start() {
 	go func() { defer n.wg.Done(); n.commitLoop() }()
 	go func() { defer n.wg.Done(); n.waitLoop() }()
 	go func() { defer n.wg.Done(); n.leaderLoop() }()
-	go func() {
-		defer n.wg.Done()
-		if err := n.deliver.Run(n.ctx); err != nil && !errors.Is(err, context.Canceled) {
-			n.log.Error("deliverer stopped", "err", err)
-		}
-	}()
 }
 
 // Close stops the node. When it leads a cluster with other voters it first
@@ -575,30 +560,15 @@ func (n *Node) closeStores() {
 	}
 }
 
-// observe runs inside FSM.Apply on every node: it hands the lock-manager
-// callbacks of this node's registrations to the deliverer. Entries that
-// were already in the log at start-up are replays: their callbacks went
-// out before the restart, and a second one could drop reclaimed locks.
+// observe runs inside FSM.Apply on every node: it hands the applied
+// command to the subscribers, marking the entries that were already in
+// the log at start-up (replays), and wakes what waits for a takeover.
 func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
-	if n.cfg.Observer != nil {
-		n.cfg.Observer(index, cmd, res)
-	}
+	n.applied(Applied{Index: index, Cmd: cmd, Result: res, Replay: index <= n.bootIndex})
 	if _, ok := cmd.(fsm.Takeover); ok {
 		// This node may know the current incarnation now (Ready): wake
 		// the calls and writes waiting for it.
 		n.wakeWriters()
-	}
-	ev, ok := cmd.(fsm.PeerRebooted)
-	if !ok || !res.Accepted || index <= n.bootIndex {
-		return
-	}
-	for _, reg := range res.Matched {
-		if reg.Node != n.cfg.NodeID {
-			continue
-		}
-		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State}) {
-			n.log.Warn("callback queue full; callback dropped", "mon_name", reg.ID.MonName)
-		}
 	}
 }
 
@@ -606,36 +576,11 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 // entries up to it are replays.
 func (n *Node) BootIndex() uint64 { return n.bootIndex }
 
-// FSM exposes the local state machine for reads.
-func (n *Node) FSM() *fsm.FSM { return n.fsm }
-
-// Raft exposes the raft instance (status, tests).
-func (n *Node) Raft() *raft.Raft { return n.raft }
-
 // ID is the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
 
 // IsLeader reports whether this node leads.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
-
-// NotifyRun says which sm_state the current (or last) SM_NOTIFY fan-out
-// of this node sends and to how many hosts (0, 0 before the first).
-func (n *Node) NotifyRun() (state int32, targets int) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.notifyState, n.notifyTargets
-}
-
-// NotifyProgress reports the current (or last) notifier's progress.
-func (n *Node) NotifyProgress() (pending, done, failed int) {
-	n.mu.Lock()
-	nt := n.notifier
-	n.mu.Unlock()
-	if nt == nil {
-		return 0, 0, 0
-	}
-	return nt.Progress()
-}
 
 // Members lists the cluster's nodes as gossip and raft see them.
 func (n *Node) Members() []MemberStatus {

@@ -125,17 +125,17 @@ func viewOf(t *testing.T, nodes []*tcpNode) clusterView {
 	// digests compare equal state.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		_, lid := nodes[0].n.Raft().LeaderWithID()
+		_, lid := nodes[0].n.raft.LeaderWithID()
 		v.leader = string(lid)
 		ok := v.leader != ""
 		var idx uint64
 		for i, tn := range nodes {
-			v.terms[i] = tn.n.Raft().CurrentTerm()
-			v.states[i] = tn.n.FSM().State()
-			v.digests[i] = tn.n.FSM().Digest()
+			v.terms[i] = tn.n.raft.CurrentTerm()
+			v.states[i] = tn.n.fsm.State()
+			v.digests[i] = tn.n.fsm.Digest()
 			if i == 0 {
-				idx = tn.n.FSM().AppliedIndex()
-			} else if tn.n.FSM().AppliedIndex() != idx {
+				idx = tn.n.fsm.AppliedIndex()
+			} else if tn.n.fsm.AppliedIndex() != idx {
 				ok = false
 			}
 		}

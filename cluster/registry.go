@@ -8,23 +8,18 @@ import (
 	"net/netip"
 
 	"github.com/nsmd/nsmd/fsm"
-	"github.com/nsmd/nsmd/nsm"
-)
-
-var (
-	_ nsm.Registry      = (*Node)(nil)
-	_ nsm.Counter       = (*Node)(nil)
-	_ nsm.ReadyNotifier = (*Node)(nil)
 )
 
 // ReadyChanged is closed at the next event that may make Ready true: a
-// takeover applied here, or leadership moving (nsm.ReadyNotifier).
+// takeover applied here, or leadership moving (the NSM service's
+// ReadyNotifier).
 func (n *Node) ReadyChanged() <-chan struct{} { return n.leaderChanged() }
 
-// Count is the number of registrations (nsm.Counter).
+// Count is the number of registrations (the NSM service's Counter).
 func (n *Node) Count() int { return n.fsm.Len() }
 
-// Has reports whether the registration id exists (nsm.Counter).
+// Has reports whether the registration id exists (the NSM service's
+// Counter).
 func (n *Node) Has(id fsm.MonID) bool {
 	_, ok := n.fsm.Get(id)
 	return ok

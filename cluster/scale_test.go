@@ -60,7 +60,7 @@ func TestScaleChildNode(t *testing.T) {
 		case <-stdin:
 			return
 		case <-tick.C:
-			fmt.Printf("applied %d %d\n", n.FSM().AppliedIndex(), n.FSM().Len())
+			fmt.Printf("applied %d %d\n", n.fsm.AppliedIndex(), n.fsm.Len())
 		}
 	}
 }
@@ -271,7 +271,7 @@ func TestMeasureScale1M(t *testing.T) {
 		c.waitApplied(t, last, total, 5*time.Minute)
 	}
 	loadTime := time.Since(start)
-	if got := lead.FSM().Len(); got != total {
+	if got := lead.fsm.Len(); got != total {
 		t.Fatalf("leader holds %d registrations, want %d", got, total)
 	}
 	runtime.GC()
