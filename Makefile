@@ -81,6 +81,10 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) -C deploy/pkg vet ./...
+	@# The replication layer replicates: SM_NOTIFY and the lock-manager
+	@# callbacks are composed with a node by its callers (cluster/DESIGN.md).
+	@if $(GO) list -deps ./cluster | grep -qx 'github.com/nsmd/nsmd/nsm'; then \
+	  echo "package cluster must not depend on package nsm"; exit 1; fi
 
 clean:
 	rm -rf bin

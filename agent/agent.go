@@ -120,15 +120,6 @@ func (a *Agent) Kill() {
 	a.wg.Wait()
 }
 
-// standDownWait is how long a new leader waits for the previous one to
-// finish standing down: its on_follower hook may take up to hook_timeout.
-func standDownWait(cfg config.Config) time.Duration {
-	if cfg.OnFollower != "" {
-		return cfg.HookTimeout + time.Second
-	}
-	return time.Second
-}
-
 // witnessConfig drops what a witness never uses, so that one configuration
 // file can serve the servers and the witness: the VIP and the hooks. It
 // says so once.
@@ -223,45 +214,18 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, fmt.Errorf("notifier: %w", err)
 	}
 	a.deliver = nsm.NewDeliverer(nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm, Logger: log})
-	timing := cfg.Timing() // raft_profile, with explicit keys over it
-	ccfg := cluster.Config{
-		NodeID:   cfg.NodeID,
-		Version:  build.Gossip(),
-		Witness:  cfg.Witness,
-		DataDir:  cfg.DataDir,
-		RaftBind: net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
-		// A lone node (expect 1, nothing to join) forms its own cluster; one
-		// given --join waits for the leader to add it.
-		Bootstrap:          cfg.BootstrapExpect <= 1 && len(cfg.Join) == 0,
-		GracePeriod:        cfg.GracePeriod,
-		HeartbeatTimeout:   timing.HeartbeatTimeout,
-		ElectionTimeout:    timing.ElectionTimeout,
-		LeaderLeaseTimeout: timing.LeaderLeaseTimeout,
-		SnapshotThreshold:  cfg.SnapshotThreshold,
-		TrailingLogs:       cfg.TrailingLogs,
-		LogStore:           cfg.RaftLogStore,
-		Subscribers:        []cluster.Subscriber{{Applied: a.applied, Serving: a.announce}},
-		OnFault:            a.onFault,
-		OnLeader:           a.onLeader,
-		OnFollower:         a.onFollower,
-		StandDownWait:      standDownWait(cfg),
-		HookTimeout:        cfg.HookTimeout,
-		DiskSlowThreshold:  diskSlowThreshold(cfg.DiskSlowThreshold),
-		RaftTLS:            a.sec.tls,
-		TLSRefusals:        a.sec.refusals,
-		Logger:             opts.Logger,
-		Registerer:         a.reg,
-	}
+	ccfg := cfg.ClusterConfig()
+	ccfg.Version = build.Gossip()
+	ccfg.NSMAddr = a.NSMAddr().String()
+	ccfg.Subscribers = []cluster.Subscriber{{Applied: a.applied, Serving: a.announce}}
+	ccfg.OnFault, ccfg.OnLeader, ccfg.OnFollower = a.onFault, a.onLeader, a.onFollower
+	ccfg.RaftTLS, ccfg.TLSRefusals = a.sec.tls, a.sec.refusals
+	ccfg.Logger, ccfg.Registerer = opts.Logger, a.reg
 	key, err := readGossipKey(cfg.GossipKeyFile)
 	if err != nil {
 		return a, err
 	}
-	ccfg.ClusterKey = key
-	ccfg.NSMAddr = a.NSMAddr().String()
-	ccfg.Gossip = cluster.GossipConfig{
-		Bind: cfg.Bind, Port: cfg.GossipPort, Join: cfg.Join,
-		BootstrapExpect: cfg.BootstrapExpect, Key: key, ClusterID: cfg.ClusterID,
-	}
+	ccfg.ClusterKey, ccfg.Gossip.Key = key, key
 	if ccfg.VIP, err = a.floatingAddr(); err != nil {
 		return a, err
 	}
@@ -716,13 +680,4 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// diskSlowThreshold maps disk_slow_threshold to cluster.Config's: there 0
-// is the default and a negative value turns the check off.
-func diskSlowThreshold(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,7 +110,7 @@ func (c *tcluster) start(i int) {
 	c.t.Helper()
 	tn := c.nodes[i]
 	_, tn.trans = raft.NewInmemTransport(tn.addr)
-	cfg := testConfig(tn.id, tn.dir)
+	cfg := testDefaults(Config{NodeID: tn.id, DataDir: tn.dir, RaftBind: "127.0.0.1:1"})
 	cfg.NSMAddr, cfg.Voters, cfg.PeerNSMAddrs, cfg.Transport = tn.nsmAddr, c.voters, c.peerNSM, tn.trans
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout = 100*time.Millisecond, 100*time.Millisecond
 	cfg.LeaderLeaseTimeout, cfg.HoldTimeout = 50*time.Millisecond, 2*time.Second
@@ -299,11 +301,99 @@ func askVIPHeld(t testing.TB, addr string) bool {
 	return held.V
 }
 
-// testConfig is a valid Config for node id with its state in dir: every
-// setting New requires, with the values a test cluster runs (tests change
-// what they are about).
-func testConfig(id, dir string) Config {
-	return Config{
-		NodeID: id, DataDir: dir, RaftBind: "127.0.0.1:1",
+// testDiskSlowThreshold is the slow-disk threshold a test node runs with
+// unless its test says otherwise: the agent's default.
+const testDiskSlowThreshold = 50 * time.Millisecond
+
+// testDefaults fills every setting cfg leaves zero with the value a test
+// node runs with — New takes no defaults, package config gives the agent
+// its values —, so that a test names only what it is about. Fields filled
+// here are not the test's subject; one that means something at zero
+// (DiskSlowThreshold: off) is set after this.
+func testDefaults(cfg Config) Config {
+	durations := []struct {
+		p *time.Duration
+		v time.Duration
+	}{
+		{&cfg.GracePeriod, 90 * time.Second},
+		{&cfg.HeartbeatTimeout, 500 * time.Millisecond},
+		{&cfg.ElectionTimeout, 500 * time.Millisecond},
+		{&cfg.LeaderLeaseTimeout, 250 * time.Millisecond},
+		{&cfg.StandDownWait, time.Second},
+		{&cfg.DiskProbeInterval, 5 * time.Second},
+		{&cfg.DiskSlowThreshold, testDiskSlowThreshold},
+		{&cfg.HoldTimeout, 5 * time.Second},
+		{&cfg.HookTimeout, 30 * time.Second},
+		{&cfg.Gossip.ReconcileEvery, 2 * time.Second},
+	}
+	for _, d := range durations {
+		if *d.p == 0 {
+			*d.p = d.v
+		}
+	}
+	if cfg.SnapshotThreshold == 0 {
+		cfg.SnapshotThreshold = 200_000
+	}
+	if cfg.TrailingLogs == 0 {
+		cfg.TrailingLogs = 100_000
+	}
+	if cfg.MaxInflightEntries == 0 {
+		cfg.MaxInflightEntries = 1
+	}
+	if cfg.Version == "" {
+		cfg.Version = DefaultVersion
+	}
+	if cfg.Gossip.ClusterID == "" {
+		cfg.Gossip.ClusterID = DefaultClusterID
+	}
+	return cfg
+}
+
+// TestNewRefusesZeroSettings: New takes no defaults; a zero duration or
+// count is refused with the setting's name, and nothing is created.
+func TestNewRefusesZeroSettings(t *testing.T) {
+	valid := func() Config {
+		return testDefaults(Config{NodeID: "n1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:1"})
+	}
+	for _, tc := range []struct {
+		name string
+		zero func(*Config)
+	}{
+		{"GracePeriod", func(c *Config) { c.GracePeriod = 0 }},
+		{"HeartbeatTimeout", func(c *Config) { c.HeartbeatTimeout = 0 }},
+		{"ElectionTimeout", func(c *Config) { c.ElectionTimeout = 0 }},
+		{"LeaderLeaseTimeout", func(c *Config) { c.LeaderLeaseTimeout = 0 }},
+		{"SnapshotThreshold", func(c *Config) { c.SnapshotThreshold = 0 }},
+		{"TrailingLogs", func(c *Config) { c.TrailingLogs = 0 }},
+		{"MaxInflightEntries", func(c *Config) { c.MaxInflightEntries = 0 }},
+		{"StandDownWait", func(c *Config) { c.StandDownWait = 0 }},
+		{"DiskProbeInterval", func(c *Config) { c.DiskProbeInterval = 0 }},
+		{"HoldTimeout", func(c *Config) { c.HoldTimeout = 0 }},
+		{"HookTimeout", func(c *Config) { c.HookTimeout = 0 }},
+		{"Version", func(c *Config) { c.Version = "" }},
+		{"DiskSlowThreshold", func(c *Config) { c.DiskSlowThreshold = -time.Millisecond }},
+		{"Gossip.ClusterID", func(c *Config) { c.Gossip.Port, c.Gossip.ClusterID = 7946, "" }},
+		{"Gossip.ReconcileEvery", func(c *Config) { c.Gossip.Port, c.Gossip.ReconcileEvery = 7946, 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := valid()
+			tc.zero(&cfg)
+			n, err := New(cfg)
+			if err == nil {
+				n.Kill()
+				t.Fatalf("New took a config without %s", tc.name)
+			}
+			if !strings.Contains(err.Error(), tc.name) {
+				t.Errorf("error %q does not name %s", err, tc.name)
+			}
+			if ents, _ := os.ReadDir(cfg.DataDir); len(ents) != 0 {
+				t.Errorf("refused config left %d files in the data directory", len(ents))
+			}
+		})
+	}
+	cfg := valid()
+	cfg.DiskSlowThreshold = 0 // off: a meaning, not a missing value
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("DiskSlowThreshold 0 (off) refused: %v", err)
 	}
 }

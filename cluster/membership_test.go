@@ -78,7 +78,7 @@ func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 	if lg == nil {
 		lg = gossipTestLogger()
 	}
-	cfg := Config{
+	cfg := testDefaults(Config{
 		NodeID: s.id, DataDir: s.dir, RaftBind: s.raftAddr, NSMAddr: s.nsmAddr, Version: s.version,
 		Gossip: GossipConfig{
 			Bind: "127.0.0.1", Port: s.port, Join: s.join, BootstrapExpect: s.expect, Key: s.key,
@@ -88,7 +88,7 @@ func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 		LeaderLeaseTimeout: 100 * time.Millisecond,
 		Logger:             lg,
 		Registerer:         prometheus.NewRegistry(),
-	}
+	})
 	if s.tune != nil {
 		s.tune(&cfg)
 	}

@@ -50,7 +50,10 @@ var (
 	ErrNotReadyYet = errors.New("cluster: current sm_state not known here yet")
 )
 
-// Config configures a Node. Zero durations take the defaults noted.
+// Config configures a Node. It has no defaults: every setting is given
+// (package config's ClusterConfig builds one from an operator's settings)
+// and New refuses a zero duration or count. Only the runtime
+// dependencies (Logger, Registerer, Now) may be left nil.
 type Config struct {
 	NodeID    string
 	DataDir   string
@@ -61,14 +64,14 @@ type Config struct {
 	// member must be given the same map.
 	Voters map[string]string
 
-	GracePeriod        time.Duration // NLM grace opened at each takeover (default 90 s)
-	HeartbeatTimeout   time.Duration // default 500 ms
-	ElectionTimeout    time.Duration // default 500 ms
-	LeaderLeaseTimeout time.Duration // default 250 ms
-	SnapshotThreshold  uint64        // default 200,000
-	TrailingLogs       uint64        // default 100,000
+	GracePeriod        time.Duration // NLM grace opened at each takeover
+	HeartbeatTimeout   time.Duration // raft's
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	SnapshotThreshold  uint64 // log entries between snapshots
+	TrailingLogs       uint64 // log entries kept after a snapshot
 	// MaxInflightEntries bounds the group-commit entries handed to raft and
-	// not yet applied (default 1): writes that arrive meanwhile are
+	// not yet applied (the agent: 1): writes that arrive meanwhile are
 	// coalesced into the next entry. More lets entries overlap (leader
 	// fsync of one while followers fsync another) at the cost of smaller
 	// entries and more fsyncs per write; on one shared disk that loses.
@@ -79,7 +82,7 @@ type Config struct {
 	// LogStore is where raft's log lives (logstore.go): "wal"
 	// (hashicorp/raft-wal segment files under DataDir/wal; one fsync per
 	// append), "bolt" (raft-boltdb/v2, the raft.db that also holds the
-	// stable store; two), or "auto"/"" (default): the store DataDir has,
+	// stable store; two), or "auto"/"": the store DataDir has,
 	// wal if it has no log yet. Fixed for the life of a data directory:
 	// New refuses one whose log is in the other store.
 	LogStore string
@@ -99,8 +102,8 @@ type Config struct {
 	// Gossip configures memberlist discovery; Port 0 disables it (a single
 	// node, or a static Voters map).
 	Gossip GossipConfig
-	// Version is the nsmd version this node advertises in gossip (default
-	// DefaultVersion; at most 64 bytes are kept). Members show it, and a
+	// Version is the nsmd version this node advertises in gossip (at most
+	// 64 bytes are kept; tests use DefaultVersion). Members show it, and a
 	// mix of versions is logged once per set.
 	Version string
 	// ClusterKey authenticates forwarded writes (HMAC-SHA256); without it
@@ -112,16 +115,16 @@ type Config struct {
 	// StandDownWait bounds how long a new leader keeps asking the previous
 	// one, while it answers that it still holds the VIP or is still
 	// standing down (OnFollower running: the on_follower hook), before it
-	// falls back to waiting out the VIP's lifetime (default 1 s; the agent
-	// uses hook_timeout when an on_follower hook is set).
+	// falls back to waiting out the VIP's lifetime (the agent: 1 s, or
+	// hook_timeout + 1 s when an on_follower hook is set).
 	StandDownWait time.Duration
 	// DiskProbeInterval is how often a probe file is written and fsynced in
-	// DataDir to find a full or failing disk before raft does (default 5 s;
-	// every second while the disk fails).
+	// DataDir to find a full or failing disk before raft does (the agent:
+	// 5 s; every second while the disk fails).
 	DiskProbeInterval time.Duration
 	// DiskSlowThreshold: a node whose data directory writes take longer
-	// than this (median over 2 s) stays out of leadership (diskslow.go).
-	// 0: 50 ms; negative: never.
+	// than this (median over 2 s) stays out of leadership (diskslow.go);
+	// 0 turns the check off.
 	DiskSlowThreshold time.Duration
 	// olderFSM: the node advertises fsm.CommandLevel 0, as a release
 	// before owner commands would (tests of the rolling-upgrade gate).
@@ -130,7 +133,7 @@ type Config struct {
 	// slow (the negative control of the last resort, in tests only).
 	noSlowLastResort bool
 	// HoldTimeout bounds how long a write waits for a leader during an
-	// election before it fails (default 5 s).
+	// election before it fails (the agent: 5 s).
 	HoldTimeout time.Duration
 	// Transport, when set, replaces the raft TCP transport on RaftBind
 	// (tests use raft's in-memory transport so they can cut links).
@@ -173,7 +176,7 @@ type Config struct {
 	// resets the node.
 	StopAtStart func() error
 	// HookTimeout bounds OnLeader: the watchdog is fed during the on_leader
-	// hook only until HookTimeout (+ 2 s) after it started (default 30 s).
+	// hook only until HookTimeout (+ 2 s) after it started.
 	HookTimeout time.Duration
 
 	// Fencing (serving.go). Watchdog, when set, is armed before OnLeader and
@@ -187,54 +190,18 @@ type Config struct {
 	FenceTimeout time.Duration
 	FenceAgent   func(ctx context.Context, node string, onAttempt func(try int, err error)) error
 
+	// Runtime dependencies; nil: discard the log, a private registry,
+	// time.Now.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Now        func() time.Time
 }
 
-func (c *Config) setDefaults() {
-	if c.DiskProbeInterval <= 0 {
-		c.DiskProbeInterval = 5 * time.Second
-	}
-	if c.GracePeriod == 0 {
-		c.GracePeriod = 90 * time.Second
-	}
-	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = 500 * time.Millisecond
-	}
-	if c.ElectionTimeout == 0 {
-		c.ElectionTimeout = 500 * time.Millisecond
-	}
-	if c.LeaderLeaseTimeout == 0 {
-		c.LeaderLeaseTimeout = 250 * time.Millisecond
-	}
-	if c.SnapshotThreshold == 0 {
-		c.SnapshotThreshold = 200_000
-	}
-	if c.TrailingLogs == 0 {
-		c.TrailingLogs = 100_000
-	}
-	if c.MaxInflightEntries <= 0 {
-		c.MaxInflightEntries = 1
-	}
-	if c.StandDownWait == 0 {
-		c.StandDownWait = time.Second
-	}
-	if c.HoldTimeout == 0 {
-		c.HoldTimeout = 5 * time.Second
-	}
-	if c.HookTimeout == 0 {
-		c.HookTimeout = 30 * time.Second
-	}
-	if c.Version == "" {
-		c.Version = DefaultVersion
-	}
-	if len(c.Version) > maxVersionLen {
-		c.Version = c.Version[:maxVersionLen]
-	}
-	if c.Gossip.ClusterID == "" {
-		c.Gossip.ClusterID = DefaultClusterID
-	}
+// setRuntime fills in the runtime dependencies a caller may leave out:
+// a discarding logger, a private metrics registry, the wall clock. No
+// setting has a default here: package config owns them, and Validate
+// refuses a zero one.
+func (c *Config) setRuntime() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -246,20 +213,63 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports a config that cannot work.
+// Validate reports a config that cannot work. Every setting must be given:
+// a zero duration or count is refused rather than replaced by a value the
+// operator never chose.
 func (c *Config) Validate() error {
 	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("cluster: "+format, a...)) }
 	if c.NodeID == "" {
-		errs = append(errs, errors.New("cluster: NodeID is empty"))
+		bad("NodeID is empty")
 	}
 	if c.DataDir == "" {
-		errs = append(errs, errors.New("cluster: DataDir is empty"))
+		bad("DataDir is empty")
 	}
 	if _, err := netip.ParseAddrPort(c.RaftBind); err != nil {
-		errs = append(errs, fmt.Errorf("cluster: RaftBind %q: %w", c.RaftBind, err))
+		bad("RaftBind %q: %w", c.RaftBind, err)
+	}
+	if c.Version == "" {
+		bad("Version is empty")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"GracePeriod", c.GracePeriod},
+		{"HeartbeatTimeout", c.HeartbeatTimeout},
+		{"ElectionTimeout", c.ElectionTimeout},
+		{"LeaderLeaseTimeout", c.LeaderLeaseTimeout},
+		{"StandDownWait", c.StandDownWait},
+		{"DiskProbeInterval", c.DiskProbeInterval},
+		{"HoldTimeout", c.HoldTimeout},
+		{"HookTimeout", c.HookTimeout},
+	} {
+		if d.v <= 0 {
+			bad("%s %v: must be positive", d.name, d.v)
+		}
+	}
+	if c.SnapshotThreshold == 0 {
+		bad("SnapshotThreshold is 0: must be positive")
+	}
+	if c.TrailingLogs == 0 {
+		bad("TrailingLogs is 0: must be positive")
+	}
+	if c.MaxInflightEntries <= 0 {
+		bad("MaxInflightEntries %d: must be positive", c.MaxInflightEntries)
+	}
+	if c.DiskSlowThreshold < 0 {
+		bad("DiskSlowThreshold %v: must not be negative (0 turns the check off)", c.DiskSlowThreshold)
+	}
+	if c.Gossip.Port != 0 {
+		if c.Gossip.ClusterID == "" {
+			bad("Gossip.ClusterID is empty")
+		}
+		if c.Gossip.ReconcileEvery <= 0 {
+			bad("Gossip.ReconcileEvery %v: must be positive", c.Gossip.ReconcileEvery)
+		}
 	}
 	if c.Watchdog != nil && c.FenceTimeout <= 0 {
-		errs = append(errs, errors.New("cluster: a Watchdog needs its FenceTimeout"))
+		bad("a Watchdog needs its FenceTimeout")
 	}
 	return errors.Join(errs...)
 }
@@ -333,9 +343,12 @@ type Node struct {
 // New opens (or creates) the node's state in DataDir and starts raft.
 // Call Start to run the leader loop, Close to stop.
 func New(cfg Config) (*Node, error) {
-	cfg.setDefaults()
+	cfg.setRuntime()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if len(cfg.Version) > maxVersionLen {
+		cfg.Version = cfg.Version[:maxVersionLen]
 	}
 	n := &Node{
 		cfg:       cfg,

@@ -54,11 +54,11 @@ func (tk *takeovers) wait(t testing.TB) int32 {
 
 func startNode(t testing.TB, dir, addr string, tk *takeovers) *Node {
 	t.Helper()
-	n, err := New(Config{
+	n, err := New(testDefaults(Config{
 		NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true,
 		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
 		LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,11 +251,11 @@ func TestVIPWaitCoversThePreviousHoldersLifetime(t *testing.T) {
 // that differs is refused.
 func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	start := func(dir, addr, store string, tk *takeovers) (*Node, error) {
-		n, err := New(Config{
+		n, err := New(testDefaults(Config{
 			NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true, LogStore: store,
 			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
 			LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
-		})
+		}))
 		if err == nil {
 			n.Start()
 		}

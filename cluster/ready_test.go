@@ -168,7 +168,7 @@ func (c *rcluster) start(i int) *Node {
 	c.t.Helper()
 	rn := c.nodes[i]
 	rn.trans = newGatedTCP(c.t, rn.raftAddr)
-	cfg := Config{
+	cfg := testDefaults(Config{
 		NodeID: rn.id, DataDir: rn.dir, RaftBind: rn.raftAddr, Transport: rn.trans, Voters: c.voters,
 		Bootstrap: len(c.nodes) == 1,
 		// Slower than raft's test defaults: three nodes under -race in one
@@ -180,7 +180,7 @@ func (c *rcluster) start(i int) *Node {
 			c.takeovers <- takeoverEvent{node: rn.id, state: state, at: time.Now()}
 			return nil
 		},
-	}
+	})
 	if len(c.nodes) == 1 {
 		cfg.Voters = nil
 	}

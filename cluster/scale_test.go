@@ -33,7 +33,7 @@ const (
 // TrailingLogs is small so that after the leader's snapshot a wiped node
 // must be sent the snapshot (the path being measured), not the whole log.
 func scaleConfig(id, dir, bind string) Config {
-	return Config{NodeID: id, DataDir: dir, RaftBind: bind, TrailingLogs: 16}
+	return testDefaults(Config{NodeID: id, DataDir: dir, RaftBind: bind, TrailingLogs: 16})
 }
 
 // TestScaleChildNode is one follower of TestMeasureScale1M, run in its own
@@ -208,7 +208,7 @@ func TestMeasureScale1M(t *testing.T) {
 		total, _ = strconv.Atoi(v)
 	}
 	root := t.TempDir()
-	lead, err := New(Config{NodeID: "n1", DataDir: filepath.Join(root, "n1"), RaftBind: freeAddr(t), Bootstrap: true, TrailingLogs: 16})
+	lead, err := New(testDefaults(Config{NodeID: "n1", DataDir: filepath.Join(root, "n1"), RaftBind: freeAddr(t), Bootstrap: true, TrailingLogs: 16}))
 	if err != nil {
 		t.Fatal(err)
 	}
