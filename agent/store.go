@@ -113,13 +113,22 @@ func (s adminStore) TransferLeadership(to string) (string, error) {
 		}
 		return "", err
 	}
-	var leader string
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if leader = s.a.node.Leader(); leader != "" && leader != s.a.cfg.NodeID {
-			break
+	deadline := time.NewTimer(3 * time.Second)
+	defer deadline.Stop()
+	poll := time.NewTicker(10 * time.Millisecond) // raft may drop a leader observation
+	defer poll.Stop()
+	for {
+		changed := s.a.node.ReadyChanged() // before the look: a change after it closes this
+		if leader := s.a.node.Leader(); leader != "" && leader != s.a.cfg.NodeID {
+			return leader, nil
+		}
+		select {
+		case <-changed:
+		case <-poll.C:
+		case <-deadline.C:
+			return s.a.node.Leader(), nil
 		}
 	}
-	return leader, nil
 }
 
 // Ready waits until a leader is known and this node has applied everything

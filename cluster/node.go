@@ -585,10 +585,6 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 	}
 }
 
-// BootIndex is the last log index present when the node started: applied
-// entries up to it are replays.
-func (n *Node) BootIndex() uint64 { return n.bootIndex }
-
 // ID is the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
 
