@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -152,7 +153,7 @@ func TestRandomFaultsLoseNoAcknowledgedRegistration(t *testing.T) {
 	// The log store is the default's for new directories (raft-wal);
 	// NSMD_CHAOS_LOGSTORE=bolt runs it on bolt. (On raft-wal v0.4.0 it
 	// failed in 2 s: TestRaftWALReopensAfterTailTruncation.)
-	store := os.Getenv("NSMD_CHAOS_LOGSTORE")
+	store := cmp.Or(os.Getenv("NSMD_CHAOS_LOGSTORE"), LogStoreAuto)
 	randomFaults(t, store)
 }
 

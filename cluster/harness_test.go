@@ -343,6 +343,9 @@ func testDefaults(cfg Config) Config {
 	if cfg.Version == "" {
 		cfg.Version = DefaultVersion
 	}
+	if cfg.LogStore == "" {
+		cfg.LogStore = LogStoreAuto
+	}
 	if cfg.Gossip.ClusterID == "" {
 		cfg.Gossip.ClusterID = DefaultClusterID
 	}
@@ -371,6 +374,7 @@ func TestNewRefusesZeroSettings(t *testing.T) {
 		{"HoldTimeout", func(c *Config) { c.HoldTimeout = 0 }},
 		{"HookTimeout", func(c *Config) { c.HookTimeout = 0 }},
 		{"Version", func(c *Config) { c.Version = "" }},
+		{"LogStore", func(c *Config) { c.LogStore = "" }},
 		{"DiskSlowThreshold", func(c *Config) { c.DiskSlowThreshold = -time.Millisecond }},
 		{"Gossip.ClusterID", func(c *Config) { c.Gossip.Port, c.Gossip.ClusterID = 7946, "" }},
 		{"Gossip.ReconcileEvery", func(c *Config) { c.Gossip.Port, c.Gossip.ReconcileEvery = 7946, 0 }},

@@ -82,7 +82,7 @@ type Config struct {
 	// LogStore is where raft's log lives (logstore.go): "wal"
 	// (hashicorp/raft-wal segment files under DataDir/wal; one fsync per
 	// append), "bolt" (raft-boltdb/v2, the raft.db that also holds the
-	// stable store; two), or "auto"/"": the store DataDir has,
+	// stable store; two), or "auto": the store DataDir has,
 	// wal if it has no log yet. Fixed for the life of a data directory:
 	// New refuses one whose log is in the other store.
 	LogStore string
@@ -230,6 +230,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Version == "" {
 		bad("Version is empty")
+	}
+	switch c.LogStore {
+	case LogStoreAuto, LogStoreWAL, LogStoreBolt:
+	default:
+		bad("LogStore %q is not one of auto, wal, bolt", c.LogStore)
 	}
 	for _, d := range []struct {
 		name string
