@@ -11,7 +11,7 @@ MODIFIED ?= $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/d
 AGENT    := github.com/nsmd/nsmd/agent
 LDFLAGS  := -X $(AGENT).version=$(VERSION) -X $(AGENT).revision=$(REVISION) -X $(AGENT).modified=$(MODIFIED)
 
-.PHONY: all build run test unit e2e soak bench benchmarks fuzz lint clean vm-kernel deb
+.PHONY: all build run test unit e2e soak bench benchmarks fuzz lint cluster-files clean vm-kernel deb
 
 all: build
 
@@ -81,10 +81,22 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) -C deploy/pkg vet ./...
+	@$(MAKE) --no-print-directory cluster-files
 	@# The replication layer replicates: SM_NOTIFY and the lock-manager
 	@# callbacks are composed with a node by its callers (cluster/DESIGN.md).
 	@if $(GO) list -deps ./cluster | grep -qx 'github.com/nsmd/nsmd/nsm'; then \
 	  echo "package cluster must not depend on package nsm"; exit 1; fi
+
+# Every non-test Go file of cluster/ has a row in cluster/DESIGN.md's file
+# table ("Where things are"): the first column names it in backquotes.
+cluster-files:
+	@listed=$$(awk '/^## Where things are/ {t = 1; next} t && /^## / {t = 0} t && /^\|/' cluster/DESIGN.md | \
+	  cut -d'|' -f2 | grep -o '`[^`]*\.go`' | tr -d '`'); \
+	  missing=; for f in cluster/*.go; do \
+	    case $$f in *_test.go) continue;; esac; \
+	    echo "$$listed" | grep -qxF "$${f#cluster/}" || missing="$$missing $${f#cluster/}"; \
+	  done; \
+	  if [ -n "$$missing" ]; then echo "cluster/DESIGN.md's file table (Where things are) has no row for:$$missing"; exit 1; fi
 
 clean:
 	rm -rf bin

@@ -202,7 +202,7 @@ func (d *Dev) Close() error {
 // of bench failover, tests).
 // It draws them below the kernel's ephemeral range: a port found free in
 // that range can be taken by any outgoing connection before the caller
-// binds it (CI saw "address already in use" for a dev node's raft port).
+// binds it (a dev node's raft port then fails with "address already in use").
 func FreePorts(ips []string, n int) ([]int, error) {
 	lo, hi := 20000, 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {

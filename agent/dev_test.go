@@ -147,7 +147,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 	nosync := os.Getenv("NSMD_MEASURE_NOSYNC") != ""
 	inflight := testutil.EnvInt(t, "NSMD_MEASURE_INFLIGHT", 0)
 	// NSMD_MEASURE_TLS=1: raft over mutual TLS (certificates from nsmd
-	// tls init), to compare with plaintext in the same session.
+	// tls init), to compare with plaintext in the same run.
 	tlsDir := ""
 	if os.Getenv("NSMD_MEASURE_TLS") != "" {
 		tlsDir = t.TempDir()
@@ -243,8 +243,8 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// checkMetrics scrapes the agent's /metrics and checks the families the
-// cluster issue names are there (on its own registry, not the global one).
+// checkMetrics scrapes the agent's /metrics and checks the cluster's
+// metric families are there (on its own registry, not the global one).
 func checkMetrics(t *testing.T, a *agent.Agent) {
 	t.Helper()
 	resp, err := http.Get(a.AdminURL() + "/metrics")

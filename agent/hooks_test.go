@@ -284,8 +284,8 @@ func TestHookUnconfiguredAndNil(t *testing.T) {
 
 // The leader hook's channel closes only once the script (and the on_fault
 // its failure triggers) has run: the agent's OnLeader waits on it, so
-// SM_NOTIFY goes out after on_leader (issue: nfsd must be up before the
-// clients are told to reclaim).
+// SM_NOTIFY goes out after on_leader (nfsd must be up before the clients
+// are told to reclaim).
 func TestLeaderHookDoneOnlyAfterTheScriptAndItsFaultHookRan(t *testing.T) {
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "release")

@@ -255,7 +255,7 @@ func restartAgent(t *testing.T, d *agent.Dev, i int, between func()) *agent.Agen
 	return a
 }
 
-// The "done when": SM_STAT polled over UDP from before the node's
+// The readiness rule end to end: SM_STAT polled over UDP from before the node's
 // socket exists, during a fresh single node's start and during its kill
 // and restart on the same data directory. Every answer is an odd state,
 // never lower than one answered before, after the restart never the

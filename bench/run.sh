@@ -1,5 +1,5 @@
 #!/bin/sh
-# Every figure of BENCHMARKS.md, on this machine, in one session: nsmd and the
+# Every figure of BENCHMARKS.md, on this machine, in one run: nsmd and the
 # real rpc.statd / sm-notify side by side. As root, from the repository:
 #   bench/run.sh            (about 10 minutes; results in bench/results/)
 # NSMD_BENCH_QUICK=1 runs smaller counts. Traffic stays on loopback and in

@@ -235,13 +235,56 @@ func (g guardedLogs) StoreLogs(ls []*raft.Log) error {
 	return err
 }
 
-// guardedStable reports the stable store's write times and failures to diskHealth.
+// guardedStable reports the stable store's write times and failures to
+// diskHealth, and drops the writes that come after the store closed.
+//
+// Why a write can come that late: raft's transport answers heartbeats on
+// its connection goroutines (the heartbeat fast path), which check raft's
+// shutdown before they start and are not waited for when the transport
+// closes. A heartbeat that passed that check just before shutdown can
+// record a newer term after the stores closed, and raft panics when the
+// write fails. Dropping it is safe: raft is shut down, so the term was
+// learned from a heartbeat, not cast as a vote (votes are written by
+// raft's main loop, which has stopped), and a node that restarts with the
+// older term has cast no vote in the newer one.
 type guardedStable struct {
 	raft.StableStore
-	d *diskHealth
+	d    *diskHealth
+	gate *storeGate
+}
+
+// storeGate lets closeStores wait for the stable-store writes in flight
+// and turn the later ones away.
+type storeGate struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+// enter reports whether the store is still open; the caller calls leave
+// when it is.
+func (g *storeGate) enter() bool {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (g *storeGate) leave() { g.mu.RUnlock() }
+
+// close waits for the writes in flight and turns away every later one.
+func (g *storeGate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }
 
 func (g guardedStable) Set(k, v []byte) error {
+	if !g.gate.enter() {
+		return nil // after shutdown: see guardedStable
+	}
+	defer g.gate.leave()
 	start := time.Now()
 	err := g.StableStore.Set(k, v)
 	g.d.wrote("raft_stable", "raft stable store", start, err)
@@ -249,6 +292,10 @@ func (g guardedStable) Set(k, v []byte) error {
 }
 
 func (g guardedStable) SetUint64(k []byte, v uint64) error {
+	if !g.gate.enter() {
+		return nil // after shutdown: see guardedStable
+	}
+	defer g.gate.leave()
 	start := time.Now()
 	err := g.StableStore.SetUint64(k, v)
 	g.d.wrote("raft_stable", "raft stable store", start, err)

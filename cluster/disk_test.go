@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
 )
@@ -363,5 +365,41 @@ func TestFollowerWithFlappingDiskIsReplicatedToAgain(t *testing.T) {
 	t.Logf("8 disk-full flaps on follower %s under 8 writers (%d SM_MONs acknowledged); it caught up to index %d", victim.id, acked.Load(), want)
 	for _, tn := range nodes {
 		killWithin(t, tn, 10*time.Second)
+	}
+}
+
+// TestStableWritesAfterCloseAreDropped: a term write that reaches the
+// stable store after the node closed its stores (a heartbeat answered on
+// the transport's own goroutine as raft shut down) is dropped instead of
+// failing — raft panics on a failed term write — and a write before the
+// close still reaches the store.
+func TestStableWritesAfterCloseAreDropped(t *testing.T) {
+	store, err := raftboltdb.NewBoltStore(filepath.Join(t.TempDir(), "raft.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &Node{}
+	if n.metrics, err = newMetrics(prometheus.NewRegistry(), n); err != nil {
+		t.Fatal(err)
+	}
+	g := guardedStable{StableStore: store, d: newDiskHealth(n, t.TempDir()), gate: &storeGate{}}
+	if err := g.SetUint64([]byte("CurrentTerm"), 2); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := store.GetUint64([]byte("CurrentTerm")); err != nil || v != 2 {
+		t.Fatalf("term before the close: %d, %v; want 2", v, err)
+	}
+	g.gate.close()
+	store.Close()
+	// The store itself refuses (what made raft panic)...
+	if err := store.SetUint64([]byte("CurrentTerm"), 3); err == nil {
+		t.Fatal("a closed bolt store took a write: the test shows nothing")
+	}
+	// ...the guarded one drops it.
+	if err := g.SetUint64([]byte("CurrentTerm"), 3); err != nil {
+		t.Fatalf("term write after the close: %v", err)
+	}
+	if err := g.Set([]byte("LastVoteCand"), []byte("n2")); err != nil {
+		t.Fatalf("write after the close: %v", err)
 	}
 }

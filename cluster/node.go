@@ -1,10 +1,12 @@
-// Package cluster replicates nsmd's state: hashicorp/raft with raft-wal or
-// raft-boltdb/v2 for the log, a bolt stable store and a file snapshot
-// store in the data directory, the group-commit writer that turns NSM
-// writes into raft log entries, gossip membership, and the leader loop
-// that owns every leader-only step of a term (takeover, the VIP, fencing,
-// the hooks). The VIP itself is a FloatingAddr (package vip has both
-// modes'); this package decides when a leader may take it (handover.go).
+// Package cluster replicates nsmd's state: hashicorp/raft with its log in
+// hashicorp/raft-wal (a new data directory) or raft-boltdb/v2 (what an
+// older one has; logstore.go), raft-boltdb/v2 for the stable store and a
+// file snapshot store in the data directory, the group-commit writer that
+// turns NSM writes into raft log entries, gossip membership, and the
+// leader loop that owns every leader-only step of a term (takeover, the
+// VIP, fencing, the hooks). The VIP itself is a FloatingAddr (package vip
+// has both modes'); this package decides when a leader may take it
+// (handover.go).
 //
 // It speaks no NSM: what a term or an applied command means to clients
 // (SM_NOTIFY after a takeover, the lock-manager callback of an accepted
@@ -292,6 +294,8 @@ type Node struct {
 	metrics *metrics
 	subs    []Subscriber // Config.Subscribers, fixed at New
 	disk    *diskHealth
+	// stableGate turns away stable-store writes once the stores close.
+	stableGate *storeGate
 
 	// bootIndex is the last log index present when the node started: the
 	// FSM replays entries up to it, and their side effects (callbacks)
@@ -356,18 +360,19 @@ func New(cfg Config) (*Node, error) {
 		cfg.Version = cfg.Version[:maxVersionLen]
 	}
 	n := &Node{
-		cfg:       cfg,
-		subs:      slices.Clone(cfg.Subscribers),
-		log:       cfg.Logger.With("node", cfg.NodeID),
-		writes:    make(chan *write, 4096),
-		inflight:  make(chan *batch, cfg.MaxInflightEntries),
-		slots:     make(chan struct{}, cfg.MaxInflightEntries),
-		leaderCh:  make(chan bool, 64),
-		termCh:    make(chan bool, 1),
-		quitTerms: make(chan chan struct{}),
-		crashCh:   make(chan int32, 1),
-		lcCh:      make(chan struct{}),
-		started:   time.Now(),
+		cfg:        cfg,
+		subs:       slices.Clone(cfg.Subscribers),
+		log:        cfg.Logger.With("node", cfg.NodeID),
+		writes:     make(chan *write, 4096),
+		stableGate: &storeGate{},
+		inflight:   make(chan *batch, cfg.MaxInflightEntries),
+		slots:      make(chan struct{}, cfg.MaxInflightEntries),
+		leaderCh:   make(chan bool, 64),
+		termCh:     make(chan bool, 1),
+		quitTerms:  make(chan chan struct{}),
+		crashCh:    make(chan int32, 1),
+		lcCh:       make(chan struct{}),
+		started:    time.Now(),
 	}
 	// Until its stop at start succeeded, a node whose previous process may
 	// have served says it serves (serving.go).
@@ -462,7 +467,7 @@ func New(cfg Config) (*Node, error) {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: inspect state: %w", err)
 	}
-	r, err := raft.NewRaft(rc, n.fsm, logs, guardedStable{StableStore: store, d: n.disk}, snaps, trans)
+	r, err := raft.NewRaft(rc, n.fsm, logs, guardedStable{StableStore: store, d: n.disk, gate: n.stableGate}, snaps, trans)
 	if err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
@@ -567,6 +572,7 @@ func (n *Node) stop(graceful bool) error {
 }
 
 func (n *Node) closeStores() {
+	n.stableGate.close() // a late heartbeat's term write is dropped: see guardedStable
 	if c, ok := n.trans.(io.Closer); ok && n.trans != nil {
 		c.Close()
 	}

@@ -152,8 +152,8 @@ func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 // channel nobody reads, for good (hashicorp/raft #612; grafana/pyroscope
 // turned pipelining off for the same deadlock). The follower then gets
 // heartbeats but never another entry, and the leader's Shutdown hangs.
-// Seen here: TestFollowerWithFlappingDiskIsReplicatedToAgain, 1 run in 6
-// with pipelining; the full-disk tests hung CI. Without the pipeline each
+// With pipelining, TestFollowerWithFlappingDiskIsReplicatedToAgain hits it
+// in about 1 run in 6, and the full-disk tests hang. Without the pipeline each
 // AppendEntries waits for its answer; nsmd's group commit puts many
 // SM_MONs in one entry, so the cost is small (BENCHMARKS.md).
 const raftMaxRPCsInFlight = 1

@@ -188,7 +188,7 @@ func scaleReg(i int, node string) fsm.Registration {
 
 // TestMeasureScale1M loads 1,000,000 registrations into a 3-node cluster
 // (leader in this process, each follower in a process of its own, raft over
-// TCP on loopback, fsync on) and measures the scale figures: RSS per
+// TCP on loopback, fsync on) and measures the scale figures of BENCHMARKS.md: RSS per
 // node, snapshot time and size, restore time, and how long a follower whose
 // data was wiped takes to catch up (snapshot installed from the leader); also
 // how long a follower restarted with its data takes to replay its log.

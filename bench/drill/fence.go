@@ -289,6 +289,10 @@ func (d *runner) fenceWait(ctx context.Context, r *Failover) {
 // that wait belongs to the takeover of state newState.
 func fenceFrom(f *FenceOutcome, s admin.Status, old string, newState int32) {
 	f.Mode = s.Fence.Mode
+	if f.Mode == "none" || f.Mode == "" { // whoever won: nothing to fence
+		f.Note = "no fence wait: the new leader serves no storage (no on_leader hook), so it waits for nobody"
+		return
+	}
 	if s.NodeID == old {
 		f.Note = "the old leader itself won the new term after its restart: it stopped what it served at its start first"
 		return
@@ -296,9 +300,6 @@ func fenceFrom(f *FenceOutcome, s admin.Status, old string, newState int32) {
 	lw := s.Fence.LastWait
 	tl := s.Takeover
 	switch {
-	case f.Mode == "none" || f.Mode == "":
-		f.Note = "no fence wait: the new leader serves no storage (no on_leader hook), so it waits for nobody"
-		return
 	case lw == nil || tl == nil || tl.State < newState || lw.At.Before(tl.Elected):
 		if s.Fence.Waiting {
 			f.Note = "the new leader is still waiting for proof"

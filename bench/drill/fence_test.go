@@ -37,6 +37,7 @@ func TestFenceFrom(t *testing.T) {
 		{"no serving node", func(s *admin.Status) { s.Fence = admin.Fence{Mode: "none"} }, "nfs1", 7, "", "serves no storage"},
 		{"a witness", func(*admin.Status) {}, "w", 7, "", "not a serving voter"},
 		{"the old leader again", func(*admin.Status) {}, "nfs2", 7, "", "won the new term after its restart"},
+		{"the old leader again, serving nothing", func(s *admin.Status) { s.Fence = admin.Fence{Mode: "none"} }, "nfs2", 7, "", "serves no storage"},
 		{"aborted", func(s *admin.Status) {
 			s.Fence.LastWait = &admin.FenceWait{At: elected.Add(time.Second), Aborted: "lost leadership"}
 		}, "nfs1", 7, "", "aborted: lost leadership"},
