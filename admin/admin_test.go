@@ -430,3 +430,22 @@ func TestLocalTokenIsCreatedOnceAndSentOnlyOnLoopback(t *testing.T) {
 		t.Fatalf("missing local token: %q %v", req.Header.Get("Authorization"), err)
 	}
 }
+
+// TestTimelineSummaryListsTheStepsReached: nsmd status's takeover line
+// renders whatever steps the timeline has, from the election.
+func TestTimelineSummaryListsTheStepsReached(t *testing.T) {
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	tl := Timeline{State: 7, Steps: []TimelineStep{
+		{Name: "prev_leader_contact", Label: "previous leader (or witness) last heard", At: at.Add(-300 * time.Millisecond)},
+		{Name: "elected", Label: "elected", At: at},
+		{Name: "vip", Label: "VIP taken", At: at.Add(15 * time.Millisecond)},
+		{Name: "zz_newer", Label: "zz_newer", At: at.Add(2 * time.Second)},
+	}}
+	want := "sm_state 7: previous leader (or witness) last heard -300ms, elected +0ms, VIP taken +15ms, zz_newer +2000ms"
+	if got := TimelineSummary(&tl); got != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+	if got := TimelineSummary(nil); got != "this node has not taken over since it started" {
+		t.Fatalf("no takeover: %s", got)
+	}
+}

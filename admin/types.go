@@ -1,19 +1,23 @@
 package admin
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nlm"
 	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // Status is the body of GET /v1/status (DESIGN.md, outside contract).
@@ -61,7 +65,7 @@ type Status struct {
 	// Grace is the kernel grace periods of this node's last takeover:
 	// how many clients could reclaim, how many came back, when and why
 	// each grace ended (absent on a node that never took over).
-	Grace *nlm.GraceStatus `json:"grace,omitempty"`
+	Grace *Grace `json:"grace,omitempty"`
 	// Fence is how this node is fenced and what it waited for before it
 	// last served.
 	Fence Fence `json:"fence"`
@@ -147,40 +151,239 @@ type NotifyProgress struct {
 	State   int32 `json:"state"`   // sm_state it sends
 }
 
-// Timeline is a node's last takeover, step by step, on that node's clock
-// (zero, or absent for the later steps: not reached, or not on this node):
-// elected, its Takeover committed, the VIP taken, the on_leader hook run,
-// the SM_NOTIFY fan-out, the clients coming back, the kernel graces' end.
+// Timeline is a node's last takeover, step by step, on that node's clock:
+// each step reached (package timeline's table: elected, its Takeover
+// committed, the VIP taken, the on_leader hook, the SM_NOTIFY fan-out,
+// the clients coming back, the kernel graces' end), in the table's order.
 // Differences between its times are durations on one clock; compare them
 // with another machine's clock only through a shared event (the drill
 // anchors them on the VIP answering with the new state).
+//
+// On the wire it is one object: "sm_state" and one key per step, its name,
+// with the time it was reached; a step not reached is left out, except
+// elected, committed, vip and on_leader_done, which are always there (the
+// zero time when not reached). A reader keeps the steps it does not know
+// (a newer node's), labelled with their name.
 type Timeline struct {
-	Elected      time.Time `json:"elected"`
-	Committed    time.Time `json:"committed"`      // its Takeover applied
-	VIP          time.Time `json:"vip"`            // the VIP acquired (or none to take)
-	OnLeaderDone time.Time `json:"on_leader_done"` // OnLeader (the on_leader hook) returned; notify starts
-	State        int32     `json:"sm_state"`
-	// PrevLeaderContact: this node, as a follower, last heard from the
-	// leader before it (after a crash: within a heartbeat before it).
-	PrevLeaderContact time.Time `json:"prev_leader_contact,omitzero"`
-	HookStarted       time.Time `json:"hook_started,omitzero"`   // the on_leader script started
-	NotifyStarted     time.Time `json:"notify_started,omitzero"` // the SM_NOTIFY fan-out started
-	NotifyDone        time.Time `json:"notify_done,omitzero"`    // every host answered or was given up
-	// NFSdGraceStart: nsmd answered the GraceStart upcall of the nfsd the
-	// hook started.
-	NFSdGraceStart time.Time `json:"nfsd_grace_start,omitzero"`
-	// NLMFirstBack: the first SM_MON committed after the takeover (the
-	// lockd here monitors a client at its first lock: a reclaim);
-	// NLMAllBack: every host monitored at the takeover did so.
-	NLMFirstBack time.Time `json:"nlm_first_back,omitzero"`
-	NLMAllBack   time.Time `json:"nlm_all_back,omitzero"`
-	// NFSv4FirstBack: the first NFSv4 client back (a cld Create committed,
-	// or an NFSv4.0 client of the recovery epoch confirmed by nfsd);
-	// NFSv4AllBack: every client of the recovery epoch.
-	NFSv4FirstBack time.Time `json:"nfsv4_first_back,omitzero"`
-	NFSv4AllBack   time.Time `json:"nfsv4_all_back,omitzero"`
-	NLMGraceEnd    time.Time `json:"nlm_grace_end,omitzero"`   // lockd's grace seen over
-	NFSv4GraceEnd  time.Time `json:"nfsv4_grace_end,omitzero"` // nfsd's grace seen over
+	State int32
+	Steps []TimelineStep
+}
+
+// TimelineStep is one step reached.
+type TimelineStep struct {
+	Name  string
+	Label string // the step table's label (the name for a step not in it)
+	At    time.Time
+}
+
+// At is when the step of that name was reached (zero: not reached).
+func (t *Timeline) At(name string) time.Time {
+	for _, s := range t.Steps {
+		if s.Name == name {
+			return s.At
+		}
+	}
+	return time.Time{}
+}
+
+// MarshalJSON writes the wire form: the steps as keys.
+func (t Timeline) MarshalJSON() ([]byte, error) {
+	at := make(map[string]time.Time, len(t.Steps))
+	for _, s := range t.Steps {
+		at[s.Name] = s.At
+	}
+	var b bytes.Buffer
+	b.WriteByte('{')
+	put := func(key string, v any) error {
+		if b.Len() > 1 {
+			b.WriteByte(',')
+		}
+		k, _ := json.Marshal(key)
+		val, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("takeover step %s: %w", key, err)
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(val)
+		return nil
+	}
+	// The steps that are always there, sm_state, then the others reached,
+	// in the table's order; then any the table does not know.
+	defs := timeline.Defs()
+	for _, always := range []bool{true, false} {
+		if !always {
+			if err := put("sm_state", t.State); err != nil {
+				return nil, err
+			}
+		}
+		for _, d := range defs {
+			v := at[d.Name]
+			if d.Always != always || (!always && v.IsZero()) {
+				continue
+			}
+			if err := put(d.Name, v); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, s := range t.Steps {
+		if _, known := timeline.ByName(s.Name); known || s.Name == "sm_state" || s.At.IsZero() {
+			continue
+		}
+		if err := put(s.Name, s.At); err != nil {
+			return nil, err
+		}
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// UnmarshalJSON reads the wire form: every key but sm_state whose value
+// is a time is a step; the zero time is a step not reached.
+func (t *Timeline) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("takeover timeline: %w", err)
+	}
+	*t = Timeline{}
+	for name, v := range m {
+		if name == "sm_state" {
+			if err := json.Unmarshal(v, &t.State); err != nil {
+				return fmt.Errorf("takeover timeline: sm_state: %w", err)
+			}
+			continue
+		}
+		var at time.Time
+		if json.Unmarshal(v, &at) != nil || at.IsZero() {
+			continue // not a step (a newer node's other field), or not reached
+		}
+		label := name
+		if s, ok := timeline.ByName(name); ok {
+			label = s.Label()
+		}
+		t.Steps = append(t.Steps, TimelineStep{Name: name, Label: label, At: at})
+	}
+	t.sort()
+	return nil
+}
+
+// sort orders the steps as the table does; steps it does not know go
+// last, by time.
+func (t *Timeline) sort() {
+	rank := func(name string) int {
+		if s, ok := timeline.ByName(name); ok {
+			return int(s)
+		}
+		return len(timeline.Defs())
+	}
+	slices.SortStableFunc(t.Steps, func(a, b TimelineStep) int {
+		if c := cmp.Compare(rank(a.Name), rank(b.Name)); c != 0 {
+			return c
+		}
+		if c := a.At.Compare(b.At); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+}
+
+// TimelineOf is tl in the admin API's form: its steps reached, in the
+// table's order, with their labels.
+func TimelineOf(tl timeline.Timeline) Timeline {
+	t := Timeline{State: tl.State}
+	for _, m := range tl.Reached() {
+		t.Steps = append(t.Steps, TimelineStep{Name: m.Step.Name(), Label: m.Step.Label(), At: m.At})
+	}
+	return t
+}
+
+// TimelineSummary is the one-line form of a node's last takeover
+// (Status.Takeover) that nsmd status prints: each step reached, in the
+// table's order, in ms from the election.
+func TimelineSummary(t *Timeline) string {
+	if t == nil {
+		return "this node has not taken over since it started"
+	}
+	t0 := t.At(timeline.Elected.Name())
+	parts := make([]string, 0, len(t.Steps))
+	for _, s := range t.Steps {
+		if t0.IsZero() {
+			parts = append(parts, s.Label)
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %+dms", s.Label, s.At.Sub(t0).Milliseconds()))
+	}
+	return fmt.Sprintf("sm_state %d: %s", t.State, strings.Join(parts, ", "))
+}
+
+// Grace is the kernel grace periods of a node's last takeover: GET
+// /v1/status's "grace".
+type Grace struct {
+	// SMState is the sm_state of that takeover.
+	SMState int32     `json:"sm_state,omitempty"`
+	Started time.Time `json:"started"`
+	// Settle is how long reclaims must be quiet before nsmd ends a grace
+	// (a Go duration, e.g. "3s").
+	Settle string       `json:"settle"`
+	NLM    GraceManager `json:"nlm"`
+	NFSv4  GraceManager `json:"nfsv4"`
+	Error  string       `json:"error,omitempty"`
+	// LastActivity is when reclaim activity was last seen (a client
+	// back, a new lock in /proc/locks): nsmd ends a grace Settle after it.
+	LastActivity time.Time `json:"last_activity,omitzero"`
+}
+
+// GraceManagers names the kernel's lock managers as Grace does, in its
+// order: lockd's (nlm) and nfsd's (nfsv4).
+func GraceManagers() []string { return []string{"nlm", "nfsv4"} }
+
+// Manager is the grace of the lock manager of that name (GraceManagers).
+func (g *Grace) Manager(name string) GraceManager {
+	if name == "nlm" {
+		return g.NLM
+	}
+	return g.NFSv4
+}
+
+// GraceManager is one lock manager's grace.
+type GraceManager struct {
+	// Expected is how many clients could reclaim; Back how many came back;
+	// Missing names some that have not (at most 8).
+	Expected int       `json:"expected"`
+	Back     int       `json:"back"`
+	Missing  []string  `json:"missing,omitempty"`
+	Ended    *GraceEnd `json:"ended,omitempty"`
+	// Seconds is how long after the takeover it ended (0 while in grace).
+	Seconds float64 `json:"seconds,omitempty"`
+	// Absent: this lock manager does not run here (no lockd, or no nfsd).
+	Absent bool `json:"absent,omitempty"`
+}
+
+// GraceEnd is when and why a grace ended: all_reclaimed or
+// nothing_to_reclaim (nsmd ended it), kernel (its timer, or every NFSv4.1+
+// client sent RECLAIM_COMPLETE).
+type GraceEnd struct {
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+}
+
+// Pipe is the NFSv4 client-tracking pipe: GET /v1/status's nfsv4.pipe.
+type Pipe struct {
+	Path  string    `json:"pipe"`            // the pipe's path
+	State string    `json:"state"`           // waiting, open, no_pipefs, error …
+	Err   string    `json:"error,omitempty"` // why, when State says trouble
+	Since time.Time `json:"since"`           // when State (or Err) last changed
+	// Version is the message version the kernel uses on this pipe (0
+	// before its first upcall).
+	Version               uint8     `json:"version"`
+	LastGraceStart        time.Time `json:"last_grace_start,omitzero"`
+	LastGraceStartRecords int       `json:"last_grace_start_records"`
+	// Upcalls counts the upcalls answered, by command ("create",
+	// "remove", "check", "grace_done", "grace_start", "get_version").
+	Upcalls map[string]uint64 `json:"upcalls"`
+	Failed  uint64            `json:"failed"`  // answered with an error status
+	Refused uint64            `json:"refused"` // malformed, refused
 }
 
 // Disk is the health of a node's data directory.
@@ -209,9 +412,9 @@ type HookFailure struct {
 // NFSv4Status is the NFSv4 part of GET /v1/status.
 type NFSv4Status struct {
 	// Tracking: nsmd serves the kernel's NFSv4 client-tracking upcall.
-	Tracking    bool        `json:"tracking"`
-	TrackingWhy string      `json:"tracking_off_why,omitempty"`
-	Pipe        *cld.Status `json:"pipe,omitempty"`
+	Tracking    bool   `json:"tracking"`
+	TrackingWhy string `json:"tracking_off_why,omitempty"`
+	Pipe        *Pipe  `json:"pipe,omitempty"`
 	// The replicated table: epochs and records (clients that may reclaim
 	// after the next failover; during grace, those that may reclaim now
 	// and how many did).
@@ -430,11 +633,11 @@ func (s NFSv4Status) Summary() string {
 
 // GraceSummary is the one-line form of a node's last kernel grace
 // periods (Status.Grace) that nsmd status prints.
-func GraceSummary(g *nlm.GraceStatus) string {
+func GraceSummary(g *Grace) string {
 	if g == nil {
 		return "this node has not served since it started"
 	}
-	one := func(name string, m nlm.ManagerStatus) string {
+	one := func(name string, m GraceManager) string {
 		back := fmt.Sprintf("%d of %d clients back", m.Back, m.Expected)
 		switch {
 		case m.Absent:

@@ -39,6 +39,7 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/timeline"
 	"github.com/nsmd/nsmd/vip"
 )
 
@@ -286,7 +287,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 // keeper's view of clients coming back.
 func (a *Agent) applied(ev cluster.Applied) {
 	a.deliver.Applied(a.cfg.NodeID, ev.Cmd, ev.Result, ev.Replay)
-	a.v4.observe(ev.Index, ev.Cmd, ev.Result)
+	a.v4.grace.Observe(ev.Index, ev.Cmd, ev.Result)
 }
 
 // announce sends SM_NOTIFY with state to every distinct monitored host
@@ -297,11 +298,14 @@ func (a *Agent) announce(ctx context.Context, state int32) {
 	targets := a.node.Targets()
 	a.log.Info("notifying monitored hosts", "hosts", len(targets), "sm_state", state)
 	started := time.Now()
-	a.node.MarkTimeline(state, func(tl *cluster.Timeline) { tl.NotifyStarted, tl.NotifyDone = started, time.Time{} })
+	a.node.MarkTimeline(state, func(tl *timeline.Timeline) {
+		tl.Mark(timeline.NotifyStarted, started)
+		tl.Mark(timeline.NotifyDone, time.Time{})
+	})
 	sum := a.notifier.Run(ctx, state, targets)
 	if ctx.Err() == nil && sum.Pending == 0 {
 		done := time.Now()
-		a.node.MarkTimeline(state, func(tl *cluster.Timeline) { tl.NotifyDone = done })
+		a.node.MarkTimeline(state, func(tl *timeline.Timeline) { tl.Mark(timeline.NotifyDone, done) })
 	}
 	a.log.Info("notify finished", "summary", sum)
 }
@@ -431,7 +435,7 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error {
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
-	a.v4.takeover(state)
+	a.v4.grace.Takeover(state)
 	var err error
 	select {
 	case err = <-a.hooks.leader(ctx, t, state):
@@ -444,7 +448,7 @@ func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error
 	if a.cfg.OnLeader != "" {
 		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
 	}
-	a.v4.serving(ctx)
+	a.v4.grace.Serving(ctx)
 	return nil
 }
 
@@ -452,7 +456,7 @@ func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error
 // timeline.
 func (a *Agent) hookStarted(event string, state int32, at time.Time) {
 	if event == hookEventLeader && a.node != nil {
-		a.node.MarkTimeline(state, func(tl *cluster.Timeline) { tl.HookStarted = at })
+		a.node.MarkTimeline(state, func(tl *timeline.Timeline) { tl.Mark(timeline.HookStarted, at) })
 	}
 }
 

@@ -1,9 +1,15 @@
 package agent
 
 import (
+	"bytes"
 	"embed"
+	"encoding/json"
+	"html"
 	"io/fs"
 	"net/http"
+	"time"
+
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // The status page (GET /) is static HTML, JS and CSS compiled into the
@@ -29,10 +35,12 @@ func registerStatusPage(mux *http.ServeMux) {
 	if err != nil {
 		panic(err) // the embedded directory is part of the binary
 	}
+	index := statusPageIndex()
 	files := http.StripPrefix("/ui/", http.FileServerFS(sub))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		pageHeaders(w)
-		http.ServeFileFS(w, r, sub, "index.html")
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		http.ServeContent(w, r, "index.html", time.Time{}, bytes.NewReader(index))
 	})
 	mux.HandleFunc("GET /ui/", func(w http.ResponseWriter, r *http.Request) {
 		pageHeaders(w)
@@ -47,4 +55,30 @@ func pageHeaders(w http.ResponseWriter) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Cache-Control", "no-cache")
+}
+
+// statusPageIndex is the page with the takeover's step table (package
+// timeline: name, label, always shown) in the timeline table's data-steps
+// attribute, where the script reads it: the page renders whatever steps
+// the table has.
+func statusPageIndex() []byte {
+	page, err := statusPageFiles.ReadFile("statuspage/index.html")
+	if err != nil {
+		panic(err) // the embedded file is part of the binary
+	}
+	type step struct {
+		Name   string `json:"name"`
+		Label  string `json:"label"`
+		Always bool   `json:"always,omitempty"`
+	}
+	var steps []step
+	for _, d := range timeline.Defs() {
+		steps = append(steps, step{d.Name, d.Label, d.Always})
+	}
+	js, err := json.Marshal(steps)
+	if err != nil {
+		panic(err) // strings and bools
+	}
+	attr := `data-steps="` + html.EscapeString(string(js)) + `"`
+	return bytes.Replace(page, []byte(`data-steps=""`), []byte(attr), 1)
 }

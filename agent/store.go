@@ -11,6 +11,7 @@ import (
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // Status is this node's view: GET /v1/status.
@@ -34,7 +35,7 @@ func (a *Agent) Status() admin.Status {
 		AppliedIndex:  r.AppliedIndex,
 		TLS:           a.sec.tls != nil,
 		Ready:         a.node.Ready(),
-		Disk:          admin.Disk(a.node.Disk()),
+		Disk:          diskJSON(a.node.Disk()),
 		Insecure:      a.sec.exposures,
 	}
 	if g := f.GraceUntil(); !g.IsZero() {
@@ -45,11 +46,11 @@ func (a *Agent) Status() admin.Status {
 	s.Notify.State, s.Notify.Targets = a.notifier.Current()
 	s.LastHookFailure = a.hooks.lastFailure()
 	s.NFSv4 = a.v4.status()
-	s.Grace = a.v4.graceStatus()
+	s.Grace = graceJSON(a.v4.grace.Status())
 	s.Fence = a.fenceStatus()
 	s.Process = &admin.Process{PID: os.Getpid(), Started: a.started.UTC(), BootID: a.bootID, InProcess: a.crashFn != nil}
-	if tl := a.node.LastTimeline(); !tl.Elected.IsZero() {
-		t := admin.Timeline(tl)
+	if tl := a.node.LastTimeline(); !tl.At(timeline.Elected).IsZero() {
+		t := admin.TimelineOf(tl)
 		s.Takeover = &t
 	}
 	if a.cfg.Witness {
@@ -81,7 +82,7 @@ func (s adminStore) Members() []admin.Member {
 	}
 	out := make([]admin.Member, len(ms))
 	for i, m := range ms {
-		out[i] = admin.Member(m)
+		out[i] = memberJSON(m)
 	}
 	return out
 }

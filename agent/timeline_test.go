@@ -8,9 +8,9 @@ import (
 
 	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/agent/agenttest"
-	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // TestTakeoverTimelineRecordsEveryStepInOrder: a takeover's timeline, as
@@ -32,25 +32,21 @@ func TestTakeoverTimelineRecordsEveryStepInOrder(t *testing.T) {
 	var st = a.Status()
 	testutil.WaitFor(t, 10*time.Second, "the takeover's fan-out done", func() bool {
 		st = a.Status()
-		return st.Takeover != nil && !st.Takeover.NotifyDone.IsZero()
+		return st.Takeover != nil && !st.Takeover.At(timeline.NotifyDone.Name()).IsZero()
 	})
 	tl := st.Takeover
-	steps := []struct {
-		name string
-		at   time.Time
-	}{
-		{"elected", tl.Elected}, {"committed", tl.Committed}, {"vip", tl.VIP}, {"hook_started", tl.HookStarted},
-		{"on_leader_done", tl.OnLeaderDone}, {"notify_started", tl.NotifyStarted}, {"notify_done", tl.NotifyDone},
-	}
+	steps := []timeline.Step{timeline.Elected, timeline.Committed, timeline.VIP, timeline.HookStarted,
+		timeline.OnLeaderDone, timeline.NotifyStarted, timeline.NotifyDone}
 	for i, s := range steps {
-		if s.at.IsZero() {
-			t.Fatalf("step %s not recorded: %+v", s.name, tl)
+		at := tl.At(s.Name())
+		if at.IsZero() {
+			t.Fatalf("step %s not recorded: %+v", s, tl)
 		}
-		if i > 0 && s.at.Before(steps[i-1].at) {
-			t.Errorf("step %s (%v) before %s (%v)", s.name, s.at, steps[i-1].name, steps[i-1].at)
+		if prev := steps[max(i-1, 0)]; at.Before(tl.At(prev.Name())) {
+			t.Errorf("step %s (%v) before %s (%v)", s, at, prev, tl.At(prev.Name()))
 		}
 	}
-	if took := tl.OnLeaderDone.Sub(tl.HookStarted); took < 300*time.Millisecond {
+	if took := tl.At("on_leader_done").Sub(tl.At("hook_started")); took < 300*time.Millisecond {
 		t.Errorf("hook started %v before it returned, want ≥ 300 ms (the script's sleep)", took)
 	}
 	if tl.State != st.SMState {
@@ -58,9 +54,9 @@ func TestTakeoverTimelineRecordsEveryStepInOrder(t *testing.T) {
 	}
 
 	// A late event of another takeover does not land in this one.
-	a.Node().MarkTimeline(tl.State-2, func(x *cluster.Timeline) { x.NLMGraceEnd = time.Now() })
-	a.Node().MarkTimeline(tl.State, func(x *cluster.Timeline) { x.NFSv4GraceEnd = time.Now() })
-	if got := a.Status().Takeover; !got.NLMGraceEnd.IsZero() || got.NFSv4GraceEnd.IsZero() {
-		t.Fatalf("marks: nlm_grace_end %v (older takeover's: want none), nfsv4_grace_end %v (want set)", got.NLMGraceEnd, got.NFSv4GraceEnd)
+	a.Node().MarkTimeline(tl.State-2, func(x *timeline.Timeline) { x.Mark(timeline.NLMGraceEnd, time.Now()) })
+	a.Node().MarkTimeline(tl.State, func(x *timeline.Timeline) { x.Mark(timeline.NFSv4GraceEnd, time.Now()) })
+	if got := a.Status().Takeover; !got.At("nlm_grace_end").IsZero() || got.At("nfsv4_grace_end").IsZero() {
+		t.Fatalf("marks: nlm_grace_end %v (older takeover's: want none), nfsv4_grace_end %v (want set)", got.At("nlm_grace_end"), got.At("nfsv4_grace_end"))
 	}
 }

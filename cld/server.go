@@ -155,21 +155,21 @@ const (
 
 // Status is the server's state for the status API and metrics.
 type Status struct {
-	Pipe  string    `json:"pipe"`            // the pipe's path
-	State string    `json:"state"`           // one of the State constants
-	Err   string    `json:"error,omitempty"` // why, in StateNoPipefs and StateError
-	Since time.Time `json:"since"`           // when State (or Err) last changed
+	Pipe  string    // the pipe's path
+	State string    // one of the State constants
+	Err   string    // why, in StateNoPipefs and StateError
+	Since time.Time // when State (or Err) last changed
 	// Version is the message version the kernel uses on this pipe: that
 	// of the last well-formed upcall other than GetVersion since the pipe
 	// was opened (0 before one).
-	Version               uint8     `json:"version"`
-	LastGraceStart        time.Time `json:"last_grace_start,omitzero"`
-	LastGraceStartRecords int       `json:"last_grace_start_records"`
+	Version               uint8
+	LastGraceStart        time.Time
+	LastGraceStartRecords int
 	// Upcalls counts the upcalls answered, by command ("create",
 	// "remove", "check", "grace_done", "grace_start", "get_version").
-	Upcalls map[string]uint64 `json:"upcalls"`
-	Failed  uint64            `json:"failed"`  // answered with an error status (store failure, timeout, not serving)
-	Refused uint64            `json:"refused"` // malformed, answered -EINVAL or -EOPNOTSUPP
+	Upcalls map[string]uint64
+	Failed  uint64 // answered with an error status (store failure, timeout, not serving)
+	Refused uint64 // malformed, answered -EINVAL or -EOPNOTSUPP
 }
 
 // Server serves the kernel nfsd's client-tracking pipe for a Store, as

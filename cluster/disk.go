@@ -49,15 +49,15 @@ const (
 
 // DiskStatus is what Status and the metrics say about the data directory.
 type DiskStatus struct {
-	Writable bool      `json:"writable"`
-	Since    time.Time `json:"since"`
-	Error    string    `json:"error,omitempty"`
-	Failures uint64    `json:"write_failures"`
+	Writable bool
+	Since    time.Time
+	Error    string
+	Failures uint64
 	// Slow: the median write over the last 2 s is above the threshold
 	// (diskslow.go); the node stays out of leadership while it is.
-	Slow      bool          `json:"slow"`
-	SlowSince time.Time     `json:"slow_since,omitzero"`
-	WriteP50  time.Duration `json:"write_p50_ns"`
+	Slow      bool
+	SlowSince time.Time
+	WriteP50  time.Duration
 }
 
 func newDiskHealth(n *Node, dir string) *diskHealth {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // leaderLoop is the one owner of leader-only side effects. It is driven by
@@ -129,7 +130,11 @@ func (n *Node) lead(ctx context.Context) {
 	n.leading = true
 	n.mu.Unlock()
 	n.wakeWriters()
-	n.setTimeline(Timeline{PrevLeaderContact: lastContact, Elected: start, Committed: time.Now(), State: res.State})
+	tl := timeline.Timeline{State: res.State}
+	tl.Mark(timeline.PrevLeaderContact, lastContact)
+	tl.Mark(timeline.Elected, start)
+	tl.Mark(timeline.Committed, time.Now())
+	n.setTimeline(tl)
 	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
 	n.metrics.takeovers.Inc()
 	// Taking the VIP and proving every other serving node stopped wait on
@@ -141,7 +146,7 @@ func (n *Node) lead(ctx context.Context) {
 		return
 	}
 	vipTaken = true
-	n.MarkTimeline(res.State, func(tl *Timeline) { tl.VIP = time.Now() })
+	n.MarkTimeline(res.State, func(tl *timeline.Timeline) { tl.Mark(timeline.VIP, time.Now()) })
 	if !<-fenced {
 		return
 	}
@@ -153,7 +158,7 @@ func (n *Node) lead(ctx context.Context) {
 		return
 	}
 	hookDone := time.Now()
-	n.MarkTimeline(res.State, func(tl *Timeline) { tl.OnLeaderDone = hookDone })
+	n.MarkTimeline(res.State, func(tl *timeline.Timeline) { tl.Mark(timeline.OnLeaderDone, hookDone) })
 	n.metrics.takeoverSeconds.Observe(hookDone.Sub(start).Seconds())
 	if !lastContact.IsZero() { // a failover: there was a leader before us
 		n.metrics.failoverSeconds.Observe(hookDone.Sub(lastContact).Seconds())
@@ -343,72 +348,28 @@ func (n *Node) Leading() bool {
 	return n.leading
 }
 
-// Timeline is when this node's last takeover reached each step (zero: not
-// yet, or not here), all on this node's clock. SM_NOTIFY goes out from
-// OnLeaderDone on. The leader loop sets the steps up to the notify; the
-// steps after it (the hook's start, the clients' reclaims, the kernel
-// graces' end) happen in the node's owner, which records them with
-// MarkTimeline.
-type Timeline struct {
-	Elected      time.Time `json:"elected"`
-	Committed    time.Time `json:"committed"`      // its Takeover applied
-	VIP          time.Time `json:"vip"`            // the VIP acquired (or none to take)
-	OnLeaderDone time.Time `json:"on_leader_done"` // OnLeader (the on_leader hook) returned; notify starts
-	State        int32     `json:"sm_state"`
-	// PrevLeaderContact is when this node, as a follower, last heard from
-	// the leader before it (zero: none known). After a crash it is within
-	// a heartbeat before the fault: Elected − PrevLeaderContact is the
-	// failure detection and election, on this node's clock.
-	PrevLeaderContact time.Time `json:"prev_leader_contact,omitzero"`
-	// HookStarted: the on_leader script started (it may wait behind an
-	// on_follower still running); zero without a script.
-	HookStarted time.Time `json:"hook_started,omitzero"`
-	// NotifyStarted: the SM_NOTIFY fan-out started (again after an
-	// SM_SIMU_CRASH); NotifyDone: every host it started with answered or
-	// was given up.
-	NotifyStarted time.Time `json:"notify_started,omitzero"`
-	NotifyDone    time.Time `json:"notify_done,omitzero"`
-	// NFSdGraceStart: nfsd, started by the hook, sent its GraceStart
-	// upcall and nsmd answered it (the NFSv4 clients that may reclaim
-	// were handed to the kernel).
-	NFSdGraceStart time.Time `json:"nfsd_grace_start,omitzero"`
-	// NLMFirstBack: the first SM_MON committed after the takeover (this
-	// node's lockd monitors a client when it takes its first lock — a
-	// reclaim during grace); NLMAllBack: every host monitored at the
-	// takeover did so.
-	NLMFirstBack time.Time `json:"nlm_first_back,omitzero"`
-	NLMAllBack   time.Time `json:"nlm_all_back,omitzero"`
-	// NFSv4FirstBack: the first NFSv4 client back (a cld Create committed
-	// — an NFSv4.1+ client's RECLAIM_COMPLETE, a new NFSv4.0 client's
-	// OPEN_CONFIRM — or an NFSv4.0 client of the recovery epoch confirmed
-	// by nfsd); NFSv4AllBack: every client of the recovery epoch.
-	NFSv4FirstBack time.Time `json:"nfsv4_first_back,omitzero"`
-	NFSv4AllBack   time.Time `json:"nfsv4_all_back,omitzero"`
-	// NLMGraceEnd, NFSv4GraceEnd: lockd's and nfsd's grace seen over (by
-	// nsmd's grace keeper, which ended it or saw the kernel end it).
-	NLMGraceEnd   time.Time `json:"nlm_grace_end,omitzero"`
-	NFSv4GraceEnd time.Time `json:"nfsv4_grace_end,omitzero"`
-}
-
-func (n *Node) setTimeline(tl Timeline) {
+func (n *Node) setTimeline(tl timeline.Timeline) {
 	n.mu.Lock()
 	n.timeline = tl
 	n.mu.Unlock()
 }
 
-// MarkTimeline records steps of the takeover whose sm_state is state:
-// mark changes the timeline in place. A mark for another takeover (an
+// MarkTimeline records steps of the takeover whose sm_state is state
+// (package timeline): mark changes the timeline in place. The leader loop
+// marks the steps up to the SM_NOTIFY fan-out; the later ones (the hook's
+// start, the clients' reclaims, the kernel graces' end) happen in the
+// node's owner, which marks them here. A mark for another takeover (an
 // older term's late event) is dropped.
-func (n *Node) MarkTimeline(state int32, mark func(*Timeline)) {
+func (n *Node) MarkTimeline(state int32, mark func(*timeline.Timeline)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.timeline.State == state && !n.timeline.Elected.IsZero() {
+	if n.timeline.State == state && !n.timeline.At(timeline.Elected).IsZero() {
 		mark(&n.timeline)
 	}
 }
 
 // LastTimeline is the timeline of this node's last takeover.
-func (n *Node) LastTimeline() Timeline {
+func (n *Node) LastTimeline() timeline.Timeline {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.timeline

@@ -45,18 +45,18 @@ type GossipConfig struct {
 
 // MemberStatus is one node as gossip and raft see it.
 type MemberStatus struct {
-	ID         string `json:"id"`
-	GossipAddr string `json:"gossip_addr"`
-	RaftAddr   string `json:"raft_addr"`
-	NSMAddr    string `json:"nsm_addr"`
-	Version    string `json:"version"`
-	State      string `json:"state"`    // alive | suspect | dead | left | unknown (in raft only)
-	Suffrage   string `json:"suffrage"` // Voter | Nonvoter | Staging | "" (not in raft)
-	Leader     bool   `json:"leader"`
-	Witness    bool   `json:"witness,omitempty"`
+	ID         string
+	GossipAddr string
+	RaftAddr   string
+	NSMAddr    string
+	Version    string
+	State      string // alive | suspect | dead | left | unknown (in raft only)
+	Suffrage   string // Voter | Nonvoter | Staging | "" (not in raft)
+	Leader     bool
+	Witness    bool
 	// Role is leader, follower or witness (what the member is for; a
 	// witness that briefly leads is still a witness, with Leader set).
-	Role string `json:"role"`
+	Role string
 }
 
 // Member states as reported by members() and the nsmd_members gauge.

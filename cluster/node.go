@@ -38,6 +38,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // Errors.
@@ -329,7 +330,7 @@ type Node struct {
 
 	mu       sync.Mutex
 	leading  bool
-	timeline Timeline
+	timeline timeline.Timeline
 
 	started      time.Time
 	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)

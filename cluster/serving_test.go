@@ -293,6 +293,9 @@ func TestSuccessorServesAtOnceAfterACleanStop(t *testing.T) {
 		t.Fatalf("successor served at %v, old stopped at %v", next.at, stopped)
 	}
 	w := fc.nodes[nodeIndex(fc.tcluster, next.node)].n.FenceStatus().LastWait
+	if w == nil {
+		t.Fatalf("%s served at %v, after %s, and recorded no fence wait", next.node, next.at, first.node)
+	}
 	for _, p := range w.Nodes {
 		if p.By != "clean" {
 			t.Errorf("%s proven stopped by %q after a planned move, want clean", p.Node, p.By)
@@ -337,6 +340,9 @@ func TestFenceAgentLetsTheSuccessorServeBeforeTheWatchdogWait(t *testing.T) {
 		t.Fatalf("successor served at %v before the agent fenced %s (%v)", next.at, first.node, at)
 	}
 	w := fc.nodes[nodeIndex(fc.tcluster, next.node)].n.FenceStatus().LastWait
+	if w == nil {
+		t.Fatalf("%s served at %v, after %s, and recorded no fence wait", next.node, next.at, first.node)
+	}
 	for _, p := range w.Nodes {
 		if p.Node == first.node && p.By != "agent" {
 			t.Errorf("%s proven stopped by %q, want agent", p.Node, p.By)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/internal/testutil"
-	"github.com/nsmd/nsmd/nlm"
 )
 
 // Locks across failovers on every NFS version, with real kernels: the HA
@@ -252,7 +251,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		// failover's incarnation (newer than the one before the fault).
 		var why [2]string
 		if s, err := p.v4status(other); err == nil && s.Grace != nil && s.Grace.SMState > st.SMState {
-			for i, m := range []nlm.ManagerStatus{s.Grace.NLM, s.Grace.NFSv4} {
+			for i, m := range []admin.GraceManager{s.Grace.NLM, s.Grace.NFSv4} {
 				if m.Ended != nil {
 					why[i] = m.Ended.Reason
 				}

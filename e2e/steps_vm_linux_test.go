@@ -15,6 +15,7 @@ import (
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // Per-step timings of a failover of the real-kernel pair: where the
@@ -121,31 +122,31 @@ func (w *vipWatch) seenState() (at, lo float64, state int32, ok bool) {
 	return w.at.Seconds(), w.lo.Seconds(), w.state, w.at > 0
 }
 
-// Step names of a failover, in the order they usually happen. host: seen
-// by the test on its clock; the others come from the new leader's timeline.
-var failoverSteps = []struct{ key, label string }{
-	{"prev_contact", "previous leader (or witness) last heard"},
-	{"elected", "new leader elected"},
-	{"committed", "takeover committed"},
-	{"vip", "VIP taken"},
-	{"vip_host", "VIP answers new state (host)"},
-	{"hook_started", "on_leader hook started"},
-	{"nfsd_grace_start", "nfsd GraceStart answered"},
-	{"hook_done", "on_leader hook done"},
-	{"notify_started", "SM_NOTIFY sent (fan-out start)"},
-	{"notify_done", "SM_NOTIFY fan-out complete"},
-	{"nlm_first_back", "first SM_MON (NLM reclaim)"},
-	{"nlm_all_back", "every NLM client back"},
-	{"nfsv4_first_back", "first NFSv4 client back"},
-	{"nfsv4_all_back", "every NFSv4 client back"},
-	{"lock_3", "NFSv3 lock on the survivor (host)"},
-	{"lock_4.0", "NFSv4.0 lock on the survivor (host)"},
-	{"lock_4.2", "NFSv4.2 lock on the survivor (host)"},
-	{"last_activity", "last reclaim activity"},
-	{"nlm_grace_end", "lockd grace over"},
-	{"nfsv4_grace_end", "nfsd grace over"},
-	{"new_lock", "first new lock granted (host)"},
-	{"progress", "every workload client past it (host)"},
+// hostSteps are the steps of a failover the test sees itself, on its
+// clock, each listed after a step of the new leader's timeline (package
+// timeline's table), in the order they usually happen.
+var hostSteps = []struct{ key, label, after string }{
+	{"vip_host", "VIP answers new state (host)", "vip"},
+	{"lock_3", "NFSv3 lock on the survivor (host)", "nfsv4_all_back"},
+	{"lock_4.0", "NFSv4.0 lock on the survivor (host)", "lock_3"},
+	{"lock_4.2", "NFSv4.2 lock on the survivor (host)", "lock_4.0"},
+	{"last_activity", "last reclaim activity", "lock_4.2"},
+	{"new_lock", "first new lock granted (host)", "nfsv4_grace_end"},
+	{"progress", "every workload client past it (host)", "new_lock"},
+}
+
+// failoverSteps are a failover's steps, in the order they usually
+// happen: the takeover's (its timeline's table) with the host's among them.
+func failoverSteps() []struct{ key, label string } {
+	var out []struct{ key, label string }
+	for _, d := range timeline.Defs() {
+		out = append(out, struct{ key, label string }{d.Name, d.Label})
+	}
+	for _, h := range hostSteps {
+		i := slices.IndexFunc(out, func(s struct{ key, label string }) bool { return s.key == h.after })
+		out = slices.Insert(out, i+1, struct{ key, label string }{h.key, h.label})
+	}
+	return out
 }
 
 // failoverStepsOf places the new leader's timeline tl (and its grace's
@@ -153,29 +154,21 @@ var failoverSteps = []struct{ key, label string }{
 // after the fault when the VIP answered with the new state).
 func failoverStepsOf(tl *admin.Timeline, g *admin.Status, vipHost float64) map[string]float64 {
 	out := map[string]float64{"vip_host": vipHost}
-	if tl == nil || tl.VIP.IsZero() {
+	vip := time.Time{}
+	if tl != nil {
+		vip = tl.At(timeline.VIP.Name())
+	}
+	if vip.IsZero() {
 		return out
 	}
 	put := func(key string, at time.Time) {
 		if !at.IsZero() && at.Year() > 1 {
-			out[key] = vipHost + at.Sub(tl.VIP).Seconds()
+			out[key] = vipHost + at.Sub(vip).Seconds()
 		}
 	}
-	put("prev_contact", tl.PrevLeaderContact)
-	put("elected", tl.Elected)
-	put("committed", tl.Committed)
-	put("vip", tl.VIP)
-	put("hook_started", tl.HookStarted)
-	put("nfsd_grace_start", tl.NFSdGraceStart)
-	put("hook_done", tl.OnLeaderDone)
-	put("notify_started", tl.NotifyStarted)
-	put("notify_done", tl.NotifyDone)
-	put("nlm_first_back", tl.NLMFirstBack)
-	put("nlm_all_back", tl.NLMAllBack)
-	put("nfsv4_first_back", tl.NFSv4FirstBack)
-	put("nfsv4_all_back", tl.NFSv4AllBack)
-	put("nlm_grace_end", tl.NLMGraceEnd)
-	put("nfsv4_grace_end", tl.NFSv4GraceEnd)
+	for _, s := range tl.Steps {
+		put(s.Name, s.At)
+	}
 	if g != nil && g.Grace != nil && g.Grace.SMState == tl.State {
 		put("last_activity", g.Grace.LastActivity)
 	}
@@ -192,7 +185,7 @@ func stepsTable(steps, notBefore map[string]float64) string {
 		at    float64
 	}
 	var rows []row
-	for _, s := range failoverSteps {
+	for _, s := range failoverSteps() {
 		if at, ok := steps[s.key]; ok {
 			label := s.label
 			if nb, ok := notBefore[s.key]; ok {
@@ -227,7 +220,7 @@ func stepsMatrix(names []string, runs []map[string]float64) string {
 		b.WriteString("---|")
 	}
 	b.WriteString("\n")
-	for _, s := range failoverSteps {
+	for _, s := range failoverSteps() {
 		any := false
 		for _, r := range runs {
 			if _, ok := r[s.key]; ok {

@@ -19,6 +19,9 @@
 
   const $ = (id) => document.getElementById(id);
 
+  // stepTable is a takeover's steps, in order: [{name, label, always}].
+  const stepTable = JSON.parse($('timeline').dataset.steps || '[]');
+
   // el builds an element; children are nodes or strings (made text nodes).
   function el(tag, cls, ...children) {
     const e = document.createElement(tag);
@@ -132,19 +135,20 @@
     const steps = [];
     if (tl) {
       const t0 = new Date(tl.elected).getTime();
-      for (const [name, at] of [['elected', tl.elected], ['takeover committed', tl.committed], ['VIP taken', tl.vip], ['on_leader hook done, notify starts', tl.on_leader_done]]) {
-        const ms = new Date(at).getTime();
+      // The step table comes with the page (data-steps, from the server's
+      // one definition): steps always present show "not reached"; the
+      // others show once reached; a step the table does not name (a newer
+      // node's) shows under its name.
+      const known = new Set(stepTable.map((d) => d.name));
+      const table = stepTable.concat(Object.keys(tl).filter((k) => k !== 'sm_state' && !known.has(k)).map((k) => ({ name: k, label: k })));
+      for (const d of table) {
+        const at = tl[d.name];
         const ok = at && new Date(at).getUTCFullYear() > 1;
-        steps.push(row(name, ok ? fmtTime(at) : 'not reached', ok ? '+' + (ms - t0) + ' ms' : ''));
-      }
-      // Later steps, shown once reached (absent otherwise).
-      for (const [name, at] of [['on_leader hook started', tl.hook_started], ['nfsd GraceStart answered', tl.nfsd_grace_start],
-        ['SM_NOTIFY fan-out started', tl.notify_started], ['SM_NOTIFY fan-out done', tl.notify_done],
-        ['first NLM client back (SM_MON)', tl.nlm_first_back], ['every NLM client back', tl.nlm_all_back],
-        ['first NFSv4 client back', tl.nfsv4_first_back], ['every NFSv4 client back', tl.nfsv4_all_back],
-        ['lockd grace over', tl.nlm_grace_end], ['nfsd grace over', tl.nfsv4_grace_end]]) {
-        if (at) {
-          steps.push(row(name, fmtTime(at), '+' + (new Date(at).getTime() - t0) + ' ms'));
+        if (ok) {
+          const after = new Date(at).getTime() - t0; // before the election for the previous leader's last word
+          steps.push(row(d.label, fmtTime(at), (after < 0 ? '' : '+') + after + ' ms'));
+        } else if (d.always) {
+          steps.push(row(d.label, 'not reached', ''));
         }
       }
       steps.push(row('sm_state', tl.sm_state, ''));

@@ -36,9 +36,9 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
-	"github.com/nsmd/nsmd/nlm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // Fault kinds of a drill.
@@ -141,25 +141,14 @@ type Step struct {
 	AfterMS float64 `json:"after_ms"`
 }
 
-// StepDefs are a takeover's steps in their usual order: name, label.
+// StepDefs are a takeover's steps in their usual order: name, label
+// (package timeline's table).
 func StepDefs() []MilestoneDef {
-	return []MilestoneDef{
-		{"prev_leader_contact", "previous leader (or witness) last heard"},
-		{"elected", "elected"},
-		{"committed", "takeover committed"},
-		{"vip", "VIP taken"},
-		{"hook_started", "on_leader hook started"},
-		{"nfsd_grace_start", "nfsd GraceStart answered"},
-		{"on_leader_done", "on_leader hook done"},
-		{"notify_started", "SM_NOTIFY fan-out started"},
-		{"notify_done", "SM_NOTIFY fan-out complete"},
-		{"nlm_first_back", "first SM_MON (NLM reclaim)"},
-		{"nlm_all_back", "every NLM client back"},
-		{"nfsv4_first_back", "first NFSv4 client back"},
-		{"nfsv4_all_back", "every NFSv4 client back"},
-		{"nlm_grace_end", "lockd grace over"},
-		{"nfsv4_grace_end", "nfsd grace over"},
+	var out []MilestoneDef
+	for _, d := range timeline.Defs() {
+		out = append(out, MilestoneDef{d.Name, d.Label})
 	}
+	return out
 }
 
 // TakeoverSteps places timeline tl (on the new leader's clock) on the
@@ -167,27 +156,23 @@ func StepDefs() []MilestoneDef {
 // own clock) first got the new state from SM_STAT on the VIP, and every
 // other step keeps its distance from it. Only differences of one clock are
 // used, so the two machines' clocks need not agree; the anchor is late by
-// up to one poll and one SM_STAT round trip. Unreached steps are left out.
+// up to one poll and one SM_STAT round trip. Unreached steps are left out;
+// a step the drill does not know (a newer node's) is kept with its name.
 func TakeoverSteps(tl *admin.Timeline, vipAfter time.Duration) []Step {
-	if tl == nil || tl.VIP.IsZero() {
+	if tl == nil {
 		return nil
 	}
-	at := map[string]time.Time{
-		"prev_leader_contact": tl.PrevLeaderContact, "elected": tl.Elected, "committed": tl.Committed, "vip": tl.VIP,
-		"hook_started": tl.HookStarted, "nfsd_grace_start": tl.NFSdGraceStart, "on_leader_done": tl.OnLeaderDone,
-		"notify_started": tl.NotifyStarted, "notify_done": tl.NotifyDone,
-		"nlm_first_back": tl.NLMFirstBack, "nlm_all_back": tl.NLMAllBack,
-		"nfsv4_first_back": tl.NFSv4FirstBack, "nfsv4_all_back": tl.NFSv4AllBack,
-		"nlm_grace_end": tl.NLMGraceEnd, "nfsv4_grace_end": tl.NFSv4GraceEnd,
+	vip := tl.At(timeline.VIP.Name())
+	if vip.IsZero() {
+		return nil
 	}
 	var out []Step
-	for _, d := range StepDefs() {
-		t := at[d.Name]
-		if t.IsZero() {
+	for _, s := range tl.Steps {
+		if s.At.IsZero() {
 			continue
 		}
-		after := vipAfter + t.Sub(tl.VIP)
-		out = append(out, Step{Name: d.Name, Label: d.Label, AfterMS: float64(after.Microseconds()) / 1000})
+		after := vipAfter + s.At.Sub(vip)
+		out = append(out, Step{Name: s.Name, Label: s.Label, AfterMS: float64(after.Microseconds()) / 1000})
 	}
 	slices.SortStableFunc(out, func(a, b Step) int { return cmp.Compare(a.AfterMS, b.AfterMS) })
 	return out
@@ -925,27 +910,28 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 func (d *runner) waitGrace(ctx context.Context, r *Failover, t0, deadline time.Time) {
 	tick := time.NewTicker(d.o.Poll)
 	defer tick.Stop()
-	seen := map[nlm.Manager]*GraceEnd{}
+	seen := map[string]*GraceEnd{}
 	for {
 		for _, a := range d.statuses(ctx, "", func(s admin.Status) bool { return s.NodeID == r.NewLeader }) {
 			g := a.s.Grace
 			if a.err != nil || a.s.NodeID != r.NewLeader || g == nil || g.SMState < r.NewState {
 				continue
 			}
-			for m, ms := range map[nlm.Manager]nlm.ManagerStatus{nlm.NLM: g.NLM, nlm.NFSv4: g.NFSv4} {
+			for _, m := range admin.GraceManagers() {
+				ms := g.Manager(m)
 				if seen[m] != nil {
 					continue
 				}
 				switch {
 				case ms.Absent:
-					seen[m] = &GraceEnd{Manager: string(m)}
+					seen[m] = &GraceEnd{Manager: m}
 				case ms.Ended != nil:
-					seen[m] = &GraceEnd{Manager: string(m), Running: true, Reason: ms.Ended.Reason,
+					seen[m] = &GraceEnd{Manager: m, Running: true, Reason: ms.Ended.Reason,
 						AfterMS: float64(a.at.Sub(t0).Microseconds()) / 1000}
 				}
 			}
 		}
-		if len(seen) == len(nlm.Managers) || time.Now().After(deadline) {
+		if len(seen) == len(admin.GraceManagers()) || time.Now().After(deadline) {
 			break
 		}
 		select {
@@ -954,11 +940,11 @@ func (d *runner) waitGrace(ctx context.Context, r *Failover, t0, deadline time.T
 		case <-tick.C:
 		}
 	}
-	for _, m := range nlm.Managers {
+	for _, m := range admin.GraceManagers() {
 		if e := seen[m]; e != nil {
 			r.Grace = append(r.Grace, *e)
 		} else {
-			r.Grace = append(r.Grace, GraceEnd{Manager: string(m), Running: true, Reason: "still in grace at the timeout"})
+			r.Grace = append(r.Grace, GraceEnd{Manager: m, Running: true, Reason: "still in grace at the timeout"})
 		}
 	}
 }
@@ -1081,10 +1067,26 @@ func Stats(runs []Failover) []Stat {
 }
 
 // StepStats is min/p50/p90/max per takeover step over the runs that
-// recorded it, in StepDefs order (steps no run recorded are left out).
+// recorded it, in StepDefs order, then steps the table does not know (a
+// newer node's) by name; steps no run recorded are left out.
 func StepStats(runs []Failover) []Stat {
+	defs := StepDefs()
+	known := map[string]bool{}
+	for _, d := range defs {
+		known[d.Name] = true
+	}
+	var more []MilestoneDef
+	for _, r := range runs {
+		for _, s := range r.Steps {
+			if !known[s.Name] {
+				known[s.Name] = true
+				more = append(more, MilestoneDef{s.Name, s.Label})
+			}
+		}
+	}
+	slices.SortFunc(more, func(a, b MilestoneDef) int { return strings.Compare(a.Name, b.Name) })
 	var out []Stat
-	for _, def := range StepDefs() {
+	for _, def := range append(defs, more...) {
 		var v []float64
 		for _, r := range runs {
 			if ms, ok := stepAfter(r, def.Name); ok {

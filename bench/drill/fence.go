@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // FenceOutcome is, for one run, how the new leader had the old leader
@@ -300,7 +301,7 @@ func fenceFrom(f *FenceOutcome, s admin.Status, old string, newState int32) {
 	lw := s.Fence.LastWait
 	tl := s.Takeover
 	switch {
-	case lw == nil || tl == nil || tl.State < newState || lw.At.Before(tl.Elected):
+	case lw == nil || tl == nil || tl.State < newState || lw.At.Before(tl.At(timeline.Elected.Name())):
 		if s.Fence.Waiting {
 			f.Note = "the new leader is still waiting for proof"
 		} else {

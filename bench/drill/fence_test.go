@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // TestFenceFrom: the new leader's wait for the old leader is taken only
@@ -18,7 +19,7 @@ func TestFenceFrom(t *testing.T) {
 	wait := &admin.FenceWait{At: elected.Add(9 * time.Second), Seconds: 9.4, Nodes: []admin.FencedNode{
 		{Node: "nfs2", By: "clean", Seconds: 0.01}, {Node: "nfs1", By: "watchdog", Seconds: 9.4, Detail: "no answer"}}}
 	s := admin.Status{NodeID: "nfs2", Fence: admin.Fence{Mode: "watchdog", LastWait: wait},
-		Takeover: &admin.Timeline{Elected: elected, State: 7}}
+		Takeover: takeoverAt(elected, 7)}
 	for _, c := range []struct {
 		name  string
 		tune  func(*admin.Status)
@@ -32,7 +33,7 @@ func TestFenceFrom(t *testing.T) {
 			s.Fence.LastWait = &admin.FenceWait{At: elected.Add(-time.Hour), Nodes: wait.Nodes}
 		}, "nfs1", 7, "", "no fence wait for this takeover"},
 		{"an earlier takeover", func(*admin.Status) {}, "nfs1", 9, "", "no fence wait for this takeover"},
-		{"a later takeover of the same leader", func(s *admin.Status) { s.Takeover = &admin.Timeline{Elected: elected, State: 9} }, "nfs1", 7, "watchdog", "its takeover at sm_state 9"},
+		{"a later takeover of the same leader", func(s *admin.Status) { s.Takeover = takeoverAt(elected, 9) }, "nfs1", 7, "watchdog", "its takeover at sm_state 9"},
 		{"still waiting", func(s *admin.Status) { s.Fence.LastWait = nil; s.Fence.Waiting = true }, "nfs1", 7, "", "still waiting"},
 		{"no serving node", func(s *admin.Status) { s.Fence = admin.Fence{Mode: "none"} }, "nfs1", 7, "", "serves no storage"},
 		{"a witness", func(*admin.Status) {}, "w", 7, "", "not a serving voter"},
@@ -200,4 +201,13 @@ func TestTarget(t *testing.T) {
 			t.Errorf("%+v: %+v, want addr %s", c.n, got, c.want)
 		}
 	}
+}
+
+// takeoverAt is the timeline of a takeover at sm_state state elected at
+// elected, as GET /v1/status gives it.
+func takeoverAt(elected time.Time, state int32) *admin.Timeline {
+	tl := timeline.Timeline{State: state}
+	tl.Mark(timeline.Elected, elected)
+	t := admin.TimelineOf(tl)
+	return &t
 }

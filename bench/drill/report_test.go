@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // TestDrillReportManyRuns: more than 12 runs are drawn as one lane per
@@ -69,22 +70,28 @@ func TestNiceStepAndPercentile(t *testing.T) {
 // TestTakeoverStepsAnchorOnTheVIP: the leader's steps keep their distances
 // on its clock and land on the drill's axis with "VIP taken" at the time
 // the drill saw the new state — however far the two clocks are apart;
-// unreached steps are left out; the report shows them per run.
+// unreached steps are left out; a step of a newer node, which the drill
+// does not know, is placed too; the report shows them per run.
 func TestTakeoverStepsAnchorOnTheVIP(t *testing.T) {
 	leaderClock := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC) // hours off the drill's clock
 	at := func(ms int) time.Time { return leaderClock.Add(time.Duration(ms) * time.Millisecond) }
-	tl := &admin.Timeline{PrevLeaderContact: at(0), Elected: at(600), Committed: at(610), VIP: at(4000), HookStarted: at(4001),
-		OnLeaderDone: at(6000), NotifyStarted: at(6001), NotifyDone: at(6100), NLMFirstBack: at(5500), State: 5}
-	steps := TakeoverSteps(tl, 4200*time.Millisecond)
+	lt := timeline.Timeline{State: 5}
+	for s, ms := range map[timeline.Step]int{timeline.PrevLeaderContact: 0, timeline.Elected: 600, timeline.Committed: 610, timeline.VIP: 4000,
+		timeline.HookStarted: 4001, timeline.OnLeaderDone: 6000, timeline.NotifyStarted: 6001, timeline.NotifyDone: 6100, timeline.NLMFirstBack: 5500} {
+		lt.Mark(s, at(ms))
+	}
+	tl := admin.TimelineOf(lt)
+	tl.Steps = append(tl.Steps, admin.TimelineStep{Name: "zz_newer_step", Label: "zz_newer_step", At: at(7000)})
+	steps := TakeoverSteps(&tl, 4200*time.Millisecond)
 	var got []string
 	for _, s := range steps {
 		got = append(got, fmt.Sprintf("%s=%g", s.Name, s.AfterMS))
 	}
-	want := "prev_leader_contact=200 elected=800 committed=810 vip=4200 hook_started=4201 nlm_first_back=5700 on_leader_done=6200 notify_started=6201 notify_done=6300"
+	want := "prev_leader_contact=200 elected=800 committed=810 vip=4200 hook_started=4201 nlm_first_back=5700 on_leader_done=6200 notify_started=6201 notify_done=6300 zz_newer_step=7200"
 	if strings.Join(got, " ") != want {
 		t.Fatalf("steps\n got %s\nwant %s", strings.Join(got, " "), want)
 	}
-	if TakeoverSteps(&admin.Timeline{Elected: at(1)}, time.Second) != nil {
+	if TakeoverSteps(&admin.Timeline{Steps: []admin.TimelineStep{{Name: "elected", At: at(1)}}}, time.Second) != nil {
 		t.Fatal("steps without a VIP step to anchor on")
 	}
 

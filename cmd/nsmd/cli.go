@@ -68,6 +68,7 @@ func statusCmd() *cobra.Command {
 				s.NodeID, s.Role, s.LeaderID, s.Term, s.SMState, s.Registrations, s.NSMAddr, vip, grace, s.AppliedIndex,
 				s.Notify.Pending, s.Notify.Done, s.Notify.Failed)
 			fmt.Fprintf(tw, "nfsv4\t%s\nkernel grace\t%s\nfence\t%s\n", s.NFSv4.Summary(), admin.GraceSummary(s.Grace), s.Fence.Summary())
+			fmt.Fprintf(tw, "takeover\t%s\n", admin.TimelineSummary(s.Takeover))
 			return tw.Flush()
 		},
 	}

@@ -126,7 +126,8 @@ func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
 
 	admin := a.AdminAddr()
 	out, err := runCLI(t, "status", "--admin", admin)
-	if err != nil || !strings.Contains(out, "cluster_id     alpha") || !strings.Contains(out, "version        "+bi.Gossip()) {
+	if err != nil || !strings.Contains(out, "cluster_id     alpha") || !strings.Contains(out, "version        "+bi.Gossip()) ||
+		!strings.Contains(out, "takeover       sm_state ") || !strings.Contains(out, "elected +0ms") {
 		t.Errorf("nsmd status: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, "members", "--admin", admin)

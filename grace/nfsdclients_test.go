@@ -1,4 +1,4 @@
-package nlm
+package grace
 
 import (
 	"errors"

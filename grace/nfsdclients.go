@@ -1,4 +1,4 @@
-package nlm
+package grace
 
 import (
 	"bufio"
@@ -51,7 +51,7 @@ func NFSdClients(proc string) ([]V4Client, error) {
 		return nil, fmt.Errorf("%w: nfsd: no %s", ErrNoManager, dir)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("nlm: list nfsd clients: %w", err)
+		return nil, fmt.Errorf("grace: list nfsd clients: %w", err)
 	}
 	var out []V4Client
 	for _, e := range ents {
@@ -64,11 +64,11 @@ func NFSdClients(proc string) ([]V4Client, error) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("nlm: read %s: %w", p, err)
+			return nil, fmt.Errorf("grace: read %s: %w", p, err)
 		}
 		c, err := parseClientInfo(b)
 		if err != nil {
-			return nil, fmt.Errorf("nlm: %s: %w", p, err)
+			return nil, fmt.Errorf("grace: %s: %w", p, err)
 		}
 		out = append(out, c)
 	}

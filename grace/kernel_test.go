@@ -1,4 +1,4 @@
-package nlm
+package grace
 
 import (
 	"errors"
@@ -64,7 +64,7 @@ func TestKernelGraceWithoutTheManager(t *testing.T) {
 func TestReclaimsNothingExpectedEndsAtOnce(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	r := NewReclaims(ReclaimPlan{Settle: 3 * time.Second}, t0)
-	for _, m := range Managers {
+	for _, m := range Managers() {
 		if ok, why, _ := r.MayEnd(m, t0); !ok || why != ReasonNothingToReclaim {
 			t.Errorf("%s: MayEnd = %v %q, want true %q", m, ok, why, ReasonNothingToReclaim)
 		}

@@ -1,4 +1,4 @@
-package nlm
+package grace
 
 import (
 	"bufio"
@@ -49,7 +49,7 @@ type Keeper struct {
 
 	mu      sync.Mutex
 	v4Known bool // ExpectV4 was called: nfsd's GraceStart was answered
-	ended   map[Manager]GraceEnd
+	ended   map[Manager]End
 	// asked: the Keeper wrote the end of m's grace (with this reason) and
 	// waits to read it over: a kernel may end it after the write returns.
 	asked   map[Manager]askedEnd
@@ -68,11 +68,12 @@ type askedEnd struct {
 // it asks again.
 const reaskAfter = 2 * time.Second
 
-// GraceEnd is how one lock manager's grace period ended.
-type GraceEnd struct {
-	At     time.Time     `json:"at"`
-	After  time.Duration `json:"-"`
-	Reason string        `json:"reason"`
+// End is how one lock manager's grace period ended: when it was seen
+// over, how long after the takeover, and why (a Reason constant).
+type End struct {
+	At     time.Time
+	After  time.Duration
+	Reason string
 }
 
 // NewKeeper starts tracking a server incarnation that began at started,
@@ -96,7 +97,7 @@ func NewKeeper(cfg KeeperConfig, nlmHosts []string, started time.Time) *Keeper {
 		log:     cfg.Logger.With("component", "grace"),
 		started: started,
 		r:       NewReclaims(ReclaimPlan{NLMHosts: nlmHosts, Settle: cfg.Settle}, started),
-		ended:   map[Manager]GraceEnd{},
+		ended:   map[Manager]End{},
 		asked:   map[Manager]askedEnd{},
 		absent:  map[Manager]bool{},
 		locks:   -1,
@@ -147,7 +148,7 @@ func (k *Keeper) step() bool {
 	k.sampleLocks(now)
 	k.sampleV40Clients(now)
 	done := true
-	for _, m := range Managers {
+	for _, m := range Managers() {
 		if !k.stepManager(m, now) {
 			done = false
 		}
@@ -243,7 +244,7 @@ func (k *Keeper) endedAlready(m Manager) bool {
 }
 
 func (k *Keeper) markEnded(m Manager, reason string, now time.Time) {
-	e := GraceEnd{At: now, After: now.Sub(k.started), Reason: reason}
+	e := End{At: now, After: now.Sub(k.started), Reason: reason}
 	k.mu.Lock()
 	k.ended[m] = e
 	k.mu.Unlock()
@@ -309,41 +310,48 @@ func (k *Keeper) sampleV40Clients(now time.Time) {
 	}
 }
 
-// GraceStatus is the state of both grace periods of the current (or
-// last) server incarnation, for GET /v1/status.
-type GraceStatus struct {
-	// SMState is the sm_state of the incarnation (set by the caller).
-	SMState int32         `json:"sm_state,omitempty"`
-	Started time.Time     `json:"started"`
-	Settle  string        `json:"settle"`
-	NLM     ManagerStatus `json:"nlm"`
-	NFSv4   ManagerStatus `json:"nfsv4"`
-	Error   string        `json:"error,omitempty"`
+// Status is the state of both grace periods of one server incarnation.
+type Status struct {
+	// SMState is the sm_state of the incarnation.
+	SMState int32
+	Started time.Time
+	Settle  time.Duration
+	NLM     ManagerStatus
+	NFSv4   ManagerStatus
+	// Error is the last trouble ending a grace, or why nsmd does not.
+	Error string
 	// LastActivity is when reclaim activity was last seen (a client
 	// back, a new lock in /proc/locks): nsmd ends a grace Settle after it.
-	LastActivity time.Time `json:"last_activity,omitzero"`
+	LastActivity time.Time
+}
+
+// Manager is the status of manager m.
+func (s Status) Manager(m Manager) ManagerStatus {
+	if m == NLM {
+		return s.NLM
+	}
+	return s.NFSv4
 }
 
 // ManagerStatus is one lock manager's grace.
 type ManagerStatus struct {
 	// Expected is how many clients could reclaim; Back how many came back;
 	// Missing names some that have not (at most 8).
-	Expected int       `json:"expected"`
-	Back     int       `json:"back"`
-	Missing  []string  `json:"missing,omitempty"`
-	Ended    *GraceEnd `json:"ended,omitempty"`
-	// Seconds is how long after the takeover it ended (0 while in grace).
-	Seconds float64 `json:"seconds,omitempty"`
+	Expected int
+	Back     int
+	Missing  []string
+	// Ended is how the grace ended (nil while it lasts).
+	Ended *End
 	// Absent: this lock manager does not run here (no lockd, or no nfsd).
-	Absent bool `json:"absent,omitempty"`
+	Absent bool
 }
 
 // Status reports both grace periods.
-func (k *Keeper) Status() GraceStatus {
-	s := GraceStatus{Started: k.started.UTC(), Settle: k.cfg.Settle.String(), LastActivity: k.r.LastActivity().UTC()}
+func (k *Keeper) Status() Status {
+	s := Status{Started: k.started.UTC(), Settle: k.cfg.Settle, LastActivity: k.r.LastActivity().UTC()}
 	k.mu.Lock()
 	s.Error = k.lastErr
-	ended := map[Manager]GraceEnd{}
+	ended := map[Manager]End{}
 	for m, e := range k.ended {
 		ended[m] = e
 	}
@@ -359,7 +367,6 @@ func (k *Keeper) Status() GraceStatus {
 		if e, ok := ended[m]; ok {
 			e.At = e.At.UTC()
 			ms.Ended = &e
-			ms.Seconds = e.After.Seconds()
 		}
 	}
 	return s

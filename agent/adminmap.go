@@ -1,0 +1,78 @@
+package agent
+
+import (
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/cld"
+	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/grace"
+)
+
+// The admin API's types are admin's own; these map the node's parts to
+// them, field by field, so that a change inside a part never changes the
+// API on the wire.
+
+func memberJSON(m cluster.MemberStatus) admin.Member {
+	return admin.Member{
+		ID:         m.ID,
+		GossipAddr: m.GossipAddr,
+		RaftAddr:   m.RaftAddr,
+		NSMAddr:    m.NSMAddr,
+		Version:    m.Version,
+		State:      m.State,
+		Suffrage:   m.Suffrage,
+		Leader:     m.Leader,
+		Witness:    m.Witness,
+		Role:       m.Role,
+	}
+}
+
+func diskJSON(d cluster.DiskStatus) admin.Disk {
+	return admin.Disk{
+		Writable:  d.Writable,
+		Since:     d.Since,
+		Error:     d.Error,
+		Failures:  d.Failures,
+		Slow:      d.Slow,
+		SlowSince: d.SlowSince,
+		WriteP50:  d.WriteP50,
+	}
+}
+
+func pipeJSON(st cld.Status) *admin.Pipe {
+	return &admin.Pipe{
+		Path:                  st.Pipe,
+		State:                 st.State,
+		Err:                   st.Err,
+		Since:                 st.Since,
+		Version:               st.Version,
+		LastGraceStart:        st.LastGraceStart,
+		LastGraceStartRecords: st.LastGraceStartRecords,
+		Upcalls:               st.Upcalls,
+		Failed:                st.Failed,
+		Refused:               st.Refused,
+	}
+}
+
+// graceJSON is g as GET /v1/status's "grace" (nil: no takeover yet).
+func graceJSON(g *grace.Status) *admin.Grace {
+	if g == nil {
+		return nil
+	}
+	manager := func(m grace.ManagerStatus) admin.GraceManager {
+		out := admin.GraceManager{Expected: m.Expected, Back: m.Back, Missing: m.Missing, Absent: m.Absent}
+		if e := m.Ended; e != nil {
+			out.Ended = &admin.GraceEnd{At: e.At, Reason: e.Reason}
+			out.Seconds = e.After.Seconds()
+		}
+		return out
+	}
+	return &admin.Grace{
+		SMState:      g.SMState,
+		Started:      g.Started,
+		Settle:       g.Settle.String(),
+		NLM:          manager(g.NLM),
+		NFSv4:        manager(g.NFSv4),
+		Error:        g.Error,
+		LastActivity: g.LastActivity,
+	}
+}

@@ -1,0 +1,207 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/cld"
+	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/grace"
+	"github.com/nsmd/nsmd/timeline"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the golden files of the admin API's wire form")
+
+// fullTimeline has every step of a takeover set, each a millisecond apart.
+func fullTimeline(at time.Time) timeline.Timeline {
+	tl := timeline.Timeline{State: 7}
+	for i, s := range timeline.Steps() {
+		tl.Mark(s, at.Add(time.Duration(i)*time.Millisecond))
+	}
+	return tl
+}
+
+// fill sets every field of the struct v points to (recursively, through
+// pointers) to a value that is not zero.
+func fill(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fill(v.Elem())
+	case reflect.Struct:
+		if v.Type() == reflect.TypeFor[time.Time]() {
+			v.Set(reflect.ValueOf(time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)))
+			return
+		}
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				fill(v.Field(i))
+			}
+		}
+	case reflect.String:
+		v.SetString("x")
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		v.SetInt(3)
+	case reflect.Uint8, reflect.Uint64:
+		v.SetUint(3)
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		fill(v.Index(0))
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fill(k)
+		fill(e)
+		v.SetMapIndex(k, e)
+	}
+}
+
+// zeroFields lists the fields of v (recursively) that are zero.
+func zeroFields(v reflect.Value, path string) []string {
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return []string{path}
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct || v.Type() == reflect.TypeFor[time.Time]() {
+		if v.IsZero() {
+			return []string{path}
+		}
+		return nil
+	}
+	var out []string
+	for i := range v.NumField() {
+		out = append(out, zeroFields(v.Field(i), path+"."+v.Type().Field(i).Name)...)
+	}
+	return out
+}
+
+func filled[T any]() T {
+	var v T
+	fill(reflect.ValueOf(&v).Elem())
+	return v
+}
+
+// TestAdminMappingCarriesEveryField: each mapping from a part's type to
+// the admin API's fills every field of the API's type from a source with
+// every field set — a field added to either side and not mapped fails
+// here.
+func TestAdminMappingCarriesEveryField(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		out  any
+	}{
+		{"member", memberJSON(filled[cluster.MemberStatus]())},
+		{"disk", diskJSON(filled[cluster.DiskStatus]())},
+		{"pipe", pipeJSON(filled[cld.Status]())},
+		{"grace", graceJSON(new(filled[grace.Status]()))},
+		{"timeline", admin.TimelineOf(fullTimeline(time.Unix(1, 0)))},
+	} {
+		if z := zeroFields(reflect.ValueOf(c.out), c.name); len(z) > 0 {
+			t.Errorf("%s: not mapped: %v", c.name, z)
+		}
+	}
+	if tl := admin.TimelineOf(fullTimeline(time.Unix(1, 0))); len(tl.Steps) != len(timeline.Steps()) {
+		t.Errorf("timeline: %d steps mapped, the table has %d", len(tl.Steps), len(timeline.Steps()))
+	}
+}
+
+// wireOfEveryPart is the admin API's JSON of every part that comes from
+// another package, through its mapping.
+func wireOfEveryPart() map[string]any {
+	at := time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)
+	first := timeline.Timeline{State: 5}
+	for _, s := range []timeline.Step{timeline.Elected, timeline.Committed, timeline.VIP, timeline.OnLeaderDone} {
+		first.Mark(s, at)
+	}
+	return map[string]any{
+		"member":               memberJSON(cluster.MemberStatus{ID: "n1", GossipAddr: "a:1", RaftAddr: "a:2", NSMAddr: "a:3", Version: "v", State: "alive", Suffrage: "Voter", Leader: true, Role: "leader"}),
+		"witness":              memberJSON(cluster.MemberStatus{ID: "w", Witness: true, Role: "witness"}),
+		"disk":                 diskJSON(cluster.DiskStatus{Writable: false, Since: at, Error: "EIO", Failures: 2, Slow: true, SlowSince: at, WriteP50: 70 * time.Millisecond}),
+		"healthy_disk":         diskJSON(cluster.DiskStatus{Writable: true, Since: at}),
+		"timeline_first_steps": admin.TimelineOf(first),
+		"timeline_every_step":  admin.TimelineOf(fullTimeline(at)),
+		"timeline_not_taken":   admin.TimelineOf(timeline.Timeline{State: 9}),
+		"grace": graceJSON(&grace.Status{SMState: 7, Started: at, Settle: 3 * time.Second, LastActivity: at.Add(time.Second),
+			NLM:   grace.ManagerStatus{Expected: 2, Back: 2, Ended: &grace.End{At: at.Add(4 * time.Second), After: 4500 * time.Millisecond, Reason: grace.ReasonAllReclaimed}},
+			NFSv4: grace.ManagerStatus{Expected: 2, Back: 1, Missing: []string{"Linux NFSv4.2 gone"}},
+		}),
+		"grace_absent_nfsd": graceJSON(&grace.Status{Started: at, Settle: time.Second, Error: "grace_end is timer: nsmd does not end grace",
+			NLM: grace.ManagerStatus{Ended: &grace.End{At: at, Reason: grace.ReasonNothingToReclaim}}, NFSv4: grace.ManagerStatus{Absent: true}}),
+		"pipe": pipeJSON(cld.Status{Pipe: "/p/nfsd/cld", State: cld.StateOpen, Since: at, Version: 2,
+			LastGraceStart: at, LastGraceStartRecords: 3, Upcalls: map[string]uint64{"create": 4, "grace_start": 1}, Failed: 1}),
+		"pipe_waiting": pipeJSON(cld.Status{Pipe: "/p/nfsd/cld", State: cld.StateWaiting, Since: at, Upcalls: map[string]uint64{}}),
+	}
+}
+
+// TestAdminWireFormIsTheGoldenOne: the admin API's JSON of members, disk,
+// takeover timeline, grace and pipe, byte for byte (testdata; -rewrite
+// writes it anew). The file is the wire contract: older CLIs, drills and
+// dashboards read it.
+func TestAdminWireFormIsTheGoldenOne(t *testing.T) {
+	got, err := json.MarshalIndent(wireOfEveryPart(), "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, '\n')
+	golden := filepath.Join("testdata", "admin-wire.golden.json")
+	if *rewrite {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("admin wire form changed:\n%s\nwant (%s):\n%s", got, golden, want)
+	}
+}
+
+// TestTimelineWireFormRoundTrips: a reader gets back every step with its
+// label, and keeps a step it does not know (a newer node's) under its
+// name, in time order after the known ones.
+func TestTimelineWireFormRoundTrips(t *testing.T) {
+	at := time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)
+	want := admin.TimelineOf(fullTimeline(at))
+	b, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got admin.Timeline
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)
+	}
+	newer := []byte(`{"elected":"2025-01-02T03:04:05Z","committed":"0001-01-01T00:00:00Z","vip":"0001-01-01T00:00:00Z","on_leader_done":"0001-01-01T00:00:00Z","sm_state":9,"zz_new_step":"2025-01-02T03:04:06Z","a_new_step":"2025-01-02T03:04:07Z","a_new_count":3}`)
+	if err := json.Unmarshal(newer, &got); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{}
+	for _, s := range got.Steps {
+		names = append(names, s.Name+"="+s.Label)
+	}
+	if want := []string{"elected=elected", "zz_new_step=zz_new_step", "a_new_step=a_new_step"}; !reflect.DeepEqual(names, want) || got.State != 9 {
+		t.Fatalf("newer node's timeline read as %v (sm_state %d), want %v", names, got.State, want)
+	}
+	again, err := json.Marshal(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(again, []byte(`"zz_new_step":"2025-01-02T03:04:06Z"`)) {
+		t.Fatalf("re-marshalled without the unknown step: %s", again)
+	}
+}
