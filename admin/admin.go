@@ -95,6 +95,7 @@ const overviewRows = 50
 // NewHandler serves the admin API of s:
 //
 //	GET  /v1/status, /v1/members, /v1/overview, /healthz, /readyz, /metrics
+//	     (/v1/status shows the last hook failure's output to privileged callers only)
 //	GET  /v1/registrations, /v1/nfsv4/clients          (privileged)
 //	POST /v1/leadership/transfer, /v1/drill/crash, /v1/import (privileged)
 //
@@ -106,7 +107,17 @@ func NewHandler(s Store, c HandlerConfig) *http.ServeMux {
 	h := &handler{s: s, c: c}
 	p := c.Guard.Privileged
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, s.Status()) })
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		st := s.Status()
+		if f := st.LastHookFailure; f != nil && f.Output != "" && !c.Guard.Authorized(r) {
+			// A hook's output may say anything about the host (paths,
+			// exports, errors of the tools it runs): for operators only.
+			hidden := *f
+			hidden.Output = ""
+			st.LastHookFailure = &hidden
+		}
+		writeJSON(w, st)
+	})
 	mux.HandleFunc("GET /v1/members", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, s.Members()) })
 	// Registrations carry the lock managers' private cookies.
 	mux.HandleFunc("GET /v1/registrations", p(h.registrations))

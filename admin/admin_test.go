@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +39,8 @@ func newFakeStore() *fakeStore {
 func (f *fakeStore) Status() Status {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Status{NodeID: "n1", Role: "leader", LeaderID: f.leader, SMState: f.state, Registrations: len(f.regs)}
+	return Status{NodeID: "n1", Role: "leader", LeaderID: f.leader, SMState: f.state, Registrations: len(f.regs),
+		LastHookFailure: &HookFailure{Hook: "on_leader", Event: "leader", Err: "exit status 1", Output: "exportfs: /srv/secret: No such file"}}
 }
 
 func (f *fakeStore) Members() []Member {
@@ -428,6 +430,40 @@ func TestLocalTokenIsCreatedOnceAndSentOnlyOnLoopback(t *testing.T) {
 	req = httptest.NewRequest("GET", "http://127.0.0.1:8024/v1/registrations", nil)
 	if err := (&Auth{LocalTokenFile: path + ".missing"}).Authorize(req); err != nil || req.Header.Get("Authorization") != "" {
 		t.Fatalf("missing local token: %q %v", req.Header.Get("Authorization"), err)
+	}
+}
+
+// The last hook failure's output (it may say anything about the host) is
+// in /v1/status for privileged callers only; others see that the hook
+// failed, and how, without it.
+func TestStatusShowsHookOutputOnlyToOperators(t *testing.T) {
+	srv, tokFile, _ := serve(t, newFakeStore(), false)
+	tok, err := os.ReadFile(tokFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(token string) HookFailure {
+		t.Helper()
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/status", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var st Status
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.LastHookFailure == nil {
+			t.Fatalf("status: %+v %v", st, err)
+		}
+		return *st.LastHookFailure
+	}
+	if f := get(""); f.Output != "" || f.Err == "" || f.Hook != "on_leader" {
+		t.Fatalf("without credentials: %+v, want the failure without its output", f)
+	}
+	if f := get(strings.TrimSpace(string(tok))); f.Output == "" {
+		t.Fatalf("with the token: %+v, want the output", f)
 	}
 }
 

@@ -93,6 +93,7 @@ type Agent struct {
 	netlinkVIP *vip.Netlink // closed (address dropped) on shutdown
 	sec        security
 	connEvents *prometheus.CounterVec
+	readsHeld  *prometheus.CounterVec
 
 	wg sync.WaitGroup
 }
@@ -241,13 +242,14 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	svc, err := nsm.NewService(a.node, nsm.Config{
-		NodeID:           cfg.NodeID,
-		Trusted:          cfg.TrustedPrefixes(),
-		Logger:           log,
-		Metrics:          a.nsmm,
-		MaxRegistrations: cfg.MaxRegistrations,
-		NotifyBurst:      cfg.NotifyBurst,
-		NotifyEvery:      cfg.NotifyEvery,
+		NodeID:             cfg.NodeID,
+		Trusted:            cfg.TrustedPrefixes(),
+		Logger:             log,
+		Metrics:            a.nsmm,
+		MaxRegistrations:   cfg.MaxRegistrations,
+		NotifyBurst:        cfg.NotifyBurst,
+		NotifyEvery:        cfg.NotifyEvery,
+		NotifyStrictSender: cfg.NotifyStrictSender,
 	})
 	if err != nil {
 		return a, err
@@ -339,7 +341,9 @@ func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
 func (a *Agent) serverConfig() oncrpc.ServerConfig {
 	return oncrpc.ServerConfig{Logger: a.log, Observe: a.nsmm.ObserveRPC,
 		MaxConns: a.cfg.NSMMaxConns, MaxConnsPerHost: a.cfg.NSMMaxConnsHost, ReservedLocal: a.cfg.NSMReservedLocal,
-		OnConn: func(ev string) { a.connEvents.WithLabelValues(ev).Inc() }}
+		MaxConnBuffered: a.cfg.NSMMaxConnBuffer, MaxHostBuffered: a.cfg.NSMMaxHostBuffer, MaxBuffered: a.cfg.NSMMaxBuffer,
+		OnConn: func(ev string) { a.connEvents.WithLabelValues(ev).Inc() },
+		OnHold: func(cap string) { a.readsHeld.WithLabelValues(cap).Inc() }}
 }
 
 // registerConnMetrics counts NSM TCP connection events (accepted,
@@ -348,7 +352,7 @@ func (a *Agent) serverConfig() oncrpc.ServerConfig {
 func (a *Agent) registerConnMetrics() error {
 	a.connEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nsmd_nsm_tcp_connections_total",
-		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room), accepted_reserved (a privileged loopback port, i.e. lockd, admitted beyond the caps others hold: nsm_reserved_local_conns).",
+		Help: "NSM TCP connections by event: accepted, refused_per_host, refused_total (all busy at nsm_max_conns), evicted_idle (closed to make room), evicted_stalled (a connection that does not read its replies, closed to make room), accepted_reserved (a privileged loopback port, i.e. lockd, admitted beyond the caps others hold: nsm_reserved_local_conns).",
 	}, []string{"event"})
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "nsmd_nsm_tcp_connections", Help: "Open NSM TCP connections on the node's own address.",
@@ -358,10 +362,25 @@ func (a *Agent) registerConnMetrics() error {
 		}
 		return float64(a.server.Conns())
 	})
+	a.readsHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nsmd_nsm_tcp_reads_held_total",
+		Help: "Times an NSM TCP connection was not read until its buffered calls and replies were served, by cap: conn (nsm_max_conn_buffer), host (nsm_max_host_buffer), total (nsm_max_buffer).",
+	}, []string{"cap"})
+	for _, c := range []string{oncrpc.HoldConn, oncrpc.HoldHost, oncrpc.HoldTotal} {
+		a.readsHeld.WithLabelValues(c)
+	}
+	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "nsmd_nsm_tcp_buffered_bytes", Help: "Bytes of NSM calls being served and replies not yet written that the node's own TCP connections hold.",
+	}, func() float64 {
+		if a.server == nil {
+			return 0
+		}
+		return float64(a.server.Buffered())
+	})
 	regMax := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "nsmd_registrations_max", Help: "max_registrations: SM_MONs that would add a registration beyond it are refused (0: no cap); alert on nsmd_registrations approaching it.",
 	}, func() float64 { return float64(a.cfg.MaxRegistrations) })
-	for _, c := range []prometheus.Collector{a.connEvents, open, regMax} {
+	for _, c := range []prometheus.Collector{a.connEvents, a.readsHeld, buffered, open, regMax} {
 		if err := a.reg.Register(c); err != nil {
 			return err
 		}

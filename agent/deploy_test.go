@@ -449,9 +449,8 @@ func TestMonitoringMetricsMoveOnFailover(t *testing.T) {
 		return m
 	}
 	// The probe runs every 50ms here; wait until every node timed one.
-	deadline := time.Now().Add(5 * time.Second)
 	var s map[*agent.Agent]map[string]float64
-	for {
+	testutil.WaitForSeen(t, 5*time.Second, "every node to time a disk probe and become ready", func() (bool, string) {
 		s = scrapeAll()
 		n := 0
 		for _, m := range s {
@@ -459,14 +458,8 @@ func TestMonitoringMetricsMoveOnFailover(t *testing.T) {
 				n++
 			}
 		}
-		if n == len(dc.Agents()) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("not every node timed a disk probe and became ready within 5s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return n == len(dc.Agents()), fmt.Sprintf("%d of %d", n, len(dc.Agents()))
+	})
 	for a, m := range s {
 		want := 0.0
 		if a == lead {
@@ -495,13 +488,9 @@ func TestMonitoringMetricsMoveOnFailover(t *testing.T) {
 	}
 	next := agenttest.Leader(t, dc, lead, 10*time.Second)
 	// The observation lands once the new leader serves (on_leader done).
-	deadline = time.Now().Add(5 * time.Second)
-	for scrapeSeriesNames(t, hc, next)["nsmd_failover_duration_seconds_count"] <= before[next] {
-		if time.Now().After(deadline) {
-			t.Fatal("the new leader observed no failover within 5s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 5*time.Second, "the new leader to observe a failover", func() bool {
+		return scrapeSeriesNames(t, hc, next)["nsmd_failover_duration_seconds_count"] > before[next]
+	})
 	took := time.Since(start)
 	s = scrapeAll()
 	if n := s[next]["nsmd_failover_duration_seconds_count"]; n != before[next]+1 {
@@ -554,7 +543,7 @@ scrape_configs:
     static_configs: [{targets: [%s]}]
 `, rules, dc.Agents()[0].Config().TLSCA, strings.Join(targets, ", "))
 	writeFile(t, filepath.Join(dir, "prometheus.yml"), cfg)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(agenttest.FreePort(t, "127.0.0.1")))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testutil.FreePort(t, "127.0.0.1")))
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
 	var logs testutil.LockedBuffer
@@ -603,27 +592,27 @@ scrape_configs:
 		return v
 	}
 	// Every node scraped three times, and the rules evaluated since.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.WaitForSeen(t, 30*time.Second, "prometheus to scrape the cluster 9 times", func() (bool, string) {
 		n, _ := strconv.Atoi(value(`sum(count_over_time(up{job="nsmd"}[1m]))`))
-		if n >= 9 && value(`count(nsmd:vip_holders:sum)`) == "1" {
-			break
+		return n >= 9 && value(`count(nsmd:vip_holders:sum)`) == "1", "up " + value(`up`)
+	})
+	// Seen together once: on a loaded machine one scrape may miss its 1 s
+	// timeout (up 0 for that node) or a lease lapse for a moment (a node
+	// not ready), and that is no fault of the rules.
+	testutil.WaitForSeen(t, 30*time.Second, "three nodes up and ready, one VIP holder and one leader", func() (bool, string) {
+		var wrong []string
+		for _, c := range []struct{ q, want string }{
+			{`sum(up{job="nsmd"})`, "3"},
+			{`nsmd:vip_holders:sum{job="nsmd"}`, "1"},
+			{`nsmd:leaders:sum{job="nsmd"}`, "1"},
+			{`nsmd:nodes_ready:sum{job="nsmd"}`, "3"},
+		} {
+			if got := value(c.q); got != c.want {
+				wrong = append(wrong, fmt.Sprintf("%s = %s, want %s", c.q, got, c.want))
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("prometheus did not scrape the cluster 9 times in 30s: up %v", value(`up`))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	for _, c := range []struct{ q, want string }{
-		{`sum(up{job="nsmd"})`, "3"},
-		{`nsmd:vip_holders:sum{job="nsmd"}`, "1"},
-		{`nsmd:leaders:sum{job="nsmd"}`, "1"},
-		{`nsmd:nodes_ready:sum{job="nsmd"}`, "3"},
-	} {
-		if got := value(c.q); got != c.want {
-			t.Errorf("%s = %s, want %s", c.q, got, c.want)
-		}
-	}
+		return len(wrong) == 0, strings.Join(wrong, "; ")
+	})
 	// Nothing fires or is pending, but for the grace a fresh takeover opened.
 	alerts, err := query(`ALERTS`)
 	if err != nil {

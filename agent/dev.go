@@ -4,13 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -195,58 +192,4 @@ func (d *Dev) Close() error {
 		errs = append(errs, a.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// FreePorts finds n distinct ports, each free for TCP and UDP on every ip:
-// the ports of a Dev that must not collide with others (the own clusters
-// of bench failover, tests).
-// It draws them below the kernel's ephemeral range: a port found free in
-// that range can be taken by any outgoing connection before the caller
-// binds it (a dev node's raft port then fails with "address already in use").
-func FreePorts(ips []string, n int) ([]int, error) {
-	lo, hi := 20000, 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		var first, last int
-		if _, err := fmt.Sscan(string(b), &first, &last); err == nil && first < hi {
-			hi = first
-		}
-	}
-	var out []int
-	for range 500 {
-		if len(out) == n {
-			return out, nil
-		}
-		var p int
-		if hi-lo >= 1000 {
-			p = lo + rand.IntN(hi-lo)
-		} else { // an unusual ephemeral range: let the kernel choose
-			ln, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
-			if err != nil {
-				return nil, fmt.Errorf("find a free port: %w", err)
-			}
-			p = ln.Addr().(*net.TCPAddr).Port
-			ln.Close()
-		}
-		free := true
-		for _, ip := range ips {
-			addr := net.JoinHostPort(ip, strconv.Itoa(p))
-			if l, err := net.Listen("tcp", addr); err == nil {
-				l.Close()
-			} else {
-				free = false
-			}
-			if pc, err := net.ListenPacket("udp", addr); err == nil {
-				pc.Close()
-			} else {
-				free = false
-			}
-		}
-		for _, q := range out {
-			free = free && q != p
-		}
-		if free {
-			out = append(out, p)
-		}
-	}
-	return nil, fmt.Errorf("no %d ports free on all of %s", n, strings.Join(ips, ", "))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/agent/agenttest"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -229,7 +230,7 @@ func readyDev(t *testing.T, vip string, nodes int) agent.DevOptions {
 	}
 	return agent.DevOptions{
 		Nodes: nodes, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
-		NSMPort: agenttest.FreePort(t, ips...), RaftPort: agenttest.FreePort(t, ips...), GossipPort: agenttest.FreePort(t, ips...),
+		NSMPort: testutil.FreePort(t, ips...), RaftPort: testutil.FreePort(t, ips...), GossipPort: testutil.FreePort(t, ips...),
 	}
 }
 

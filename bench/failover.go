@@ -12,6 +12,7 @@ import (
 
 	"github.com/nsmd/nsmd/agent"
 	"github.com/nsmd/nsmd/bench/drill"
+	"github.com/nsmd/nsmd/internal/freeport"
 )
 
 // FailoverOptions: the drill to repeat, and where. With Drill.Admins
@@ -69,7 +70,7 @@ func ownClusterDrill(ctx context.Context, o FailoverOptions) (*drill.Report, err
 	for i := range o.Nodes {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i+1))
 	}
-	ports, err := agent.FreePorts(ips, 4)
+	ports, err := freeport.Ports(ips, 4)
 	if err != nil {
 		return nil, fmt.Errorf("bench failover: %w", err)
 	}

@@ -756,14 +756,13 @@ func TestCancelAnswersInFlightAndLeavesNoGoroutine(t *testing.T) {
 	k.Close()
 	// Goroutines that ended may take a moment to be gone from the count;
 	// there is no event for that.
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > baseline {
-		if time.Now().After(deadline) {
+	testutil.WaitForSeen(t, 5*time.Second, "the goroutines of the stopped server to end", func() (bool, string) {
+		if n := runtime.NumGoroutine(); n > baseline {
 			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines, %d before:\n%s", runtime.NumGoroutine(), baseline, buf[:runtime.Stack(buf, true)])
+			return false, fmt.Sprintf("%d goroutines, %d before:\n%s", n, baseline, buf[:runtime.Stack(buf, true)])
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return true, ""
+	})
 }
 
 // TestInotifyOpensThePipeWithinTheKernelsWait: with the server waiting

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // gatedTransport holds back replication of log entries (not heartbeats)
@@ -59,13 +61,13 @@ func TestWritesDuringACommitShareTheNextEntry(t *testing.T) {
 	}
 	wg.Add(1)
 	go write(0) // stored on the leader, not replicated: stays in flight
-	waitFor(t, "first entry on the leader", func() bool { return n.raft.LastIndex() == before+1 })
+	testutil.WaitFor(t, 5*time.Second, "first entry on the leader", func() bool { return n.raft.LastIndex() == before+1 })
 	for i := 1; i <= 3; i++ {
 		wg.Add(1)
 		go write(i)
 	}
 	// One write is held by the commit loop waiting for the slot, two queue.
-	waitFor(t, "three writes waiting", func() bool { return len(n.writes) == 2 })
+	testutil.WaitFor(t, 5*time.Second, "three writes waiting", func() bool { return len(n.writes) == 2 })
 	if got := n.raft.LastIndex(); got != before+1 {
 		t.Fatalf("raft got %d entries while one was in flight, want 1", got-before)
 	}
@@ -82,17 +84,6 @@ func TestWritesDuringACommitShareTheNextEntry(t *testing.T) {
 		t.Errorf("registrations %d, want 4", got)
 	}
 	c.converge(5 * time.Second)
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // awaitReturning, on its own: the next entry waits for the writers the

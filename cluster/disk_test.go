@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // smallDisk mounts a tmpfs of sizeMB on a new directory: a real disk that
@@ -68,30 +70,22 @@ func diskCluster(t *testing.T, dirs []string) ([]*tcpNode, chan takeoverEvent) {
 }
 
 // tcpCluster starts len(dirs) nodes with raft over TCP on loopback
-// (static voters, 100 ms timeouts); tune adjusts each node's config.
+// (static voters, 300 ms timeouts); tune adjusts each node's config.
 func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, chan takeoverEvent) {
 	t.Helper()
 	nodes := make([]*tcpNode, len(dirs))
 	voters := map[string]string{}
-	var lns []net.Listener // held until every port is chosen: a closed one can be handed out again
+	ports := testutil.FreePorts(t, len(nodes))
 	for i := range nodes {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		nodes[i] = &tcpNode{id: fmt.Sprintf("n%d", i+1), addr: ln.Addr().String()}
+		nodes[i] = &tcpNode{id: fmt.Sprintf("n%d", i+1), addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i]))}
 		voters[nodes[i].id] = nodes[i].addr
-	}
-	for _, ln := range lns {
-		ln.Close()
 	}
 	took := make(chan takeoverEvent, 64)
 	for i, tn := range nodes {
 		cfg := testDefaults(Config{
 			NodeID: tn.id, DataDir: dirs[i], RaftBind: tn.addr, NSMAddr: "127.0.0.1:1", Voters: voters,
-			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
+			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+			LeaderLeaseTimeout: 150 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
 			DiskProbeInterval: 50 * time.Millisecond,
 			OnLeader: func(_ context.Context, _ fsm.Takeover, s int32) error {
 				took <- takeoverEvent{node: tn.id, state: s, at: time.Now()}
@@ -173,7 +167,7 @@ func TestFullDiskSingleNodeStaysOutOfElectionsAndRecovers(t *testing.T) {
 	}
 	cands := countCandidacies(t, n)
 	free := fill(t, dir)
-	waitCond(t, 5*time.Second, "the probe finds the full disk", func() bool { return !n.Disk().Writable })
+	testutil.WaitFor(t, 5*time.Second, "the probe finds the full disk", func() bool { return !n.Disk().Writable })
 	// Bolt writes into pages it already has until it needs new ones: an
 	// SM_MON acknowledged now was fsynced and is durable. Write until one
 	// fails; every acknowledged one must survive.
@@ -191,16 +185,16 @@ func TestFullDiskSingleNodeStaysOutOfElectionsAndRecovers(t *testing.T) {
 	}
 	term := n.raft.CurrentTerm()
 	c0 := cands.Load()
-	// Nothing may happen for a while: election timeouts are 100 ms, so
-	// 1.5 s is ≥ 7 missed chances to campaign.
-	time.Sleep(1500 * time.Millisecond)
-	if got := n.raft.CurrentTerm(); got != term || cands.Load() != c0 {
-		t.Fatalf("full node campaigned: term %d → %d, %d candidacies", term, got, cands.Load()-c0)
-	}
+	// Nothing may happen for a while: election timeouts are 300 ms (raft
+	// waits up to twice that), so 3 s is ≥ 5 missed chances to campaign.
+	testutil.HoldsFor(t, 3*time.Second, 20*time.Millisecond, "a full node out of elections", func() (bool, string) {
+		got := n.raft.CurrentTerm()
+		return got == term && cands.Load() == c0, fmt.Sprintf("full node campaigned: term %d → %d, %d candidacies", term, got, cands.Load()-c0)
+	})
 	if err := mon(n, failedAt); err == nil {
 		t.Fatal("SM_MON acknowledged by a full node that should have stepped down")
 	}
-	t.Logf("full disk: %d SM_MONs acknowledged (durable) until #%d failed; then 1.5 s with term %d, 0 candidacies; disk %+v", len(acked), failedAt, term, n.Disk())
+	t.Logf("full disk: %d SM_MONs acknowledged (durable) until #%d failed; then 3 s with term %d, 0 candidacies; disk %+v", len(acked), failedAt, term, n.Disk())
 
 	free()
 	ev := nextTakeover(t, took, 5*time.Second)
@@ -275,12 +269,12 @@ func TestFullDiskLeaderStepsAsideAndTheOthersKeepServing(t *testing.T) {
 
 	free()
 	want := leader.n.fsm.AppliedIndex()
-	waitCond(t, 10*time.Second, "the freed node catches up", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the freed node catches up", func() bool {
 		return full.n.Disk().Writable && full.n.fsm.AppliedIndex() >= want
 	})
 	if full.n.fsm.Digest() != leader.n.fsm.Digest() {
 		// Digests compare equal state at equal index; wait for both.
-		waitCond(t, 5*time.Second, "equal digests", func() bool {
+		testutil.WaitFor(t, 5*time.Second, "equal digests", func() bool {
 			return full.n.fsm.AppliedIndex() == leader.n.fsm.AppliedIndex() && full.n.fsm.Digest() == leader.n.fsm.Digest()
 		})
 	}
@@ -299,18 +293,6 @@ func killWithin(t *testing.T, tn *tcpNode, d time.Duration) {
 		buf := make([]byte, 4<<20)
 		buf = buf[:runtime.Stack(buf, true)]
 		t.Errorf("node %s did not stop within %v; goroutines:\n%s", tn.id, d, buf)
-	}
-}
-
-// waitCond polls cond (state with no event to wait on) until it holds.
-func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -354,14 +336,14 @@ func TestFollowerWithFlappingDiskIsReplicatedToAgain(t *testing.T) {
 	defer func() { cancel(); writers.Wait() }()
 	for flap := range 8 {
 		free := fill(t, victimDir)
-		waitCond(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees its full disk", flap), func() bool { return !victim.n.Disk().Writable })
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees its full disk", flap), func() bool { return !victim.n.Disk().Writable })
 		free()
-		waitCond(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees space again", flap), func() bool { return victim.n.Disk().Writable })
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("flap %d: the follower sees space again", flap), func() bool { return victim.n.Disk().Writable })
 	}
 	cancel()
 	writers.Wait()
 	want := leader.n.fsm.AppliedIndex()
-	waitCond(t, 10*time.Second, "the flapped follower catches up", func() bool { return victim.n.fsm.AppliedIndex() >= want })
+	testutil.WaitFor(t, 10*time.Second, "the flapped follower catches up", func() bool { return victim.n.fsm.AppliedIndex() >= want })
 	t.Logf("8 disk-full flaps on follower %s under 8 writers (%d SM_MONs acknowledged); it caught up to index %d", victim.id, acked.Load(), want)
 	for _, tn := range nodes {
 		killWithin(t, tn, 10*time.Second)

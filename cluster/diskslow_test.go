@@ -40,9 +40,9 @@ func slowDisks(t *testing.T, n int) ([]string, []*slowfs.FS) {
 	return dirs, fss
 }
 
-// slowDiskTimings are the agent's default timings: tcpCluster's 100 ms
-// ones are shorter than a vote on a slow disk (two fsyncs of the stable
-// store).
+// slowDiskTimings are the agent's default timings, set here whatever
+// tcpCluster's are: shorter ones would not outlast a vote on a slow disk
+// (two fsyncs of the stable store).
 func slowDiskTimings(c *Config) {
 	c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
 	if testing.Verbose() {
@@ -195,7 +195,7 @@ func TestSlowDiskLeaderStepsAside(t *testing.T) {
 				slow.id, next.node, stepped.Round(time.Millisecond), delay, p50(lat), len(after), p50(after))
 
 			slowFS.SetDelay(0)
-			waitCond(t, 10*time.Second, "the disk is fast again", func() bool { return !slow.n.Disk().Slow })
+			testutil.WaitFor(t, 10*time.Second, "the disk is fast again", func() bool { return !slow.n.Disk().Slow })
 		})
 	}
 }
@@ -236,7 +236,7 @@ func TestSlowFollowersElectOneWhenTheLeaderDies(t *testing.T) {
 				slow = append(slow, tn)
 				fss[i].SetDelay(delay)
 			}
-			waitCond(t, 10*time.Second, "both followers judge their disks slow", func() bool {
+			testutil.WaitFor(t, 10*time.Second, "both followers judge their disks slow", func() bool {
 				return slow[0].n.Disk().Slow && slow[1].n.Disk().Slow
 			})
 			killWithin(t, leader, 15*time.Second)
@@ -282,10 +282,10 @@ func TestVerySlowFollowerDiskIsJudgedSlow(t *testing.T) {
 		}
 		fss[i].SetDelay(500 * time.Millisecond)
 		start := time.Now()
-		waitCond(t, 15*time.Second, tn.id+" judges its 500 ms disk slow", func() bool { return tn.n.Disk().Slow })
+		testutil.WaitFor(t, 15*time.Second, tn.id+" judges its 500 ms disk slow", func() bool { return tn.n.Disk().Slow })
 		t.Logf("%s: disk slow after %v (%+v)", tn.id, time.Since(start).Round(10*time.Millisecond), tn.n.Disk())
 		fss[i].SetDelay(0)
-		waitCond(t, 15*time.Second, tn.id+" judges its disk fast again", func() bool { return !tn.n.Disk().Slow })
+		testutil.WaitFor(t, 15*time.Second, tn.id+" judges its disk fast again", func() bool { return !tn.n.Disk().Slow })
 		return
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // appliedLog records what a node's Applied subscriber was told.
@@ -35,14 +36,14 @@ func (l *appliedLog) take() []Applied {
 // the lock-manager callbacks, happened before the restart) while new ones
 // are not. Serving is called once the term serves, with its state.
 func TestSubscribersHearAppliedInLogOrderWithReplaysMarked(t *testing.T) {
-	dir, addr := t.TempDir(), freeAddr(t)
+	dir, addr := t.TempDir(), testutil.FreeAddr(t, "127.0.0.1")
 	start := func(l *appliedLog, served chan int32) (*Node, *takeovers) {
 		t.Helper()
 		tk := newTakeovers()
 		n, err := New(testDefaults(Config{
 			NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true,
-			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
+			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+			LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
 			// Raft may apply before Start: a subscriber given in Config hears it.
 			Subscribers: []Subscriber{{Applied: l.applied, Serving: func(ctx context.Context, state int32) {
 				served <- state

@@ -7,11 +7,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -153,10 +155,26 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 	return nil
 }
 
+// denialLog lets through at most one log line about denied forwarded
+// writes per sender address a minute (the forwarding program is on the
+// NSM port: anyone may call it), with the number held back. Its zero
+// value is ready.
+type denialLog struct {
+	once sync.Once
+	l    *pki.LogLimiter
+}
+
+func (d *denialLog) warn(log *slog.Logger, from netip.Addr, err error) {
+	d.once.Do(func() { d.l = pki.NewLogLimiter(time.Now, time.Minute) })
+	if ok, held := d.l.Allow(from.String()); ok {
+		log.Warn("forwarded write denied", "from", from, "err", err, "suppressed_since_last", held)
+	}
+}
+
 func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fwdRes {
 	if err := n.authForward(from, a); err != nil {
 		n.metrics.forwarded.WithLabelValues("denied").Inc()
-		n.log.Warn("forwarded write denied", "from", from, "err", err)
+		n.fwdLog.warn(n.log, from, err)
 		return fwdRes{Status: fwdDenied, Err: err.Error()}
 	}
 	cmds, err := fsm.Decode(a.Cmd)
@@ -165,7 +183,7 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	}
 	if cmds[0], err = n.forwardable(cmds[0]); err != nil {
 		n.metrics.forwarded.WithLabelValues("denied").Inc()
-		n.log.Warn("forwarded write denied", "from", from, "err", err)
+		n.fwdLog.warn(n.log, from, err)
 		return fwdRes{Status: fwdDenied, Err: err.Error()}
 	}
 	if !n.Leading() { // not leader, or elected but its takeover not committed yet

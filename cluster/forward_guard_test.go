@@ -2,12 +2,16 @@ package cluster
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"math"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -154,5 +158,21 @@ func TestLeaderLowersAForwardedOwnerCommand(t *testing.T) {
 		if u, ok := cmd.(fsm.Unregister); !ok || !u.Owner.IsZero() {
 			t.Fatalf("the leader applied %#v without every member at level 1", cmd)
 		}
+	}
+}
+
+// Denied forwarded writes are logged at most once a minute per sender
+// address: anyone may call the forwarding program on the NSM port, and a
+// flood of forgeries must not write the journal full.
+func TestForwardDenialsLoggedOncePerMinutePerSender(t *testing.T) {
+	var buf testutil.LockedBuffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	var d denialLog
+	for range 100 {
+		d.warn(log, netip.MustParseAddr("192.0.2.1"), errors.New("bad MAC"))
+	}
+	d.warn(log, netip.MustParseAddr("192.0.2.2"), errors.New("bad MAC"))
+	if n := len(buf.Lines("forwarded write denied")); n != 2 {
+		t.Fatalf("%d log lines for 101 denials from two senders, want 2:\n%s", n, buf.String())
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 )
@@ -83,12 +84,7 @@ func newTestClusterWith(t testing.TB, size int, tune func(*Config), set func(*tc
 	}
 	for i := range size {
 		tn := &tnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), addr: raft.ServerAddress(fmt.Sprintf("inmem-n%d", i+1))}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		tn.nsmAddr = ln.Addr().String()
-		ln.Close()
+		tn.nsmAddr = testutil.FreeAddr(t, "127.0.0.1")
 		c.nodes = append(c.nodes, tn)
 		c.voters[tn.id] = string(tn.addr)
 		c.peerNSM[tn.id] = tn.nsmAddr
@@ -112,8 +108,8 @@ func (c *tcluster) start(i int) {
 	_, tn.trans = raft.NewInmemTransport(tn.addr)
 	cfg := testDefaults(Config{NodeID: tn.id, DataDir: tn.dir, RaftBind: "127.0.0.1:1"})
 	cfg.NSMAddr, cfg.Voters, cfg.PeerNSMAddrs, cfg.Transport = tn.nsmAddr, c.voters, c.peerNSM, tn.trans
-	cfg.HeartbeatTimeout, cfg.ElectionTimeout = 100*time.Millisecond, 100*time.Millisecond
-	cfg.LeaderLeaseTimeout, cfg.HoldTimeout = 50*time.Millisecond, 2*time.Second
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout = 300*time.Millisecond, 300*time.Millisecond
+	cfg.LeaderLeaseTimeout, cfg.HoldTimeout = 150*time.Millisecond, 2*time.Second
 	cfg.ClusterKey = []byte("test-cluster-key") // inmem raft addresses carry no IPs to match
 	cfg.OnLeader = func(_ context.Context, _ fsm.Takeover, state int32) error {
 		c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
@@ -231,18 +227,18 @@ func (c *tcluster) waitTakeover(timeout time.Duration) takeoverEvent {
 // waiting up to timeout.
 func (c *tcluster) leader(timeout time.Duration) (int, *tnode) {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var li int
+	var ld *tnode
+	testutil.WaitFor(c.t, timeout, "a live node that leads and has taken over", func() bool {
 		for i, tn := range c.nodes {
 			if tn.alive && tn.n.Leading() && tn.n.IsLeader() {
-				return i, tn
+				li, ld = i, tn
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("no leader within %v", timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
+	return li, ld
 }
 
 // converge waits until every live node has applied the leader's last index
@@ -255,18 +251,14 @@ func (c *tcluster) converge(timeout time.Duration) [32]byte {
 		c.t.Fatalf("barrier: %v", err)
 	}
 	want := ld.n.AppliedIndex()
-	deadline := time.Now().Add(timeout)
-	for _, tn := range c.nodes {
-		if !tn.alive {
-			continue
-		}
-		for tn.n.AppliedIndex() < want {
-			if time.Now().After(deadline) {
-				c.t.Fatalf("%s applied %d < leader's %d after %v", tn.id, tn.n.AppliedIndex(), want, timeout)
+	testutil.WaitForSeen(c.t, timeout, fmt.Sprintf("every live node to apply the leader's index %d", want), func() (bool, string) {
+		for _, tn := range c.nodes {
+			if tn.alive && tn.n.AppliedIndex() < want {
+				return false, fmt.Sprintf("%s applied %d", tn.id, tn.n.AppliedIndex())
 			}
-			time.Sleep(5 * time.Millisecond)
 		}
-	}
+		return true, ""
+	})
 	d := ld.n.fsm.Digest()
 	for _, tn := range c.nodes {
 		if tn.alive && tn.n.AppliedIndex() == want && tn.n.fsm.Digest() != d {
@@ -305,6 +297,11 @@ func askVIPHeld(t testing.TB, addr string) bool {
 // unless its test says otherwise: the agent's default.
 const testDiskSlowThreshold = 50 * time.Millisecond
 
+// testRaftHandshakesPerHost is the agent's raft_handshakes_per_host: a
+// member dials a handful of connections at a time (raft's pool of 4, a
+// heartbeat, a snapshot).
+const testRaftHandshakesPerHost = 8
+
 // testDefaults fills every setting cfg leaves zero with the value a test
 // node runs with — New takes no defaults, package config gives the agent
 // its values —, so that a test names only what it is about. Fields filled
@@ -339,6 +336,9 @@ func testDefaults(cfg Config) Config {
 	}
 	if cfg.MaxInflightEntries == 0 {
 		cfg.MaxInflightEntries = 1
+	}
+	if cfg.RaftHandshakesPerHost == 0 {
+		cfg.RaftHandshakesPerHost = testRaftHandshakesPerHost
 	}
 	if cfg.Version == "" {
 		cfg.Version = DefaultVersion

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // recLog is a slog.Handler that keeps the records (attributes added with
@@ -90,7 +91,7 @@ func assertApart(t *testing.T, specs map[string][]*gossipSpec, nodes map[string]
 	leaders := map[string]*Node{}
 	for _, c := range []string{"a", "b"} {
 		want := wantVoters(specs[c]...)
-		gossipWaitFor(t, 15*time.Second, "cluster "+c+": its own 3 voters, members and one leader", func() bool {
+		testutil.WaitFor(t, 15*time.Second, "cluster "+c+": its own 3 voters, members and one leader", func() bool {
 			l := gossipLeader(nodes[c]...)
 			if l == nil {
 				return false
@@ -132,14 +133,14 @@ func checkClustersStayApart(t *testing.T, reason string, tune func(s *gossipSpec
 	specs, nodes := twoClusters(t, tune)
 	leaders := assertApart(t, specs, nodes)
 	for _, c := range []string{"a", "b"} {
-		gossipWaitFor(t, 10*time.Second, "cluster "+c+" counting "+reason+" refusals", func() bool {
+		testutil.WaitFor(t, 10*time.Second, "cluster "+c+" counting "+reason+" refusals", func() bool {
 			return refusedOn(nodes[c], reason) > 0
 		})
 	}
 	// a1 and b1 keep retrying each other (join backoff up to 5 s): wait
 	// for more refusals, then check again that nothing merged.
 	before := refusedOn(nodes["a"], reason) + refusedOn(nodes["b"], reason)
-	gossipWaitFor(t, 15*time.Second, "further refused join attempts", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "further refused join attempts", func() bool {
 		return refusedOn(nodes["a"], reason)+refusedOn(nodes["b"], reason) > before
 	})
 	leaders = assertApart(t, specs, nodes)
@@ -165,7 +166,7 @@ func checkClustersStayApart(t *testing.T, reason string, tune func(s *gossipSpec
 	for _, c := range []string{"a", "b"} {
 		idx := leaders[c].fsm.AppliedIndex()
 		for _, n := range nodes[c] {
-			gossipWaitFor(t, 10*time.Second, n.ID()+" applying its cluster's write", func() bool {
+			testutil.WaitFor(t, 10*time.Second, n.ID()+" applying its cluster's write", func() bool {
 				return n.fsm.AppliedIndex() >= idx
 			})
 			if got := registeredNames(n); !slices.Equal(got, want[c]) {
@@ -349,12 +350,12 @@ func TestMixedVersionsWarnOncePerSet(t *testing.T) {
 		}
 		return true
 	}
-	gossipWaitFor(t, 10*time.Second, "both members with their versions and a leader", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "both members with their versions and a leader", func() bool {
 		return gossipLeader(n1, n2) != nil && versionsShown(map[string]string{"v1": "1.0.0", "v2": "1.1.0"}, n1, n2)
 	})
 	// The mixed set is seen again at every member event (joins, metadata
 	// updates such as raft state): wait for v2's update after bootstrap.
-	gossipWaitFor(t, 10*time.Second, "v1 seeing v2's metadata update", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "v1 seeing v2's metadata update", func() bool {
 		n1.member.mu.Lock()
 		defer n1.member.mu.Unlock()
 		p := n1.member.peers["v2"]
@@ -368,13 +369,13 @@ func TestMixedVersionsWarnOncePerSet(t *testing.T) {
 	s3 := newGossipSpec(t, "v3", 2, s1.gossipAddr())
 	s3.version = "2.0.0"
 	n3 := startGossipNode(t, s3)
-	gossipWaitFor(t, 10*time.Second, "the third member with its version", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the third member with its version", func() bool {
 		return versionsShown(map[string]string{"v1": "1.0.0", "v2": "1.1.0", "v3": "2.0.0"}, n1, n2, n3)
 	})
-	gossipWaitFor(t, 5*time.Second, "a warning for the new set", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "a warning for the new set", func() bool {
 		return len(rec.find(slog.LevelWarn, "different nsmd versions")) == 2
 	})
-	gossipWaitFor(t, 10*time.Second, "v1 seeing v3 join raft", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "v1 seeing v3 join raft", func() bool {
 		n1.member.mu.Lock()
 		defer n1.member.mu.Unlock()
 		p := n1.member.peers["v3"]

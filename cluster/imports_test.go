@@ -16,6 +16,7 @@ var (
 	_ nsm.Registry      = (*Node)(nil)
 	_ nsm.Counter       = (*Node)(nil)
 	_ nsm.ReadyNotifier = (*Node)(nil)
+	_ nsm.SenderChecker = (*Node)(nil)
 )
 
 // TestClusterSpeaksNoNSM: the replication layer replicates. SM_NOTIFY

@@ -146,6 +146,9 @@ type Config struct {
 	// handshakes go to TLSRefusals (may be nil).
 	RaftTLS     *pki.Store
 	TLSRefusals *pki.Refusals
+	// RaftHandshakesPerHost caps the raft TLS handshakes in progress from
+	// one IP address (1…64; 64 in all). Required with RaftTLS.
+	RaftHandshakesPerHost int
 
 	// VIP, when set, is acquired by each new leader after its Takeover
 	// committed (and after a previous holder's lifetime ran out) and
@@ -276,6 +279,9 @@ func (c *Config) Validate() error {
 			bad("Gossip.ReconcileEvery %v: must be positive", c.Gossip.ReconcileEvery)
 		}
 	}
+	if c.RaftTLS != nil && (c.RaftHandshakesPerHost < 1 || c.RaftHandshakesPerHost > maxRaftHandshakes) {
+		bad("RaftHandshakesPerHost %d: must be 1…%d with RaftTLS", c.RaftHandshakesPerHost, maxRaftHandshakes)
+	}
 	if c.Watchdog != nil && c.FenceTimeout <= 0 {
 		bad("a Watchdog needs its FenceTimeout")
 	}
@@ -322,6 +328,7 @@ type Node struct {
 
 	fwd    forwarder
 	replay replayCache // MACs of forwarded writes accepted within the skew window
+	fwdLog denialLog   // spaces the log lines about denied forwarded writes
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change
@@ -408,7 +415,7 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("cluster: raft address: %w", err)
 		}
 		if cfg.RaftTLS != nil {
-			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, hl.Named("transport"))
+			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, cfg.RaftHandshakesPerHost, hl.Named("transport"))
 		} else {
 			trans, err = raft.NewTCPTransportWithConfig(cfg.RaftBind, addr, &raft.NetworkTransportConfig{
 				MaxPool: 4, Timeout: 5 * time.Second, Logger: hl.Named("transport"), MaxRPCsInFlight: raftMaxRPCsInFlight,

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"runtime"
@@ -17,17 +16,6 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/internal/testutil"
 )
-
-// freeAddr returns a free loopback TCP address.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // takeovers collects OnLeader calls so tests wait on the event itself.
 type takeovers struct {
@@ -56,8 +44,8 @@ func startNode(t testing.TB, dir, addr string, tk *takeovers) *Node {
 	t.Helper()
 	n, err := New(testDefaults(Config{
 		NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true,
-		HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-		LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
+		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +75,7 @@ func lockdOn(node string) fsm.Owner {
 // takeover after the restart raises sm_state by exactly 2, odd, and every
 // acknowledged registration is still there (invariant 1).
 func TestRestartRaisesStateByTwoAndKeepsRegistrations(t *testing.T) {
-	dir, addr := t.TempDir(), freeAddr(t)
+	dir, addr := t.TempDir(), testutil.FreeAddr(t, "127.0.0.1")
 	tk := newTakeovers()
 	n := startNode(t, dir, addr, tk)
 	s1 := tk.wait(t)
@@ -131,7 +119,7 @@ func TestRestartRaisesStateByTwoAndKeepsRegistrations(t *testing.T) {
 // the FSM when Monitor returns) and log entries carry more than one command.
 func TestConcurrentWritesAreGroupedAndEachWaitsForItsCommit(t *testing.T) {
 	tk := newTakeovers()
-	n := startNode(t, t.TempDir(), freeAddr(t), tk)
+	n := startNode(t, t.TempDir(), testutil.FreeAddr(t, "127.0.0.1"), tk)
 	defer n.Close()
 	tk.wait(t)
 	before := n.raft.LastIndex()
@@ -173,7 +161,7 @@ func TestConcurrentWritesAreGroupedAndEachWaitsForItsCommit(t *testing.T) {
 // TestWriteOnClosedNodeFails: writes after Close fail fast, never hang.
 func TestWriteOnClosedNodeFails(t *testing.T) {
 	tk := newTakeovers()
-	n := startNode(t, t.TempDir(), freeAddr(t), tk)
+	n := startNode(t, t.TempDir(), testutil.FreeAddr(t, "127.0.0.1"), tk)
 	tk.wait(t)
 	n.Close()
 	if _, err := n.Monitor(context.Background(), reg(1)); err == nil {
@@ -185,7 +173,7 @@ func BenchmarkMonitor(b *testing.B) {
 	for _, conc := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("writers=%d", conc), func(b *testing.B) {
 			tk := newTakeovers()
-			n := startNode(b, b.TempDir(), freeAddr(b), tk)
+			n := startNode(b, b.TempDir(), testutil.FreeAddr(b, "127.0.0.1"), tk)
 			defer n.Close()
 			tk.wait(b)
 			var mu sync.Mutex
@@ -253,15 +241,15 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	start := func(dir, addr, store string, tk *takeovers) (*Node, error) {
 		n, err := New(testDefaults(Config{
 			NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true, LogStore: store,
-			HeartbeatTimeout: 100 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, OnLeader: tk.onLeader,
+			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+			LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
 		}))
 		if err == nil {
 			n.Start()
 		}
 		return n, err
 	}
-	dir, addr, tk := t.TempDir(), freeAddr(t), newTakeovers()
+	dir, addr, tk := t.TempDir(), testutil.FreeAddr(t, "127.0.0.1"), newTakeovers()
 	n, err := start(dir, addr, "", tk)
 	if err != nil {
 		t.Fatal(err)
@@ -370,7 +358,7 @@ func TestRestartedNodeKnowsThePreviousLeader(t *testing.T) {
 	n := c.nodes[f].n
 	// Start's observer goroutine records it; no later leader change
 	// happens to tell it again.
-	testutil.WaitForSeen(t, 2*time.Second, "the restarted node to know the leader it heard before Start", func() (bool, string) {
+	testutil.WaitForSeen(t, 5*time.Second, "the restarted node to know the leader it heard before Start", func() (bool, string) {
 		n.lcMu.Lock()
 		defer n.lcMu.Unlock()
 		return n.prevLeader == lead.id, fmt.Sprintf("previous leader %q, want %s", n.prevLeader, lead.id)

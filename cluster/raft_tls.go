@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -19,7 +20,10 @@ import (
 // cluster CA naming pki.ServerName — before raft sees a byte of it, so a
 // peer without such a certificate can send no RequestVote, AppendEntries
 // or InstallSnapshot. Handshakes run in their own goroutines (bounded, with
-// a deadline), so one slow or silent peer cannot stall Accept.
+// a deadline), so one slow or silent peer cannot stall Accept; and at most
+// perHost of them come from one IP address, so a host that opens silent
+// connections (and reopens them as they time out) holds only its own share
+// of the 64, never the members' handshakes out (elections need them).
 type tlsStream struct {
 	ln       net.Listener
 	store    *pki.Store
@@ -27,22 +31,32 @@ type tlsStream struct {
 	conns    chan net.Conn
 	done     chan struct{}
 	sem      chan struct{} // handshakes in progress
+	perHost  int
 	wg       sync.WaitGroup
 	once     sync.Once
+
+	mu    sync.Mutex
+	hosts map[netip.Addr]int // handshakes in progress per remote IP
 }
 
 const (
 	tlsHandshakeTimeout = 5 * time.Second
-	maxRaftHandshakes   = 64
+	// maxRaftHandshakes bounds the handshakes in progress in all;
+	// Config.RaftHandshakesPerHost (1…this) those from one address.
+	maxRaftHandshakes = 64
 )
 
-func newTLSStream(bind string, store *pki.Store, refusals *pki.Refusals) (*tlsStream, error) {
+// errTooManyHandshakes refuses a handshake over a cap.
+var errTooManyHandshakes = fmt.Errorf("too many handshakes in progress: %w", pki.ErrTooManyHandshakes)
+
+func newTLSStream(bind string, store *pki.Store, refusals *pki.Refusals, perHost int) (*tlsStream, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("raft TLS listener on %s: %w", bind, err)
 	}
 	s := &tlsStream{ln: ln, store: store, refusals: refusals, conns: make(chan net.Conn),
-		done: make(chan struct{}), sem: make(chan struct{}, maxRaftHandshakes)}
+		done: make(chan struct{}), sem: make(chan struct{}, maxRaftHandshakes), perHost: min(perHost, maxRaftHandshakes),
+		hosts: make(map[netip.Addr]int)}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -71,17 +85,24 @@ func (s *tlsStream) acceptLoop() {
 			}
 			continue
 		}
+		host := remoteIP(raw)
+		if !s.takeHost(host) {
+			s.refusals.Observe("raft", raw.RemoteAddr(), fmt.Errorf("from this address: %w", errTooManyHandshakes))
+			raw.Close()
+			continue
+		}
 		select {
 		case s.sem <- struct{}{}:
 		default: // a handshake flood: drop rather than queue
-			s.refusals.Observe("raft", raw.RemoteAddr(), errors.New("too many handshakes in progress"))
+			s.giveHost(host)
+			s.refusals.Observe("raft", raw.RemoteAddr(), errTooManyHandshakes)
 			raw.Close()
 			continue
 		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			defer func() { <-s.sem }()
+			defer func() { <-s.sem; s.giveHost(host) }()
 			tc := tls.Server(raw, cfg)
 			tc.SetDeadline(time.Now().Add(tlsHandshakeTimeout))
 			if err := tc.Handshake(); err != nil {
@@ -96,6 +117,43 @@ func (s *tlsStream) acceptLoop() {
 				tc.Close()
 			}
 		}()
+	}
+}
+
+// remoteIP is c's remote IP address, IPv4-mapped addresses unmapped
+// (invalid for a non-IP address: not counted per host).
+func remoteIP(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// takeHost counts a handshake from host in, unless host has perHost in
+// progress.
+func (s *tlsStream) takeHost(host netip.Addr) bool {
+	if !host.IsValid() {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hosts[host] >= s.perHost {
+		return false
+	}
+	s.hosts[host]++
+	return true
+}
+
+func (s *tlsStream) giveHost(host netip.Addr) {
+	if !host.IsValid() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.hosts[host] - 1; n > 0 {
+		s.hosts[host] = n
+	} else {
+		delete(s.hosts, host)
 	}
 }
 
@@ -159,11 +217,12 @@ func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 const raftMaxRPCsInFlight = 1
 
 // newTLSTransport is raft's network transport over tlsStream.
-func newTLSTransport(bind string, advertise *net.TCPAddr, store *pki.Store, refusals *pki.Refusals, logger hclog.Logger) (*raft.NetworkTransport, error) {
+// At most perHost handshakes are in progress from one IP address.
+func newTLSTransport(bind string, advertise *net.TCPAddr, store *pki.Store, refusals *pki.Refusals, perHost int, logger hclog.Logger) (*raft.NetworkTransport, error) {
 	if advertise.IP == nil || advertise.IP.IsUnspecified() {
 		return nil, fmt.Errorf("raft address %s: not advertisable (give a specific IP)", bind)
 	}
-	s, err := newTLSStream(bind, store, refusals)
+	s, err := newTLSStream(bind, store, refusals, perHost)
 	if err != nil {
 		return nil, err
 	}

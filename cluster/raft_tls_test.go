@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/cluster/pki"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // testPKI is a cluster CA with node certificates, and the certificates an
@@ -95,6 +97,9 @@ func startTCPCluster(t *testing.T, stores []*pki.Store, refusals *pki.Refusals) 
 	nodes, took := tcpCluster(t, []string{t.TempDir(), t.TempDir(), t.TempDir()}, func(c *Config) {
 		if stores != nil {
 			c.RaftTLS, c.TLSRefusals = stores[ids[c.NodeID]], refusals
+			// Three members, and the forger, on one address: each would
+			// be a host of its own in a cluster.
+			c.RaftHandshakesPerHost = maxRaftHandshakes
 		}
 	})
 	select {
@@ -123,9 +128,9 @@ func viewOf(t *testing.T, nodes []*tcpNode) clusterView {
 	t.Helper()
 	var v clusterView
 	// Wait until every node applied what the leader committed, so the
-	// digests compare equal state.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	// digests compare equal state (after the control's forgery: a new
+	// election).
+	testutil.WaitForSeen(t, 10*time.Second, "the cluster to settle", func() (bool, string) {
 		_, lid := nodes[0].n.raft.LeaderWithID()
 		v.leader = string(lid)
 		ok := v.leader != ""
@@ -140,14 +145,9 @@ func viewOf(t *testing.T, nodes []*tcpNode) clusterView {
 				ok = false
 			}
 		}
-		if ok && v.digests[0] == v.digests[1] && v.digests[1] == v.digests[2] {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster did not settle: %+v", v)
-		}
-		time.Sleep(10 * time.Millisecond) // polling raft's state: it has no event for "applied everywhere"
-	}
+		return ok && v.digests[0] == v.digests[1] && v.digests[1] == v.digests[2], fmt.Sprintf("%+v", v)
+	})
+	return v
 }
 
 // forge sends a RequestVote for a member with a huge term and the
@@ -348,4 +348,77 @@ func attackerTransport(t *testing.T, cert *tls.Certificate) raft.Transport {
 		t.Fatal(err)
 	}
 	return raft.NewNetworkTransportWithLogger(&attackerStream{Listener: ln, cert: cert}, 2, time.Second, quietHclog())
+}
+
+// TestSilentHandshakesFromOneAddressDoNotHoldMembersOut: a host opens 64
+// silent TCP connections to a raft TLS port (the total handshake cap) and
+// keeps them open; a member's dial, with a real certificate over loopback,
+// still completes its handshake at once, and the excess connections are
+// counted as too_many. The negative control, with the per-address cap at
+// the total, shows the test catching the stall: the member is refused.
+func TestSilentHandshakesFromOneAddressDoNotHoldMembersOut(t *testing.T) {
+	p := newTestPKI(t)
+	server := p.store(t, p.ca, "ca.pem", "n1", pki.Request{Node: "n1"})
+	member := p.store(t, p.ca, "ca.pem", "n2", pki.Request{Node: "n2"})
+	for _, tc := range []struct {
+		name    string
+		perHost int
+		served  bool
+	}{
+		{"per-address cap", testRaftHandshakesPerHost, true},
+		{"negative control: no per-address cap", maxRaftHandshakes, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			refusals, err := pki.NewRefusals(slog.New(slog.DiscardHandler), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := newTLSStream("127.0.0.1:0", server, refusals, tc.perHost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				if c, err := s.Accept(); err == nil {
+					accepted <- c
+				}
+			}()
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 90)}, Timeout: 5 * time.Second}
+			for range maxRaftHandshakes {
+				c, err := d.Dial("tcp", s.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+			}
+			// Every silent connection has been taken by the accept loop
+			// (handshaking or refused) before the member dials.
+			testutil.WaitFor(t, 5*time.Second, "the silent connections accepted", func() bool {
+				s.mu.Lock()
+				n := s.hosts[netip.MustParseAddr("127.0.0.90")]
+				s.mu.Unlock()
+				return n == tc.perHost && int(refusals.Count("raft", "too_many")) == maxRaftHandshakes-tc.perHost
+			})
+			dialer := &tlsStream{store: member, refusals: refusals}
+			c, err := dialer.Dial(raft.ServerAddress(s.Addr().String()), 2*time.Second)
+			if !tc.served {
+				if err == nil {
+					c.Close()
+					t.Fatal("negative control: the member was served although the silent connections hold every handshake")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("member's dial while one address holds silent connections: %v", err)
+			}
+			defer c.Close()
+			select {
+			case ac := <-accepted:
+				ac.Close()
+			case <-time.After(5 * time.Second):
+				t.Fatal("the member's connection was not handed to raft")
+			}
+		})
+	}
 }

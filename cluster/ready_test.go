@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // Readiness (ready.go) with real raft over TCP on loopback.
@@ -146,7 +147,7 @@ func newReadyCluster(t *testing.T, size int, tune func(*Config)) *rcluster {
 	c := &rcluster{t: t, voters: map[string]string{}, gate: newTakeoverGate(),
 		takeovers: make(chan takeoverEvent, 64), tune: tune}
 	for i := range size {
-		rn := &rnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), raftAddr: freeAddr(t)}
+		rn := &rnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), raftAddr: testutil.FreeAddr(t, "127.0.0.1")}
 		c.nodes = append(c.nodes, rn)
 		c.voters[rn.id] = rn.raftAddr
 	}
@@ -228,7 +229,7 @@ func (c *rcluster) index(id string) int {
 // allSee waits until every node in nodes knows leader id in term.
 func (c *rcluster) allSee(id string, term uint64, nodes ...*rnode) {
 	c.t.Helper()
-	waitFor(c.t, fmt.Sprintf("every node following %s in term %d", id, term), func() bool {
+	testutil.WaitFor(c.t, 5*time.Second, fmt.Sprintf("every node following %s in term %d", id, term), func() bool {
 		for _, rn := range nodes {
 			if _, l := rn.n.raft.LeaderWithID(); string(l) != id || rn.n.raft.CurrentTerm() != term {
 				return false
@@ -241,7 +242,7 @@ func (c *rcluster) allSee(id string, term uint64, nodes ...*rnode) {
 // allReady waits until every node in nodes is ready with sm_state state.
 func (c *rcluster) allReady(state int32, nodes ...*rnode) {
 	c.t.Helper()
-	waitFor(c.t, fmt.Sprintf("every node ready with sm_state %d", state), func() bool {
+	testutil.WaitFor(c.t, 5*time.Second, fmt.Sprintf("every node ready with sm_state %d", state), func() bool {
 		for _, rn := range nodes {
 			if !rn.n.Ready() || rn.n.fsm.State() != state {
 				return false
@@ -410,7 +411,7 @@ func TestReadyNowhereWhileTheNewLeadersTakeoverIsNotCommitted(t *testing.T) {
 	before := target.n.raft.LastIndex()
 	target.trans.hold()
 	c.gate.release()
-	waitFor(t, "the takeover stored on the leader", func() bool { return target.n.raft.LastIndex() > before })
+	testutil.WaitFor(t, 5*time.Second, "the takeover stored on the leader", func() bool { return target.n.raft.LastIndex() > before })
 	noneReady(t, "takeover in flight", c.nodes...)
 	if st := target.n.fsm.State(); st != first.state {
 		t.Fatalf("leader applied sm_state %d before its takeover committed", st)
@@ -448,7 +449,7 @@ func TestReadyNowhereWhileAWitnessLeads(t *testing.T) {
 	if err := ld.n.raft.LeadershipTransferToServer(raft.ServerID(w.id), raft.ServerAddress(w.raftAddr)).Error(); err != nil {
 		t.Fatalf("raft transfer to the witness: %v", err)
 	}
-	waitFor(t, "the witness leading", func() bool { return w.n.IsLeader() })
+	testutil.WaitFor(t, 5*time.Second, "the witness leading", func() bool { return w.n.IsLeader() })
 	term := w.n.raft.CurrentTerm()
 	c.allSee(w.id, term, c.nodes...)
 	noneReady(t, "witness leads", c.nodes...)
@@ -474,11 +475,11 @@ func TestCutOffLeaderStopsBeingReadyWithinItsLease(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	c.waitTakeover(5 * time.Second)
 	li, l := c.leader(5 * time.Second)
-	waitCond(t, time.Second, "the leader is ready", l.n.Ready)
+	testutil.WaitFor(t, 5*time.Second, "the leader is ready", l.n.Ready)
 	lease := l.n.cfg.LeaderLeaseTimeout
 	cut := time.Now()
 	c.partition(li)
-	waitCond(t, 2*lease+50*time.Millisecond, "the cut-off leader stops being ready", func() bool { return !l.n.Ready() })
+	testutil.WaitFor(t, 2*lease+50*time.Millisecond, "the cut-off leader stops being ready", func() bool { return !l.n.Ready() })
 	t.Logf("cut-off leader not ready %v after the cut (lease %v); raft still says leader: %v", time.Since(cut).Round(time.Millisecond), lease, l.n.raft.State() == raft.Leader)
 	ev := c.waitTakeover(5 * time.Second)
 	if l.n.Ready() {
@@ -501,7 +502,7 @@ func TestFollowerReadStateNeverGoesBackAcrossATransfer(t *testing.T) {
 		li, l := c.leader(5 * time.Second)
 		target := c.nodes[(li+1)%3]
 		third := c.nodes[(li+2)%3]
-		waitCond(t, 2*time.Second, "the third node is ready", third.n.Ready)
+		testutil.WaitFor(t, 5*time.Second, "the third node is ready", third.n.Ready)
 		old := l.n.State()
 		stop := make(chan struct{})
 		var newSeen atomic.Int64 // unix nanos when the new state was first answered by the new leader

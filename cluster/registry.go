@@ -209,6 +209,12 @@ func (n *Node) PeerRebooted(ctx context.Context, ev fsm.PeerRebooted) error {
 // State is the local sm_state.
 func (n *Node) State() int32 { return n.fsm.State() }
 
+// SenderIsHost reports whether from is an address of the monitored host
+// monName (the NSM service's SenderChecker).
+func (n *Node) SenderIsHost(monName string, from netip.Addr) bool {
+	return n.fsm.SenderIsHost(monName, from)
+}
+
 // WouldAccept pre-checks an SM_NOTIFY against local state.
 func (n *Node) WouldAccept(monName string, from netip.Addr, state int32) bool {
 	return n.fsm.WouldAccept(monName, from, state)

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // Environment of a scale child process (TestScaleChildNode).
@@ -208,22 +209,16 @@ func TestMeasureScale1M(t *testing.T) {
 		total, _ = strconv.Atoi(v)
 	}
 	root := t.TempDir()
-	lead, err := New(testDefaults(Config{NodeID: "n1", DataDir: filepath.Join(root, "n1"), RaftBind: freeAddr(t), Bootstrap: true, TrailingLogs: 16}))
+	lead, err := New(testDefaults(Config{NodeID: "n1", DataDir: filepath.Join(root, "n1"), RaftBind: testutil.FreeAddr(t, "127.0.0.1"), Bootstrap: true, TrailingLogs: 16}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lead.Start()
 	defer lead.Kill()
-	deadline := time.Now().Add(10 * time.Second)
-	for !lead.Leading() {
-		if time.Now().After(deadline) {
-			t.Fatal("n1 did not take over")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 10*time.Second, "n1 to take over", lead.Leading)
 	var children []*scaleChild
 	for _, id := range []string{"n2", "n3"} {
-		c := startScaleChild(t, id, filepath.Join(root, id), freeAddr(t))
+		c := startScaleChild(t, id, filepath.Join(root, id), testutil.FreeAddr(t, "127.0.0.1"))
 		if err := lead.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(c.bind), 0, 10*time.Second).Error(); err != nil {
 			t.Fatalf("add %s: %v", id, err)
 		}

@@ -431,15 +431,18 @@ func TestAPartitionedLeaderStopsFeedingItsWatchdog(t *testing.T) {
 	m.mu.Lock()
 	feeds, deadline := m.feeds, m.deadline
 	m.mu.Unlock()
-	time.Sleep(time.Second) // no event says "no more feeds": watch for a while
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.feeds != feeds {
-		t.Fatalf("fed %d more times after losing its quorum", m.feeds-feeds)
-	}
-	if m.deadline.After(deadline) {
-		t.Fatalf("starving moved the reset deadline from %v to %v", deadline, m.deadline)
-	}
+	// No event says "no more feeds": watch for a while.
+	testutil.HoldsFor(t, time.Second, 20*time.Millisecond, "a starved watchdog", func() (bool, string) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.feeds != feeds {
+			return false, fmt.Sprintf("fed %d more times after losing its quorum", m.feeds-feeds)
+		}
+		if m.deadline.After(deadline) {
+			return false, fmt.Sprintf("starving moved the reset deadline from %v to %v", deadline, m.deadline)
+		}
+		return true, ""
+	})
 	if bound := cut.Add(300*time.Millisecond + 3*time.Second + time.Second); deadline.After(bound) {
 		t.Fatalf("reset deadline %v is after cut + heartbeat timeout + fence timeout (%v)", deadline, bound)
 	}

@@ -161,10 +161,11 @@ func tcpGossipCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNo
 	t.Helper()
 	ports := map[string]int{}
 	for i := range dirs {
-		ports[fmt.Sprintf("n%d", i+1)] = freeGossipPort(t)
+		ports[fmt.Sprintf("n%d", i+1)] = testutil.FreePort(t)
 	}
 	nodes, took := tcpCluster(t, dirs, func(c *Config) {
 		c.Gossip.Bind, c.Gossip.Port = "127.0.0.1", ports[c.NodeID]
+		c.Logger = gossipTestLogger().With("node", c.NodeID)
 		for id, p := range ports {
 			if id != c.NodeID {
 				c.Gossip.Join = append(c.Gossip.Join, net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
@@ -192,7 +193,10 @@ func tcpGossipCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNo
 func TestFailedTakeoverStepsAsideToAHealthyServer(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()}
 	nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
-		c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
+		// The scenario needs one leader from the first takeover to the
+		// step-aside: at 300 ms a loaded machine starved the heartbeats
+		// past the 150 ms lease and the leader stepped down on its own.
+		c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
 		c.Witness = c.NodeID == "n4"
 		c.Witnesses = []string{"n4"}
 	})

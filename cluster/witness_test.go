@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 // newPairWithWitness is two serving nodes (n1, n2) and a witness (n3).
@@ -181,13 +183,7 @@ func TestOldLeaderSaysHeldUntilOnFollowerReturned(t *testing.T) {
 		t.Fatal("old leader answered not held while its OnFollower still runs")
 	}
 	unblock()
-	deadline := time.Now().Add(5 * time.Second)
-	for asked() {
-		if time.Now().After(deadline) {
-			t.Fatal("old leader still answers held after its OnFollower returned")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 5*time.Second, "the old leader to answer not held once its OnFollower returned", func() bool { return !asked() })
 }
 
 // The witness's hand-off target after a serving leader's crash: gossip may

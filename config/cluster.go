@@ -65,6 +65,8 @@ func (c Config) ClusterConfig() cluster.Config {
 		DiskSlowThreshold: c.DiskSlowThreshold,
 		HoldTimeout:       writeHoldTimeout,
 		HookTimeout:       c.HookTimeout,
+		// Used with raft_tls only (the agent sets RaftTLS).
+		RaftHandshakesPerHost: c.RaftHandshakesPerHost,
 	}
 	if c.Serves() && c.FenceWatchdog != FenceOff {
 		// Every serving node of the cluster arms a watchdog with this

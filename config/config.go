@@ -183,6 +183,15 @@ type Config struct {
 	NSMMaxConnsHost   int
 	// NSMReservedLocal: nsm_reserved_local_conns.
 	NSMReservedLocal int
+	// NSMMaxConnBuffer, NSMMaxHostBuffer, NSMMaxBuffer: nsm_max_conn_buffer,
+	// nsm_max_host_buffer, nsm_max_buffer (bytes).
+	NSMMaxConnBuffer int
+	NSMMaxHostBuffer int
+	NSMMaxBuffer     int
+	// RaftHandshakesPerHost: raft_handshakes_per_host.
+	RaftHandshakesPerHost int
+	// NotifyStrictSender: notify_strict_sender.
+	NotifyStrictSender bool
 	// MaxRegistrations: max_registrations.
 	MaxRegistrations int
 	// AdminMaxConns, AdminIdleTimeout: admin_max_conns, admin_idle_timeout.
@@ -213,47 +222,51 @@ type Config struct {
 func Default() Config {
 	host, _ := os.Hostname()
 	return Config{
-		NodeID:             host,
-		ClusterID:          DefaultClusterID,
-		DataDir:            "/var/lib/nsmd",
-		Bind:               "127.0.0.1",
-		RaftPort:           7300,
-		GossipPort:         7946,
-		NSMAddr:            "0.0.0.0:0",
-		AdminAddr:          "127.0.0.1:8024",
-		BootstrapExpect:    1,
-		VIPMode:            VIPNone,
-		VIPBind:            "auto",
-		GracePeriod:        90 * time.Second,
-		NotifyWindow:       15 * time.Minute,
-		Rpcbind:            RpcbindRegister,
-		PmapPort:           111,
-		NSMMaxConns:        1024,
-		NSMMaxConnsHost:    64,
-		NSMReservedLocal:   32,
-		MaxRegistrations:   250000,
-		AdminMaxConns:      64,
-		AdminIdleTimeout:   time.Minute,
-		NotifyBurst:        4,
-		NotifyEvery:        10 * time.Second,
-		NFSv4Tracking:      TrackingAuto,
-		RPCPipefs:          "/var/lib/nfs/rpc_pipefs",
-		GraceEnd:           GraceEndAuto,
-		GraceSettle:        3 * time.Second,
-		DiskSlowThreshold:  50 * time.Millisecond,
-		HookTimeout:        30 * time.Second,
-		FenceWatchdog:      "/dev/watchdog",
-		FenceTimeout:       5 * time.Second,
-		FenceAgentTimeout:  60 * time.Second,
-		LogLevel:           "info",
-		LogFormat:          "text",
-		RaftProfile:        ProfileDefault,
-		HeartbeatTimeout:   0, // these three 0: raft_profile's (Timing); a key set overrides it
-		ElectionTimeout:    0,
-		LeaderLeaseTimeout: 0,
-		SnapshotThreshold:  16_384,
-		RaftLogStore:       "auto",
-		TrailingLogs:       10_240,
+		NodeID:                host,
+		ClusterID:             DefaultClusterID,
+		DataDir:               "/var/lib/nsmd",
+		Bind:                  "127.0.0.1",
+		RaftPort:              7300,
+		GossipPort:            7946,
+		NSMAddr:               "0.0.0.0:0",
+		AdminAddr:             "127.0.0.1:8024",
+		BootstrapExpect:       1,
+		VIPMode:               VIPNone,
+		VIPBind:               "auto",
+		GracePeriod:           90 * time.Second,
+		NotifyWindow:          15 * time.Minute,
+		Rpcbind:               RpcbindRegister,
+		PmapPort:              111,
+		NSMMaxConns:           1024,
+		NSMMaxConnsHost:       64,
+		NSMReservedLocal:      32,
+		NSMMaxConnBuffer:      256 << 10,
+		NSMMaxHostBuffer:      4 << 20,
+		NSMMaxBuffer:          64 << 20,
+		RaftHandshakesPerHost: 8,
+		MaxRegistrations:      250000,
+		AdminMaxConns:         64,
+		AdminIdleTimeout:      time.Minute,
+		NotifyBurst:           4,
+		NotifyEvery:           10 * time.Second,
+		NFSv4Tracking:         TrackingAuto,
+		RPCPipefs:             "/var/lib/nfs/rpc_pipefs",
+		GraceEnd:              GraceEndAuto,
+		GraceSettle:           3 * time.Second,
+		DiskSlowThreshold:     50 * time.Millisecond,
+		HookTimeout:           30 * time.Second,
+		FenceWatchdog:         "/dev/watchdog",
+		FenceTimeout:          5 * time.Second,
+		FenceAgentTimeout:     60 * time.Second,
+		LogLevel:              "info",
+		LogFormat:             "text",
+		RaftProfile:           ProfileDefault,
+		HeartbeatTimeout:      0, // these three 0: raft_profile's (Timing); a key set overrides it
+		ElectionTimeout:       0,
+		LeaderLeaseTimeout:    0,
+		SnapshotThreshold:     16_384,
+		RaftLogStore:          "auto",
+		TrailingLogs:          10_240,
 	}
 }
 
@@ -373,6 +386,11 @@ func (c *Config) bindings() []binding {
 		duration("notify_accept_every", "one more SM_NOTIFY per sender and per mon_name this often (notify_accept_burst)", &c.NotifyEvery),
 		integer("max_registrations", "registrations at most: an SM_MON that would add one more is answered stat_fail (nsmd_mon_refused_total{reason=\"registrations_cap\"}); nsmd_registrations_max exports it for an alert before it is hit; 0: no cap", &c.MaxRegistrations),
 		integer("nsm_reserved_local_conns", "NSM TCP connections from a privileged loopback port (lockd: only root binds one) are exempt from nsm_max_conns_per_host, and this many are admitted beyond nsm_max_conns when every other one is busy, so other local users cannot lock lockd out (-1: none beyond)", &c.NSMReservedLocal),
+		integer("nsm_max_conn_buffer", "bytes of NSM calls being served and replies not yet written that one TCP connection may hold; at it nsmd reads no further call from it until they are (nsmd_nsm_tcp_reads_held_total{cap=\"conn\"}): a peer that pipelines calls and never reads holds little", &c.NSMMaxConnBuffer),
+		integer("nsm_max_host_buffer", "the same, for all NSM TCP connections from one IP address (cap=\"host\"); lockd's (a privileged loopback port) are exempt", &c.NSMMaxHostBuffer),
+		integer("nsm_max_buffer", "the same, for all NSM TCP connections (cap=\"total\"); lockd's are exempt", &c.NSMMaxBuffer),
+		integer("raft_handshakes_per_host", "raft TLS handshakes in progress from one IP address at most (64 in all); more are closed at once (nsmd_tls_handshake_failures_total{listener=\"raft\",reason=\"too_many\"}), so silent connections from one host cannot hold the others out", &c.RaftHandshakesPerHost),
+		boolean("notify_strict_sender", "accept an SM_NOTIFY only when it comes from an address of the host it names (rpc.statd also accepts it when only the name or only the sender matches a monitored host); ignored ones count as nsmd_notify_received_total{result=\"wrong_sender\"}", &c.NotifyStrictSender),
 		integer("pmap_port", "portmapper port queried on monitored hosts and for lock-manager callbacks", &c.PmapPort),
 		str("raft_profile", "fast | default | wan: the raft timeouts and vip_lifetime in one name (heartbeat/election/lease, vip_lifetime: fast 100/100/50 ms, 1s; default 300/300/150 ms, 2s; wan 1s/1s/500ms, 2s); heartbeat_timeout, election_timeout, leader_lease_timeout and vip_lifetime, when set, override it (docs/running.md)", &c.RaftProfile),
 		profiled("heartbeat_timeout", "raft heartbeat timeout (default: raft_profile's)", &c.HeartbeatTimeout),
@@ -534,6 +552,17 @@ func (c *Config) Validate() error {
 	}
 	if c.NSMMaxConnsHost < 1 || c.NSMMaxConnsHost > c.NSMMaxConns {
 		bad("nsm_max_conns_per_host", "%d must be between 1 and nsm_max_conns (%d)", c.NSMMaxConnsHost, c.NSMMaxConns)
+	}
+	for _, b := range []struct {
+		key string
+		v   int
+	}{{"nsm_max_conn_buffer", c.NSMMaxConnBuffer}, {"nsm_max_host_buffer", c.NSMMaxHostBuffer}, {"nsm_max_buffer", c.NSMMaxBuffer}} {
+		if b.v < 64<<10 {
+			bad(b.key, "%d bytes: must be at least 65536 (one NSM record)", b.v)
+		}
+	}
+	if c.RaftHandshakesPerHost < 1 || c.RaftHandshakesPerHost > 64 {
+		bad("raft_handshakes_per_host", "%d must be between 1 and 64", c.RaftHandshakesPerHost)
 	}
 	if c.BootstrapExpect < 0 {
 		bad("bootstrap_expect", "must not be negative")

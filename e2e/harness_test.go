@@ -20,7 +20,6 @@ import (
 
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/internal/testutil"
-	"github.com/nsmd/nsmd/nsm/nsmtest"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -48,7 +47,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func freePort(t *testing.T, ip string) int { return nsmtest.FreePort(t, ip) }
+func freePort(t *testing.T, ip string) int { return testutil.FreePort(t, ip) }
 
 // proc is one nsmd process started by a test.
 type proc struct {

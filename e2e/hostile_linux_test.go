@@ -42,6 +42,7 @@ type nsmCall struct {
 	MonNames   []string `json:"mon_names,omitempty"`
 	Privileged bool     `json:"privileged,omitempty"`
 	Count      int      `json:"count,omitempty"` // hold: connections to open and keep idle
+	State      int32    `json:"state,omitempty"` // notify: this state every time (0: alternate 3, 5)
 }
 
 // nsmCallResult is what the helper prints: one answer per call.
@@ -88,6 +89,24 @@ func doNSMCall(call nsmCall, out *nsmCallResult) error {
 		fmt.Printf("HOLDING %d\n", len(conns))
 		select {}
 	}
+	if call.Op == "pmap" {
+		// SET 100021/4/udp → port Count, then UNSET 100024/1, at the
+		// portmapper on Addr (from a privileged port when this process may
+		// bind one): Res holds 1 for each change the portmapper made.
+		p := oncrpc.NewPmapClient(call.Addr, oncrpc.ClientConfig{Timeout: 3 * time.Second})
+		set, err := p.Set(ctx, oncrpc.Mapping{Prog: 100021, Vers: 4, Prot: oncrpc.IPProtoUDP, Port: uint32(call.Count)})
+		if err != nil {
+			return err
+		}
+		unset, err := p.Unset(ctx, oncrpc.Mapping{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers})
+		if err != nil {
+			return err
+		}
+		for _, ok := range []bool{set, unset} {
+			out.Res = append(out.Res, map[bool]int32{false: 0, true: 1}[ok])
+		}
+		return nil
+	}
 	network := "tcp"
 	if call.Op == "notify" {
 		network = "udp" // as sm-notify sends it
@@ -125,6 +144,9 @@ func doNSMCall(call nsmCall, out *nsmCallResult) error {
 		// reply; it is not waited for long.
 		for i := range call.Count {
 			args := nsm.StatChge{MonName: call.MonNames[0], State: int32(3 + 2*(i%2))}
+			if call.State != 0 {
+				args.State = call.State
+			}
 			cctx, ccancel := context.WithTimeout(ctx, 200*time.Millisecond)
 			err := c.Call(cctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcNotify, &args, &oncrpc.Void{})
 			ccancel()
@@ -193,8 +215,9 @@ func newHostile(t *testing.T) *hostile {
 	return &hostile{bin: bin, setpriv: setpriv, uid: uid, gid: gid}
 }
 
-// run makes call from namespace ns: as root with a privileged port (lockd)
-// when asUser is false, else as the unprivileged user.
+// run makes call from namespace ns ("": this process's): as root with a
+// privileged port (lockd) when asUser is false, else as the unprivileged
+// user.
 func (h *hostile) run(t *testing.T, ns string, asUser bool, call nsmCall) nsmCallResult {
 	t.Helper()
 	argv := []string{h.bin, "-test.run", "^TestNSMCallHelper$", "-test.count=1", "-test.v"}
@@ -202,7 +225,10 @@ func (h *hostile) run(t *testing.T, ns string, asUser bool, call nsmCall) nsmCal
 		argv = append([]string{h.setpriv}, setprivArgs(h.uid, h.gid, nil, argv...)...)
 	}
 	spec, _ := json.Marshal(call)
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if ns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
+	}
 	cmd.Env = append(os.Environ(), nsmCallEnv+"="+string(spec))
 	cmd.Dir = os.TempDir()
 	b, err := cmd.CombinedOutput()
@@ -588,7 +614,10 @@ func getText(adm, path string, out *string) error {
 // states (each new, so statd's rule accepts every one). At most the
 // per-name burst (4) reaches raft, the rest are held back unanswered, and
 // the cluster still answers SM_STAT. A build without the limiter commits
-// all of them (the negative control).
+// all of them (the negative control). Then c1 itself reboots: its
+// SM_NOTIFY, from its own address, is committed at once — the forgeries
+// used up only the budget of notifications from elsewhere (a build with
+// one budget per name holds it back).
 func TestHostileNotifyFloodIsLimitedBeforeRaft(t *testing.T) {
 	h := newHostile(t)
 	c := startClusterWith(t, clusterSpec{clients: 2, fakeClients: true})
@@ -612,6 +641,13 @@ func TestHostileNotifyFloodIsLimitedBeforeRaft(t *testing.T) {
 	}
 	if err := inNetnsThread(c.top.hosts[0].ns, func() error { _, err := smStat(target); return err }); err != nil {
 		t.Fatalf("SM_STAT after the flood: %v", err)
+	}
+	real := h.run(t, c.clients[0].host.ns, false, nsmCall{Addr: target, Op: "notify", MonNames: []string{victim}, Count: 1, State: 101})
+	if real.Res[0] != 1 {
+		t.Fatalf("the monitored host's own SM_NOTIFY after the flood got no reply (held back with the forgeries)")
+	}
+	if got := metricSum(t, v.leader, "nsmd_notify_received_total", `result="accepted"`) - before; got != accepted+1 {
+		t.Fatalf("accepted %v after the host's own SM_NOTIFY, want %v", got, accepted+1)
 	}
 }
 

@@ -26,7 +26,7 @@ func agentArgs(t *testing.T, dataDir, nsmAddr, adm string, raftPort, pmapPort in
 	return []string{"agent",
 		"--node-id", "n1", "--data-dir", dataDir, "--bind", "127.0.0.1",
 		"--raft-port", strconv.Itoa(raftPort), "--nsm-addr", nsmAddr, "--admin-addr", adm,
-		"--rpcbind", "off", "--pmap-port", strconv.Itoa(pmapPort), "--gossip-port", strconv.Itoa(nsmtest.FreePort(t, "127.0.0.1")),
+		"--rpcbind", "off", "--pmap-port", strconv.Itoa(pmapPort), "--gossip-port", strconv.Itoa(freePort(t, "127.0.0.1")),
 		"--notify-name", "nfs.test", "--notify-window", "1m", "--log-level", "debug"}
 }
 

@@ -647,6 +647,20 @@ func (f *FSM) WouldAccept(monName string, from netip.Addr, state int32) bool {
 	return f.st.wouldAccept(monName, ipOf(from), state)
 }
 
+// SenderIsHost reports whether from is one of the addresses monName's
+// registrations were resolved to: an SM_NOTIFY naming monName that comes
+// from the host itself, not merely from any host (a local read).
+func (f *FSM) SenderIsHost(monName string, from netip.Addr) bool {
+	a := ipOf(from)
+	if a.n == 0 {
+		return false
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	_, ok := f.st.byAddr.Get(addrRef{a: a, name: monName})
+	return ok
+}
+
 // LastSeen is the last state recorded from a monitored host.
 func (f *FSM) LastSeen(monName string) (int32, bool) {
 	f.mu.RLock()

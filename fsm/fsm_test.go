@@ -584,3 +584,36 @@ func TestConcurrentReadsDuringApply(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// SenderIsHost: an address the named host's registrations were resolved
+// to, not an address of another monitored host, and not after the last
+// registration naming it is gone.
+func TestSenderIsHostOnlyForTheNamedHostsAddresses(t *testing.T) {
+	f := New(Options{})
+	applyOK(t, f, 1,
+		Takeover{MinState: 5},
+		Register{Reg: mkReg("client-a", lockd, "n1", "10.0.0.1")},
+		Register{Reg: mkReg("client-b", lockd, "n1", "10.0.0.2", "2001:db8::2")},
+	)
+	a := netip.MustParseAddr
+	for _, tc := range []struct {
+		name string
+		from netip.Addr
+		want bool
+	}{
+		{"client-a", a("10.0.0.1"), true},
+		{"client-b", a("2001:db8::2"), true},
+		{"client-a", a("10.0.0.2"), false},
+		{"client-b", a("192.0.2.1"), false},
+		{"stranger", a("10.0.0.1"), false},
+		{"client-a", netip.Addr{}, false},
+	} {
+		if got := f.SenderIsHost(tc.name, tc.from); got != tc.want {
+			t.Errorf("SenderIsHost(%s, %v) = %v, want %v", tc.name, tc.from, got, tc.want)
+		}
+	}
+	applyOK(t, f, 2, Unregister{ID: MonID{MonName: "client-a", My: lockd}})
+	if f.SenderIsHost("client-a", a("10.0.0.1")) {
+		t.Error("SenderIsHost after the host's last registration went")
+	}
+}

@@ -73,3 +73,12 @@ type Registry interface {
 	// from matches a monitored host and state differs from the last seen.
 	WouldAccept(monName string, from netip.Addr, state int32) bool
 }
+
+// SenderChecker is what a Registry may offer so that SM_NOTIFY can tell a
+// notification sent by the host it names from one sent by anyone else
+// (Config.NotifyStrictSender, and the separate budgets of the limiter).
+type SenderChecker interface {
+	// SenderIsHost reports whether from is one of the addresses monName's
+	// registrations were resolved to.
+	SenderIsHost(monName string, from netip.Addr) bool
+}

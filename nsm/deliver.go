@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,16 @@ type Callback struct {
 	Reg     fsm.Registration
 	MonName string // the monitored host's name as the lock manager registered it
 	State   int32
+	// From is the address the SM_NOTIFY came from. A callback for a
+	// notification that did not come from one of the host's own addresses
+	// (Reg.Addrs) may fill only half of the queue (DelivererConfig.QueueSize).
+	From netip.Addr
+}
+
+// fromHost reports whether the notification came from one of the
+// monitored host's own addresses.
+func (cb Callback) fromHost() bool {
+	return cb.From.IsValid() && slices.Contains(cb.Reg.Addrs, cb.From.Unmap())
 }
 
 // DelivererConfig configures a Deliverer. Zero values take the defaults.
@@ -43,7 +54,11 @@ type DelivererConfig struct {
 	Timeout time.Duration
 	// Workers is how many callbacks are in flight at once. Default 8.
 	Workers int
-	// QueueSize bounds callbacks waiting for a worker. Default 4096.
+	// QueueSize bounds callbacks waiting for a worker. Default 4096. Those
+	// for notifications not sent from the host's own addresses (anyone may
+	// send one naming a monitored host) take at most half of it, so a
+	// flood of them never drops the callbacks of hosts that notified
+	// themselves.
 	QueueSize int
 	// Unprivileged sends from an ordinary source port. Linux lockd drops a
 	// callback that does not come from a port below 1024, so this is only
@@ -91,6 +106,7 @@ type Deliverer struct {
 	log     *slog.Logger
 	m       *Metrics
 	queue   chan delivery
+	others  atomic.Int64 // queued deliveries whose notification did not come from the host
 	wake    chan struct{}
 	running atomic.Bool
 
@@ -118,11 +134,22 @@ func NewDeliverer(cfg DelivererConfig) *Deliverer {
 
 // Enqueue queues a callback without blocking. It returns false (and counts
 // a dropped callback) when the queue is full.
+// Callbacks for notifications not sent from the host's own addresses
+// are dropped once they fill half of the queue.
 func (d *Deliverer) Enqueue(cb Callback) bool {
+	other := !cb.fromHost()
+	if other && d.others.Add(1) > int64((d.cfg.QueueSize+1)/2) {
+		d.others.Add(-1)
+		d.m.callback("dropped")
+		return false
+	}
 	select {
 	case d.queue <- delivery{cb: cb}:
 		return true
 	default:
+		if other {
+			d.others.Add(-1)
+		}
 		d.m.callback("dropped")
 		return false
 	}
@@ -146,7 +173,7 @@ func (d *Deliverer) Applied(self string, cmd fsm.Command, res fsm.Result, replay
 		if reg.Node != self {
 			continue
 		}
-		if !d.Enqueue(Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State}) {
+		if !d.Enqueue(Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State, From: ev.From}) {
 			d.log.Warn("callback queue full; callback dropped", "mon_name", reg.ID.MonName)
 		}
 	}
@@ -170,9 +197,15 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	for {
 		due, next := d.popDue(time.Now())
 		for _, j := range due {
+			if !j.cb.fromHost() {
+				d.others.Add(1)
+			}
 			select {
 			case d.queue <- j:
 			case <-ctx.Done():
+				if !j.cb.fromHost() {
+					d.others.Add(-1)
+				}
 				return ctx.Err()
 			}
 		}
@@ -216,6 +249,9 @@ func (d *Deliverer) work(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case j := <-d.queue:
+			if !j.cb.fromHost() {
+				d.others.Add(-1)
+			}
 			d.try(ctx, j)
 		}
 	}

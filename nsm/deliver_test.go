@@ -227,3 +227,27 @@ func TestAppliedQueuesOnlyTheOwnersCallbacksOfNewEntries(t *testing.T) {
 		})
 	}
 }
+
+// Callbacks for notifications that did not come from the host's own
+// addresses take at most half of the queue: a flood of them leaves room
+// for the callbacks of hosts that notified from their own address.
+func TestForgedNotificationsNeverFillTheCallbackQueue(t *testing.T) {
+	const size = 8
+	d := NewDeliverer(DelivererConfig{QueueSize: size}) // not running: nothing leaves the queue
+	host := netip.MustParseAddr("192.0.2.7")
+	reg := fsm.Registration{ID: fsm.MonID{MonName: "client"}, Addrs: []netip.Addr{host}}
+	forged, real := 0, 0
+	for i := range 2 * size {
+		if d.Enqueue(Callback{Reg: reg, MonName: "client", State: int32(2*i + 1), From: netip.MustParseAddr("198.51.100.9")}) {
+			forged++
+		}
+	}
+	for i := range size {
+		if d.Enqueue(Callback{Reg: reg, MonName: "client", State: int32(2*i + 1), From: host}) {
+			real++
+		}
+	}
+	if forged != size/2 || real != size/2 {
+		t.Fatalf("queued %d forged and %d from the host, want %d and %d", forged, real, size/2, size/2)
+	}
+}

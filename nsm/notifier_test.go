@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -233,6 +234,7 @@ func TestNotifierDeadHostsDoNotHoldLiveOnesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	got := make(chan Summary, 1)
 	go func() { got <- n.Run(ctx, 11, targets) }()
 	seen := map[netip.Addr]bool{}
@@ -247,14 +249,10 @@ func TestNotifierDeadHostsDoNotHoldLiveOnesBack(t *testing.T) {
 		}
 	}
 	// The hosts answer after recording: wait for the notifier to count them.
-	for _, d, _ := n.Progress(); d < len(live); _, d, _ = n.Progress() {
-		select {
-		case <-guard:
-			cancel()
-			t.Fatalf("notifier counts %d of %d live hosts done", d, len(live))
-		case <-time.After(time.Millisecond):
-		}
-	}
+	testutil.WaitForSeen(t, 30*time.Second, "the notifier to count every live host done", func() (bool, string) {
+		_, d, _ := n.Progress()
+		return d >= len(live), fmt.Sprintf("%d of %d", d, len(live))
+	})
 	cancel()
 	sum := <-got
 	if sum.Done != len(live) || sum.Pending != total-len(live) || !sum.Canceled {
@@ -519,13 +517,10 @@ func TestNotifierOvertakenDeadHostsLeaveTheBudget(t *testing.T) {
 				}
 			}
 			// The hosts answer after recording: wait for the notifier to count them.
-			for _, d, _ := n.Progress(); d < wantLive; _, d, _ = n.Progress() {
-				select {
-				case <-guard:
-					t.Fatalf("notifier counts %d of %d live hosts done", d, wantLive)
-				case <-time.After(time.Millisecond):
-				}
-			}
+			testutil.WaitForSeen(t, 30*time.Second, "the notifier to count every live host done", func() (bool, string) {
+				_, d, _ := n.Progress()
+				return d >= wantLive, fmt.Sprintf("%d of %d", d, wantLive)
+			})
 			cancel()
 			sum := <-got
 			if sum.Done != wantLive || sum.Pending != len(targets)-wantLive {

@@ -17,8 +17,11 @@ import (
 //
 // Before it is committed, an acceptable notification must pass the
 // limiter (Config.NotifyBurst, NotifyEvery): a token per sender address
-// and per mon_name, and not the same one already being committed; held
-// back, it gets no reply (the peer retransmits).
+// and per mon_name — one budget for notifications sent from the named
+// host's own addresses, another for the rest —, and not the same one
+// already being committed; held back, it gets no reply (the peer
+// retransmits). With Config.NotifyStrictSender, one not sent from an
+// address of the host it names is ignored.
 //
 // The reply is void, also when the notification is ignored. One deliberate
 // difference from rpc.statd: when an acceptable notification cannot be
@@ -36,8 +39,18 @@ func (s *Service) notify(ctx context.Context, c *oncrpc.Call, _ *oncrpc.Writer) 
 			"mon_name", args.MonName, "from", from, "state", args.State)
 		return nil
 	}
+	fromHost := false
+	if sc, ok := s.reg.(SenderChecker); ok {
+		fromHost = sc.SenderIsHost(args.MonName, from)
+	}
+	if s.cfg.NotifyStrictSender && !fromHost {
+		s.m.notifyReceivedInc("wrong_sender")
+		s.log.Debug("SM_NOTIFY ignored: not sent from an address of the host it names (notify_strict_sender)",
+			"mon_name", args.MonName, "from", from, "state", args.State)
+		return nil
+	}
 	if s.limit != nil {
-		k := notifyKey{monName: args.MonName, from: from, state: args.State}
+		k := notifyKey{monName: args.MonName, from: from, state: args.State, fromHost: fromHost}
 		switch s.limit.begin(k, s.cfg.Now()) {
 		case notifyLimited:
 			s.m.notifyReceivedInc("rate_limited")

@@ -14,7 +14,9 @@ import (
 // so that a retransmission of one in flight is not committed twice. A
 // host that really rebooted sends one notification per name it is known
 // by; a sender alternating states, or forging them for someone else's
-// name, runs out. Held-back notifications get no reply, so a real peer's
+// name, runs out. A name has two buckets: one for notifications sent from
+// that host's own addresses, one for those sent from anywhere else, so
+// that forgeries from other addresses never use up the real host's. Held-back notifications get no reply, so a real peer's
 // sm-notify retransmits them once a token is back.
 type notifyLimiter struct {
 	burst int           // tokens a bucket holds
@@ -23,14 +25,21 @@ type notifyLimiter struct {
 
 	mu       sync.Mutex
 	senders  lruBuckets[netip.Addr]
-	names    lruBuckets[string]
+	names    lruBuckets[nameKey]
 	inFlight map[notifyKey]struct{}
 }
 
 type notifyKey struct {
-	monName string
-	from    netip.Addr
-	state   int32
+	monName  string
+	from     netip.Addr
+	state    int32
+	fromHost bool // from is an address of the host monName names
+}
+
+// nameKey is a per-name bucket: the host's own notifications, or others'.
+type nameKey struct {
+	name     string
+	fromHost bool
 }
 
 // bucket is a token bucket: tokens at time at.
@@ -54,7 +63,7 @@ func newNotifyLimiter(burst int, every time.Duration, max int) *notifyLimiter {
 	return &notifyLimiter{
 		burst: burst, every: every, max: max,
 		senders:  lruBuckets[netip.Addr]{m: map[netip.Addr]*list.Element{}, order: list.New()},
-		names:    lruBuckets[string]{m: map[string]*list.Element{}, order: list.New()},
+		names:    lruBuckets[nameKey]{m: map[nameKey]*list.Element{}, order: list.New()},
 		inFlight: map[notifyKey]struct{}{},
 	}
 }
@@ -101,7 +110,7 @@ func (l *notifyLimiter) begin(k notifyKey, now time.Time) int {
 			return notifyLimited
 		}
 	}
-	nb := l.names.get(k.monName, now, l.burst, l.every, l.max)
+	nb := l.names.get(nameKey{k.monName, k.fromHost}, now, l.burst, l.every, l.max)
 	if nb.tokens < 1 {
 		return notifyLimited
 	}

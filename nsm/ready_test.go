@@ -219,3 +219,62 @@ func TestHeldCallWakesOnTheReadyEvent(t *testing.T) {
 		t.Fatalf("Ready asked %d more times: polled, not woken", n)
 	}
 }
+
+// countingRegistry counts Ready calls.
+type countingRegistry struct {
+	*notifiedRegistry
+	n atomic.Int64
+}
+
+func (r *countingRegistry) Ready() bool {
+	r.n.Add(1)
+	return r.notifiedRegistry.Ready()
+}
+
+// Calls held for readiness share one check: 50 TCP calls wait through ten
+// events that do not make the node ready, and Ready is asked once per
+// event, not once per call per event (500); then one event that does
+// answers them all.
+func TestHeldCallsShareOneReadyCheck(t *testing.T) {
+	const calls, events = 50, 10
+	reg := &countingRegistry{notifiedRegistry: &notifiedRegistry{mapRegistry: newMapRegistry(3), ch: make(chan struct{})}}
+	reg.notReady = true
+	svc, err := NewService(reg, Config{NodeID: "n1", Resolve: testResolve, ReadyWait: time.Minute, ReadyPoll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp, _ := serveRPC(t, oncrpc.Programs{Program: svc}, loStr+":0")
+	c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: tcp, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := make(chan error, calls)
+	for range calls {
+		go func() {
+			var res SMStatRes
+			err := call(t, c, ProcStat, &SMName{"x"}, &res)
+			if err == nil && res.Res != StatSucc {
+				err = fmt.Errorf("SM_STAT %+v", res)
+			}
+			got <- err
+		}()
+	}
+	// Each call asked once when it arrived; the checker once when it started.
+	testutil.WaitFor(t, 10*time.Second, "every call held", func() bool { return reg.n.Load() >= calls+1 })
+	base := reg.n.Load()
+	for i := range events {
+		reg.fire()
+		testutil.WaitFor(t, 10*time.Second, "the event checked", func() bool { return reg.n.Load() >= base+int64(i)+1 })
+	}
+	if n := reg.n.Load() - base; n > events+2 {
+		t.Fatalf("Ready asked %d times for %d events with %d calls held: each call checks, not one checker", n, events, calls)
+	}
+	reg.setReady(true)
+	reg.fire()
+	for range calls {
+		if err := recv(t, got); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -167,6 +167,17 @@ func (m *mapRegistry) WouldAccept(monName string, from netip.Addr, state int32) 
 	return len(m.wouldAccept(monName, from, state)) > 0
 }
 
+func (m *mapRegistry) SenderIsHost(monName string, from netip.Addr) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range m.regs {
+		if r.ID.MonName == monName && slices.Contains(r.Addrs, from) {
+			return true
+		}
+	}
+	return false
+}
+
 func (m *mapRegistry) snapshot() (writes int, regs map[fsm.MonID]fsm.Registration, events []fsm.PeerRebooted) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

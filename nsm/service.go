@@ -52,8 +52,9 @@ type Config struct {
 	ReadyWait time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// ReadyPoll is how often a call held for readiness checks Ready again
-	// besides the events of a Registry that is a ReadyNotifier. Default
+	// ReadyPoll is how often Ready is checked again, once for all the
+	// calls held for readiness, besides the events of a Registry that is a
+	// ReadyNotifier. Default
 	// 2 ms, or 100 ms with a ReadyNotifier (its events carry the changes;
 	// the poll only catches what has none, e.g. a lease getting fresh).
 	ReadyPoll time.Duration
@@ -67,9 +68,22 @@ type Config struct {
 	// one back every NotifyEvery (defaults 4 and 10 s; NotifyBurst < 0:
 	// no limit). NotifyTrack buckets of each kind are kept (default
 	// 65536; the least recently used go).
+	//
+	// A notification sent from an address of the host it names, and one
+	// sent from anywhere else (rpc.statd accepts both), draw on separate
+	// per-name buckets when the Registry is a SenderChecker: notifications
+	// forged for a name from other addresses cannot use up the host's own.
 	NotifyBurst int
 	NotifyEvery time.Duration
 	NotifyTrack int
+	// NotifyStrictSender accepts an SM_NOTIFY only when it comes from one
+	// of the addresses of the host it names (the Registry must be a
+	// SenderChecker). rpc.statd's rule, the default, accepts it when
+	// mon_name or the sender's address matches a monitored host, so a
+	// host that reboots with a new address, or notifies from another
+	// interface, is still heard; strict mode does not hear those, and an
+	// attacker must then forge the host's own source address.
+	NotifyStrictSender bool
 }
 
 // ReadyNotifier is what a Registry may offer so that calls held for
@@ -182,7 +196,7 @@ type Service struct {
 	limit *notifyLimiter // nil: SM_NOTIFY not limited
 	// refuseLog spaces the refusal log lines per caller address.
 	refuseLog *logLimiter
-	readyPoll time.Duration // Config.ReadyPoll, resolved
+	gate      *readyGate // where TCP calls held for readiness wait
 
 	// Calls dropped while not ready: when that was last logged (Unix ns)
 	// and how many since.
@@ -193,8 +207,9 @@ type Service struct {
 const (
 	// notReadyLogEvery spaces the log lines about calls dropped while not ready.
 	notReadyLogEvery = time.Second
-	// readyPoll is how often a TCP call held for readiness checks again
-	// (Ready is a few loads) by default; readyPollNotified with a
+	// readyPoll is how often Ready is checked again while TCP calls are
+	// held for readiness (Ready is a few loads; one check for all the
+	// held calls: readyGate) by default; readyPollNotified with a
 	// ReadyNotifier.
 	readyPoll         = 2 * time.Millisecond
 	readyPollNotified = 100 * time.Millisecond
@@ -211,12 +226,17 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	svc := &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, refuseLog: newLogLimiter(time.Minute, 4096), readyPoll: cfg.ReadyPoll}
-	if svc.readyPoll <= 0 {
-		svc.readyPoll = readyPoll
+	svc := &Service{reg: reg, cfg: cfg, log: cfg.Logger, m: cfg.Metrics, refuseLog: newLogLimiter(time.Minute, 4096)}
+	poll := cfg.ReadyPoll
+	if poll <= 0 {
+		poll = readyPoll
 		if _, ok := reg.(ReadyNotifier); ok {
-			svc.readyPoll = readyPollNotified
+			poll = readyPollNotified
 		}
+	}
+	svc.gate = newReadyGate(reg, poll)
+	if _, ok := reg.(SenderChecker); cfg.NotifyStrictSender && !ok {
+		return nil, errors.New("nsm: NotifyStrictSender needs a Registry that is a SenderChecker")
 	}
 	if cfg.NotifyBurst > 0 {
 		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
@@ -264,28 +284,17 @@ func (s *Service) awaitReady(ctx context.Context, c *oncrpc.Call) bool {
 	if c.Net == "udp" || s.cfg.ReadyWait <= 0 {
 		return false
 	}
-	rn, _ := s.reg.(ReadyNotifier)
 	deadline := time.NewTimer(s.cfg.ReadyWait)
 	defer deadline.Stop()
-	tick := time.NewTicker(s.readyPoll)
-	defer tick.Stop()
+	ready := s.gate.join()
+	defer s.gate.leave()
 	for {
-		var changed <-chan struct{} // nil: no events, only the poll
-		if rn != nil {
-			changed = rn.ReadyChanged()
-			if s.reg.Ready() { // after taking the channel: no event is missed
-				return true
-			}
-		}
 		select {
-		case <-changed:
+		case <-ready:
 			if s.reg.Ready() {
 				return true
 			}
-		case <-tick.C:
-			if s.reg.Ready() {
-				return true
-			}
+			ready = s.gate.next()
 		case <-deadline.C:
 			return s.reg.Ready()
 		case <-ctx.Done():

@@ -3,6 +3,7 @@ package nsm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -614,5 +615,56 @@ func TestRefusalsLoggedOncePerMinutePerCaller(t *testing.T) {
 	lines := logs.Lines("NSM request refused")
 	if len(lines) != 2 || !strings.Contains(lines[1], "suppressed=49") {
 		t.Fatalf("refusal lines after a minute: %q, want a second with suppressed=49", lines)
+	}
+}
+
+// SM_NOTIFYs forged for a monitored host's name from other addresses use
+// up only the budget of notifications from elsewhere: the host's own
+// notification, from its own address, is still committed. Under
+// NotifyStrictSender the forged ones are ignored outright (counted as
+// wrong_sender) and the host's own is committed.
+func TestNotifyFromTheHostHasItsOwnBudgetAndStrictSenderIgnoresOthers(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			now := time.Unix(1700000000, 0)
+			reg := prometheus.NewRegistry()
+			s := newNSMServer(t, Config{Now: func() time.Time { return now }, NotifyBurst: 2, NotifyEvery: 10 * time.Second,
+				NotifyStrictSender: strict, Metrics: NewMetrics(reg)})
+			c := s.dial(t, "tcp", lo, false)
+			var res SMStatRes
+			if err := call(t, c, ProcMon, mon("10.0.0.1", lockd), &res); err != nil || res.Res != StatSucc {
+				t.Fatalf("SM_MON: %v %+v", err, res)
+			}
+			notify := func(from string, state int32) error {
+				w := oncrpc.NewWriter(nil)
+				(&StatChge{MonName: "10.0.0.1", State: state}).MarshalXDR(w)
+				return s.svc.ServeRPC(context.Background(), &oncrpc.Call{Prog: Program.Prog, Vers: Program.Vers, Proc: ProcNotify,
+					Net: "udp", Remote: netip.AddrPortFrom(netip.MustParseAddr(from), 900), Args: oncrpc.NewReader(w.Bytes())}, oncrpc.NewWriter(nil))
+			}
+			events := func() int { _, _, ev := s.reg.snapshot(); return len(ev) }
+			// Forgeries from four addresses (each its own sender bucket).
+			for i := range 4 {
+				err := notify(fmt.Sprintf("127.0.0.%d", 60+i), int32(101+2*i))
+				if limited := errors.Is(err, oncrpc.ErrNoReply); limited != (!strict && i >= 2) {
+					t.Fatalf("forgery %d: %v", i, err)
+				}
+			}
+			want := 2
+			if strict {
+				want = 0
+				if got := testutil.GatheredValue(t, reg, "nsmd_notify_received_total", "result", "wrong_sender"); got != 4 {
+					t.Fatalf("wrong_sender counted %v, want 4", got)
+				}
+			}
+			if n := events(); n != want {
+				t.Fatalf("%d forgeries committed, want %d", n, want)
+			}
+			if err := notify("10.0.0.1", 201); err != nil {
+				t.Fatalf("the host's own notification after the forgeries: %v", err)
+			}
+			if n := events(); n != want+1 {
+				t.Fatalf("%d committed, want %d", n, want+1)
+			}
+		})
 	}
 }

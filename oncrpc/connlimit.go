@@ -28,6 +28,11 @@ const (
 	// MaxConnsPerHost or MaxConns were open with none idle (instead of
 	// ConnAccepted).
 	ConnAcceptedReserved = "accepted_reserved"
+	// ConnEvictedStalled: a connection whose reply write had been blocked
+	// for StallAfter (its peer does not read) was closed to admit a new
+	// one, at MaxConns or at its IP's MaxConnsPerHost (reported before the
+	// new connection's ConnAccepted).
+	ConnEvictedStalled = "evicted_stalled"
 )
 
 // connEvent indexes the admission events.
@@ -39,6 +44,10 @@ const (
 	evRefusedTotal
 	evEvictedIdle
 	evAcceptedReserved
+	evEvictedStalled
+	evReadHeld     // not an admission: a reader waited for buffer room (buflimit.go)
+	evRecordTooBig // not an admission: a connection closed for an oversized record
+	evMartian      // not an admission: a datagram with a spoofed loopback source dropped
 	numConnEvents
 )
 
@@ -54,6 +63,14 @@ func (e connEvent) String() string {
 		return ConnEvictedIdle
 	case evAcceptedReserved:
 		return ConnAcceptedReserved
+	case evEvictedStalled:
+		return ConnEvictedStalled
+	case evReadHeld:
+		return "read_held"
+	case evRecordTooBig:
+		return "record_too_big"
+	case evMartian:
+		return "martian"
 	}
 	return "unknown"
 }
@@ -63,8 +80,9 @@ type admission struct {
 	remote    netip.AddrPort // of the new connection
 	event     connEvent      // evAccepted, evRefusedPerHost or evRefusedTotal
 	sc        *serverConn    // the new connection, if accepted
-	victim    *serverConn    // the idle connection dropped to make room, if any
-	idle      time.Duration  // of the victim since its last record
+	victim    *serverConn    // the stalled or idle connection dropped to make room, if any
+	stalled   bool           // the victim was stalled (else idle)
+	idle      time.Duration  // of the victim since its last record, or blocked writing
 	hostConns int            // connections from the remote IP before this one
 }
 
@@ -89,15 +107,26 @@ func (s *Server) admit(conn net.Conn) (a admission, ok bool) {
 	}
 	if host.IsValid() && !privLocal {
 		if a.hostConns >= s.cfg.MaxConnsPerHost {
-			a.event = evRefusedPerHost
-			return a, true
+			// Its own stalled connection makes room; else refused.
+			a.victim = s.mostStalled(now, host)
+			if a.victim == nil {
+				a.event = evRefusedPerHost
+				return a, true
+			}
+			a.stalled = true
+			a.idle = now.Sub(time.Unix(0, a.victim.writing.Load()))
+			s.dropConn(a.victim)
 		}
 	}
-	if s.conns.Len() >= s.cfg.MaxConns {
-		a.victim = s.longestIdle()
+	if a.victim == nil && s.conns.Len() >= s.cfg.MaxConns {
+		if a.victim = s.mostStalled(now, netip.Addr{}); a.victim != nil {
+			a.stalled = true
+			a.idle = now.Sub(time.Unix(0, a.victim.writing.Load()))
+		} else if a.victim = s.longestIdle(); a.victim != nil {
+			a.idle = now.Sub(a.victim.last)
+		}
 		switch {
 		case a.victim != nil:
-			a.idle = now.Sub(a.victim.last)
 			s.dropConn(a.victim)
 		case privLocal && s.localPriv < s.cfg.ReservedLocal:
 			reserved = true
@@ -109,6 +138,7 @@ func (s *Server) admit(conn net.Conn) (a admission, ok bool) {
 	sc := &serverConn{
 		s:         s,
 		c:         conn,
+		gone:      make(chan struct{}),
 		remote:    remote,
 		local:     addrPortOf(conn.LocalAddr()),
 		sem:       make(chan struct{}, s.cfg.MaxInFlight),
@@ -116,6 +146,15 @@ func (s *Server) admit(conn net.Conn) (a admission, ok bool) {
 		privLocal: privLocal,
 	}
 	sc.elem = s.conns.PushBack(sc)
+	if host.IsValid() {
+		hb := s.hostBufs[host]
+		if hb == nil {
+			hb = &hostBuf{}
+			s.hostBufs[host] = hb
+		}
+		hb.conns++
+		sc.hostBuf = hb
+	}
 	switch {
 	case privLocal:
 		s.localPriv++
@@ -137,6 +176,27 @@ func (s *Server) admit(conn net.Conn) (a admission, ok bool) {
 // address and a privileged port (below 1024), which only root can bind.
 func privilegedLoopback(remote netip.AddrPort) bool {
 	return remote.Addr().IsLoopback() && remote.Port() > 0 && remote.Port() < 1024
+}
+
+// mostStalled returns the connection (from host, if valid) whose reply
+// write has been blocked the longest, at least StallAfter, or nil.
+// Called with s.mu held.
+func (s *Server) mostStalled(now time.Time, host netip.Addr) *serverConn {
+	var worst *serverConn
+	var since int64
+	for e := s.conns.Front(); e != nil; e = e.Next() {
+		sc := e.Value.(*serverConn)
+		if host.IsValid() && sc.remote.Addr() != host {
+			continue
+		}
+		if !sc.stalled(now) {
+			continue
+		}
+		if w := sc.writing.Load(); worst == nil || w < since {
+			worst, since = sc, w
+		}
+	}
+	return worst
 }
 
 // longestIdle returns the connection without calls in flight whose last
@@ -163,6 +223,12 @@ func (s *Server) dropConn(sc *serverConn) {
 	}
 	s.conns.Remove(sc.elem)
 	sc.elem = nil
+	close(sc.gone)
+	if hb := sc.hostBuf; hb != nil {
+		if hb.conns--; hb.conns == 0 {
+			delete(s.hostBufs, sc.remote.Addr())
+		}
+	}
 	if sc.privLocal {
 		s.localPriv--
 		return
@@ -218,6 +284,10 @@ func (s *Server) logConn(ev connEvent, a *admission) {
 	case evEvictedIdle:
 		s.log.Warn("oncrpc: closed the longest-idle TCP connection to admit a new one",
 			append(args, "evicted", a.victim.remote.String(), "idle", a.idle, "max", s.cfg.MaxConns)...)
+	case evEvictedStalled:
+		s.log.Warn("oncrpc: closed a TCP connection that does not read its replies to admit a new one",
+			append(args, "evicted", a.victim.remote.String(), "blocked", a.idle, "max", s.cfg.MaxConns,
+				"max_per_host", s.cfg.MaxConnsPerHost)...)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -181,9 +182,13 @@ func (p *PmapClient) Dump(ctx context.Context) ([]Mapping, error) {
 }
 
 // Portmapper is a small embedded PMAP v2 server (NULL, SET, UNSET,
-// GETPORT, DUMP; CALLIT is PROC_UNAVAIL; SET/UNSET only from loopback, others
-// get false). Serve it with NewServer(Programs{{PmapProg, PmapVers}: pm}, ...).
-// It is safe for concurrent use.
+// GETPORT, DUMP; CALLIT is PROC_UNAVAIL). SET and UNSET are taken only from
+// loopback and a privileged source port (below 1024: root, such as the
+// kernel's lockd, which registers over loopback TCP from one); others get
+// false, so a local user cannot redirect a program's mapping (lockd's
+// callback included). Serve it with
+// NewServer(Programs{{PmapProg, PmapVers}: pm}, ...). It is safe for
+// concurrent use.
 type Portmapper struct {
 	mu sync.RWMutex
 	m  map[pmapKey]uint32
@@ -243,9 +248,9 @@ func (p *Portmapper) ServeRPC(ctx context.Context, c *Call, res *Writer) error {
 		}
 		switch c.Proc {
 		case PmapProcSet:
-			res.Bool(c.Remote.Addr().IsLoopback() && p.set(m))
+			res.Bool(mayChange(c.Remote) && p.set(m))
 		case PmapProcUnset:
-			res.Bool(c.Remote.Addr().IsLoopback() && p.Unregister(m.Prog, m.Vers))
+			res.Bool(mayChange(c.Remote) && p.Unregister(m.Prog, m.Vers))
 		default:
 			p.mu.RLock()
 			port := p.m[pmapKey{m.Prog, m.Vers, m.Prot}]
@@ -259,6 +264,12 @@ func (p *Portmapper) ServeRPC(ctx context.Context, c *Call, res *Writer) error {
 	default:
 		return ErrProcUnavail
 	}
+}
+
+// mayChange reports whether a caller may SET or UNSET: on this host and
+// from a port only root binds.
+func mayChange(remote netip.AddrPort) bool {
+	return remote.Addr().Unmap().IsLoopback() && remote.Port() > 0 && remote.Port() < 1024
 }
 
 // set registers m unless prog/vers/prot is already mapped (RFC 1833:

@@ -12,9 +12,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/testutil"
 )
 
 func TestEmbeddedPortmapper(t *testing.T) {
+	if !canBindPrivileged() {
+		t.Skip("needs root: the embedded portmapper takes SET and UNSET only from a privileged port")
+	}
 	pm := NewPortmapper()
 	pm.Register(Mapping{PmapProg, PmapVers, IPProtoUDP, PmapPort})
 	ts := startServer(t, ServerConfig{}, Programs{{PmapProg, PmapVers}: pm})
@@ -65,7 +70,7 @@ func TestEmbeddedPortmapper(t *testing.T) {
 	}
 }
 
-func TestPortmapperRefusesChangesFromNonLoopback(t *testing.T) {
+func TestPortmapperTakesChangesOnlyFromPrivilegedLoopbackPorts(t *testing.T) {
 	pm := NewPortmapper()
 	call := func(proc uint32, remote string, m Mapping) bool {
 		w := NewWriter(nil)
@@ -82,8 +87,14 @@ func TestPortmapperRefusesChangesFromNonLoopback(t *testing.T) {
 	if call(PmapProcSet, "192.0.2.1:700", m) {
 		t.Fatal("SET from a remote address accepted")
 	}
+	if call(PmapProcSet, "127.0.0.1:40000", m) {
+		t.Fatal("SET from an unprivileged loopback port accepted: a local user could redirect lockd's callback")
+	}
 	if !call(PmapProcSet, "[::1]:700", m) {
-		t.Fatal("SET from ::1 refused")
+		t.Fatal("SET from ::1 and a privileged port refused")
+	}
+	if call(PmapProcUnset, "127.0.0.1:40000", m) {
+		t.Fatal("UNSET from an unprivileged loopback port accepted")
 	}
 	if call(PmapProcUnset, "192.0.2.1:700", m) {
 		t.Fatal("UNSET from a remote address accepted")
@@ -268,16 +279,10 @@ func realRpcbindChild(t *testing.T) {
 // waitPmap polls PMAP NULL until the portmapper answers (bounded).
 func waitPmap(t *testing.T, p *PmapClient) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.WaitForSeen(t, 10*time.Second, "rpcbind to answer", func() (bool, string) {
 		err := p.Null(context.Background())
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rpcbind did not answer: %v", err)
-		}
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 }
 
 func rpcinfo(t *testing.T, args ...string) string {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,11 +55,31 @@ type ServerConfig struct {
 	// stalled the reader and lost datagrams to retransmission.
 	MaxInFlightUDP int
 	WriteTimeout   time.Duration // TCP write deadline for one reply; default 30 s
+	// MaxConnBuffered, MaxHostBuffered and MaxBuffered cap the bytes of
+	// call records being served and replies waiting to be written that one
+	// TCP connection, the connections from one remote IP, and all of them
+	// may hold (defaults 256 KiB, 4 MiB, 64 MiB; buflimit.go): at a cap,
+	// the reader takes no further record until handlers give bytes back.
+	// A connection from a privileged loopback port is held only by its own
+	// cap.
+	MaxConnBuffered int
+	MaxHostBuffered int
+	MaxBuffered     int
+	// StallAfter: a connection whose reply write has been blocked this
+	// long (its peer does not read) is the first to be closed for a new
+	// connection, at MaxConns and at its IP's MaxConnsPerHost (default 1 s).
+	StallAfter time.Duration
+	// OnHold, when set, is called with HoldConn, HoldHost or HoldTotal
+	// each time a reader starts waiting at a buffer cap. It must return
+	// quickly.
+	OnHold func(cap string)
 	// Observe, when set, is called once per call after the reply is sent
 	// (program, version, procedure, the accept status error or nil, duration).
 	// For a handler that returned ErrNoReply it is called with that error;
 	// for a rejected call (RPC_MISMATCH, AUTH_ERROR) with a *MismatchError or
 	// *AuthError. Messages that are not decodable calls are not observed.
+	// Over TCP the call's Args and credential bodies are nil by then (the
+	// record they pointed into has been given back).
 	Observe func(c *Call, err error, d time.Duration)
 }
 
@@ -90,6 +111,18 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 30 * time.Second
 	}
+	if c.MaxConnBuffered <= 0 {
+		c.MaxConnBuffered = 256 << 10
+	}
+	if c.MaxHostBuffered <= 0 {
+		c.MaxHostBuffered = 4 << 20
+	}
+	if c.MaxBuffered <= 0 {
+		c.MaxBuffered = 64 << 20
+	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = time.Second
+	}
 	return c
 }
 
@@ -110,12 +143,14 @@ type Server struct {
 	pconns    map[net.PacketConn]struct{}
 	conns     *list.List         // of *serverConn, by last record or accept, oldest first
 	hosts     map[netip.Addr]int // open TCP connections per remote IP
-	localPriv int                // open TCP connections from a privileged loopback port
-	calls     sync.WaitGroup     // in-flight calls; Add only under mu while !shutting
-	workers   sync.WaitGroup     // connection goroutines; Add only under mu while !shutting
-	finished  chan struct{}      // closed when Shutdown returns
+	hostBufs  map[netip.Addr]*hostBuf
+	localPriv int            // open TCP connections from a privileged loopback port
+	calls     sync.WaitGroup // in-flight calls; Add only under mu while !shutting
+	workers   sync.WaitGroup // connection goroutines; Add only under mu while !shutting
+	finished  chan struct{}  // closed when Shutdown returns
 
 	bufs    sync.Pool       // *[]byte, receive and reply buffers
+	buf     *bufAccount     // bytes held by TCP connections (buflimit.go)
 	connLog *hostLogLimiter // Warn lines about refused and evicted connections
 }
 
@@ -133,6 +168,8 @@ func NewServer(p Programs, cfg ServerConfig) *Server {
 		pconns:    make(map[net.PacketConn]struct{}),
 		conns:     list.New(),
 		hosts:     make(map[netip.Addr]int),
+		hostBufs:  make(map[netip.Addr]*hostBuf),
+		buf:       newBufAccount(),
 		connLog:   newHostLogLimiter(connLogInterval, connLogHosts),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -350,7 +387,11 @@ func (s *Server) ServeTCP(l net.Listener) error {
 		}
 		if a.victim != nil {
 			a.victim.c.Close() // its serve goroutine sees the error and exits
-			s.reportConn(evEvictedIdle, &a)
+			ev := evEvictedIdle
+			if a.stalled {
+				ev = evEvictedStalled
+			}
+			s.reportConn(ev, &a)
 		}
 		if a.sc == nil {
 			conn.Close()
@@ -370,6 +411,14 @@ type serverConn struct {
 	sem           chan struct{} // in-flight calls on this connection
 	wg            sync.WaitGroup
 	wmu           sync.Mutex // serialises reply writes
+
+	gone chan struct{} // closed when dropped (evicted or closed)
+	// writing: when the reply write in progress started (Unix ns), 0 if none.
+	writing atomic.Int64
+
+	// held: bytes of records being served and replies waiting (buflimit.go).
+	held    atomic.Int64
+	hostBuf *hostBuf // of its remote IP; nil without one
 
 	// Under s.mu:
 	elem *list.Element // in s.conns; nil once dropped (evicted or closed)
@@ -403,7 +452,7 @@ func (sc *serverConn) serve() {
 	br := bufio.NewReaderSize(sc.c, 4096)
 	for {
 		sc.c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
-		if s.shutting.Load() {
+		if s.shutting.Load() || !sc.awaitRoom() {
 			break
 		}
 		bufp := s.getBuf()
@@ -413,7 +462,10 @@ func (sc *serverConn) serve() {
 			s.putBuf(bufp)
 			switch {
 			case errors.Is(err, ErrRecordTooBig):
-				s.log.Warn("oncrpc: closing connection", "remote", sc.remote.String(), "err", err)
+				// At most a line a minute per remote IP: anyone may send one.
+				if ok, _ := s.connLog.allow(sc.remote.Addr(), evRecordTooBig); ok {
+					s.log.Warn("oncrpc: closing connection", "remote", sc.remote.String(), "err", err)
+				}
 			case errors.Is(err, io.EOF), s.shutting.Load():
 			default:
 				s.log.Debug("oncrpc: closing connection", "remote", sc.remote.String(), "err", err)
@@ -426,8 +478,10 @@ func (sc *serverConn) serve() {
 			s.putBuf(bufp)
 			break
 		}
+		n := cap(rec)
+		sc.hold(n)
 		sc.wg.Add(1)
-		go sc.handle(bufp)
+		go sc.handle(bufp, n)
 	}
 	sc.wg.Wait()
 	sc.c.Close()
@@ -436,7 +490,11 @@ func (sc *serverConn) serve() {
 	s.mu.Unlock()
 }
 
-func (sc *serverConn) handle(rec *[]byte) {
+// handle serves one call read off sc, whose record holds n bytes of the
+// connection's buffer cap. The record is given back as soon as the handler
+// returned; a reply that must wait for another reply's write is copied to
+// its own size first, so that a peer that does not read holds little.
+func (sc *serverConn) handle(rec *[]byte, n int) {
 	s := sc.s
 	defer func() {
 		<-sc.sem
@@ -447,15 +505,30 @@ func (sc *serverConn) handle(rec *[]byte) {
 	x.begin(s, "tcp", sc.remote, sc.local)
 	out := s.getBuf()
 	reply, status, ok := s.serve(&x, *rec, out)
+	// The call's arguments and credentials point into the record.
+	x.call.Args, x.call.Cred.Body, x.call.Verf.Body = nil, nil, nil
+	s.putBuf(rec)
+	sc.release(n)
 	if !ok {
 		sc.c.Close() // not an RPC call: the stream cannot be trusted
 	} else if reply != nil {
 		b := (*out)[:replyReserve+len(reply)]
 		putMarker(b, len(reply))
-		sc.wmu.Lock()
+		held := 0
+		if !sc.wmu.TryLock() {
+			b = append([]byte(nil), b...)
+			s.putBuf(out)
+			out = nil
+			held = len(b)
+			sc.hold(held)
+			sc.wmu.Lock()
+		}
+		sc.writing.Store(time.Now().UnixNano())
 		sc.c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		_, err := sc.c.Write(b)
+		sc.writing.Store(0)
 		sc.wmu.Unlock()
+		sc.release(held)
 		if err != nil {
 			s.log.Debug("oncrpc: writing reply", "remote", sc.remote.String(), "err", err)
 			sc.c.Close()
@@ -464,8 +537,9 @@ func (sc *serverConn) handle(rec *[]byte) {
 	if ok {
 		s.observe(&x, status)
 	}
-	s.putBuf(out)
-	s.putBuf(rec)
+	if out != nil {
+		s.putBuf(out)
+	}
 }
 
 // ---- UDP -------------------------------------------------------------------
@@ -498,6 +572,7 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 		}
 		u.pi = pi
 	}
+	lo := loopbackIndexes()
 	sem := make(chan struct{}, s.cfg.MaxInFlightUDP)
 	buf := make([]byte, maxDatagram)
 	oob := make([]byte, 256)
@@ -532,6 +607,13 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 			s.log.Debug("oncrpc: UDP read", "addr", pc.LocalAddr().String(), "err", err)
 			continue
 		}
+		if martian(from, ifx, lo) {
+			if ok, held := s.connLog.allow(from.Addr().Unmap(), evMartian); ok {
+				s.log.Warn("oncrpc: dropped a datagram with a loopback source that came from a network interface (spoofed; is net.ipv4.conf.*.route_localnet on?)",
+					"remote", from.String(), "ifindex", ifx, "suppressed", held[evMartian])
+			}
+			continue
+		}
 		sem <- struct{}{}
 		if !s.callStart() {
 			<-sem
@@ -551,6 +633,31 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 			u.handle(bufp, from, dst, ifx, local, rawSrc)
 		}()
 	}
+}
+
+// martian reports whether a datagram from a loopback address arrived on
+// an interface that is not a loopback one (ifx from IP_PKTINFO; lo the
+// loopback interfaces' indexes). Only a spoofed packet does: the kernel
+// drops them unless route_localnet is set, and a caller trusted for being
+// on this host must not be forged that way. Unknown indexes pass.
+func martian(from netip.AddrPort, ifx int, lo []int) bool {
+	return ifx > 0 && len(lo) > 0 && from.Addr().Unmap().IsLoopback() && !slices.Contains(lo, ifx)
+}
+
+// loopbackIndexes are the indexes of the loopback interfaces (nil if they
+// cannot be listed).
+func loopbackIndexes() []int {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil
+	}
+	var lo []int
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 {
+			lo = append(lo, i.Index)
+		}
+	}
+	return lo
 }
 
 // udpSocket is one socket served by ServeUDP.

@@ -683,3 +683,34 @@ func TestClientCloseFailsCallsAndIsIdempotent(t *testing.T) {
 	}
 	close(ts.svc.release)
 }
+
+// A datagram from a loopback address that came in on a network interface
+// is spoofed (the kernel lets it through with route_localnet=1): it is
+// dropped before any program sees it. From the loopback interface, from
+// another address, or without interface information, it is served.
+func TestLoopbackSourceFromTheWireIsDropped(t *testing.T) {
+	lo := []int{1}
+	for _, tc := range []struct {
+		from string
+		ifx  int
+		want bool
+	}{
+		{"127.0.0.1:700", 2, true},
+		{"127.0.0.5:40000", 3, true},
+		{"[::ffff:127.0.0.1]:700", 2, true},
+		{"[::1]:700", 2, true},
+		{"127.0.0.1:700", 1, false},
+		{"192.0.2.1:700", 2, false},
+		{"127.0.0.1:700", 0, false},
+	} {
+		if got := martian(ap(tc.from), tc.ifx, lo); got != tc.want {
+			t.Errorf("martian(%s, if %d) = %v, want %v", tc.from, tc.ifx, got, tc.want)
+		}
+	}
+	if got := martian(ap("127.0.0.1:700"), 2, nil); got {
+		t.Error("dropped without knowing the loopback interfaces")
+	}
+	if lo := loopbackIndexes(); len(lo) == 0 {
+		t.Error("no loopback interface found")
+	}
+}

@@ -274,18 +274,6 @@ func peerLLAddr(t *testing.T, ns, dev string, addr netip.Addr) string {
 	return ""
 }
 
-// waitUntil polls cond every few milliseconds until it holds or d passes.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func devMAC(t *testing.T, dev string) net.HardwareAddr {
 	t.Helper()
 	ifi, err := net.InterfaceByName(dev)
@@ -371,24 +359,16 @@ func (c *capture) next(t *testing.T, d time.Duration, what string, match func([]
 	return nil, nil
 }
 
-// gone polls the kernel until addr left the interface and reports when.
+// waitGone polls the kernel until addr left the interface and reports when.
 func waitGone(t *testing.T, l link, d time.Duration) time.Time {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
+	return testutil.WaitForTime(t, d, 2*time.Millisecond, "the address to leave the interface", func() bool {
 		_, ok, err := l.lookup()
-		now := time.Now()
 		if err != nil {
 			t.Fatalf("lookup: %v", err)
 		}
-		if !ok {
-			return now
-		}
-		if now.After(deadline) {
-			t.Fatalf("address still present after %v", d)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return !ok
+	})
 }
 
 // rawLink is the VIP's netlink side without NewNetlink (which would
@@ -459,7 +439,7 @@ func TestNetlinkVIPAcquireRelease(t *testing.T) {
 		t.Fatal("not held after the second Acquire")
 	}
 	cancel()
-	waitUntil(t, 2*time.Second, "the address to go with its acquire context", func() bool {
+	testutil.WaitFor(t, 2*time.Second, "the address to go with its acquire context", func() bool {
 		_, ok := addrOnDev(t, vipDev, vip)
 		return !ok
 	})
@@ -519,10 +499,10 @@ func TestNetlinkVIPAnnouncesARP(t *testing.T) {
 			t.Errorf("ARP op %d from %v sender MAC %x, want %v", op, from, p[8:14], mac)
 		}
 	}
-	waitUntil(t, 2*time.Second, "the peer's neighbour entry to move to "+mac.String(), func() bool {
+	testutil.WaitFor(t, 2*time.Second, "the peer's neighbour entry to move to "+mac.String(), func() bool {
 		return peerLLAddr(t, peer, vipPeerDev, vip) == mac.String()
 	})
-	waitUntil(t, 2*time.Second, "the acquire burst (3 rounds of request + reply)", func() bool {
+	testutil.WaitFor(t, 2*time.Second, "the acquire burst (3 rounds of request + reply)", func() bool {
 		return testutil.MetricValue(t, v.m.announcements) >= 6
 	})
 	// The peer reaches the VIP (answered from A), where ping is installed.
@@ -543,27 +523,24 @@ func TestNetlinkVIPRefreshReadds(t *testing.T) {
 		t.Fatalf("Acquire: %v", err)
 	}
 	runIP(t, "addr", "del", "10.77.9.100/24", "dev", vipDev)
-	waitUntil(t, 2*time.Second, "the refresh loop to re-add the address", func() bool {
+	testutil.WaitFor(t, 2*time.Second, "the refresh loop to re-add the address", func() bool {
 		_, ok := addrOnDev(t, vipDev, vip)
 		return ok
 	})
 	if a, _ := addrOnDev(t, vipDev, vip); !a.NoPrefixRoute || !a.Dynamic {
 		t.Fatalf("re-added address %+v: want noprefixroute with a lifetime", a)
 	}
-	waitUntil(t, time.Second, "nsmd_vip_readded_total to count it", func() bool {
+	testutil.WaitFor(t, time.Second, "nsmd_vip_readded_total to count it", func() bool {
 		return testutil.MetricValue(t, v.m.readded) == 1
 	})
 	if !v.Held() {
 		t.Fatal("not Held after the re-add")
 	}
 	// Renewal: after more than a lifetime the address is still there.
-	deadline := time.Now().Add(1500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		if a, ok := addrOnDev(t, vipDev, vip); !ok || a.Valid < 1 {
-			t.Fatalf("address lapsed while held: %+v present=%v", a, ok)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.HoldsFor(t, 1500*time.Millisecond, 50*time.Millisecond, "the held address", func() (bool, string) {
+		a, ok := addrOnDev(t, vipDev, vip)
+		return ok && a.Valid >= 1, fmt.Sprintf("lapsed: %+v present=%v", a, ok)
+	})
 	if got := testutil.MetricValue(t, v.m.readded); got != 1 {
 		t.Fatalf("nsmd_vip_readded_total = %v after renewals, want 1", got)
 	}
@@ -721,13 +698,11 @@ func TestNetlinkVIPExpiresWhileStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	resumed := time.Now()
-	for time.Since(resumed) < life*7/10 {
-		if _, ok, _ := l.lookup(); ok {
-			t.Fatalf("the resumed holder re-added the address after %v, before waiting a lifetime", time.Since(resumed))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	waitUntil(t, 2*time.Second, "the resumed holder to re-add the address", func() bool {
+	testutil.HoldsFor(t, life*7/10-time.Since(resumed), 5*time.Millisecond, "no re-add within a lifetime of the resume", func() (bool, string) {
+		_, ok, _ := l.lookup()
+		return !ok, fmt.Sprintf("the resumed holder re-added the address after %v, before waiting a lifetime", time.Since(resumed))
+	})
+	testutil.WaitFor(t, 2*time.Second, "the resumed holder to re-add the address", func() bool {
 		_, ok, _ := l.lookup()
 		return ok
 	})
@@ -766,7 +741,7 @@ func TestNetlinkVIPIPv6(t *testing.T) {
 	}
 	// The peer ignores NAs for about a second after its entry last changed
 	// (here: created just now); a later re-announce moves it.
-	waitUntil(t, 3*time.Second, "the peer's neighbour entry to move to "+mac.String(), func() bool {
+	testutil.WaitFor(t, 3*time.Second, "the peer's neighbour entry to move to "+mac.String(), func() bool {
 		return peerLLAddr(t, peer, vipPeerDev, vip) == mac.String()
 	})
 	if !v.Held() {

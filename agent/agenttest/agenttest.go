@@ -25,16 +25,6 @@ import (
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
-// FreePort finds a port free for TCP and UDP on every ip.
-func FreePort(t testing.TB, ips ...string) int {
-	t.Helper()
-	ports, err := agent.FreePorts(ips, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ports[0]
-}
-
 // DevOptions lays out a dev cluster of nodes nodes (at most 3) with the
 // loopback VIP vip, each port free on every address, an admin API, logs at
 // warn.
@@ -44,10 +34,10 @@ func DevOptions(t testing.TB, vip string, nodes int) agent.DevOptions {
 	for i := range max(nodes, 3) {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i+1))
 	}
+	p := testutil.FreePorts(t, 4, ips...)
 	return agent.DevOptions{
 		Nodes: nodes, DataDir: t.TempDir(), VIP: vip, LogLevel: "warn",
-		NSMPort: FreePort(t, ips...), RaftPort: FreePort(t, ips...),
-		AdminPort: FreePort(t, ips...), GossipPort: FreePort(t, ips...),
+		NSMPort: p[0], RaftPort: p[1], AdminPort: p[2], GossipPort: p[3],
 	}
 }
 

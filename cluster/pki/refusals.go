@@ -29,7 +29,7 @@ func NewRefusals(log *slog.Logger, reg prometheus.Registerer) (*Refusals, error)
 		log: log, limit: NewLogLimiter(time.Now, time.Minute),
 		counter: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_tls_handshake_failures_total",
-			Help: "TLS handshakes refused, by listener (raft, admin, raft_dial) and reason (plaintext, no_certificate, unknown_authority, expired, invalid_certificate, wrong_name, timeout, other).",
+			Help: "TLS handshakes refused, by listener (raft, admin, raft_dial) and reason (plaintext, no_certificate, unknown_authority, expired, invalid_certificate, wrong_name, timeout, too_many, other).",
 		}, []string{"listener", "reason"}),
 	}
 	// Every series from zero, so that the first refusal of a kind shows
@@ -88,7 +88,11 @@ func peerHost(a net.Addr) string {
 }
 
 // reasons are the values Reason gives for a refusal.
-var reasons = []string{"plaintext", "no_certificate", "unknown_authority", "expired", "invalid_certificate", "wrong_name", "timeout", "other"}
+var reasons = []string{"plaintext", "no_certificate", "unknown_authority", "expired", "invalid_certificate", "wrong_name", "timeout", "too_many", "other"}
+
+// ErrTooManyHandshakes is a connection closed before its handshake because
+// too many were in progress (from its address, or in all).
+var ErrTooManyHandshakes = errors.New("too many TLS handshakes in progress")
 
 // Reason classifies a handshake error for the metric.
 func Reason(err error) string {
@@ -102,6 +106,8 @@ func Reason(err error) string {
 		return "none"
 	case errors.As(err, &rh):
 		return "plaintext"
+	case errors.Is(err, ErrTooManyHandshakes):
+		return "too_many"
 	case errors.Is(err, ErrWrongName), errors.As(err, &he):
 		return "wrong_name"
 	case errors.As(err, &ua):

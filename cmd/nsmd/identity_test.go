@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -78,13 +79,10 @@ func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
 	refused := func(ag *agent.Agent) float64 {
 		return testutil.GatheredValue(t, ag.Registry(), "nsmd_cluster_join_refused_total", "reason", cluster.RefusedClusterID)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for refused(a) < 1 || refused(b) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("refusals: alpha %v, beta %v; want both ≥ 1", refused(a), refused(b))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.WaitForSeen(t, 10*time.Second, "both clusters to count a refusal", func() (bool, string) {
+		ra, rb := refused(a), refused(b)
+		return ra >= 1 && rb >= 1, fmt.Sprintf("refusals: alpha %v, beta %v", ra, rb)
+	})
 
 	for _, c := range []struct {
 		ag       *agent.Agent

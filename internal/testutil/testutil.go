@@ -1,9 +1,10 @@
 // Package testutil holds the helpers that tests of several packages share:
-// a log sink a test can read while the code under test writes to it, and
+// a log sink a test can read while the code under test writes to it,
 // polling for a condition that has no event to wait on (another process's
-// state, a server's internal bookkeeping), always with a bound, and reading
-// one metric's value. It imports
-// nothing of nsmd, so any package's tests can use it.
+// state, a server's internal bookkeeping), always with a bound, or watching
+// one that must keep holding for a while; free ports for the nodes a test
+// starts; reading one metric's value. It imports nothing of nsmd but
+// internal/freeport, so any package's tests can use it.
 package testutil
 
 import (
@@ -66,21 +67,62 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 // failure reports the last of those.
 func WaitForSeen(t testing.TB, timeout time.Duration, what string, cond func() (ok bool, seen string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	pause := time.Millisecond
+	poll(t, timeout, what, cond, func() time.Duration {
+		p := pause
+		pause = min(2*pause, pollMax)
+		return p
+	})
+}
+
+// WaitForTime is WaitFor for a test that measures when a change happened
+// (an address leaving the kernel, a new state answering): it polls cond
+// every interval throughout (again at once when interval is 0), where
+// WaitFor's growing pauses would blur the time, and returns when cond was
+// first seen to hold.
+func WaitForTime(t testing.TB, timeout, interval time.Duration, what string, cond func() bool) time.Time {
+	t.Helper()
+	return poll(t, timeout, what, func() (bool, string) { return cond(), "" }, func() time.Duration { return interval })
+}
+
+// poll calls cond, sleeping next() between calls, until it holds, and
+// returns when it did; it fails t once timeout passed.
+func poll(t testing.TB, timeout time.Duration, what string, cond func() (bool, string), next func() time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
 	for {
 		ok, seen := cond()
+		now := time.Now()
 		if ok {
-			return
+			return now
 		}
-		if time.Now().After(deadline) {
+		if now.After(deadline) {
 			if seen != "" {
 				t.Fatalf("timed out after %v waiting for %s; last seen: %s", timeout, what, seen)
 			}
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(pause)
-		pause = min(2*pause, pollMax)
+		if p := next(); p > 0 {
+			time.Sleep(p)
+		}
+	}
+}
+
+// HoldsFor checks cond every interval for d and fails t the first time it
+// does not hold, with what it saw; what names the condition. It is for a
+// property that no event would report broken (an address that must stay,
+// a term that must not move), watched for a bounded while.
+func HoldsFor(t testing.TB, d, interval time.Duration, what string, cond func() (ok bool, seen string)) {
+	t.Helper()
+	start := time.Now()
+	for {
+		if ok, seen := cond(); !ok {
+			t.Fatalf("%s broke after %v: %s", what, time.Since(start).Round(time.Millisecond), seen)
+		}
+		if time.Since(start) >= d {
+			return
+		}
+		time.Sleep(interval)
 	}
 }
 

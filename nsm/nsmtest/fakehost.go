@@ -76,26 +76,6 @@ func (h *Host) WaitState(t testing.TB, state int32, timeout time.Duration) Notif
 	}
 }
 
-// FreePort returns a port free for both TCP and UDP on ip right now.
-func FreePort(t testing.TB, ip string) int {
-	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(port)))
-		ln.Close()
-		if err == nil {
-			pc.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
-
 // Callback is one lock-manager callback a fake lock manager received.
 type Callback struct {
 	From   netip.AddrPort
