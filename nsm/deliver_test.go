@@ -196,7 +196,7 @@ func TestAppliedQueuesOnlyTheOwnersCallbacksOfNewEntries(t *testing.T) {
 	my := fsm.MyID{MyName: "lockd", Prog: 100021, Vers: 3, Proc: 16}
 	mine := fsm.Registration{ID: fsm.MonID{MonName: "client-a", My: my}, Node: "n1", Priv: [16]byte{1}}
 	theirs := fsm.Registration{ID: fsm.MonID{MonName: "client-a", My: fsm.MyID{MyName: "other"}}, Node: "n2"}
-	rebooted := fsm.PeerRebooted{MonName: "client-a", State: 7}
+	rebooted := fsm.PeerRebooted{MonName: "client-a", State: 7, From: netip.MustParseAddr("192.0.2.1")}
 	matched := fsm.Result{Accepted: true, Matched: []fsm.Registration{mine, theirs}}
 	for _, tc := range []struct {
 		name   string
@@ -216,8 +216,8 @@ func TestAppliedQueuesOnlyTheOwnersCallbacksOfNewEntries(t *testing.T) {
 			var got []fsm.Registration
 			for len(d.queue) > 0 {
 				j := <-d.queue
-				if j.cb.State != rebooted.State || j.cb.MonName != j.cb.Reg.ID.MonName {
-					t.Errorf("callback %+v, want state %d and the registration's mon_name", j.cb, rebooted.State)
+				if j.cb.State != rebooted.State || j.cb.MonName != j.cb.Reg.ID.MonName || j.cb.From != rebooted.From {
+					t.Errorf("callback %+v, want state %d, the registration's mon_name and the sender %v", j.cb, rebooted.State, rebooted.From)
 				}
 				got = append(got, j.cb.Reg)
 			}
