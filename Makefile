@@ -11,7 +11,7 @@ MODIFIED ?= $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/d
 AGENT    := github.com/nsmd/nsmd/agent
 LDFLAGS  := -X $(AGENT).version=$(VERSION) -X $(AGENT).revision=$(REVISION) -X $(AGENT).modified=$(MODIFIED)
 
-.PHONY: all build run test unit e2e soak bench benchmarks fuzz lint cluster-files clean vm-kernel deb
+.PHONY: all build run test unit e2e prev-release soak bench benchmarks fuzz lint cluster-files clean vm-kernel deb
 
 all: build
 
@@ -31,8 +31,20 @@ test: lint
 
 # E2E_RUN=TestName runs one e2e test (with NSMD_E2E_SEED=N, a schedule).
 E2E_RUN ?= .
-e2e: build
-	NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 35m -v -run '$(E2E_RUN)' ./e2e/
+e2e: build prev-release
+	old=$${NSMD_E2E_OLD_BIN:-}; if [ -z "$$old" ] && [ -x out/nsmd-prev ]; then old=$(CURDIR)/out/nsmd-prev; fi; \
+	NSMD_E2E_OLD_BIN=$$old NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 35m -v -run '$(E2E_RUN)' ./e2e/
+
+# The previous release (the commit e2e/previous-release names), built from
+# this clone's history into out/nsmd-prev for the rolling-upgrade tests; a
+# clone without that commit (a shallow one) says so and the tests skip.
+PREV_RELEASE = $(shell sed -n 's/^commit //p' e2e/previous-release)
+prev-release:
+	@if git cat-file -e '$(PREV_RELEASE)^{commit}' 2>/dev/null; then \
+	  rm -rf out/prev-src && mkdir -p out/prev-src && git archive $(PREV_RELEASE) | tar -x -C out/prev-src && \
+	  (cd out/prev-src && $(GO) build -o $(CURDIR)/out/nsmd-prev ./cmd/nsmd) && rm -rf out/prev-src && \
+	  echo "prev-release: out/nsmd-prev is $(PREV_RELEASE)"; \
+	else echo "prev-release: commit $(PREV_RELEASE) is not in this clone: the rolling-upgrade tests will skip"; fi
 
 # The long run of the checked fault schedules (root): SCHEDULES of them
 # (default 200), the summary table appended to out/soak.md, failing
@@ -82,6 +94,10 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) -C deploy/pkg vet ./...
 	@$(MAKE) --no-print-directory cluster-files
+	@# The replication layer replicates: SM_NOTIFY and the lock-manager
+	@# callbacks are composed with a node by its callers (cluster/DESIGN.md).
+	@if $(GO) list -deps ./cluster | grep -qx 'github.com/nsmd/nsmd/nsm'; then \
+	  echo "package cluster must not depend on package nsm"; exit 1; fi
 
 # Every non-test Go file of cluster/ has a row in cluster/DESIGN.md's file
 # table ("Where things are"): the first column names it in backquotes.

@@ -70,21 +70,24 @@ type Options struct {
 type Agent struct {
 	cfg config.Config
 	// fences (fence.go): nil when not configured
-	watchdog   *fence.Watchdog
-	fenceAgent *fence.Agent
-	log        *slog.Logger
-	node       *cluster.Node
-	server     *oncrpc.Server
-	progs      oncrpc.Programs
-	reg        *prometheus.Registry
-	nsmm       *nsm.Metrics
-	nsmPort    int
-	nsmTCP     net.Listener
-	nsmUDP     net.PacketConn // both closed by server.Shutdown once serving
-	admin      *http.Server
-	adminLn    net.Listener
-	pmap       *oncrpc.PmapClient
-	pmapSrv    *oncrpc.Server
+	watchdog    *fence.Watchdog
+	fenceAgent  *fence.Agent
+	log         *slog.Logger
+	node        *cluster.Node
+	notifier    *nsm.Notifier  // SM_NOTIFY after each takeover this node serves
+	deliver     *nsm.Deliverer // callbacks to the lock managers of this node's registrations
+	stopDeliver context.CancelFunc
+	server      *oncrpc.Server
+	progs       oncrpc.Programs
+	reg         *prometheus.Registry
+	nsmm        *nsm.Metrics
+	nsmPort     int
+	nsmTCP      net.Listener
+	nsmUDP      net.PacketConn // both closed by server.Shutdown once serving
+	admin       *http.Server
+	adminLn     net.Listener
+	pmap        *oncrpc.PmapClient
+	pmapSrv     *oncrpc.Server
 
 	crashFn    func(*Agent)
 	started    time.Time // this agent's start (GET /v1/status, process)
@@ -107,6 +110,9 @@ type Agent struct {
 func (a *Agent) Kill() {
 	a.tickle.stop()
 	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
+	if a.stopDeliver != nil {
+		a.stopDeliver()
+	}
 	if a.v4cancel != nil {
 		a.v4cancel()
 		a.v4.wait()
@@ -121,15 +127,6 @@ func (a *Agent) Kill() {
 		a.admin.Shutdown(ctx)
 	}
 	a.wg.Wait()
-}
-
-// standDownWait is how long a new leader waits for the previous one to
-// finish standing down: its on_follower hook may take up to hook_timeout.
-func standDownWait(cfg config.Config) time.Duration {
-	if cfg.OnFollower != "" {
-		return cfg.HookTimeout + time.Second
-	}
-	return time.Second
 }
 
 // witnessConfig drops what a witness never uses, so that one configuration
@@ -218,55 +215,29 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	a.nsmPort = tcpLn.Addr().(*net.TCPAddr).Port
 
 	vip := cfg.VIPAddr()
-	notifier := nsm.NotifierConfig{
+	if a.notifier, err = nsm.NewNotifier(nsm.NotifierConfig{
 		Name:     cfg.EffectiveNotifyName(),
 		Source:   vip,
 		Window:   cfg.NotifyWindow,
 		PmapPort: cfg.PmapPort,
 		Metrics:  a.nsmm,
+		Logger:   log,
+	}); err != nil {
+		return a, fmt.Errorf("notifier: %w", err)
 	}
-	timing := cfg.Timing() // raft_profile, with explicit keys over it
-	ccfg := cluster.Config{
-		NodeID:   cfg.NodeID,
-		Version:  build.Gossip(),
-		Witness:  cfg.Witness,
-		DataDir:  cfg.DataDir,
-		RaftBind: net.JoinHostPort(cfg.Bind, strconv.Itoa(cfg.RaftPort)),
-		// A lone node (expect 1, nothing to join) forms its own cluster; one
-		// given --join waits for the leader to add it.
-		Bootstrap:             cfg.BootstrapExpect <= 1 && len(cfg.Join) == 0,
-		GracePeriod:           cfg.GracePeriod,
-		HeartbeatTimeout:      timing.HeartbeatTimeout,
-		ElectionTimeout:       timing.ElectionTimeout,
-		LeaderLeaseTimeout:    timing.LeaderLeaseTimeout,
-		SnapshotThreshold:     cfg.SnapshotThreshold,
-		TrailingLogs:          cfg.TrailingLogs,
-		LogStore:              cfg.RaftLogStore,
-		Notifier:              notifier,
-		Deliverer:             nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm},
-		OnFault:               a.onFault,
-		Observer:              a.v4.grace.Observe,
-		OnLeader:              a.onLeader,
-		OnFollower:            a.onFollower,
-		StandDownWait:         standDownWait(cfg),
-		HookTimeout:           cfg.HookTimeout,
-		DiskSlowThreshold:     diskSlowThreshold(cfg.DiskSlowThreshold),
-		RaftTLS:               a.sec.tls,
-		TLSRefusals:           a.sec.refusals,
-		RaftHandshakesPerHost: a.cfg.RaftHandshakesPerHost,
-		Logger:                opts.Logger,
-		Registerer:            a.reg,
-	}
+	a.deliver = nsm.NewDeliverer(nsm.DelivererConfig{PmapPort: cfg.PmapPort, Metrics: a.nsmm, Logger: log})
+	ccfg := cfg.ClusterConfig()
+	ccfg.Version = build.Gossip()
+	ccfg.NSMAddr = a.NSMAddr().String()
+	ccfg.Subscribers = []cluster.Subscriber{{Applied: a.applied, Serving: a.announce}}
+	ccfg.OnFault, ccfg.OnLeader, ccfg.OnFollower = a.onFault, a.onLeader, a.onFollower
+	ccfg.RaftTLS, ccfg.TLSRefusals = a.sec.tls, a.sec.refusals
+	ccfg.Logger, ccfg.Registerer = opts.Logger, a.reg
 	key, err := readGossipKey(cfg.GossipKeyFile)
 	if err != nil {
 		return a, err
 	}
-	ccfg.ClusterKey = key
-	ccfg.NSMAddr = a.NSMAddr().String()
-	ccfg.Gossip = cluster.GossipConfig{
-		Bind: cfg.Bind, Port: cfg.GossipPort, Join: cfg.Join,
-		BootstrapExpect: cfg.BootstrapExpect, Key: key, ClusterID: cfg.ClusterID,
-	}
+	ccfg.ClusterKey, ccfg.Gossip.Key = key, key
 	if ccfg.VIP, err = a.floatingAddr(); err != nil {
 		return a, err
 	}
@@ -305,6 +276,15 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 			return a, err
 		}
 	}
+	dctx, dcancel := context.WithCancel(context.Background())
+	a.stopDeliver = dcancel
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.deliver.Run(dctx); err != nil && !errors.Is(err, context.Canceled) {
+			a.log.Error("deliverer stopped", "err", err)
+		}
+	}()
 	a.node.Start()
 	a.tickle.start(a.node)
 	v4ctx, cancel := context.WithCancel(context.Background())
@@ -314,6 +294,38 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		"tls", a.sec.tls != nil, "insecure", len(a.sec.exposures) > 0)
 	return a, nil
 }
+
+// applied sees every command applied here (a cluster.Subscriber: it must
+// not block): the lock-manager callbacks it calls for, and the grace
+// keeper's view of clients coming back.
+func (a *Agent) applied(ev cluster.Applied) {
+	a.deliver.Applied(a.cfg.NodeID, ev.Cmd, ev.Result, ev.Replay)
+	a.v4.grace.Observe(ev.Index, ev.Cmd, ev.Result)
+}
+
+// announce sends SM_NOTIFY with state to every distinct monitored host
+// (a cluster.Subscriber's Serving: the node calls it once its takeover
+// committed, the VIP is held and on_leader succeeded, and again after an
+// SM_SIMU_CRASH or an import; ctx ends with the term or that next call).
+func (a *Agent) announce(ctx context.Context, state int32) {
+	targets := a.node.Targets()
+	a.log.Info("notifying monitored hosts", "hosts", len(targets), "sm_state", state)
+	started := time.Now()
+	a.node.MarkTimeline(state, func(tl *timeline.Timeline) {
+		tl.Mark(timeline.NotifyStarted, started)
+		tl.Mark(timeline.NotifyDone, time.Time{})
+	})
+	sum := a.notifier.Run(ctx, state, targets)
+	if ctx.Err() == nil && sum.Pending == 0 {
+		done := time.Now()
+		a.node.MarkTimeline(state, func(tl *timeline.Timeline) { tl.Mark(timeline.NotifyDone, done) })
+	}
+	a.log.Info("notify finished", "summary", sum)
+}
+
+// NotifyRun says which sm_state the current (or last) SM_NOTIFY fan-out
+// of this node sends and to how many hosts (0, 0 before the first).
+func (a *Agent) NotifyRun() (state int32, targets int) { return a.notifier.Current() }
 
 // floatingAddr builds the VIP of the configured mode (nil: none).
 func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
@@ -485,7 +497,7 @@ func (a *Agent) hookStarted(event string, state int32, at time.Time) {
 // on_leader hook (mount the shared disk) while this one still unmounts it.
 func (a *Agent) onFollower() error {
 	a.log.Info("following")
-	if err := <-a.hooks.follower(a.node.FSM().State(), "leadership_lost"); err != nil {
+	if err := <-a.hooks.follower(a.node.State(), "leadership_lost"); err != nil {
 		return fmt.Errorf("on_follower hook: %w", err)
 	}
 	return nil
@@ -495,7 +507,7 @@ func (a *Agent) onFollower() error {
 // may serve: a previous process that died while it served left the storage
 // mounted and nfsd running.
 func (a *Agent) stopAtStart() error {
-	if err := <-a.hooks.follower(a.node.FSM().State(), "start"); err != nil {
+	if err := <-a.hooks.follower(a.node.State(), "start"); err != nil {
 		return fmt.Errorf("on_follower hook at start: %w", err)
 	}
 	return nil
@@ -503,7 +515,7 @@ func (a *Agent) stopAtStart() error {
 
 func (a *Agent) onFault(reason string, err error) {
 	a.log.Error("fault", "reason", reason, "err", err)
-	a.hooks.fault(roleName(a.node.Raft().State()), a.node.FSM().State(), reason, err)
+	a.hooks.fault(a.node.RaftStatus().Role, a.node.State(), reason, err)
 }
 
 // VIPHeld reports whether this node currently answers on the VIP.
@@ -559,6 +571,9 @@ func (a *Agent) Close() error {
 	a.tickle.stop() // first: nothing of it uses the node after
 	if a.node != nil {
 		errs = append(errs, a.node.Close())
+	}
+	if a.stopDeliver != nil {
+		a.stopDeliver() // nothing is applied after the node closed
 	}
 	a.hooks.stop() // after node.Close: the on_follower hook of a shutdown still runs
 	if a.v4cancel != nil {
@@ -701,13 +716,4 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// diskSlowThreshold maps disk_slow_threshold to cluster.Config's: there 0
-// is the default and a negative value turns the check off.
-func diskSlowThreshold(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
 }

@@ -54,7 +54,7 @@ func TestDevClusterFailover(t *testing.T) {
 	if err := c.Call(context.Background(), nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil || res.Res != nsm.StatSucc {
 		t.Fatalf("SM_MON via follower %s: %+v %v", follower.Config().NodeID, res, err)
 	}
-	if n := lead.Node().FSM().Len(); n != 1 {
+	if n := lead.Node().Count(); n != 1 {
 		t.Fatalf("leader has %d registrations after a forwarded SM_MON, want 1", n)
 	}
 
@@ -189,7 +189,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 			defer c.Close()
 			clients[ci] = c
 		}
-		idx0 := lead.Node().Raft().LastIndex()
+		idx0 := lead.Node().RaftStatus().LastIndex
 		cpu0 := processCPU()
 		start := time.Now()
 		for gi := range callers {
@@ -218,7 +218,7 @@ func TestMeasureDevMonThroughput(t *testing.T) {
 		}
 		el := time.Since(start)
 		cpu := processCPU() - cpu0
-		entries := lead.Node().Raft().LastIndex() - idx0
+		entries := lead.Node().RaftStatus().LastIndex - idx0
 		next += callers * calls
 		var all []time.Duration
 		for _, l := range lat {

@@ -25,11 +25,6 @@ func (a *Agent) fencing(c *cluster.Config) error {
 		// storage, and a cluster of such nodes has nothing to fence.
 		return nil
 	}
-	if cfg.FenceWatchdog != config.FenceOff {
-		// Every serving node of the cluster arms one with this timeout: a
-		// new leader counts on it for nodes it cannot ask.
-		c.FenceTimeout = cfg.FenceTimeout
-	}
 	if cfg.FenceAgent != "" {
 		common, nodes, err := cfg.FenceArgs()
 		if err != nil {

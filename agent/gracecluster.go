@@ -11,16 +11,14 @@ import (
 // (grace.Cluster): reads of the replicated state, the client-tracking
 // commands and the takeover's timeline. It reaches the node through the
 // agent because the grace service is built before the node (the node's
-// observer is the service's).
+// Applied subscriber hands every applied command to the service).
 type graceCluster struct{ a *Agent }
 
-func (g graceCluster) fsm() *fsm.FSM { return g.a.node.FSM() }
-
-func (g graceCluster) State() int32         { return g.fsm().State() }
-func (g graceCluster) AppliedIndex() uint64 { return g.fsm().AppliedIndex() }
+func (g graceCluster) State() int32         { return g.a.node.State() }
+func (g graceCluster) AppliedIndex() uint64 { return g.a.node.AppliedIndex() }
 
 func (g graceCluster) MonitoredHosts() []string {
-	targets := g.fsm().Targets()
+	targets := g.a.node.Targets()
 	hosts := make([]string, len(targets))
 	for i, t := range targets {
 		hosts[i] = t.MonName
@@ -28,10 +26,10 @@ func (g graceCluster) MonitoredHosts() []string {
 	return hosts
 }
 
-func (g graceCluster) Epochs() (current, recovery uint64)     { return g.fsm().Epochs() }
-func (g graceCluster) V4Clients(recovery bool) []fsm.V4Client { return g.fsm().V4Clients(recovery) }
+func (g graceCluster) Epochs() (current, recovery uint64)     { return g.a.node.Epochs() }
+func (g graceCluster) V4Clients(recovery bool) []fsm.V4Client { return g.a.node.V4Clients(recovery) }
 func (g graceCluster) HasV4Client(name string) (inCurrent, inRecovery bool) {
-	return g.fsm().HasV4Client(name)
+	return g.a.node.HasV4Client(name)
 }
 
 func (g graceCluster) TrackCreate(ctx context.Context, name, princHash string) error {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/cld"
+	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
-	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/grace"
 )
 
@@ -74,7 +74,7 @@ func newNFSv4(a *Agent, tune func(string, *cld.Config)) (*nfsv4, error) {
 		return nil, err
 	}
 	v.grace = g
-	f := func() *fsm.FSM { return a.node.FSM() }
+	f := func() *cluster.Node { return a.node }
 	for _, g := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nsmd_nfsv4_client_records", Help: "NFSv4 client-tracking records in the current epoch (clients that may reclaim after the next failover).", ConstLabels: prometheus.Labels{"epoch": "current"}},
 			func() float64 { c, _, _ := f().V4Counts(); return float64(c) }),
@@ -175,7 +175,7 @@ func (v *nfsv4) hookEnv() []string {
 
 // status is the NFSv4 part of GET /v1/status.
 func (v *nfsv4) status() admin.NFSv4Status {
-	f := v.a.node.FSM()
+	f := v.a.node
 	s := admin.NFSv4Status{Tracking: v.tracking, TrackingWhy: v.trackingWhy}
 	s.CurrentEpoch, s.RecoveryEpoch = f.Epochs()
 	s.Clients, s.Reclaimable, s.Reclaimed = f.V4Counts()
@@ -193,7 +193,7 @@ func (v *nfsv4) status() admin.NFSv4Status {
 
 // clients is GET /v1/nfsv4/clients.
 func (v *nfsv4) clients() admin.V4ClientPage {
-	f := v.a.node.FSM()
+	f := v.a.node
 	p := admin.V4ClientPage{Clients: []admin.V4ClientJSON{}}
 	p.CurrentEpoch, p.RecoveryEpoch = f.Epochs()
 	for _, e := range []struct {

@@ -33,7 +33,7 @@ func TestRaftProfileReachesRaft(t *testing.T) {
 			if tm := a.Config().Timing(); tm != want {
 				t.Errorf("node timing %+v, want %+v", tm, want)
 			}
-			rc := a.Node().Raft().ReloadableConfig()
+			rc := a.Node().RaftStatus()
 			if rc.HeartbeatTimeout != want.HeartbeatTimeout || rc.ElectionTimeout != want.ElectionTimeout {
 				t.Errorf("raft runs with heartbeat %v, election %v; profile %s has %v, %v",
 					rc.HeartbeatTimeout, rc.ElectionTimeout, profile, want.HeartbeatTimeout, want.ElectionTimeout)

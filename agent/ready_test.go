@@ -271,14 +271,14 @@ func TestReadySingleNodeStartAndRestartAnswerOnlyTheCurrentState(t *testing.T) {
 	t.Cleanup(func() { d.Close() })
 	calls := p.waitAnswer(t, 1, 10*time.Second)
 	a := d.Agent(0)
-	if !a.Node().Ready() || a.Node().FSM().State() != 1 {
-		t.Fatalf("answered 1 while ready %v, sm_state %d", a.Node().Ready(), a.Node().FSM().State())
+	if !a.Node().Ready() || a.Node().State() != 1 {
+		t.Fatalf("answered 1 while ready %v, sm_state %d", a.Node().Ready(), a.Node().State())
 	}
 	t.Logf("fresh node: first answer after %d calls", calls)
 
 	// With a snapshot, the restarted node holds sm_state 1 from its first
 	// instant, not only once it replayed its log.
-	if err := a.Node().Raft().Snapshot().Error(); err != nil {
+	if err := a.Node().Snapshot(); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
 	restartAgent(t, d, 0, func() { p.requireAbove(1) })
@@ -308,7 +308,7 @@ func TestReadyRestartedFollowerAnswersOnlyTheCurrentState(t *testing.T) {
 	}
 	t.Cleanup(func() { d.Close() })
 	lead := agenttest.Leader(t, d, nil, 10*time.Second)
-	s1 := lead.Node().FSM().State()
+	s1 := lead.Node().State()
 	for _, p := range polls {
 		p.waitAnswer(t, s1, 10*time.Second)
 	}
@@ -322,7 +322,7 @@ func TestReadyRestartedFollowerAnswersOnlyTheCurrentState(t *testing.T) {
 
 	// A new incarnation while it is down. Its snapshot holds the previous
 	// one, which it has from its first instant and until it has caught up.
-	if err := d.Agent(fi).Node().Raft().Snapshot().Error(); err != nil {
+	if err := d.Agent(fi).Node().Snapshot(); err != nil {
 		t.Fatalf("snapshot on %s: %v", fp.name, err)
 	}
 	restartAgent(t, d, fi, func() {
@@ -331,7 +331,7 @@ func TestReadyRestartedFollowerAnswersOnlyTheCurrentState(t *testing.T) {
 			t.Fatalf("transfer to %s: %v", d.Agent(oi).Config().NodeID, err)
 		}
 		nl := agenttest.Leader(t, d, lead, 10*time.Second)
-		if st := nl.Node().FSM().State(); st != s1+2 {
+		if st := nl.Node().State(); st != s1+2 {
 			t.Fatalf("sm_state after the transfer %d, want %d", st, s1+2)
 		}
 	})

@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
-
-	"github.com/hashicorp/raft"
 
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/cluster"
@@ -19,25 +16,23 @@ import (
 
 // Status is this node's view: GET /v1/status.
 func (a *Agent) Status() admin.Status {
-	r := a.node.Raft()
-	f := a.node.FSM()
-	term, _ := strconv.ParseUint(r.Stats()["term"], 10, 64)
-	_, leaderID := r.LeaderWithID()
+	r := a.node.RaftStatus()
+	f := a.node
 	s := admin.Status{
 		NodeID:        a.cfg.NodeID,
 		ClusterID:     a.cfg.ClusterID,
 		Version:       Build(),
-		Role:          roleName(r.State()),
-		RaftState:     roleName(r.State()),
+		Role:          r.Role,
+		RaftState:     r.Role,
 		Witness:       a.cfg.Witness,
-		LeaderID:      string(leaderID),
-		Term:          term,
+		LeaderID:      r.Leader,
+		Term:          r.Term,
 		SMState:       f.State(),
-		Registrations: f.Len(),
+		Registrations: f.Count(),
 		VIP:           a.cfg.VIP,
 		VIPHeld:       a.VIPHeld(),
 		NSMAddr:       a.NSMAddr().String(),
-		AppliedIndex:  f.AppliedIndex(),
+		AppliedIndex:  r.AppliedIndex,
 		TLS:           a.sec.tls != nil,
 		Ready:         a.node.Ready(),
 		Disk:          diskJSON(a.node.Disk()),
@@ -47,8 +42,8 @@ func (a *Agent) Status() admin.Status {
 		g = g.UTC()
 		s.GraceUntil = &g
 	}
-	s.Notify.Pending, s.Notify.Done, s.Notify.Failed = a.node.NotifyProgress()
-	s.Notify.State, s.Notify.Targets = a.node.NotifyRun()
+	s.Notify.Pending, s.Notify.Done, s.Notify.Failed = a.notifier.Progress()
+	s.Notify.State, s.Notify.Targets = a.notifier.Current()
 	s.LastHookFailure = a.hooks.lastFailure()
 	s.NFSv4 = a.v4.status()
 	s.Grace = graceJSON(a.v4.grace.Status())
@@ -65,27 +60,12 @@ func (a *Agent) Status() admin.Status {
 	return s
 }
 
-func roleName(s raft.RaftState) string {
-	switch s {
-	case raft.Leader:
-		return "leader"
-	case raft.Candidate:
-		return "candidate"
-	case raft.Follower:
-		return "follower"
-	}
-	return "shutdown"
-}
-
 // readyNow is /readyz's answer without waiting: a leader is known, this
 // node knows the current incarnation's sm_state and has applied
 // everything committed.
 func (a *Agent) readyNow() bool {
-	rf := a.node.Raft()
-	if _, id := rf.LeaderWithID(); id == "" {
-		return false
-	}
-	return a.node.Ready() && a.node.FSM().AppliedIndex() >= rf.CommitIndex()
+	r := a.node.RaftStatus()
+	return r.Leader != "" && a.node.Ready() && r.AppliedIndex >= r.CommitIndex
 }
 
 // adminStore is the agent as the admin API sees it (admin.Store).
@@ -108,7 +88,7 @@ func (s adminStore) Members() []admin.Member {
 }
 
 func (s adminStore) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
-	return s.a.node.FSM().Registrations(after, limit, monName)
+	return s.a.node.Registrations(after, limit, monName)
 }
 
 func (s adminStore) NFSv4Clients() admin.V4ClientPage { return s.a.v4.clients() }
@@ -125,10 +105,8 @@ func (s adminStore) Crash() { s.a.crash() }
 // node has heard of the new leader: the transfer returns once the target
 // started its election.
 func (s adminStore) TransferLeadership(to string) (string, error) {
-	rf := s.a.node.Raft()
-	if rf.State() != raft.Leader {
-		_, leader := rf.LeaderWithID()
-		return "", fmt.Errorf("%w (leader: %q)", admin.ErrNotLeader, leader)
+	if r := s.a.node.RaftStatus(); r.Role != "leader" {
+		return "", fmt.Errorf("%w (leader: %q)", admin.ErrNotLeader, r.Leader)
 	}
 	if err := s.a.node.TransferLeadership(to); err != nil {
 		if errors.Is(err, cluster.ErrWitnessTarget) || errors.Is(err, cluster.ErrUnknownTarget) {
@@ -136,33 +114,36 @@ func (s adminStore) TransferLeadership(to string) (string, error) {
 		}
 		return "", err
 	}
-	var leader raft.ServerID
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if _, leader = rf.LeaderWithID(); leader != "" && string(leader) != s.a.cfg.NodeID {
-			break
+	deadline := time.NewTimer(3 * time.Second)
+	defer deadline.Stop()
+	poll := time.NewTicker(10 * time.Millisecond) // raft may drop a leader observation
+	defer poll.Stop()
+	for {
+		changed := s.a.node.ReadyChanged() // before the look: a change after it closes this
+		if leader := s.a.node.Leader(); leader != "" && leader != s.a.cfg.NodeID {
+			return leader, nil
+		}
+		select {
+		case <-changed:
+		case <-poll.C:
+		case <-deadline.C:
+			return s.a.node.Leader(), nil
 		}
 	}
-	return string(leader), nil
 }
 
 // Ready waits until a leader is known and this node has applied everything
 // committed at the time of the call and knows the current sm_state.
 func (s adminStore) Ready(ctx context.Context) error {
-	a := s.a
-	rf := a.node.Raft()
-	if _, id := rf.LeaderWithID(); id == "" {
+	r := s.a.node.RaftStatus()
+	if r.Leader == "" {
 		return errors.New("no leader known")
 	}
-	commit := rf.CommitIndex()
-	for a.node.FSM().AppliedIndex() < commit || !a.node.Ready() {
-		select {
-		case <-ctx.Done():
-			if !a.node.Ready() {
-				return errors.New("current sm_state not known yet (this term's takeover not applied here); NSM calls get no answer")
-			}
-			return fmt.Errorf("applied %d < commit %d", a.node.FSM().AppliedIndex(), commit)
-		case <-time.After(10 * time.Millisecond):
+	if err := s.a.node.WaitApplied(ctx, r.CommitIndex); err != nil {
+		if errors.Is(err, cluster.ErrNotReadyYet) {
+			return errors.New("current sm_state not known yet (this term's takeover not applied here); NSM calls get no answer")
 		}
+		return fmt.Errorf("applied %d < commit %d", s.a.node.AppliedIndex(), r.CommitIndex)
 	}
 	return nil
 }

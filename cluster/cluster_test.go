@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/nsm/nsmtest"
 )
 
@@ -27,7 +29,7 @@ func TestLeaderKillElectsNewLeaderThatBumpsStateAndNotifiesEveryHost(t *testing.
 	for i := range 5 {
 		hosts = append(hosts, nsmtest.StartHost(t, fmt.Sprintf("127.0.0.%d", 61+i), pmap))
 	}
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.Notifier.PmapPort = pmap })
+	c := newTestClusterWith(t, 3, nil, func(c *tcluster) { c.notify.PmapPort = pmap })
 	first := c.waitTakeover(5 * time.Second)
 	if first.state != 1 {
 		t.Fatalf("first takeover state %d, want 1", first.state)
@@ -53,8 +55,8 @@ func TestLeaderKillElectsNewLeaderThatBumpsStateAndNotifiesEveryHost(t *testing.
 	}
 	c.converge(5 * time.Second)
 	for _, tn := range c.nodes {
-		if tn.alive && tn.n.FSM().Len() != 5 {
-			t.Errorf("%s has %d registrations, want 5", tn.id, tn.n.FSM().Len())
+		if tn.alive && tn.n.fsm.Len() != 5 {
+			t.Errorf("%s has %d registrations, want 5", tn.id, tn.n.fsm.Len())
 		}
 	}
 }
@@ -96,7 +98,7 @@ func TestFollowerHoldsWritesThroughAnElection(t *testing.T) {
 // and a write sent to it is never committed anywhere.
 func TestPartitionedLeaderStepsDownAndMinorityCommitsNothing(t *testing.T) {
 	pmap := testutil.FreePort(t, "127.0.0.70")
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.Notifier.PmapPort = pmap })
+	c := newTestClusterWith(t, 3, nil, func(c *tcluster) { c.notify.PmapPort = pmap })
 	c.waitTakeover(5 * time.Second)
 	li, old := c.leader(5 * time.Second)
 	// A dead monitored host keeps the old leader's notifier busy.
@@ -127,7 +129,7 @@ func TestPartitionedLeaderStepsDownAndMinorityCommitsNothing(t *testing.T) {
 	if d := stepDown.at.Sub(cutAt); d > time.Second {
 		t.Errorf("old leader took %v to step down (lease 150ms, heartbeat 300ms)", d)
 	}
-	if p, _, _ := old.n.NotifyProgress(); old.n.Leading() {
+	if p, _, _ := old.nt.Progress(); old.n.Leading() {
 		t.Errorf("old leader still leading (notify pending %d)", p)
 	}
 	if err := <-minority; err == nil {
@@ -136,7 +138,7 @@ func TestPartitionedLeaderStepsDownAndMinorityCommitsNothing(t *testing.T) {
 	c.heal()
 	c.converge(5 * time.Second)
 	for _, tn := range c.nodes {
-		if _, ok := tn.n.FSM().Get(testReg("10.77.9.9", "", 0).ID); ok {
+		if _, ok := tn.n.fsm.Get(testReg("10.77.9.9", "", 0).ID); ok {
 			t.Errorf("%s has the write sent to the minority", tn.id)
 		}
 	}
@@ -152,7 +154,7 @@ func TestRandomFaultsLoseNoAcknowledgedRegistration(t *testing.T) {
 	// The log store is the default's for new directories (raft-wal);
 	// NSMD_CHAOS_LOGSTORE=bolt runs it on bolt. (On raft-wal v0.4.0 it
 	// failed in 2 s: TestRaftWALReopensAfterTailTruncation.)
-	store := os.Getenv("NSMD_CHAOS_LOGSTORE")
+	store := cmp.Or(os.Getenv("NSMD_CHAOS_LOGSTORE"), LogStoreAuto)
 	randomFaults(t, store)
 }
 
@@ -242,7 +244,7 @@ func randomFaults(t *testing.T, store string) {
 	checkTakeovers()
 	for _, tn := range c.nodes {
 		for id := range acked {
-			if _, ok := tn.n.FSM().Get(id); !ok {
+			if _, ok := tn.n.fsm.Get(id); !ok {
 				t.Errorf("%s lost acknowledged registration %s", tn.id, id.MonName)
 			}
 		}
@@ -281,7 +283,7 @@ func TestRebootedPeerIsCalledBackByOwningNodeOnly(t *testing.T) {
 	for i, ip := range []string{"127.0.0.91", "127.0.0.92", "127.0.0.93"} {
 		lms[fmt.Sprintf("n%d", i+1)] = nsmtest.StartLockManager(t, ip, pmap)
 	}
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.Deliverer.PmapPort = pmap })
+	c := newTestClusterWith(t, 3, nil, func(c *tcluster) { c.deliver = &nsm.DelivererConfig{PmapPort: pmap} })
 	c.waitTakeover(5 * time.Second)
 	ctx := context.Background()
 	regs := map[string]fsm.Registration{}

@@ -80,7 +80,7 @@ func TestWritesDuringACommitShareTheNextEntry(t *testing.T) {
 	if got := n.raft.LastIndex() - before; got != 2 {
 		t.Errorf("4 writes took %d entries, want 2 (one, then the three that waited)", got)
 	}
-	if got := n.FSM().Len(); got != 4 {
+	if got := n.fsm.Len(); got != 4 {
 		t.Errorf("registrations %d, want 4", got)
 	}
 	c.converge(5 * time.Second)

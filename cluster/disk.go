@@ -62,7 +62,7 @@ type DiskStatus struct {
 
 func newDiskHealth(n *Node, dir string) *diskHealth {
 	d := &diskHealth{n: n, dir: dir, wake: make(chan struct{}, 1), ok: true, since: time.Now()}
-	d.slowState.threshold = diskSlowThreshold(n.cfg.DiskSlowThreshold)
+	d.slowState.threshold = n.cfg.DiskSlowThreshold
 	return d
 }
 

@@ -82,7 +82,7 @@ func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, ch
 	}
 	took := make(chan takeoverEvent, 64)
 	for i, tn := range nodes {
-		cfg := Config{
+		cfg := testDefaults(Config{
 			NodeID: tn.id, DataDir: dirs[i], RaftBind: tn.addr, NSMAddr: "127.0.0.1:1", Voters: voters,
 			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
 			LeaderLeaseTimeout: 150 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
@@ -91,7 +91,7 @@ func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, ch
 				took <- takeoverEvent{node: tn.id, state: s, at: time.Now()}
 				return nil
 			},
-		}
+		})
 		tune(&cfg)
 		n, err := New(cfg)
 		if err != nil {

@@ -49,14 +49,13 @@ import (
 // (a slow leader beats none).
 
 const (
-	defaultDiskSlowThreshold = 50 * time.Millisecond
-	slowWindow               = 2 * time.Second
-	slowMinSamples           = 5
-	slowProbeEvery           = 250 * time.Millisecond
-	slowTransferRetry        = 5 * time.Second
-	slowLastResort           = 3 // election timeouts with no leader heard
-	slowMaxSamples           = 4096
-	slowMaxAge               = 10 * time.Second
+	slowWindow        = 2 * time.Second
+	slowMinSamples    = 5
+	slowProbeEvery    = 250 * time.Millisecond
+	slowTransferRetry = 5 * time.Second
+	slowLastResort    = 3 // election timeouts with no leader heard
+	slowMaxSamples    = 4096
+	slowMaxAge        = 10 * time.Second
 	// A disk that slowed down is "suspect" (told in its gossiped report,
 	// so that it is no hand-off target) while at least 1/suspectShare of
 	// its writes over slowWindow, and at least suspectMinWrites, were over
@@ -96,18 +95,6 @@ type slowState struct {
 	// recent is the median of the writes the verdict looked at, however
 	// few (the gossiped report's; p50 needs slowMinSamples).
 	recent time.Duration
-}
-
-// diskSlowThreshold resolves Config.DiskSlowThreshold: 0 is the default,
-// negative turns the check off.
-func diskSlowThreshold(c time.Duration) time.Duration {
-	switch {
-	case c == 0:
-		return defaultDiskSlowThreshold
-	case c < 0:
-		return 0
-	}
-	return c
 }
 
 // sample records one successful write's duration; a write over the

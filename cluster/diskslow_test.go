@@ -120,14 +120,14 @@ func p50(ds []time.Duration) time.Duration {
 // healthy node (one takeover), never takes it back while slow, and the
 // cluster's SM_MONs are fast again; with the disk fast again it is
 // eligible again. Negative control: with the check off
-// (DiskSlowThreshold < 0) the slow leader keeps leading and every SM_MON
+// (DiskSlowThreshold 0) the slow leader keeps leading and every SM_MON
 // takes its fsync.
 func TestSlowDiskLeaderStepsAside(t *testing.T) {
 	const delay = 200 * time.Millisecond
 	for _, tc := range []struct {
 		name      string
 		threshold time.Duration
-	}{{"step-aside", 0}, {"off-negative-control", -1}} {
+	}{{"step-aside", testDiskSlowThreshold}, {"off-negative-control", 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dirs, fss := slowDisks(t, 3)
 			nodes, took := tcpGossipCluster(t, dirs, func(c *Config) {
@@ -149,7 +149,7 @@ func TestSlowDiskLeaderStepsAside(t *testing.T) {
 			slowFS.SetDelay(delay)
 			start := time.Now()
 
-			if tc.threshold < 0 {
+			if tc.threshold == 0 { // the check off
 				lat := monFor(nodes, 4*time.Second, 1)
 				select {
 				case ev := <-took:
@@ -175,7 +175,7 @@ func TestSlowDiskLeaderStepsAside(t *testing.T) {
 			if next.node == slow.id || next.state != first.state+2 {
 				t.Fatalf("takeover by %s with %d after the slow leader; want another node with %d", next.node, next.state, first.state+2)
 			}
-			if st := slow.n.Disk(); !st.Slow || st.WriteP50 <= defaultDiskSlowThreshold {
+			if st := slow.n.Disk(); !st.Slow || st.WriteP50 <= testDiskSlowThreshold {
 				t.Fatalf("slow node's disk status %+v", st)
 			}
 			c0 := cands.Load()
@@ -188,7 +188,7 @@ func TestSlowDiskLeaderStepsAside(t *testing.T) {
 			if slow.n.IsLeader() || cands.Load() != c0 {
 				t.Fatalf("slow node leads=%v, candidacies %d → %d", slow.n.IsLeader(), c0, cands.Load())
 			}
-			if got := p50(after); got >= defaultDiskSlowThreshold {
+			if got := p50(after); got >= testDiskSlowThreshold {
 				t.Fatalf("SM_MON p50 %v after the step-aside", got)
 			}
 			t.Logf("slow leader %s handed over to %s %v after its fsyncs took %v (SM_MON p50 %v on it before); then %d SM_MONs, p50 %v, no election",
@@ -421,7 +421,7 @@ func TestSlowLeaderHandsOverOnlyToAFasterNode(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "a settled serving leader", func() bool {
 		for _, tn := range nodes[:3] {
 			if tn.n.IsLeader() && tn.n.Leading() {
-				first = takeoverEvent{node: tn.id, state: tn.n.FSM().State()}
+				first = takeoverEvent{node: tn.id, state: tn.n.fsm.State()}
 				return true
 			}
 		}

@@ -84,7 +84,7 @@ func TestForwardingTakesOnlyFreshFollowerWrites(t *testing.T) {
 	if res := sendForward(t, leader.nsmAddr, keyed(t, sc, time.Now())); res.Status != fwdOK || res.State != before+2 {
 		t.Fatalf("a forwarded SM_SIMU_CRASH: %+v, want sm_state %d", res, before+2)
 	}
-	if g := leader.n.FSM().GraceUntil(); g.After(time.Now().Add(time.Hour)) {
+	if g := leader.n.fsm.GraceUntil(); g.After(time.Now().Add(time.Hour)) {
 		t.Fatalf("the forwarded takeover's grace window (until %v) was taken as sent", g)
 	}
 	if askVIPHeld(t, leader.nsmAddr) != leader.n.IsLeader() {
@@ -136,7 +136,7 @@ func TestLeaderLowersAForwardedOwnerCommand(t *testing.T) {
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		l := &unregLog{}
 		logs[cfg.NodeID] = l
-		cfg.Observer = l.observe
+		cfg.Subscribers = append(cfg.Subscribers, Subscriber{Applied: l.observe})
 	})
 	_, leader := c.leader(5 * time.Second)
 	ownedRegs(t, leader.n, "lead", 3)
@@ -150,7 +150,7 @@ func TestLeaderLowersAForwardedOwnerCommand(t *testing.T) {
 		if owner == leader.id {
 			want = 0
 		}
-		if n := leader.n.FSM().Len(); n != want {
+		if n := leader.n.fsm.Len(); n != want {
 			t.Fatalf("after a forwarded SM_UNMON_ALL of %s's lockd: %d registrations, want %d", owner, n, want)
 		}
 	}

@@ -16,14 +16,14 @@ import (
 )
 
 // unregLog records the Unregister and UnregisterAll commands one node
-// applies (an fsm Observer).
+// applies (a Subscriber).
 type unregLog struct {
 	mu   sync.Mutex
 	cmds []fsm.Command
 }
 
-func (l *unregLog) observe(_ uint64, c fsm.Command, _ fsm.Result) {
-	switch c.(type) {
+func (l *unregLog) observe(ev Applied) {
+	switch c := ev.Cmd; c.(type) {
 	case fsm.Unregister, fsm.UnregisterAll:
 		l.mu.Lock()
 		l.cmds = append(l.cmds, c)
@@ -64,7 +64,7 @@ func ownedRegs(t *testing.T, n *Node, tag string, count int) []fsm.MonID {
 // the leader committed.
 func monNames(n *Node) []string {
 	var out []string
-	for _, r := range n.FSM().Registrations(fsm.MonID{}, 0, "") {
+	for _, r := range n.fsm.Registrations(fsm.MonID{}, 0, "") {
 		out = append(out, r.ID.MonName)
 	}
 	return out
@@ -83,7 +83,7 @@ func TestUnmonFromAnotherNodeRemovesNothingWithoutGossip(t *testing.T) {
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		l := &unregLog{}
 		logs[cfg.NodeID] = l
-		cfg.Observer = l.observe
+		cfg.Subscribers = append(cfg.Subscribers, Subscriber{Applied: l.observe})
 	})
 	li, leader := c.leader(5 * time.Second)
 	f := c.nodes[(li+1)%3].n
@@ -153,7 +153,7 @@ func TestOwnerCommandsOnlyOnceEveryMemberAppliesThem(t *testing.T) {
 				mu.Lock()
 				logs[id] = l
 				mu.Unlock()
-				cfg.Observer = l.observe
+				cfg.Subscribers = append(cfg.Subscribers, Subscriber{Applied: l.observe})
 				cfg.olderFSM = older && id == "g3"
 			}, "g1", "g2", "g3")
 			leader := gossipLeader(nodes...)
@@ -178,7 +178,7 @@ func TestOwnerCommandsOnlyOnceEveryMemberAppliesThem(t *testing.T) {
 			if _, err := leader.UnmonitorAll(context.Background(), my, lockdOn(other.cfg.NodeID)); err != nil {
 				t.Fatal(err)
 			}
-			if n := leader.FSM().Len(); n != 3 {
+			if n := leader.fsm.Len(); n != 3 {
 				t.Fatalf("%d registrations left after another node's SM_UNMON_ALL, want 3", n)
 			}
 			if _, err := leader.UnmonitorAll(context.Background(), my, lockdOn(leader.cfg.NodeID)); err != nil {
@@ -186,7 +186,7 @@ func TestOwnerCommandsOnlyOnceEveryMemberAppliesThem(t *testing.T) {
 			}
 			itest.WaitFor(t, 5*time.Second, "every node to apply the removals", func() bool {
 				for _, n := range nodes {
-					if n.FSM().Len() != 0 {
+					if n.fsm.Len() != 0 {
 						return false
 					}
 				}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,6 +37,10 @@ type tnode struct {
 	n       *Node
 	srv     *oncrpc.Server
 	alive   bool
+	// nt sends SM_NOTIFY when n serves a term, as the agent composes it
+	// (a Subscriber); stopDeliver ends its callback deliverer, if any.
+	nt          *nsm.Notifier
+	stopDeliver context.CancelFunc
 }
 
 // tcluster is an in-process cluster with raft over in-memory transports.
@@ -46,6 +52,11 @@ type tcluster struct {
 	takeovers chan takeoverEvent
 	followers chan takeoverEvent // OnFollower calls
 
+	// notify configures every node's notifier; deliver, when set, gives
+	// every node a callback deliverer (both composed as the agent does).
+	notify  nsm.NotifierConfig
+	deliver *nsm.DelivererConfig
+
 	mu      sync.Mutex
 	cut     map[[2]int]bool // links cut by partition()
 	tuneCfg func(*Config)
@@ -56,9 +67,21 @@ type tcluster struct {
 
 func newTestCluster(t testing.TB, size int, tune func(*Config)) *tcluster {
 	t.Helper()
+	return newTestClusterWith(t, size, tune, nil)
+}
+
+// newTestClusterWith is newTestCluster with set run on the cluster before
+// its nodes start (the notifier's and the deliverer's settings).
+func newTestClusterWith(t testing.TB, size int, tune func(*Config), set func(*tcluster)) *tcluster {
+	t.Helper()
 	c := &tcluster{t: t, voters: map[string]string{}, peerNSM: map[string]string{},
 		takeovers: make(chan takeoverEvent, 256), followers: make(chan takeoverEvent, 256),
-		cut: map[[2]int]bool{}, tuneCfg: tune}
+		cut: map[[2]int]bool{}, tuneCfg: tune,
+		notify: nsm.NotifierConfig{Name: "nfs.test", InitialRTO: 50 * time.Millisecond,
+			MaxRTO: 200 * time.Millisecond, Window: 2 * time.Second}}
+	if set != nil {
+		set(c)
+	}
 	for i := range size {
 		tn := &tnode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), addr: raft.ServerAddress(fmt.Sprintf("inmem-n%d", i+1))}
 		tn.nsmAddr = testutil.FreeAddr(t, "127.0.0.1")
@@ -83,24 +106,39 @@ func (c *tcluster) start(i int) {
 	c.t.Helper()
 	tn := c.nodes[i]
 	_, tn.trans = raft.NewInmemTransport(tn.addr)
-	cfg := Config{
-		NodeID: tn.id, DataDir: tn.dir, RaftBind: "127.0.0.1:1", NSMAddr: tn.nsmAddr,
-		Voters: c.voters, PeerNSMAddrs: c.peerNSM, Transport: tn.trans,
-		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
-		LeaderLeaseTimeout: 150 * time.Millisecond, HoldTimeout: 2 * time.Second,
-		ClusterKey: []byte("test-cluster-key"), // inmem raft addresses carry no IPs to match
-		Notifier: nsm.NotifierConfig{Name: "nfs.test", InitialRTO: 50 * time.Millisecond,
-			MaxRTO: 200 * time.Millisecond, Window: 2 * time.Second},
-		OnLeader: func(_ context.Context, _ fsm.Takeover, state int32) error {
-			c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
-			return nil
-		},
-		OnFollower: func() error { c.followers <- takeoverEvent{node: tn.id, at: time.Now()}; return nil },
+	cfg := testDefaults(Config{NodeID: tn.id, DataDir: tn.dir, RaftBind: "127.0.0.1:1"})
+	cfg.NSMAddr, cfg.Voters, cfg.PeerNSMAddrs, cfg.Transport = tn.nsmAddr, c.voters, c.peerNSM, tn.trans
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout = 300*time.Millisecond, 300*time.Millisecond
+	cfg.LeaderLeaseTimeout, cfg.HoldTimeout = 150*time.Millisecond, 2*time.Second
+	cfg.ClusterKey = []byte("test-cluster-key") // inmem raft addresses carry no IPs to match
+	cfg.OnLeader = func(_ context.Context, _ fsm.Takeover, state int32) error {
+		c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
+		return nil
+	}
+	cfg.OnFollower = func() error { c.followers <- takeoverEvent{node: tn.id, at: time.Now()}; return nil }
+	nt, err := nsm.NewNotifier(c.notify)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	tn.nt = nt
+	var n *Node // set before Start, the first Serving
+	cfg.Subscribers = append(cfg.Subscribers, Subscriber{Serving: func(ctx context.Context, state int32) {
+		nt.Run(ctx, state, n.Targets())
+	}})
+	if c.deliver != nil {
+		d := nsm.NewDeliverer(*c.deliver)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); d.Run(ctx) }()
+		tn.stopDeliver = func() { cancel(); <-done }
+		cfg.Subscribers = append(cfg.Subscribers, Subscriber{Applied: func(ev Applied) {
+			d.Applied(tn.id, ev.Cmd, ev.Result, ev.Replay)
+		}})
 	}
 	if c.tuneCfg != nil {
 		c.tuneCfg(&cfg)
 	}
-	n, err := New(cfg)
+	n, err = New(cfg)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", tn.id, err)
 	}
@@ -148,6 +186,9 @@ func (c *tcluster) kill(i int) {
 	tn.srv.Shutdown(ctx)
 	cancel()
 	tn.n.Kill()
+	if tn.stopDeliver != nil {
+		tn.stopDeliver()
+	}
 	c.relink()
 }
 
@@ -209,18 +250,18 @@ func (c *tcluster) converge(timeout time.Duration) [32]byte {
 	if err := ld.n.raft.Barrier(timeout).Error(); err != nil {
 		c.t.Fatalf("barrier: %v", err)
 	}
-	want := ld.n.FSM().AppliedIndex()
+	want := ld.n.AppliedIndex()
 	testutil.WaitForSeen(c.t, timeout, fmt.Sprintf("every live node to apply the leader's index %d", want), func() (bool, string) {
 		for _, tn := range c.nodes {
-			if tn.alive && tn.n.FSM().AppliedIndex() < want {
-				return false, fmt.Sprintf("%s applied %d", tn.id, tn.n.FSM().AppliedIndex())
+			if tn.alive && tn.n.AppliedIndex() < want {
+				return false, fmt.Sprintf("%s applied %d", tn.id, tn.n.AppliedIndex())
 			}
 		}
 		return true, ""
 	})
-	d := ld.n.FSM().Digest()
+	d := ld.n.fsm.Digest()
 	for _, tn := range c.nodes {
-		if tn.alive && tn.n.FSM().AppliedIndex() == want && tn.n.FSM().Digest() != d {
+		if tn.alive && tn.n.AppliedIndex() == want && tn.n.fsm.Digest() != d {
 			c.t.Errorf("%s FSM digest differs from the leader's at index %d", tn.id, want)
 		}
 	}
@@ -250,4 +291,113 @@ func askVIPHeld(t testing.TB, addr string) bool {
 		t.Fatal(err)
 	}
 	return held.V
+}
+
+// testDiskSlowThreshold is the slow-disk threshold a test node runs with
+// unless its test says otherwise: the agent's default.
+const testDiskSlowThreshold = 50 * time.Millisecond
+
+// testRaftHandshakesPerHost is the agent's raft_handshakes_per_host: a
+// member dials a handful of connections at a time (raft's pool of 4, a
+// heartbeat, a snapshot).
+const testRaftHandshakesPerHost = 8
+
+// testDefaults fills every setting cfg leaves zero with the value a test
+// node runs with — New takes no defaults, package config gives the agent
+// its values —, so that a test names only what it is about. Fields filled
+// here are not the test's subject; one that means something at zero
+// (DiskSlowThreshold: off) is set after this.
+func testDefaults(cfg Config) Config {
+	durations := []struct {
+		p *time.Duration
+		v time.Duration
+	}{
+		{&cfg.GracePeriod, 90 * time.Second},
+		{&cfg.HeartbeatTimeout, 500 * time.Millisecond},
+		{&cfg.ElectionTimeout, 500 * time.Millisecond},
+		{&cfg.LeaderLeaseTimeout, 250 * time.Millisecond},
+		{&cfg.StandDownWait, time.Second},
+		{&cfg.DiskProbeInterval, 5 * time.Second},
+		{&cfg.DiskSlowThreshold, testDiskSlowThreshold},
+		{&cfg.HoldTimeout, 5 * time.Second},
+		{&cfg.HookTimeout, 30 * time.Second},
+		{&cfg.Gossip.ReconcileEvery, 2 * time.Second},
+	}
+	for _, d := range durations {
+		if *d.p == 0 {
+			*d.p = d.v
+		}
+	}
+	if cfg.SnapshotThreshold == 0 {
+		cfg.SnapshotThreshold = 200_000
+	}
+	if cfg.TrailingLogs == 0 {
+		cfg.TrailingLogs = 100_000
+	}
+	if cfg.MaxInflightEntries == 0 {
+		cfg.MaxInflightEntries = 1
+	}
+	if cfg.RaftHandshakesPerHost == 0 {
+		cfg.RaftHandshakesPerHost = testRaftHandshakesPerHost
+	}
+	if cfg.Version == "" {
+		cfg.Version = DefaultVersion
+	}
+	if cfg.LogStore == "" {
+		cfg.LogStore = LogStoreAuto
+	}
+	if cfg.Gossip.ClusterID == "" {
+		cfg.Gossip.ClusterID = DefaultClusterID
+	}
+	return cfg
+}
+
+// TestNewRefusesZeroSettings: New takes no defaults; a zero duration or
+// count is refused with the setting's name, and nothing is created.
+func TestNewRefusesZeroSettings(t *testing.T) {
+	valid := func() Config {
+		return testDefaults(Config{NodeID: "n1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:1"})
+	}
+	for _, tc := range []struct {
+		name string
+		zero func(*Config)
+	}{
+		{"GracePeriod", func(c *Config) { c.GracePeriod = 0 }},
+		{"HeartbeatTimeout", func(c *Config) { c.HeartbeatTimeout = 0 }},
+		{"ElectionTimeout", func(c *Config) { c.ElectionTimeout = 0 }},
+		{"LeaderLeaseTimeout", func(c *Config) { c.LeaderLeaseTimeout = 0 }},
+		{"SnapshotThreshold", func(c *Config) { c.SnapshotThreshold = 0 }},
+		{"TrailingLogs", func(c *Config) { c.TrailingLogs = 0 }},
+		{"MaxInflightEntries", func(c *Config) { c.MaxInflightEntries = 0 }},
+		{"StandDownWait", func(c *Config) { c.StandDownWait = 0 }},
+		{"DiskProbeInterval", func(c *Config) { c.DiskProbeInterval = 0 }},
+		{"HoldTimeout", func(c *Config) { c.HoldTimeout = 0 }},
+		{"HookTimeout", func(c *Config) { c.HookTimeout = 0 }},
+		{"Version", func(c *Config) { c.Version = "" }},
+		{"LogStore", func(c *Config) { c.LogStore = "" }},
+		{"DiskSlowThreshold", func(c *Config) { c.DiskSlowThreshold = -time.Millisecond }},
+		{"Gossip.ClusterID", func(c *Config) { c.Gossip.Port, c.Gossip.ClusterID = 7946, "" }},
+		{"Gossip.ReconcileEvery", func(c *Config) { c.Gossip.Port, c.Gossip.ReconcileEvery = 7946, 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := valid()
+			tc.zero(&cfg)
+			n, err := New(cfg)
+			if err == nil {
+				n.Kill()
+				t.Fatalf("New took a config without %s", tc.name)
+			}
+			if !strings.Contains(err.Error(), tc.name) {
+				t.Errorf("error %q does not name %s", err, tc.name)
+			}
+			if ents, _ := os.ReadDir(cfg.DataDir); len(ents) != 0 {
+				t.Errorf("refused config left %d files in the data directory", len(ents))
+			}
+		})
+	}
+	cfg := valid()
+	cfg.DiskSlowThreshold = 0 // off: a meaning, not a missing value
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("DiskSlowThreshold 0 (off) refused: %v", err)
+	}
 }

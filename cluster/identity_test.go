@@ -119,7 +119,7 @@ func refusedOn(nodes []*Node, reason string) float64 {
 // registeredNames lists the mon_names n's FSM holds.
 func registeredNames(n *Node) []string {
 	var out []string
-	for _, r := range n.FSM().Registrations(fsm.MonID{}, 100, "") {
+	for _, r := range n.fsm.Registrations(fsm.MonID{}, 100, "") {
 		out = append(out, r.ID.MonName)
 	}
 	return out
@@ -164,10 +164,10 @@ func checkClustersStayApart(t *testing.T, reason string, tune func(s *gossipSpec
 		want[c] = []string{r.ID.MonName}
 	}
 	for _, c := range []string{"a", "b"} {
-		idx := leaders[c].FSM().AppliedIndex()
+		idx := leaders[c].fsm.AppliedIndex()
 		for _, n := range nodes[c] {
 			testutil.WaitFor(t, 10*time.Second, n.ID()+" applying its cluster's write", func() bool {
-				return n.FSM().AppliedIndex() >= idx
+				return n.fsm.AppliedIndex() >= idx
 			})
 			if got := registeredNames(n); !slices.Equal(got, want[c]) {
 				t.Errorf("%s holds %v, want only its own cluster's %v", n.ID(), got, want[c])

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
-	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/timeline"
 )
 
@@ -82,8 +81,10 @@ func (n *Node) startTerm() *term {
 
 // lead runs one term of leadership: Barrier (apply everything the old
 // leader committed), commit a Takeover (sm_state up to the next odd
-// number, grace opened), run OnLeader, then notify every monitored host.
-// An SM_SIMU_CRASH while leading restarts the fan-out with its new state.
+// number, grace opened), take the VIP, prove every other serving node
+// stopped, run OnLeader, then tell the subscribers the term serves (they
+// notify every monitored host). An SM_SIMU_CRASH or an import while
+// leading tells them again with its new state.
 func (n *Node) lead(ctx context.Context) {
 	start := time.Now()
 	lastContact := n.raft.LastContact() // the previous leader, as a follower last heard it
@@ -169,7 +170,7 @@ func (n *Node) lead(ctx context.Context) {
 		finished := make(chan struct{})
 		go func(state int32) {
 			defer close(finished)
-			n.notify(nctx, state)
+			n.servingTerm(nctx, state)
 		}(state)
 		select {
 		case <-ctx.Done():
@@ -179,42 +180,13 @@ func (n *Node) lead(ctx context.Context) {
 		case state = <-n.crashCh:
 			ncancel()
 			<-finished
-			n.log.Info("SM_SIMU_CRASH: notifying again", "sm_state", state)
+			n.log.Info("a takeover within this term: serving with its new sm_state", "sm_state", state)
 		}
 	}
 }
 
-// notify sends SM_NOTIFY with state to every distinct monitored host.
-func (n *Node) notify(ctx context.Context, state int32) {
-	cfg := n.cfg.Notifier
-	if cfg.Logger == nil {
-		cfg.Logger = n.log
-	}
-	nt, err := nsm.NewNotifier(cfg)
-	if err != nil {
-		n.log.Error("cannot start notifier", "err", err)
-		return
-	}
-	targets := n.fsm.Targets()
-	n.mu.Lock()
-	n.notifier, n.notifyState, n.notifyTargets = nt, state, len(targets)
-	n.mu.Unlock()
-	n.log.Info("notifying monitored hosts", "hosts", len(targets), "sm_state", state)
-	started := time.Now()
-	n.MarkTimeline(state, func(tl *timeline.Timeline) {
-		tl.Mark(timeline.NotifyStarted, started)
-		tl.Mark(timeline.NotifyDone, time.Time{})
-	})
-	sum := nt.Run(ctx, state, targets)
-	if ctx.Err() == nil && sum.Pending == 0 {
-		done := time.Now()
-		n.MarkTimeline(state, func(tl *timeline.Timeline) { tl.Mark(timeline.NotifyDone, done) })
-	}
-	n.log.Info("notify finished", "summary", sum)
-}
-
 // stopLeading drops leader-only side effects at once — the VIP first, then
-// OnFollower — before the notifier is waited for.
+// OnFollower — before the subscribers' Serving is waited for.
 //
 // keepWrites (a shutdown that ends the term while raft still leads) keeps
 // the node taking writes until OnFollower returned; otherwise writes go to

@@ -44,9 +44,6 @@ const walDir = "wal"
 // has, else want, else (auto) wal. It refuses want naming the store the
 // directory does not have.
 func resolveLogStore(dataDir, want string, bolt *raftboltdb.BoltStore) (store, why string, err error) {
-	if want == "" {
-		want = LogStoreAuto
-	}
 	if want != LogStoreAuto && want != LogStoreWAL && want != LogStoreBolt {
 		return "", "", fmt.Errorf("cluster: log store %q is not one of auto, wal, bolt", want)
 	}

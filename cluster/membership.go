@@ -31,14 +31,15 @@ import (
 
 // GossipConfig configures memberlist discovery of the other nodes.
 type GossipConfig struct {
-	Bind            string        // IP to gossip on (defaults to the raft IP)
+	Bind            string        // IP to gossip on
 	Port            int           // TCP+UDP gossip port; 0 disables gossip
 	Join            []string      // seed addresses host:port
 	BootstrapExpect int           // form a new cluster once this many servers see each other
 	Key             []byte        // 16/24/32-byte AES key; when set, plaintext gossip is refused
-	ReconcileEvery  time.Duration // leader's membership → raft reconcile period (default 2 s)
-	// ClusterID names the cluster (default DefaultClusterID): members that
-	// advertise another one are refused (identity.go).
+	ReconcileEvery  time.Duration // leader's membership → raft reconcile period (the agent: 2 s)
+	// ClusterID names the cluster: members that advertise another one are
+	// refused (identity.go); those that advertise none are of
+	// DefaultClusterID.
 	ClusterID string
 }
 
@@ -70,7 +71,6 @@ const (
 const (
 	metaVersion       = 1
 	msgLeaveIntent    = byte(1) // user message: "I am leaving on purpose", then the node id
-	defaultReconcile  = 2 * time.Second
 	statePollEvery    = 250 * time.Millisecond
 	diskPollEvery     = 250 * time.Millisecond // how often the disk report is compared with the one advertised
 	diskRepublishMin  = time.Second            // a report with no new trouble is re-advertised at most this often
@@ -167,13 +167,6 @@ func newMembership(n *Node) (*membership, error) {
 		return nil, fmt.Errorf("gossip port %d out of range", gc.Port)
 	}
 	bind := gc.Bind
-	if bind == "" {
-		ap, err := netip.ParseAddrPort(n.cfg.RaftBind)
-		if err != nil {
-			return nil, fmt.Errorf("gossip bind from raft address %q: %w", n.cfg.RaftBind, err)
-		}
-		bind = ap.Addr().String()
-	}
 	bindIP, err := netip.ParseAddr(bind)
 	if err != nil {
 		return nil, fmt.Errorf("gossip bind %q: %w", bind, err)
@@ -194,9 +187,6 @@ func newMembership(n *Node) (*membership, error) {
 		versionsWarned: map[string]struct{}{},
 	}
 	m.refusals = newJoinRefusals(m.log, n.cfg.Now)
-	if m.every <= 0 {
-		m.every = defaultReconcile
-	}
 	// The largest the metadata can ever get must fit, or memberlist panics.
 	worst := m.meta
 	worst.HasState, worst.Leaving, worst.Witness = true, true, true

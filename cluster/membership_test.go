@@ -58,7 +58,7 @@ func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 	if lg == nil {
 		lg = gossipTestLogger()
 	}
-	cfg := Config{
+	cfg := testDefaults(Config{
 		NodeID: s.id, DataDir: s.dir, RaftBind: s.raftAddr, NSMAddr: s.nsmAddr, Version: s.version,
 		Gossip: GossipConfig{
 			Bind: "127.0.0.1", Port: s.port, Join: s.join, BootstrapExpect: s.expect, Key: s.key,
@@ -68,7 +68,7 @@ func startGossipNode(t testing.TB, s *gossipSpec) *Node {
 		LeaderLeaseTimeout: 150 * time.Millisecond,
 		Logger:             lg,
 		Registerer:         prometheus.NewRegistry(),
-	}
+	})
 	if s.tune != nil {
 		s.tune(&cfg)
 	}
@@ -413,14 +413,14 @@ func TestGossipWipedRestartRejoins(t *testing.T) {
 	if _, err := l.Monitor(ctx, reg(10)); err != nil {
 		t.Fatal(err)
 	}
-	want := l.FSM().AppliedIndex()
+	want := l.fsm.AppliedIndex()
 	testutil.WaitFor(t, 10*time.Second, "the wiped node catching up", func() bool {
-		return n.FSM().AppliedIndex() >= want
+		return n.fsm.AppliedIndex() >= want
 	})
-	if got := n.FSM().Len(); got != 11 {
+	if got := n.fsm.Len(); got != 11 {
 		t.Errorf("wiped node has %d registrations, want 11", got)
 	}
-	if n.FSM().Digest() != l.FSM().Digest() && n.FSM().AppliedIndex() == l.FSM().AppliedIndex() {
+	if n.fsm.Digest() != l.fsm.Digest() && n.fsm.AppliedIndex() == l.fsm.AppliedIndex() {
 		t.Error("FSM digests differ at the same applied index")
 	}
 }
@@ -459,9 +459,9 @@ func TestGossipWipedRestartAtNewAddressReplacesVoter(t *testing.T) {
 	if _, err := l.Monitor(ctx, reg(1)); err != nil {
 		t.Fatal(err)
 	}
-	want := l.FSM().AppliedIndex()
+	want := l.fsm.AppliedIndex()
 	testutil.WaitFor(t, 10*time.Second, "the replacement catching up", func() bool {
-		return n.FSM().AppliedIndex() >= want
+		return n.fsm.AppliedIndex() >= want
 	})
 }
 

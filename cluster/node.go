@@ -1,15 +1,18 @@
-// Package cluster runs nsmd's replicated state: hashicorp/raft with its log
-// in hashicorp/raft-wal (a new data directory) or raft-boltdb/v2 (what an
+// Package cluster replicates nsmd's state: hashicorp/raft with its log in
+// hashicorp/raft-wal (a new data directory) or raft-boltdb/v2 (what an
 // older one has; logstore.go), raft-boltdb/v2 for the stable store and a
 // file snapshot store in the data directory, the group-commit writer that
-// turns NSM writes into raft log entries, and the leader loop that owns
-// every leader-only side effect (takeover, the VIP, hooks, SM_NOTIFY
-// fan-out). The VIP itself is
-// a FloatingAddr (package vip has both modes'); this package decides when
-// a leader may take it (handover.go).
+// turns NSM writes into raft log entries, gossip membership, and the
+// leader loop that owns every leader-only step of a term (takeover, the
+// VIP, fencing, the hooks). The VIP itself is a FloatingAddr (package vip
+// has both modes'); this package decides when a leader may take it
+// (handover.go).
 //
-// A Node implements nsm.Registry: writes return only after they are
-// committed; reads come from the local FSM.
+// It speaks no NSM: what a term or an applied command means to clients
+// (SM_NOTIFY after a takeover, the lock-manager callback of an accepted
+// SM_NOTIFY) is done by subscribers given to New (events.go). A Node
+// satisfies the NSM service's Registry: writes return only after they are
+// committed; reads come from the local state machine.
 package cluster
 
 import (
@@ -35,7 +38,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/fsm"
-	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/timeline"
 )
 
@@ -51,7 +53,10 @@ var (
 	ErrNotReadyYet = errors.New("cluster: current sm_state not known here yet")
 )
 
-// Config configures a Node. Zero durations take the defaults noted.
+// Config configures a Node. It has no defaults: every setting is given
+// (package config's ClusterConfig builds one from an operator's settings)
+// and New refuses a zero duration or count. Only the runtime
+// dependencies (Logger, Registerer, Now) may be left nil.
 type Config struct {
 	NodeID    string
 	DataDir   string
@@ -62,14 +67,14 @@ type Config struct {
 	// member must be given the same map.
 	Voters map[string]string
 
-	GracePeriod        time.Duration // NLM grace opened at each takeover (default 90 s)
-	HeartbeatTimeout   time.Duration // default 500 ms
-	ElectionTimeout    time.Duration // default 500 ms
-	LeaderLeaseTimeout time.Duration // default 250 ms
-	SnapshotThreshold  uint64        // default 200,000
-	TrailingLogs       uint64        // default 100,000
+	GracePeriod        time.Duration // NLM grace opened at each takeover
+	HeartbeatTimeout   time.Duration // raft's
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	SnapshotThreshold  uint64 // log entries between snapshots
+	TrailingLogs       uint64 // log entries kept after a snapshot
 	// MaxInflightEntries bounds the group-commit entries handed to raft and
-	// not yet applied (default 1): writes that arrive meanwhile are
+	// not yet applied (the agent: 1): writes that arrive meanwhile are
 	// coalesced into the next entry. More lets entries overlap (leader
 	// fsync of one while followers fsync another) at the cost of smaller
 	// entries and more fsyncs per write; on one shared disk that loses.
@@ -80,7 +85,7 @@ type Config struct {
 	// LogStore is where raft's log lives (logstore.go): "wal"
 	// (hashicorp/raft-wal segment files under DataDir/wal; one fsync per
 	// append), "bolt" (raft-boltdb/v2, the raft.db that also holds the
-	// stable store; two), or "auto"/"" (default): the store DataDir has,
+	// stable store; two), or "auto": the store DataDir has,
 	// wal if it has no log yet. Fixed for the life of a data directory:
 	// New refuses one whose log is in the other store.
 	LogStore string
@@ -100,8 +105,8 @@ type Config struct {
 	// Gossip configures memberlist discovery; Port 0 disables it (a single
 	// node, or a static Voters map).
 	Gossip GossipConfig
-	// Version is the nsmd version this node advertises in gossip (default
-	// DefaultVersion; at most 64 bytes are kept). Members show it, and a
+	// Version is the nsmd version this node advertises in gossip (at most
+	// 64 bytes are kept; tests use DefaultVersion). Members show it, and a
 	// mix of versions is logged once per set.
 	Version string
 	// ClusterKey authenticates forwarded writes (HMAC-SHA256); without it
@@ -113,16 +118,16 @@ type Config struct {
 	// StandDownWait bounds how long a new leader keeps asking the previous
 	// one, while it answers that it still holds the VIP or is still
 	// standing down (OnFollower running: the on_follower hook), before it
-	// falls back to waiting out the VIP's lifetime (default 1 s; the agent
-	// uses hook_timeout when an on_follower hook is set).
+	// falls back to waiting out the VIP's lifetime (the agent: 1 s, or
+	// hook_timeout + 1 s when an on_follower hook is set).
 	StandDownWait time.Duration
 	// DiskProbeInterval is how often a probe file is written and fsynced in
-	// DataDir to find a full or failing disk before raft does (default 5 s;
-	// every second while the disk fails).
+	// DataDir to find a full or failing disk before raft does (the agent:
+	// 5 s; every second while the disk fails).
 	DiskProbeInterval time.Duration
 	// DiskSlowThreshold: a node whose data directory writes take longer
-	// than this (median over 2 s) stays out of leadership (diskslow.go).
-	// 0: 50 ms; negative: never.
+	// than this (median over 2 s) stays out of leadership (diskslow.go);
+	// 0 turns the check off.
 	DiskSlowThreshold time.Duration
 	// olderFSM: the node advertises fsm.CommandLevel 0, as a release
 	// before owner commands would (tests of the rolling-upgrade gate).
@@ -131,7 +136,7 @@ type Config struct {
 	// slow (the negative control of the last resort, in tests only).
 	noSlowLastResort bool
 	// HoldTimeout bounds how long a write waits for a leader during an
-	// election before it fails (default 5 s).
+	// election before it fails (the agent: 5 s).
 	HoldTimeout time.Duration
 	// Transport, when set, replaces the raft TCP transport on RaftBind
 	// (tests use raft's in-memory transport so they can cut links).
@@ -142,32 +147,27 @@ type Config struct {
 	RaftTLS     *pki.Store
 	TLSRefusals *pki.Refusals
 	// RaftHandshakesPerHost caps the raft TLS handshakes in progress from
-	// one IP address (default DefaultRaftHandshakesPerHost; 64 in all).
+	// one IP address (1…64; 64 in all). Required with RaftTLS.
 	RaftHandshakesPerHost int
-
-	// Notifier is the template for the SM_NOTIFY fan-out after each takeover.
-	Notifier nsm.NotifierConfig
-	// Deliverer configures lock-manager callbacks for this node's registrations.
-	Deliverer nsm.DelivererConfig
 
 	// VIP, when set, is acquired by each new leader after its Takeover
 	// committed (and after a previous holder's lifetime ran out) and
 	// released first when leadership ends.
 	VIP FloatingAddr
-	// Observer, when set, is called on every node for every applied
-	// command, after the entry is applied (fsm.Options.Observer: it must
-	// not block). Entries replayed from the log at start-up are included:
-	// index ≤ BootIndex() tells them apart.
-	Observer func(index uint64, cmd fsm.Command, res fsm.Result)
+	// Subscribers hear of the node's events (events.go): every applied
+	// command, and each term this node serves. They are fixed when New
+	// starts raft, so none misses a command raft applies before Start.
+	Subscribers []Subscriber
 	// OnFault, when set, is told about faults the node cannot fix itself
 	// (the VIP cannot be taken, a takeover did not commit). Must not block.
 	OnFault func(reason string, err error)
 
 	// OnLeader runs in the leader loop after the takeover committed, the VIP
 	// was taken and every other serving node was proven stopped, and before
-	// the notifier starts (the on_leader hook: mount, start nfsd). An error
-	// is a failed takeover: the node stops again (OnFollower), notifies
-	// nobody and hands leadership to another serving node. OnFollower runs
+	// the subscribers hear that the term serves (the on_leader hook: mount,
+	// start nfsd). An error is a failed takeover: the node stops again
+	// (OnFollower), tells no subscriber and hands leadership to another
+	// serving node. OnFollower runs
 	// when leadership is lost or on shutdown (the on_follower hook: stop
 	// nfsd, unmount); an error means the node may still hold the storage,
 	// and its watchdog resets it. Both return once their hook ran (bounded
@@ -182,7 +182,7 @@ type Config struct {
 	// resets the node.
 	StopAtStart func() error
 	// HookTimeout bounds OnLeader: the watchdog is fed during the on_leader
-	// hook only until HookTimeout (+ 2 s) after it started (default 30 s).
+	// hook only until HookTimeout (+ 2 s) after it started.
 	HookTimeout time.Duration
 
 	// Fencing (serving.go). Watchdog, when set, is armed before OnLeader and
@@ -196,54 +196,18 @@ type Config struct {
 	FenceTimeout time.Duration
 	FenceAgent   func(ctx context.Context, node string, onAttempt func(try int, err error)) error
 
+	// Runtime dependencies; nil: discard the log, a private registry,
+	// time.Now.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Now        func() time.Time
 }
 
-func (c *Config) setDefaults() {
-	if c.DiskProbeInterval <= 0 {
-		c.DiskProbeInterval = 5 * time.Second
-	}
-	if c.GracePeriod == 0 {
-		c.GracePeriod = 90 * time.Second
-	}
-	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = 500 * time.Millisecond
-	}
-	if c.ElectionTimeout == 0 {
-		c.ElectionTimeout = 500 * time.Millisecond
-	}
-	if c.LeaderLeaseTimeout == 0 {
-		c.LeaderLeaseTimeout = 250 * time.Millisecond
-	}
-	if c.SnapshotThreshold == 0 {
-		c.SnapshotThreshold = 200_000
-	}
-	if c.TrailingLogs == 0 {
-		c.TrailingLogs = 100_000
-	}
-	if c.MaxInflightEntries <= 0 {
-		c.MaxInflightEntries = 1
-	}
-	if c.StandDownWait == 0 {
-		c.StandDownWait = time.Second
-	}
-	if c.HoldTimeout == 0 {
-		c.HoldTimeout = 5 * time.Second
-	}
-	if c.HookTimeout == 0 {
-		c.HookTimeout = 30 * time.Second
-	}
-	if c.Version == "" {
-		c.Version = DefaultVersion
-	}
-	if len(c.Version) > maxVersionLen {
-		c.Version = c.Version[:maxVersionLen]
-	}
-	if c.Gossip.ClusterID == "" {
-		c.Gossip.ClusterID = DefaultClusterID
-	}
+// setRuntime fills in the runtime dependencies a caller may leave out:
+// a discarding logger, a private metrics registry, the wall clock. No
+// setting has a default here: package config owns them, and Validate
+// refuses a zero one.
+func (c *Config) setRuntime() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -255,20 +219,71 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports a config that cannot work.
+// Validate reports a config that cannot work. Every setting must be given:
+// a zero duration or count is refused rather than replaced by a value the
+// operator never chose.
 func (c *Config) Validate() error {
 	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("cluster: "+format, a...)) }
 	if c.NodeID == "" {
-		errs = append(errs, errors.New("cluster: NodeID is empty"))
+		bad("NodeID is empty")
 	}
 	if c.DataDir == "" {
-		errs = append(errs, errors.New("cluster: DataDir is empty"))
+		bad("DataDir is empty")
 	}
 	if _, err := netip.ParseAddrPort(c.RaftBind); err != nil {
-		errs = append(errs, fmt.Errorf("cluster: RaftBind %q: %w", c.RaftBind, err))
+		bad("RaftBind %q: %w", c.RaftBind, err)
+	}
+	if c.Version == "" {
+		bad("Version is empty")
+	}
+	switch c.LogStore {
+	case LogStoreAuto, LogStoreWAL, LogStoreBolt:
+	default:
+		bad("LogStore %q is not one of auto, wal, bolt", c.LogStore)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"GracePeriod", c.GracePeriod},
+		{"HeartbeatTimeout", c.HeartbeatTimeout},
+		{"ElectionTimeout", c.ElectionTimeout},
+		{"LeaderLeaseTimeout", c.LeaderLeaseTimeout},
+		{"StandDownWait", c.StandDownWait},
+		{"DiskProbeInterval", c.DiskProbeInterval},
+		{"HoldTimeout", c.HoldTimeout},
+		{"HookTimeout", c.HookTimeout},
+	} {
+		if d.v <= 0 {
+			bad("%s %v: must be positive", d.name, d.v)
+		}
+	}
+	if c.SnapshotThreshold == 0 {
+		bad("SnapshotThreshold is 0: must be positive")
+	}
+	if c.TrailingLogs == 0 {
+		bad("TrailingLogs is 0: must be positive")
+	}
+	if c.MaxInflightEntries <= 0 {
+		bad("MaxInflightEntries %d: must be positive", c.MaxInflightEntries)
+	}
+	if c.DiskSlowThreshold < 0 {
+		bad("DiskSlowThreshold %v: must not be negative (0 turns the check off)", c.DiskSlowThreshold)
+	}
+	if c.Gossip.Port != 0 {
+		if c.Gossip.ClusterID == "" {
+			bad("Gossip.ClusterID is empty")
+		}
+		if c.Gossip.ReconcileEvery <= 0 {
+			bad("Gossip.ReconcileEvery %v: must be positive", c.Gossip.ReconcileEvery)
+		}
+	}
+	if c.RaftTLS != nil && (c.RaftHandshakesPerHost < 1 || c.RaftHandshakesPerHost > maxRaftHandshakes) {
+		bad("RaftHandshakesPerHost %d: must be 1…%d with RaftTLS", c.RaftHandshakesPerHost, maxRaftHandshakes)
 	}
 	if c.Watchdog != nil && c.FenceTimeout <= 0 {
-		errs = append(errs, errors.New("cluster: a Watchdog needs its FenceTimeout"))
+		bad("a Watchdog needs its FenceTimeout")
 	}
 	return errors.Join(errs...)
 }
@@ -284,7 +299,7 @@ type Node struct {
 	trans   raft.Transport
 	member  *membership // nil without gossip
 	metrics *metrics
-	deliver *nsm.Deliverer
+	subs    []Subscriber // Config.Subscribers, fixed at New
 	disk    *diskHealth
 	// stableGate turns away stable-store writes once the stores close.
 	stableGate *storeGate
@@ -322,12 +337,9 @@ type Node struct {
 	// prevLeader is the last other node seen leading (for the VIP hand-over).
 	prevLeader string
 
-	mu            sync.Mutex
-	leading       bool
-	notifier      *nsm.Notifier
-	notifyState   int32 // sm_state the current (or last) fan-out sends
-	notifyTargets int   // hosts it was started with
-	timeline      timeline.Timeline
+	mu       sync.Mutex
+	leading  bool
+	timeline timeline.Timeline
 
 	started      time.Time
 	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)
@@ -350,12 +362,16 @@ type Node struct {
 // New opens (or creates) the node's state in DataDir and starts raft.
 // Call Start to run the leader loop, Close to stop.
 func New(cfg Config) (*Node, error) {
-	cfg.setDefaults()
+	cfg.setRuntime()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if len(cfg.Version) > maxVersionLen {
+		cfg.Version = cfg.Version[:maxVersionLen]
+	}
 	n := &Node{
 		cfg:        cfg,
+		subs:       slices.Clone(cfg.Subscribers),
 		log:        cfg.Logger.With("node", cfg.NodeID),
 		writes:     make(chan *write, 4096),
 		stableGate: &storeGate{},
@@ -377,11 +393,6 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.metrics = m
-	dcfg := cfg.Deliverer
-	if dcfg.Logger == nil {
-		dcfg.Logger = n.log
-	}
-	n.deliver = nsm.NewDeliverer(dcfg)
 	n.fsm = fsm.New(fsm.Options{Observer: n.observe})
 
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
@@ -499,13 +510,14 @@ func New(cfg Config) (*Node, error) {
 }
 
 // Start runs the node's goroutines: the group-commit writer, the leader
-// loop and the callback deliverer. They stop on Close.
+// loop, leadership observation, the lease loop and the disk probe. They
+// stop on Close.
 func (n *Node) Start() {
 	n.running.Store(true)
 	if n.member != nil {
 		n.member.start(n.ctx)
 	}
-	n.wg.Add(7)
+	n.wg.Add(6)
 	if n.cfg.Watchdog != nil {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.fenceLoop() }()
@@ -516,12 +528,6 @@ func (n *Node) Start() {
 	go func() { defer n.wg.Done(); n.commitLoop() }()
 	go func() { defer n.wg.Done(); n.waitLoop() }()
 	go func() { defer n.wg.Done(); n.leaderLoop() }()
-	go func() {
-		defer n.wg.Done()
-		if err := n.deliver.Run(n.ctx); err != nil && !errors.Is(err, context.Canceled) {
-			n.log.Error("deliverer stopped", "err", err)
-		}
-	}()
 }
 
 // Close stops the node. When it leads a cluster with other voters it first
@@ -588,67 +594,23 @@ func (n *Node) closeStores() {
 	}
 }
 
-// observe runs inside FSM.Apply on every node: it hands the lock-manager
-// callbacks of this node's registrations to the deliverer. Entries that
-// were already in the log at start-up are replays: their callbacks went
-// out before the restart, and a second one could drop reclaimed locks.
+// observe runs inside FSM.Apply on every node: it hands the applied
+// command to the subscribers, marking the entries that were already in
+// the log at start-up (replays), and wakes what waits for a takeover.
 func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
-	if n.cfg.Observer != nil {
-		n.cfg.Observer(index, cmd, res)
-	}
+	n.applied(Applied{Index: index, Cmd: cmd, Result: res, Replay: index <= n.bootIndex})
 	if _, ok := cmd.(fsm.Takeover); ok {
 		// This node may know the current incarnation now (Ready): wake
 		// the calls and writes waiting for it.
 		n.wakeWriters()
 	}
-	ev, ok := cmd.(fsm.PeerRebooted)
-	if !ok || !res.Accepted || index <= n.bootIndex {
-		return
-	}
-	for _, reg := range res.Matched {
-		if reg.Node != n.cfg.NodeID {
-			continue
-		}
-		if !n.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State, From: ev.From}) {
-			n.log.Warn("callback queue full; callback dropped", "mon_name", reg.ID.MonName)
-		}
-	}
 }
-
-// BootIndex is the last log index present when the node started: applied
-// entries up to it are replays.
-func (n *Node) BootIndex() uint64 { return n.bootIndex }
-
-// FSM exposes the local state machine for reads.
-func (n *Node) FSM() *fsm.FSM { return n.fsm }
-
-// Raft exposes the raft instance (status, tests).
-func (n *Node) Raft() *raft.Raft { return n.raft }
 
 // ID is the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
 
 // IsLeader reports whether this node leads.
 func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
-
-// NotifyRun says which sm_state the current (or last) SM_NOTIFY fan-out
-// of this node sends and to how many hosts (0, 0 before the first).
-func (n *Node) NotifyRun() (state int32, targets int) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.notifyState, n.notifyTargets
-}
-
-// NotifyProgress reports the current (or last) notifier's progress.
-func (n *Node) NotifyProgress() (pending, done, failed int) {
-	n.mu.Lock()
-	nt := n.notifier
-	n.mu.Unlock()
-	if nt == nil {
-		return 0, 0, 0
-	}
-	return nt.Progress()
-}
 
 // Members lists the cluster's nodes as gossip and raft see them.
 func (n *Node) Members() []MemberStatus {

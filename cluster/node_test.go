@@ -42,11 +42,11 @@ func (tk *takeovers) wait(t testing.TB) int32 {
 
 func startNode(t testing.TB, dir, addr string, tk *takeovers) *Node {
 	t.Helper()
-	n, err := New(Config{
+	n, err := New(testDefaults(Config{
 		NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true,
 		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
 		LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestRestartRaisesStateByTwoAndKeepsRegistrations(t *testing.T) {
 	if _, err := n.Unmonitor(ctx, reg(3).ID, lockdOn("n1")); err != nil {
 		t.Fatal(err)
 	}
-	digest := n.FSM().Digest()
+	digest := n.fsm.Digest()
 	if err := n.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -103,13 +103,13 @@ func TestRestartRaisesStateByTwoAndKeepsRegistrations(t *testing.T) {
 	if s2 != s1+2 {
 		t.Errorf("sm_state after restart %d, want %d", s2, s1+2)
 	}
-	if got := n2.FSM().Len(); got != 19 {
+	if got := n2.fsm.Len(); got != 19 {
 		t.Errorf("registrations after restart: %d, want 19", got)
 	}
-	if _, ok := n2.FSM().Get(reg(3).ID); ok {
+	if _, ok := n2.fsm.Get(reg(3).ID); ok {
 		t.Error("unmonitored registration came back after restart")
 	}
-	if n2.FSM().Digest() == digest {
+	if n2.fsm.Digest() == digest {
 		t.Error("state digest unchanged although a takeover was applied")
 	}
 }
@@ -136,7 +136,7 @@ func TestConcurrentWritesAreGroupedAndEachWaitsForItsCommit(t *testing.T) {
 					errs <- err
 					return
 				}
-				if _, ok := n.FSM().Get(r.ID); !ok {
+				if _, ok := n.fsm.Get(r.ID); !ok {
 					errs <- fmt.Errorf("registration %s not applied when Monitor returned", r.ID.MonName)
 					return
 				}
@@ -148,7 +148,7 @@ func TestConcurrentWritesAreGroupedAndEachWaitsForItsCommit(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if got := n.FSM().Len(); got != writers*each {
+	if got := n.fsm.Len(); got != writers*each {
 		t.Fatalf("registrations %d, want %d", got, writers*each)
 	}
 	entries := n.raft.LastIndex() - before
@@ -239,11 +239,11 @@ func TestVIPWaitCoversThePreviousHoldersLifetime(t *testing.T) {
 // that differs is refused.
 func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	start := func(dir, addr, store string, tk *takeovers) (*Node, error) {
-		n, err := New(Config{
+		n, err := New(testDefaults(Config{
 			NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true, LogStore: store,
 			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
 			LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
-		})
+		}))
 		if err == nil {
 			n.Start()
 		}
@@ -280,7 +280,7 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	if s2 := tk.wait(t); s2 != s1+2 {
 		t.Errorf("sm_state after restart %d, want %d", s2, s1+2)
 	}
-	if got := n.FSM().Len(); got != 19 {
+	if got := n.fsm.Len(); got != 19 {
 		t.Errorf("registrations after restart: %d, want 19", got)
 	}
 	n.Close()
@@ -289,7 +289,7 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk.wait(t)
-	if got, regs := n.LogStore(), n.FSM().Len(); got != LogStoreWAL || regs != 19 {
+	if got, regs := n.LogStore(), n.fsm.Len(); got != LogStoreWAL || regs != 19 {
 		t.Errorf("auto on a raft-wal directory: store %q with %d registrations, want wal with 19", got, regs)
 	}
 	n.Close()
@@ -316,7 +316,7 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk.wait(t)
-	if got, regs := b.LogStore(), b.FSM().Len(); got != LogStoreBolt || regs != 1 {
+	if got, regs := b.LogStore(), b.fsm.Len(); got != LogStoreBolt || regs != 1 {
 		t.Errorf("the default on a bolt directory: store %q with %d registrations, want bolt with 1", got, regs)
 	}
 	b.Close()

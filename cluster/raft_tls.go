@@ -41,11 +41,9 @@ type tlsStream struct {
 
 const (
 	tlsHandshakeTimeout = 5 * time.Second
-	maxRaftHandshakes   = 64
-	// DefaultRaftHandshakesPerHost is Config.RaftHandshakesPerHost's
-	// default: a member dials a handful of connections at a time (raft's
-	// pool of 4, a heartbeat, a snapshot).
-	DefaultRaftHandshakesPerHost = 8
+	// maxRaftHandshakes bounds the handshakes in progress in all;
+	// Config.RaftHandshakesPerHost (1…this) those from one address.
+	maxRaftHandshakes = 64
 )
 
 // errTooManyHandshakes refuses a handshake over a cap.
@@ -55,9 +53,6 @@ func newTLSStream(bind string, store *pki.Store, refusals *pki.Refusals, perHost
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("raft TLS listener on %s: %w", bind, err)
-	}
-	if perHost <= 0 {
-		perHost = DefaultRaftHandshakesPerHost
 	}
 	s := &tlsStream{ln: ln, store: store, refusals: refusals, conns: make(chan net.Conn),
 		done: make(chan struct{}), sem: make(chan struct{}, maxRaftHandshakes), perHost: min(perHost, maxRaftHandshakes),
@@ -222,8 +217,7 @@ func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net
 const raftMaxRPCsInFlight = 1
 
 // newTLSTransport is raft's network transport over tlsStream.
-// At most perHost handshakes (≤ 0: DefaultRaftHandshakesPerHost) are in
-// progress from one IP address.
+// At most perHost handshakes are in progress from one IP address.
 func newTLSTransport(bind string, advertise *net.TCPAddr, store *pki.Store, refusals *pki.Refusals, perHost int, logger hclog.Logger) (*raft.NetworkTransport, error) {
 	if advertise.IP == nil || advertise.IP.IsUnspecified() {
 		return nil, fmt.Errorf("raft address %s: not advertisable (give a specific IP)", bind)

@@ -131,17 +131,17 @@ func viewOf(t *testing.T, nodes []*tcpNode) clusterView {
 	// digests compare equal state (after the control's forgery: a new
 	// election).
 	testutil.WaitForSeen(t, 10*time.Second, "the cluster to settle", func() (bool, string) {
-		_, lid := nodes[0].n.Raft().LeaderWithID()
+		_, lid := nodes[0].n.raft.LeaderWithID()
 		v.leader = string(lid)
 		ok := v.leader != ""
 		var idx uint64
 		for i, tn := range nodes {
-			v.terms[i] = tn.n.Raft().CurrentTerm()
-			v.states[i] = tn.n.FSM().State()
-			v.digests[i] = tn.n.FSM().Digest()
+			v.terms[i] = tn.n.raft.CurrentTerm()
+			v.states[i] = tn.n.fsm.State()
+			v.digests[i] = tn.n.fsm.Digest()
 			if i == 0 {
-				idx = tn.n.FSM().AppliedIndex()
-			} else if tn.n.FSM().AppliedIndex() != idx {
+				idx = tn.n.fsm.AppliedIndex()
+			} else if tn.n.fsm.AppliedIndex() != idx {
 				ok = false
 			}
 		}
@@ -365,7 +365,7 @@ func TestSilentHandshakesFromOneAddressDoNotHoldMembersOut(t *testing.T) {
 		perHost int
 		served  bool
 	}{
-		{"per-address cap", DefaultRaftHandshakesPerHost, true},
+		{"per-address cap", testRaftHandshakesPerHost, true},
 		{"negative control: no per-address cap", maxRaftHandshakes, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 // readStateTimeout bounds a follower's question to the leader for SM_STAT.
 const readStateTimeout = 500 * time.Millisecond
 
-// ReadState implements nsm.Registry: a ready leader answers its own state;
+// ReadState (the NSM service's Registry): a ready leader answers its own state;
 // a ready follower asks the leader (fwdProcState), so that a follower that
 // has not yet heard of a new term — a leadership transfer elects within
 // one round trip, long before followers' heartbeat timeouts — never

@@ -8,7 +8,7 @@ import (
 
 // Ready reports whether this node knows the current incarnation's
 // sm_state, so that NSM may answer SM_STAT, SM_MON, SM_UNMON, SM_UNMON_ALL
-// and SM_SIMU_CRASH (nsm.Registry). It is true iff
+// and SM_SIMU_CRASH (the NSM service's Registry). It is true iff
 //
 //   - raft knows a leader,
 //   - the last Takeover applied here was carried by an entry of raft's

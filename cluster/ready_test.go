@@ -169,7 +169,7 @@ func (c *rcluster) start(i int) *Node {
 	c.t.Helper()
 	rn := c.nodes[i]
 	rn.trans = newGatedTCP(c.t, rn.raftAddr)
-	cfg := Config{
+	cfg := testDefaults(Config{
 		NodeID: rn.id, DataDir: rn.dir, RaftBind: rn.raftAddr, Transport: rn.trans, Voters: c.voters,
 		Bootstrap: len(c.nodes) == 1,
 		// Slower than raft's test defaults: three nodes under -race in one
@@ -181,7 +181,7 @@ func (c *rcluster) start(i int) *Node {
 			c.takeovers <- takeoverEvent{node: rn.id, state: state, at: time.Now()}
 			return nil
 		},
-	}
+	})
 	if len(c.nodes) == 1 {
 		cfg.Voters = nil
 	}
@@ -244,7 +244,7 @@ func (c *rcluster) allReady(state int32, nodes ...*rnode) {
 	c.t.Helper()
 	testutil.WaitFor(c.t, 5*time.Second, fmt.Sprintf("every node ready with sm_state %d", state), func() bool {
 		for _, rn := range nodes {
-			if !rn.n.Ready() || rn.n.FSM().State() != state {
+			if !rn.n.Ready() || rn.n.fsm.State() != state {
 				return false
 			}
 		}
@@ -256,7 +256,7 @@ func (c *rcluster) allReady(state int32, nodes ...*rnode) {
 func noneReady(t *testing.T, when string, nodes ...*rnode) {
 	t.Helper()
 	for _, rn := range nodes {
-		st, tt := rn.n.FSM().Incarnation()
+		st, tt := rn.n.fsm.Incarnation()
 		if rn.n.Ready() {
 			_, l := rn.n.raft.LeaderWithID()
 			t.Fatalf("%s: %s is ready (leader %q, term %d, takeover term %d, sm_state %d)",
@@ -278,15 +278,15 @@ func TestReadyOnlyOnceTheTermsTakeoverIsApplied(t *testing.T) {
 	noneReady(t, "just opened", rn)
 	rn.n.Start()
 	c.gate.held(t) // elected; the takeover is being stamped, not proposed
-	if _, l := rn.n.raft.LeaderWithID(); l != "n1" || rn.n.FSM().State() != 0 {
-		t.Fatalf("at the held takeover: leader %q, sm_state %d; want n1, 0", l, rn.n.FSM().State())
+	if _, l := rn.n.raft.LeaderWithID(); l != "n1" || rn.n.fsm.State() != 0 {
+		t.Fatalf("at the held takeover: leader %q, sm_state %d; want n1, 0", l, rn.n.fsm.State())
 	}
 	noneReady(t, "leading, takeover held", rn)
 	c.gate.release()
 	ev := c.waitTakeover() // OnLeader runs after the takeover is applied here
-	if !rn.n.Ready() || ev.state != 1 || rn.n.FSM().TakeoverTerm() != rn.n.raft.CurrentTerm() {
+	if !rn.n.Ready() || ev.state != 1 || rn.n.fsm.TakeoverTerm() != rn.n.raft.CurrentTerm() {
 		t.Fatalf("after the first takeover: ready %v, sm_state %d, takeover term %d, raft term %d",
-			rn.n.Ready(), ev.state, rn.n.FSM().TakeoverTerm(), rn.n.raft.CurrentTerm())
+			rn.n.Ready(), ev.state, rn.n.fsm.TakeoverTerm(), rn.n.raft.CurrentTerm())
 	}
 	if allocs := testing.AllocsPerRun(100, func() { rn.n.Ready() }); allocs != 0 {
 		t.Errorf("Ready allocates %v times per call", allocs) // it runs for every NSM call
@@ -299,14 +299,14 @@ func TestReadyOnlyOnceTheTermsTakeoverIsApplied(t *testing.T) {
 
 	c.gate.hold()
 	n := c.start(0)
-	if st, tt := n.FSM().Incarnation(); st != 1 || tt != oldTerm {
+	if st, tt := n.fsm.Incarnation(); st != 1 || tt != oldTerm {
 		t.Fatalf("restarted from the snapshot: sm_state %d, takeover term %d; want 1, %d", st, tt, oldTerm)
 	}
 	noneReady(t, "restarted, old incarnation restored", rn)
 	n.Start()
 	c.gate.held(t)
-	if _, l := n.raft.LeaderWithID(); l != "n1" || n.raft.CurrentTerm() <= oldTerm || n.FSM().State() != 1 {
-		t.Fatalf("at the held takeover after restart: leader %q, term %d (old %d), sm_state %d", l, n.raft.CurrentTerm(), oldTerm, n.FSM().State())
+	if _, l := n.raft.LeaderWithID(); l != "n1" || n.raft.CurrentTerm() <= oldTerm || n.fsm.State() != 1 {
+		t.Fatalf("at the held takeover after restart: leader %q, term %d (old %d), sm_state %d", l, n.raft.CurrentTerm(), oldTerm, n.fsm.State())
 	}
 	noneReady(t, "leading the new term with the old sm_state", rn)
 	c.gate.release()
@@ -343,7 +343,7 @@ func TestReadyOnARestartedFollowerOnlyOnceItAppliedTheCurrentTakeover(t *testing
 	}
 
 	n := c.start(fi)
-	if st, tt := n.FSM().Incarnation(); st != first.state || tt != oldTerm {
+	if st, tt := n.fsm.Incarnation(); st != first.state || tt != oldTerm {
 		t.Fatalf("restarted follower: sm_state %d, takeover term %d; want the snapshot's %d, %d", st, tt, first.state, oldTerm)
 	}
 	noneReady(t, "restarted follower before its first heartbeat", f)
@@ -365,7 +365,7 @@ func TestReadyOnARestartedFollowerOnlyOnceItAppliedTheCurrentTakeover(t *testing
 				notReady.Add(1)
 				continue
 			}
-			if st := n.FSM().State(); st != next.state {
+			if st := n.fsm.State(); st != next.state {
 				bad <- fmt.Sprintf("ready with sm_state %d, current incarnation is %d", st, next.state)
 				close(bad)
 				return
@@ -378,8 +378,8 @@ func TestReadyOnARestartedFollowerOnlyOnceItAppliedTheCurrentTakeover(t *testing
 	if msg, ok := <-bad; ok {
 		t.Fatal(msg)
 	}
-	if term := n.raft.CurrentTerm(); term == oldTerm || n.FSM().TakeoverTerm() != term {
-		t.Fatalf("ready in term %d (old %d) with takeover term %d", term, oldTerm, n.FSM().TakeoverTerm())
+	if term := n.raft.CurrentTerm(); term == oldTerm || n.fsm.TakeoverTerm() != term {
+		t.Fatalf("ready in term %d (old %d) with takeover term %d", term, oldTerm, n.fsm.TakeoverTerm())
 	}
 	t.Logf("restarted follower: %d of %d samples not ready", notReady.Load(), samples.Load())
 }
@@ -413,7 +413,7 @@ func TestReadyNowhereWhileTheNewLeadersTakeoverIsNotCommitted(t *testing.T) {
 	c.gate.release()
 	testutil.WaitFor(t, 5*time.Second, "the takeover stored on the leader", func() bool { return target.n.raft.LastIndex() > before })
 	noneReady(t, "takeover in flight", c.nodes...)
-	if st := target.n.FSM().State(); st != first.state {
+	if st := target.n.fsm.State(); st != first.state {
 		t.Fatalf("leader applied sm_state %d before its takeover committed", st)
 	}
 

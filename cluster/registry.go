@@ -8,23 +8,18 @@ import (
 	"net/netip"
 
 	"github.com/nsmd/nsmd/fsm"
-	"github.com/nsmd/nsmd/nsm"
-)
-
-var (
-	_ nsm.Registry      = (*Node)(nil)
-	_ nsm.Counter       = (*Node)(nil)
-	_ nsm.ReadyNotifier = (*Node)(nil)
 )
 
 // ReadyChanged is closed at the next event that may make Ready true: a
-// takeover applied here, or leadership moving (nsm.ReadyNotifier).
+// takeover applied here, or leadership moving (the NSM service's
+// ReadyNotifier).
 func (n *Node) ReadyChanged() <-chan struct{} { return n.leaderChanged() }
 
-// Count is the number of registrations (nsm.Counter).
+// Count is the number of registrations (the NSM service's Counter).
 func (n *Node) Count() int { return n.fsm.Len() }
 
-// Has reports whether the registration id exists (nsm.Counter).
+// Has reports whether the registration id exists (the NSM service's
+// Counter).
 func (n *Node) Has(id fsm.MonID) bool {
 	_, ok := n.fsm.Get(id)
 	return ok
@@ -214,14 +209,8 @@ func (n *Node) PeerRebooted(ctx context.Context, ev fsm.PeerRebooted) error {
 // State is the local sm_state.
 func (n *Node) State() int32 { return n.fsm.State() }
 
-// The NSM service asks the node these optional questions too.
-var (
-	_ nsm.SenderChecker = (*Node)(nil)
-	_ nsm.ReadyNotifier = (*Node)(nil)
-)
-
 // SenderIsHost reports whether from is an address of the monitored host
-// monName (nsm.SenderChecker).
+// monName (the NSM service's SenderChecker).
 func (n *Node) SenderIsHost(monName string, from netip.Addr) bool {
 	return n.fsm.SenderIsHost(monName, from)
 }

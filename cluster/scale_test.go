@@ -34,7 +34,7 @@ const (
 // TrailingLogs is small so that after the leader's snapshot a wiped node
 // must be sent the snapshot (the path being measured), not the whole log.
 func scaleConfig(id, dir, bind string) Config {
-	return Config{NodeID: id, DataDir: dir, RaftBind: bind, TrailingLogs: 16}
+	return testDefaults(Config{NodeID: id, DataDir: dir, RaftBind: bind, TrailingLogs: 16})
 }
 
 // TestScaleChildNode is one follower of TestMeasureScale1M, run in its own
@@ -61,7 +61,7 @@ func TestScaleChildNode(t *testing.T) {
 		case <-stdin:
 			return
 		case <-tick.C:
-			fmt.Printf("applied %d %d\n", n.FSM().AppliedIndex(), n.FSM().Len())
+			fmt.Printf("applied %d %d\n", n.fsm.AppliedIndex(), n.fsm.Len())
 		}
 	}
 }
@@ -209,7 +209,7 @@ func TestMeasureScale1M(t *testing.T) {
 		total, _ = strconv.Atoi(v)
 	}
 	root := t.TempDir()
-	lead, err := New(Config{NodeID: "n1", DataDir: filepath.Join(root, "n1"), RaftBind: testutil.FreeAddr(t, "127.0.0.1"), Bootstrap: true, TrailingLogs: 16})
+	lead, err := New(testDefaults(Config{NodeID: "n1", DataDir: filepath.Join(root, "n1"), RaftBind: testutil.FreeAddr(t, "127.0.0.1"), Bootstrap: true, TrailingLogs: 16}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ func TestMeasureScale1M(t *testing.T) {
 		c.waitApplied(t, last, total, 5*time.Minute)
 	}
 	loadTime := time.Since(start)
-	if got := lead.FSM().Len(); got != total {
+	if got := lead.fsm.Len(); got != total {
 		t.Fatalf("leader holds %d registrations, want %d", got, total)
 	}
 	runtime.GC()

@@ -469,8 +469,9 @@ func TestAFailedOnLeaderHandsLeadershipOnAndNotifiesNobody(t *testing.T) {
 	if next.node == bad.node {
 		t.Fatalf("%s served after its on_leader failed instead of handing on", bad.node)
 	}
-	bn := fc.nodes[nodeIndex(fc.tcluster, bad.node)].n
-	if st, _ := bn.NotifyRun(); st == bad.state {
+	bt := fc.nodes[nodeIndex(fc.tcluster, bad.node)]
+	bn := bt.n
+	if st, _ := bt.nt.Current(); st == bad.state {
 		t.Fatalf("%s notified clients with sm_state %d after a failed on_leader", bad.node, st)
 	}
 	if bn.FenceStatus().Serving {

@@ -164,7 +164,7 @@ func tcpGossipCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNo
 		ports[fmt.Sprintf("n%d", i+1)] = testutil.FreePort(t)
 	}
 	nodes, took := tcpCluster(t, dirs, func(c *Config) {
-		c.Gossip = GossipConfig{Bind: "127.0.0.1", Port: ports[c.NodeID]}
+		c.Gossip.Bind, c.Gossip.Port = "127.0.0.1", ports[c.NodeID]
 		c.Logger = gossipTestLogger().With("node", c.NodeID)
 		for id, p := range ports {
 			if id != c.NodeID {

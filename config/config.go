@@ -17,12 +17,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nsmd/nsmd/cluster"
 )
 
-// DefaultClusterID is the cluster id of a node not given one (the same as
-// cluster.DefaultClusterID, which members without one in their gossip
-// metadata count as).
-const DefaultClusterID = "nsmd"
+// DefaultClusterID is the cluster id of a node not given one: the one that
+// members advertising none in their gossip metadata count as.
+const DefaultClusterID = cluster.DefaultClusterID
 
 func validClusterID(s string) bool {
 	if s == "" || len(s) > 64 {
@@ -631,8 +632,8 @@ func (c *Config) Validate() error {
 			bad("trusted_callers", "%q is not a CIDR", t)
 		}
 	}
-	if c.GracePeriod < 0 {
-		bad("grace_period", "must not be negative")
+	if c.GracePeriod <= 0 {
+		bad("grace_period", "must be positive")
 	}
 	if c.NotifyWindow <= 0 {
 		bad("notify_window", "must be positive")
@@ -720,6 +721,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SnapshotThreshold == 0 {
 		bad("snapshot_threshold", "must be positive")
+	}
+	if c.TrailingLogs == 0 {
+		bad("trailing_logs", "must be positive")
 	}
 	return errors.Join(errs...)
 }

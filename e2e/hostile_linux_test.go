@@ -338,7 +338,7 @@ func TestHostileUnmonAllFromAnotherMember(t *testing.T) {
 func TestHostileUnmonDuringRollingUpgrade(t *testing.T) {
 	old := os.Getenv("NSMD_E2E_OLD_BIN")
 	if old == "" {
-		t.Skip("NSMD_E2E_OLD_BIN (an nsmd from before registration owners) not set")
+		t.Skip("NSMD_E2E_OLD_BIN (an nsmd of the previous release; make e2e builds it with make prev-release) not set")
 	}
 	h := newHostile(t)
 	c := startClusterWith(t, clusterSpec{bins: map[string]string{}})

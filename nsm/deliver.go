@@ -155,6 +155,30 @@ func (d *Deliverer) Enqueue(cb Callback) bool {
 	}
 }
 
+// Applied enqueues the callbacks that a command applied on node self
+// calls for: for an accepted PeerRebooted (a monitored host rebooted),
+// one per matched registration that self owns — the node that took an
+// SM_MON calls its lock manager back, whichever node took the
+// SM_NOTIFY. A replayed command (already in the log when the node
+// started) calls for none: its callbacks went out before the restart, and
+// a second one could make lockd drop locks that clients have reclaimed
+// since. It never blocks: a full queue drops the callback (counted and
+// logged).
+func (d *Deliverer) Applied(self string, cmd fsm.Command, res fsm.Result, replay bool) {
+	ev, ok := cmd.(fsm.PeerRebooted)
+	if !ok || !res.Accepted || replay {
+		return
+	}
+	for _, reg := range res.Matched {
+		if reg.Node != self {
+			continue
+		}
+		if !d.Enqueue(Callback{Reg: reg, MonName: reg.ID.MonName, State: ev.State, From: ev.From}) {
+			d.log.Warn("callback queue full; callback dropped", "mon_name", reg.ID.MonName)
+		}
+	}
+}
+
 // Run delivers queued callbacks until ctx ends; it owns the worker
 // goroutines and the retry schedule, waits for the workers to stop, and
 // returns ctx's error. Retries not yet due when ctx ends are abandoned.

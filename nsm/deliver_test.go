@@ -186,6 +186,48 @@ func TestDelivererQueueIsBounded(t *testing.T) {
 	}
 }
 
+// TestAppliedQueuesOnlyTheOwnersCallbacksOfNewEntries: of an applied
+// command, only an accepted PeerRebooted calls for callbacks, only for
+// the registrations this node owns (the node that took the SM_MON calls
+// its lock manager back), and never for a replayed entry — its callbacks
+// went out before the restart, and a second one could make lockd drop
+// locks reclaimed since.
+func TestAppliedQueuesOnlyTheOwnersCallbacksOfNewEntries(t *testing.T) {
+	my := fsm.MyID{MyName: "lockd", Prog: 100021, Vers: 3, Proc: 16}
+	mine := fsm.Registration{ID: fsm.MonID{MonName: "client-a", My: my}, Node: "n1", Priv: [16]byte{1}}
+	theirs := fsm.Registration{ID: fsm.MonID{MonName: "client-a", My: fsm.MyID{MyName: "other"}}, Node: "n2"}
+	rebooted := fsm.PeerRebooted{MonName: "client-a", State: 7, From: netip.MustParseAddr("192.0.2.1")}
+	matched := fsm.Result{Accepted: true, Matched: []fsm.Registration{mine, theirs}}
+	for _, tc := range []struct {
+		name   string
+		cmd    fsm.Command
+		res    fsm.Result
+		replay bool
+		want   []fsm.Registration
+	}{
+		{"accepted: the owner's only", rebooted, matched, false, []fsm.Registration{mine}},
+		{"replayed", rebooted, matched, true, nil},
+		{"not accepted (a state seen before)", rebooted, fsm.Result{Matched: []fsm.Registration{mine}}, false, nil},
+		{"another command", fsm.Register{Reg: mine}, matched, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDeliverer(DelivererConfig{})
+			d.Applied("n1", tc.cmd, tc.res, tc.replay)
+			var got []fsm.Registration
+			for len(d.queue) > 0 {
+				j := <-d.queue
+				if j.cb.State != rebooted.State || j.cb.MonName != j.cb.Reg.ID.MonName || j.cb.From != rebooted.From {
+					t.Errorf("callback %+v, want state %d, the registration's mon_name and the sender %v", j.cb, rebooted.State, rebooted.From)
+				}
+				got = append(got, j.cb.Reg)
+			}
+			if len(got) != len(tc.want) || (len(got) == 1 && got[0].ID != tc.want[0].ID) {
+				t.Errorf("queued callbacks for %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
 // Callbacks for notifications that did not come from the host's own
 // addresses take at most half of the queue: a flood of them leaves room
 // for the callbacks of hosts that notified from their own address.

@@ -165,6 +165,7 @@ type Notifier struct {
 	running atomic.Bool
 
 	pending, done, failed atomic.Int64
+	state, targets        atomic.Int64 // of the current (or last) run
 }
 
 // NewNotifier checks cfg and creates a Notifier.
@@ -182,6 +183,12 @@ func (n *Notifier) Progress() (pending, done, failed int) {
 	return int(n.pending.Load()), int(n.done.Load()), int(n.failed.Load())
 }
 
+// Current reports which sm_state the current (or last) run sends and to
+// how many hosts (0, 0 before the first).
+func (n *Notifier) Current() (state int32, targets int) {
+	return int32(n.state.Load()), int(n.targets.Load())
+}
+
 // Run notifies every target of state and returns when each has
 // acknowledged or been given up, or promptly after ctx ends.
 func (n *Notifier) Run(ctx context.Context, state int32, targets []fsm.Target) Summary {
@@ -190,6 +197,8 @@ func (n *Notifier) Run(ctx context.Context, state int32, targets []fsm.Target) S
 		return Summary{State: state, Targets: len(targets), Pending: len(targets), Err: ErrRunning}
 	}
 	defer n.running.Store(false)
+	n.state.Store(int64(state))
+	n.targets.Store(int64(len(targets)))
 	n.pending.Store(int64(len(targets)))
 	n.done.Store(0)
 	n.failed.Store(0)

@@ -99,11 +99,11 @@ func TestAgentRefusesNodeOfAnotherCluster(t *testing.T) {
 			t.Errorf("%s members %+v, want only itself with version %q", c.node, ms, agent.Build().Gossip())
 		}
 	}
-	if f := a.Node().Raft().GetConfiguration(); f.Error() != nil || len(f.Configuration().Servers) != 1 {
-		t.Errorf("alpha's raft configuration %+v %v, want one server", f.Configuration().Servers, f.Error())
+	if v, err := a.Node().Voters(); err != nil || len(v) != 1 {
+		t.Errorf("alpha's raft configuration %v %v, want one server", v, err)
 	}
-	if f := b.Node().Raft().GetConfiguration(); f.Error() != nil || len(f.Configuration().Servers) != 0 {
-		t.Errorf("beta's raft configuration %+v %v, want none (never added by alpha)", f.Configuration().Servers, f.Error())
+	if v, err := b.Node().Voters(); err != nil || len(v) != 0 {
+		t.Errorf("beta's raft configuration %v %v, want none (never added by alpha)", v, err)
 	}
 
 	resp, err := http.Get(a.AdminURL() + "/metrics")
