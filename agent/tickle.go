@@ -206,8 +206,7 @@ func (t *tickler) logOnce(msg string, err error) {
 // list: a leader that just died cannot answer, and its last list is the
 // one to tickle.
 func (t *tickler) fetch() {
-	_, lid := t.node.Raft().LeaderWithID()
-	leader := string(lid)
+	leader := t.node.Leader()
 	t.mu.Lock()
 	skip := leader == "" || leader == t.self || leader == t.unsupported
 	t.mu.Unlock()
