@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -31,6 +32,9 @@ type diskHealth struct {
 	n    *Node
 	dir  string
 	wake chan struct{}
+	// raft is n's raft once raft.NewRaft returned: the store writes that
+	// report here start inside NewRaft, before Node.raft is set.
+	raft atomic.Pointer[raft.Raft]
 
 	mu       sync.Mutex
 	ok       bool
@@ -91,7 +95,7 @@ func (d *diskHealth) failed(what string, err error) {
 }
 
 func (d *diskHealth) setTimeouts(hb, el time.Duration) {
-	r := d.n.raft
+	r := d.raft.Load()
 	if r == nil {
 		return
 	}
@@ -178,7 +182,7 @@ func (d *diskHealth) run(done <-chan struct{}, probeEvery time.Duration) {
 		if d.writable() {
 			t.Reset(d.checkSlow(probeEvery))
 		} else {
-			if d.n.raft != nil && d.n.raft.State() == raft.Leader {
+			if r := d.raft.Load(); r != nil && r.State() == raft.Leader {
 				// Found by the probe while leading: let a node that can
 				// write lead (raft steps us down by itself at our next
 				// failed write otherwise). Never the witness; the next

@@ -211,7 +211,7 @@ func (d *diskHealth) checkSlow(probeEvery time.Duration) time.Duration {
 // once per episode, and become eligible again when the cluster has no
 // leader.
 func (d *diskHealth) slowLeadership(now time.Time) {
-	r := d.n.raft
+	r := d.raft.Load()
 	if r == nil {
 		return
 	}

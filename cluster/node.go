@@ -483,6 +483,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
+	n.disk.raft.Store(r)
 	if !existing && (cfg.Bootstrap || len(cfg.Voters) > 0) {
 		servers := []raft.Server{{ID: rc.LocalID, Address: trans.LocalAddr(), Suffrage: raft.Voter}}
 		if len(cfg.Voters) > 0 {
