@@ -189,12 +189,11 @@ func (r *notifiedRegistry) fire() {
 	r.mu.Unlock()
 }
 
-// With a ReadyNotifier, a held call waits on its event, not on a poll: with
-// the poll at an hour, the call is answered as soon as readiness comes
-// with an event, having asked Ready only when it started and then.
-func TestHeldCallWakesOnTheReadyEvent(t *testing.T) {
-	reg := &notifiedRegistry{mapRegistry: newMapRegistry(3), ch: make(chan struct{})}
-	reg.notReady, reg.asked = true, make(chan struct{}, 8)
+// dialEventService serves an NSM service over reg that holds calls up to a
+// minute for readiness and polls only hourly (so only events wake them),
+// and returns a TCP client of it, closed when the test ends.
+func dialEventService(t *testing.T, reg Registry) *oncrpc.Client {
+	t.Helper()
 	svc, err := NewService(reg, Config{NodeID: "n1", Resolve: testResolve, ReadyWait: time.Minute, ReadyPoll: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +203,17 @@ func TestHeldCallWakesOnTheReadyEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// With a ReadyNotifier, a held call waits on its event, not on a poll: with
+// the poll at an hour, the call is answered as soon as readiness comes
+// with an event, having asked Ready only when it started and then.
+func TestHeldCallWakesOnTheReadyEvent(t *testing.T) {
+	reg := &notifiedRegistry{mapRegistry: newMapRegistry(3), ch: make(chan struct{})}
+	reg.notReady, reg.asked = true, make(chan struct{}, 8)
+	c := dialEventService(t, reg)
 	got := make(chan error, 1)
 	var res SMStatRes
 	go func() { got <- call(t, c, ProcStat, &SMName{"x"}, &res) }()
@@ -239,16 +248,7 @@ func TestHeldCallsShareOneReadyCheck(t *testing.T) {
 	const calls, events = 50, 10
 	reg := &countingRegistry{notifiedRegistry: &notifiedRegistry{mapRegistry: newMapRegistry(3), ch: make(chan struct{})}}
 	reg.notReady = true
-	svc, err := NewService(reg, Config{NodeID: "n1", Resolve: testResolve, ReadyWait: time.Minute, ReadyPoll: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tcp, _ := serveRPC(t, oncrpc.Programs{Program: svc}, loStr+":0")
-	c, err := oncrpc.Dial(context.Background(), oncrpc.ClientConfig{Net: "tcp", Addr: tcp, Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialEventService(t, reg)
 	got := make(chan error, calls)
 	for range calls {
 		go func() {
