@@ -11,6 +11,9 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 )
 
+// errLowerHere: commit's leader refuses the command's kind (lowerAt).
+var errLowerHere = errors.New("cluster: the leader's release refuses this command")
+
 // maxBatch caps how many writes share one raft log entry.
 const maxBatch = 512
 
@@ -39,6 +42,14 @@ type batch struct {
 // HoldTimeout, then fails with ErrNoLeader. Retries after a leader change
 // are safe: every command is idempotent or, for SM_SIMU_CRASH, harmless.
 func (n *Node) apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
+	return n.commit(ctx, cmd, nil)
+}
+
+// commit is apply; lowerAt, when set, is asked before each forward
+// whether the leader it names refuses cmd's kind (an older release), and
+// then — or when the leader answers that it cannot decode cmd — commit
+// returns errLowerHere for its caller's fallback.
+func (n *Node) commit(ctx context.Context, cmd fsm.Command, lowerAt func(leader string) bool) (fsm.Result, error) {
 	deadline := time.Now().Add(n.cfg.HoldTimeout)
 	backoff := 10 * time.Millisecond
 	var lastErr error
@@ -51,11 +62,17 @@ func (n *Node) apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
 			}
 			lastErr = err
 		} else if id, addr := n.leaderNSMAddr(); addr != "" && id != n.cfg.NodeID {
+			if lowerAt != nil && lowerAt(id) {
+				return fsm.Result{}, errLowerHere
+			}
 			fctx, cancel := context.WithDeadline(ctx, deadline)
 			st, err := n.forward(fctx, addr, cmd)
 			cancel()
 			if err == nil {
 				return fsm.Result{State: st}, nil
+			}
+			if lowerAt != nil && errors.Is(err, errRefusedKind) {
+				return fsm.Result{}, errLowerHere
 			}
 			if !errors.Is(err, errRetry) {
 				return fsm.Result{}, err

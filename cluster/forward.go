@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -181,7 +182,7 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	}
 	cmds, err := fsm.Decode(a.Cmd)
 	if err != nil || len(cmds) != 1 {
-		return fwdRes{Status: fwdFailed, Err: fmt.Sprintf("want one command: %v", err)}
+		return fwdRes{Status: fwdFailed, Err: fmt.Sprintf("%s: %v", fwdUndecodable, err)}
 	}
 	if cmds[0], err = n.forwardable(cmds[0]); err != nil {
 		n.metrics.forwarded.WithLabelValues("denied").Inc()
@@ -369,6 +370,13 @@ func (f *forwarder) close() {
 // errRetry marks a forwarding failure worth retrying (leader changing).
 var errRetry = errors.New("retry")
 
+// errRefusedKind: the leader could not decode the forwarded command — a
+// release that predates its kind (every release answers with this text).
+var errRefusedKind = errors.New("the leader does not know this command")
+
+// fwdUndecodable begins a leader's answer to a forward it cannot decode.
+const fwdUndecodable = "want one command"
+
 // forward sends cmd to the leader at addr and returns its sm_state.
 func (n *Node) forward(ctx context.Context, addr string, cmd fsm.Command) (int32, error) {
 	data, err := fsm.Encode(cmd)
@@ -398,9 +406,12 @@ func (n *Node) forward(ctx context.Context, addr string, cmd fsm.Command) (int32
 	case fwdDenied:
 		n.metrics.forwarded.WithLabelValues("denied").Inc()
 		return 0, fmt.Errorf("%w: %s", ErrForwardDenied, res.Err)
-	default:
-		return 0, fmt.Errorf("%w: leader %s: %s", errRetry, addr, res.Err)
+	case fwdFailed:
+		if strings.HasPrefix(res.Err, fwdUndecodable) {
+			return 0, fmt.Errorf("%w: leader %s: %s", errRefusedKind, addr, res.Err)
+		}
 	}
+	return 0, fmt.Errorf("%w: leader %s: %s", errRetry, addr, res.Err)
 }
 
 // leaderNSMAddr finds the current leader and its NSM address.

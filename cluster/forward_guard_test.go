@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -174,5 +175,49 @@ func TestForwardDenialsLoggedOncePerMinutePerSender(t *testing.T) {
 	d.warn(log, netip.MustParseAddr("192.0.2.2"), errors.New("bad MAC"))
 	if n := len(buf.Lines("forwarded write denied")); n != 2 {
 		t.Fatalf("%d log lines for 101 denials from two senders, want 2:\n%s", n, buf.String())
+	}
+}
+
+// answeringLeader answers every forwarded write with one failure text.
+type answeringLeader struct{ err string }
+
+func (a answeringLeader) ServeRPC(_ context.Context, _ *oncrpc.Call, res *oncrpc.Writer) error {
+	out := fwdRes{Status: fwdFailed, Err: a.err}
+	out.MarshalXDR(res)
+	return nil
+}
+
+// TestForwardTellsALeaderThatCannotDecodeTheCommand: a leader of a
+// release that predates a command's kind answers that it cannot decode it
+// (the previous release's words below); forward reports errRefusedKind, so
+// an owner command is lowered on the follower. Any other failure of the
+// leader is worth a retry, never a lowering.
+func TestForwardTellsALeaderThatCannotDecodeTheCommand(t *testing.T) {
+	c := newTestCluster(t, 1, nil)
+	n := c.nodes[0].n
+	cmd := fsm.UnregisterAll{My: fsm.MyID{MyName: "srv", Prog: 100021, Vers: 3, Proc: 16}, Owner: lockdOn("n1")}
+	for _, tc := range []struct {
+		answer string
+		want   error
+	}{
+		{"want one command: fsm: malformed command: unknown command kind 12", errRefusedKind},
+		{"raft: leadership lost while committing log", errRetry},
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := oncrpc.NewServer(oncrpc.Programs{ForwardProgram: answeringLeader{tc.answer}}, oncrpc.ServerConfig{})
+		go srv.ServeTCP(ln)
+		_, err = n.forward(context.Background(), ln.Addr().String(), cmd)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		srv.Shutdown(ctx)
+		cancel()
+		if !errors.Is(err, tc.want) {
+			t.Errorf("leader answering %q: forward gave %v, want %v", tc.answer, err, tc.want)
+		}
+		if tc.want == errRetry && errors.Is(err, errRefusedKind) {
+			t.Errorf("leader answering %q: taken as a refusal of the kind", tc.answer)
+		}
 	}
 }

@@ -137,6 +137,84 @@ func TestUnmonFromAnotherNodeRemovesNothingWithoutGossip(t *testing.T) {
 	}
 }
 
+// TestFollowersUnmonAllIsDecidedOnTheLeadersState: an SM_UNMON_ALL that a
+// follower takes while it is cut off from raft (its state lags, no leader
+// known) is held until the leader takes it, and the leader chooses what
+// it removes on its own state: a registration of the same lock manager
+// that the leader acknowledged during the cut goes too, so the command
+// is atomic (linearizable). The control shows what choosing on the
+// follower's lagging state does: that registration is left behind.
+func TestFollowersUnmonAllIsDecidedOnTheLeadersState(t *testing.T) {
+	for _, lowerHere := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lowered_on_the_follower=%v", lowerHere), func(t *testing.T) {
+			c := newTestCluster(t, 3, func(cfg *Config) { cfg.HoldTimeout = 15 * time.Second })
+			li, leader := c.leader(5 * time.Second)
+			fi := (li + 1) % 3
+			f := c.nodes[fi].n
+			ctx := context.Background()
+			my := fsm.MyID{MyName: "srv", Prog: 100021, Vers: 3, Proc: 16}
+			ownedRegs(t, leader.n, "lead", 1)
+			ownedRegs(t, f, "before", 1)
+			c.converge(5 * time.Second)
+
+			c.partition(fi)
+			itest.WaitFor(t, 5*time.Second, "the cut-off follower to know no leader", func() bool { return f.Leader() == "" })
+			during := fsm.Registration{
+				ID:       fsm.MonID{MonName: "during-0", My: my},
+				Node:     f.cfg.NodeID,
+				Callback: netip.MustParseAddr("127.0.0.1"),
+				Added:    time.Unix(1700000000, 0).UTC(),
+			}
+			if _, err := leader.n.Monitor(ctx, during); err != nil {
+				t.Fatal(err)
+			}
+			if f.Has(during.ID) {
+				t.Fatal("the cut-off follower applied a write made during the cut: the test needs its state to lag")
+			}
+
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				if lowerHere {
+					_, err = f.applyLowered(ctx, fsm.UnregisterAll{My: my, Owner: lockdOn(f.cfg.NodeID)})
+				} else {
+					_, err = f.UnmonitorAll(ctx, my, lockdOn(f.cfg.NodeID))
+				}
+				done <- err
+			}()
+			if !lowerHere {
+				itest.HoldsFor(t, 500*time.Millisecond, 50*time.Millisecond, "the cut-off follower to hold the SM_UNMON_ALL", func() (bool, string) {
+					select {
+					case err := <-done:
+						return false, fmt.Sprintf("answered while no leader was reachable: %v", err)
+					default:
+						return true, ""
+					}
+				})
+			}
+			c.heal()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatal("the SM_UNMON_ALL was not answered 15 s after the cut healed")
+			}
+			c.converge(10 * time.Second)
+			want := []string{"lead-0"}
+			if lowerHere {
+				want = []string{"during-0", "lead-0"} // the control: chosen on the lagging state
+			}
+			for _, tn := range c.nodes {
+				if got := monNames(tn.n); !slices.Equal(got, want) {
+					t.Fatalf("%s: registrations %v after the SM_UNMON_ALL, want %v", tn.id, got, want)
+				}
+			}
+		})
+	}
+}
+
 // TestOwnerCommandsOnlyOnceEveryMemberAppliesThem: in a gossip cluster
 // whose members all advertise fsm.CommandLevel 1, an SM_UNMON_ALL is
 // committed as one UnregisterAll with its Owner (Apply checks it); with

@@ -440,6 +440,18 @@ func (m *membership) commandLevel(ids []string) int {
 	return level
 }
 
+// lastLevel is the fsm.CommandLevel member id last advertised, alive or
+// not; known is false when gossip never had its metadata.
+func (m *membership) lastLevel(id string) (level int, known bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.peers[id]
+	if !ok || !p.metaOK {
+		return 0, false
+	}
+	return p.meta.FSM, true
+}
+
 // isAlive reports whether gossip sees member id alive.
 func (m *membership) isAlive(id string) bool {
 	m.mu.Lock()

@@ -103,26 +103,42 @@ func isOwned(cmd fsm.Command) bool {
 
 // applyOwned commits an Unregister or UnregisterAll with an Owner: as
 // such once every member applies it (ownerCommandsOK), else — a rolling
-// upgrade, a member down — lowered (applyLowered).
+// upgrade, a member down — lowered (applyLowered) on the leader's state.
+//
+// A follower forwards it and lets the leader decide, retrying like any
+// write while the leader is unreachable (a cut): its own state may lag
+// writes the leader acknowledged (an SM_MON its own lockd sent a moment
+// ago, forwarded and answered before this node applied it), and a
+// removal chosen on that state would leave out a registration that an
+// earlier, acknowledged SM_MON made — the SM_UNMON_ALL would not be
+// atomic. Only a leader of an older release, which refuses the new kinds
+// — gossip shows it (olderLeader), or it answers so — has the command
+// lowered here.
 func (n *Node) applyOwned(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
 	if n.ownerCommandsOK() {
 		return n.apply(ctx, cmd)
 	}
-	if !n.Leading() {
-		// A follower's state may lag writes the leader acknowledged (an
-		// SM_MON this node's own lockd sent a moment ago, forwarded and
-		// answered before this node applied it): the leader lowers the
-		// command on its state, which holds every acknowledged write.
-		// An older leader refuses the new kind: then it is lowered here.
-		if id, addr := n.leaderNSMAddr(); addr != "" && id != n.cfg.NodeID {
-			if st, err := n.forward(ctx, addr, cmd); err == nil {
-				return fsm.Result{State: st}, nil
-			} else {
-				n.log.Debug("leader did not take an owner command; lowering it here", "leader", id, "err", err)
-			}
-		}
+	if n.Leading() {
+		return n.applyLowered(ctx, cmd)
 	}
-	return n.applyLowered(ctx, cmd)
+	res, err := n.commit(ctx, cmd, n.olderLeader)
+	if errors.Is(err, errLowerHere) {
+		n.log.Debug("the leader runs an older release; lowering an owner command here")
+		return n.applyLowered(ctx, cmd)
+	}
+	return res, err
+}
+
+// olderLeader reports whether gossip shows leader id advertising a
+// command level below 1 (a release without owner commands). A leader
+// gossip cannot see now is judged by what it last advertised; one it
+// never saw is not judged older: the forward then finds out.
+func (n *Node) olderLeader(id string) bool {
+	if n.member == nil {
+		return false // no gossip: the forward's answer tells
+	}
+	level, known := n.member.lastLevel(id)
+	return known && level < 1
 }
 
 // applyLowered commits cmd, an Unregister or UnregisterAll with an Owner,
