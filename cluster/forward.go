@@ -36,10 +36,13 @@ const (
 	// fwdProcState: void → fwdRes{fwdOK, sm_state} from a ready leader
 	// (its lease confirmed), fwdNotLeader from anyone else.
 	fwdProcState uint32 = 3
-	// fwdProcServing: void → bool, whether this node serves the storage,
-	// stands down, failed to stop or leads (it could be about to serve):
-	// a new leader starts serving only once every other serving voter
-	// answers false, or is fenced (serving.go).
+	// fwdProcServing: servingArgs → servingRes, whether this node serves
+	// the storage, stands down, failed to stop or leads (it could be about
+	// to serve): a new leader starts serving only once every other serving
+	// voter answers false, or is fenced (serving.go). With a cluster key
+	// the answer carries an HMAC over the asker's nonce, the answering
+	// node's id and the answer: a forged or replayed "not serving" is not
+	// believed.
 	fwdProcServing uint32 = 4
 )
 
@@ -142,8 +145,7 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		n.serveState(res) // readstate.go
 		return nil
 	case fwdProcServing:
-		n.serveServing(res) // serving.go
-		return nil
+		return n.serveServing(c, res) // serving.go
 	case fwdProcConns:
 		return n.serveConns(c, res) // conns.go
 	default:

@@ -2,6 +2,10 @@ package cluster
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -110,7 +114,77 @@ func (n *Node) servingAnswer() bool {
 	return n.serving.Load() || n.standingDown.Load() || n.raft.State() == raft.Leader
 }
 
-func (n *Node) serveServing(res *oncrpc.Writer) { res.Bool(n.servingAnswer()) }
+// servingArgs is SERVING's argument: a nonce the asker chose, which the
+// answer's MAC covers (a recorded answer cannot be replayed to it).
+type servingArgs struct{ Nonce []byte }
+
+// Nonce lengths SERVING takes.
+const (
+	servingNonceLen    = 16
+	servingMaxNonceLen = 32
+)
+
+func (a *servingArgs) MarshalXDR(w *oncrpc.Writer) { w.Opaque(a.Nonce) }
+
+func (a *servingArgs) UnmarshalXDR(r *oncrpc.Reader) error {
+	a.Nonce = r.Opaque(servingMaxNonceLen)
+	return r.Err()
+}
+
+// servingRes is SERVING's answer: the node's answer and, with a cluster
+// key, servingMAC over it (empty without one).
+type servingRes struct {
+	Serving bool
+	MAC     []byte
+}
+
+func (r *servingRes) MarshalXDR(w *oncrpc.Writer) {
+	w.Bool(r.Serving)
+	w.Opaque(r.MAC)
+}
+
+func (r *servingRes) UnmarshalXDR(rd *oncrpc.Reader) error {
+	r.Serving = rd.Bool()
+	r.MAC = rd.Opaque(sha256.Size)
+	return rd.Err()
+}
+
+// servingMAC authenticates node's SERVING answer to the asker's nonce.
+func servingMAC(key []byte, node string, nonce []byte, serving bool) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("nsmd-serving-v1"))
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], uint32(len(node)))
+	m.Write(b[:])
+	m.Write([]byte(node))
+	binary.BigEndian.PutUint32(b[:], uint32(len(nonce)))
+	m.Write(b[:])
+	m.Write(nonce)
+	if serving {
+		m.Write([]byte{1})
+	} else {
+		m.Write([]byte{0})
+	}
+	return m.Sum(nil)
+}
+
+// serveServing answers SERVING (servingAnswer), with its MAC.
+func (n *Node) serveServing(c *oncrpc.Call, res *oncrpc.Writer) error {
+	var args servingArgs
+	if err := args.UnmarshalXDR(c.Args); err != nil || len(args.Nonce) < servingNonceLen {
+		return fmt.Errorf("%w: serving: want a nonce of %d…%d bytes", oncrpc.ErrGarbageArgs, servingNonceLen, servingMaxNonceLen)
+	}
+	out := servingRes{Serving: n.servingAnswer()}
+	if len(n.cfg.ClusterKey) > 0 {
+		out.MAC = servingMAC(n.cfg.ClusterKey, n.cfg.NodeID, args.Nonce, out.Serving)
+	}
+	out.MarshalXDR(res)
+	return nil
+}
+
+// errServingUnproven: a SERVING answer whose MAC does not prove it came
+// from that node for this question (a forgery, a replay, another key).
+var errServingUnproven = errors.New("cluster: the serving answer is not authenticated")
 
 // FenceStatus reports this node's fencing state.
 func (n *Node) FenceStatus() FenceStatus {
@@ -428,11 +502,18 @@ func (n *Node) askServing(ctx context.Context, peer string) (bool, error) {
 		return false, err
 	}
 	defer c.Close()
-	var held boolRes
-	if err := c.Call(dctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcServing, oncrpc.Void{}, &held); err != nil {
+	args := servingArgs{Nonce: make([]byte, servingNonceLen)}
+	if _, err := rand.Read(args.Nonce); err != nil {
+		return false, fmt.Errorf("cluster: serving nonce: %w", err)
+	}
+	var res servingRes
+	if err := c.Call(dctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcServing, &args, &res); err != nil {
 		return false, err
 	}
-	return held.V, nil
+	if len(n.cfg.ClusterKey) > 0 && !hmac.Equal(res.MAC, servingMAC(n.cfg.ClusterKey, peer, args.Nonce, res.Serving)) {
+		return false, fmt.Errorf("%w: %s at %s", errServingUnproven, peer, addr)
+	}
+	return res.Serving, nil
 }
 
 // peerNSMAddr is a member's NSM address: from gossip, else the static map.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/oncrpc"
 )
 
 // machine stands in for a serving node's host in these tests: what its
@@ -493,12 +495,12 @@ func TestARestartedNodeSaysItServesUntilItsStopAtStartSucceeded(t *testing.T) {
 	})
 	n3 := fc.nodes[2]
 	testutil.WaitFor(t, 5*time.Second, "stop at start running", started.Load)
-	if !askServing(t, n3.nsmAddr) || !n3.n.FenceStatus().Serving {
+	if !askServing(t, n3.id, n3.nsmAddr) || !n3.n.FenceStatus().Serving {
 		t.Fatal("n3 says it does not serve while its stop at start still runs")
 	}
 	close(release)
 	testutil.WaitFor(t, 5*time.Second, "n3 says it does not serve", func() bool {
-		return !n3.n.FenceStatus().Serving && (n3.n.IsLeader() || !askServing(t, n3.nsmAddr))
+		return !n3.n.FenceStatus().Serving && (n3.n.IsLeader() || !askServing(t, n3.id, n3.nsmAddr))
 	})
 	m := fc.machines["n3"]
 	m.mu.Lock()
@@ -508,10 +510,12 @@ func TestARestartedNodeSaysItServesUntilItsStopAtStartSucceeded(t *testing.T) {
 	}
 }
 
-func askServing(t testing.TB, addr string) bool {
+// askServing asks the test cluster's node id at addr, as a peer would
+// (with the test cluster's key).
+func askServing(t testing.TB, id, addr string) bool {
 	t.Helper()
-	n := &Node{cfg: Config{PeerNSMAddrs: map[string]string{"x": addr}}}
-	v, err := n.askServing(context.Background(), "x")
+	n := &Node{cfg: Config{PeerNSMAddrs: map[string]string{id: addr}, ClusterKey: []byte("test-cluster-key")}}
+	v, err := n.askServing(context.Background(), id)
 	if err != nil {
 		return true // cannot ask: not proven stopped
 	}
@@ -577,4 +581,70 @@ func TestTheLastServerStopsCleanlyWhileItsSMUnmonStillCommits(t *testing.T) {
 		t.Fatalf("the last server did not stop cleanly: stopped %v, reset %v, armed %v", m.until, m.crashed, m.armed)
 	}
 	t.Logf("stopped cleanly %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+}
+
+// forgingPeer answers SERVING "not serving" with a MAC made by mac from
+// the asker's nonce (nil: no MAC).
+type forgingPeer struct {
+	mac func(nonce []byte) []byte
+}
+
+func (f forgingPeer) ServeRPC(_ context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+	var args servingArgs
+	if err := args.UnmarshalXDR(c.Args); err != nil {
+		return err
+	}
+	out := servingRes{Serving: false}
+	if f.mac != nil {
+		out.MAC = f.mac(args.Nonce)
+	}
+	out.MarshalXDR(res)
+	return nil
+}
+
+// TestForgedNotServingAnswersAreNotBelieved: a new leader starts serving
+// once the old server answers that it does not serve, so that answer must
+// come from that node, now. Whoever can reach the asker's TCP connection
+// to a peer's NSM port — a host on the cluster network that spoofs the
+// peer, a replay of an answer recorded earlier — could otherwise make two
+// servers serve. "Not serving" without a MAC, with another key's, made for
+// another nonce (a replay) or by another node is not believed (the asker
+// keeps asking, then fences); the control, the right MAC, is.
+func TestForgedNotServingAnswersAreNotBelieved(t *testing.T) {
+	key := []byte("test-cluster-key")
+	recorded := make([]byte, servingNonceLen) // an answer to an earlier question
+	for _, tc := range []struct {
+		name    string
+		mac     func(nonce []byte) []byte
+		believe bool
+	}{
+		{"no MAC", nil, false},
+		{"another key", func(nonce []byte) []byte { return servingMAC([]byte("other-key"), "n1", nonce, false) }, false},
+		{"replayed", func([]byte) []byte { return servingMAC(key, "n1", recorded, false) }, false},
+		{"another node's", func(nonce []byte) []byte { return servingMAC(key, "n2", nonce, false) }, false},
+		{"MAC says serving", func(nonce []byte) []byte { return servingMAC(key, "n1", nonce, true) }, false},
+		{"control: n1's own", func(nonce []byte) []byte { return servingMAC(key, "n1", nonce, false) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := oncrpc.NewServer(oncrpc.Programs{ForwardProgram: forgingPeer{tc.mac}}, oncrpc.ServerConfig{})
+			go srv.ServeTCP(ln)
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				srv.Shutdown(ctx)
+			}()
+			asker := &Node{cfg: Config{NodeID: "n3", PeerNSMAddrs: map[string]string{"n1": ln.Addr().String()}, ClusterKey: key}}
+			serving, err := asker.askServing(context.Background(), "n1")
+			switch {
+			case tc.believe && (err != nil || serving):
+				t.Fatalf("n1's own answer: serving %v, err %v; want believed: not serving", serving, err)
+			case !tc.believe && !errors.Is(err, errServingUnproven):
+				t.Fatalf("a forged answer gave serving %v, err %v; want errServingUnproven", serving, err)
+			}
+		})
+	}
 }
