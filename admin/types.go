@@ -350,10 +350,15 @@ func (g *Grace) Manager(name string) GraceManager {
 type GraceManager struct {
 	// Expected is how many clients could reclaim; Back how many came back;
 	// Missing names some that have not (at most 8).
-	Expected int       `json:"expected"`
-	Back     int       `json:"back"`
-	Missing  []string  `json:"missing,omitempty"`
-	Ended    *GraceEnd `json:"ended,omitempty"`
+	Expected int      `json:"expected"`
+	Back     int      `json:"back"`
+	Missing  []string `json:"missing,omitempty"`
+	// LastSeen says, for those of Missing that are NFSv4 clients a server
+	// of this cluster saw, when each last renewed its lease (by the last
+	// sample the nodes shared): a client gone for hours is a courtesy
+	// client that will not come back, and the grace timer ends this grace.
+	LastSeen map[string]time.Time `json:"last_seen,omitempty"`
+	Ended    *GraceEnd            `json:"ended,omitempty"`
 	// Seconds is how long after the takeover it ended (0 while in grace).
 	Seconds float64 `json:"seconds,omitempty"`
 	// Absent: this lock manager does not run here (no lockd, or no nfsd).
@@ -645,7 +650,14 @@ func GraceSummary(g *Grace) string {
 		case m.Ended != nil:
 			return fmt.Sprintf("%s ended after %.1fs (%s, %s)", name, m.Seconds, m.Ended.Reason, back)
 		case len(m.Missing) > 0:
-			return fmt.Sprintf("%s open (%s; waiting for %s)", name, back, strings.Join(m.Missing, ", "))
+			var who []string
+			for _, c := range m.Missing {
+				if t, ok := m.LastSeen[c]; ok {
+					c += " (last seen " + t.UTC().Format("2006-01-02 15:04:05 MST") + ")"
+				}
+				who = append(who, c)
+			}
+			return fmt.Sprintf("%s open (%s; waiting for %s)", name, back, strings.Join(who, ", "))
 		}
 		return fmt.Sprintf("%s open (%s)", name, back)
 	}

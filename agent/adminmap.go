@@ -5,6 +5,7 @@ import (
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/grace"
+	"time"
 )
 
 // The admin API's types are admin's own; these map the node's parts to
@@ -53,8 +54,9 @@ func pipeJSON(st cld.Status) *admin.Pipe {
 	}
 }
 
-// graceJSON is g as GET /v1/status's "grace" (nil: no takeover yet).
-func graceJSON(g *grace.Status) *admin.Grace {
+// graceJSON is g as GET /v1/status's "grace" (nil: no takeover yet);
+// lastSeen (nil: none known) dates the NFSv4 clients it still waits for.
+func graceJSON(g *grace.Status, lastSeen func(name string) (time.Time, bool)) *admin.Grace {
 	if g == nil {
 		return nil
 	}
@@ -66,12 +68,23 @@ func graceJSON(g *grace.Status) *admin.Grace {
 		}
 		return out
 	}
+	v4 := manager(g.NFSv4)
+	if lastSeen != nil {
+		for _, name := range v4.Missing {
+			if t, ok := lastSeen(name); ok {
+				if v4.LastSeen == nil {
+					v4.LastSeen = map[string]time.Time{}
+				}
+				v4.LastSeen[name] = t.UTC().Truncate(time.Second)
+			}
+		}
+	}
 	return &admin.Grace{
 		SMState:      g.SMState,
 		Started:      g.Started,
 		Settle:       g.Settle.String(),
 		NLM:          manager(g.NLM),
-		NFSv4:        manager(g.NFSv4),
+		NFSv4:        v4,
 		Error:        g.Error,
 		LastActivity: g.LastActivity,
 	}

@@ -63,6 +63,9 @@ type Options struct {
 	// reads connections from and the function it sends tickles with, and
 	// lets a loopback VIP tickle too (tests record the sends).
 	TuneTickle func(id string) (procRoot string, send func(context.Context, []tickle.Conn, tickle.SendConfig) (int, error))
+	// ClientsSeenProc, when set, gives the procfs root from which node id
+	// reads nfsd's clients to learn when each was last seen (seen.go).
+	ClientsSeenProc func(id string) string
 }
 
 // Agent is one running node: raft, the NSM server, rpcbind registration,
@@ -192,7 +195,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.hooks = newHookRunner(cfg, log, a.reg)
-	if a.v4, err = newNFSv4(a, opts.TuneTracking); err != nil {
+	if a.v4, err = newNFSv4(a, opts.TuneTracking, opts.ClientsSeenProc); err != nil {
 		return a, err
 	}
 	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)

@@ -1,6 +1,10 @@
 package agent
 
-import "github.com/nsmd/nsmd/admin"
+import (
+	"time"
+
+	"github.com/nsmd/nsmd/admin"
+)
 
 // Seams for the tests of package agent_test.
 
@@ -19,3 +23,6 @@ func (a *Agent) TrackingStatusFile() string { return a.v4.statusPath }
 
 // NFSv4Clients is GET /v1/nfsv4/clients of a.
 func (a *Agent) NFSv4Clients() admin.V4ClientPage { return a.v4.clients() }
+
+// ClientLastSeen is when a's node knows NFSv4 client name was last seen.
+func (a *Agent) ClientLastSeen(name string) (time.Time, bool) { return a.v4.seen.lastSeen(name) }

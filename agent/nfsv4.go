@@ -34,6 +34,8 @@ type nfsv4 struct {
 	// statusPath is the file the nfsd-ha hook reads (KEY=value lines).
 	statusPath string
 	grace      *grace.Service
+	// seen: when each NFSv4 client was last seen (nil on a witness).
+	seen *clientsSeen
 
 	wg sync.WaitGroup
 }
@@ -56,7 +58,7 @@ func kernelHasNFSd() bool {
 }
 
 // newNFSv4 builds the NFSv4 side of agent a (nothing runs before start).
-func newNFSv4(a *Agent, tune func(string, *cld.Config)) (*nfsv4, error) {
+func newNFSv4(a *Agent, tune func(string, *cld.Config), seenProc func(string) string) (*nfsv4, error) {
 	cfg := a.cfg
 	v := &nfsv4{
 		a:          a,
@@ -75,6 +77,17 @@ func newNFSv4(a *Agent, tune func(string, *cld.Config)) (*nfsv4, error) {
 	}
 	v.grace = g
 	f := func() *cluster.Node { return a.node }
+	if !cfg.Witness {
+		proc := ""
+		if seenProc != nil {
+			proc = seenProc(cfg.NodeID)
+		}
+		v.seen = newClientsSeen(v.log, proc, f)
+		a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nsmd_nfsv4_clients_seen",
+			Help: "NFSv4 clients this node knows when a server of the cluster last saw (its own nfsd's while it leads, else the leader's last list): a grace that waits for one says when it was last seen.",
+		}, func() float64 { return float64(v.seen.known()) }))
+	}
 	for _, g := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nsmd_nfsv4_client_records", Help: "NFSv4 client-tracking records in the current epoch (clients that may reclaim after the next failover).", ConstLabels: prometheus.Labels{"epoch": "current"}},
 			func() float64 { c, _, _ := f().V4Counts(); return float64(c) }),
@@ -119,10 +132,17 @@ func newNFSv4(a *Agent, tune func(string, *cld.Config)) (*nfsv4, error) {
 	return v, nil
 }
 
-// start runs the tracking server and keeps the hook's status file
-// current; both stop with ctx.
+// start runs the tracking server, keeps the hook's status file current
+// and learns when the NFSv4 clients were last seen; all stop with ctx.
 func (v *nfsv4) start(ctx context.Context) {
 	v.pipeChanged()
+	if v.seen != nil {
+		v.wg.Add(1)
+		go func() {
+			defer v.wg.Done()
+			v.seen.run(ctx)
+		}()
+	}
 	if v.srv == nil {
 		return
 	}

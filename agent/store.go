@@ -46,7 +46,7 @@ func (a *Agent) Status() admin.Status {
 	s.Notify.State, s.Notify.Targets = a.notifier.Current()
 	s.LastHookFailure = a.hooks.lastFailure()
 	s.NFSv4 = a.v4.status()
-	s.Grace = graceJSON(a.v4.grace.Status())
+	s.Grace = graceJSON(a.v4.grace.Status(), a.v4.seen.lastSeen)
 	s.Fence = a.fenceStatus()
 	s.Process = &admin.Process{PID: os.Getpid(), Started: a.started.UTC(), BootID: a.bootID, InProcess: a.crashFn != nil}
 	if tl := a.node.LastTimeline(); !tl.At(timeline.Elected).IsZero() {

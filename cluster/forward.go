@@ -148,6 +148,8 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		return n.serveServing(c, res) // serving.go
 	case fwdProcConns:
 		return n.serveConns(c, res) // conns.go
+	case fwdProcSeen:
+		return n.serveSeen(c, res) // seen.go
 	default:
 		return oncrpc.ErrProcUnavail
 	}

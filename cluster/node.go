@@ -330,7 +330,9 @@ type Node struct {
 	replay replayCache // MACs of forwarded writes accepted within the skew window
 	// vipConns: the leader's last sample of its VIP connections (conns.go).
 	vipConns atomic.Pointer[VIPConns]
-	fwdLog   denialLog // spaces the log lines about denied forwarded writes
+	// clientsSeen: this leader's last sample of its NFSv4 clients (seen.go).
+	clientsSeen atomic.Pointer[[]ClientSeen]
+	fwdLog      denialLog // spaces the log lines about denied forwarded writes
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change

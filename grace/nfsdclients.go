@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // V4Client is one NFSv4 client as the running nfsd knows it
@@ -25,12 +26,21 @@ type V4Client struct {
 	Status string
 	// Address is where it connects from (host:port).
 	Address string
+	// SinceRenew is how long ago it last renewed its lease ("seconds from
+	// last renew", Linux ≥ 5.19, whole seconds); -1 when the kernel does
+	// not say. A courtesy client's keeps growing: it is when the client
+	// was last seen.
+	SinceRenew time.Duration
 }
 
 // Confirmed reports whether the client holds a confirmed client id on
 // this server: it reached the server after the server started, and (for a
 // client that held state before) has reclaimed or is reclaiming.
 func (c V4Client) Confirmed() bool { return c.Status == "confirmed" }
+
+// maxRenewSeconds bounds "seconds from last renew" (the kernel's boot
+// time in seconds: ~100 years is beyond any).
+const maxRenewSeconds = 100 * 365 * 24 * 3600
 
 // maxClientInfo caps how much of one info file is read: the kernel's is a
 // few hundred bytes (the name is at most 1024 bytes, escaped ×4).
@@ -101,7 +111,7 @@ func readCapped(p string, max int) ([]byte, error) {
 // is quoted with the kernel's escapes (\xNN for bytes that are not
 // printable ASCII, for '"' and for '\').
 func parseClientInfo(b []byte) (V4Client, error) {
-	var c V4Client
+	c := V4Client{SinceRenew: -1}
 	haveName, haveMinor := false, false
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 8192), maxClientInfo)
@@ -127,6 +137,12 @@ func parseClientInfo(b []byte) (V4Client, error) {
 			c.Status = val
 		case "address":
 			c.Address = strings.Trim(val, `"`)
+		case "seconds from last renew":
+			sec, err := strconv.ParseInt(val, 10, 64)
+			if err != nil || sec < 0 || sec > maxRenewSeconds {
+				return V4Client{}, fmt.Errorf("seconds from last renew %q", val)
+			}
+			c.SinceRenew = time.Duration(sec) * time.Second
 		}
 	}
 	if err := sc.Err(); err != nil {

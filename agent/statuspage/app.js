@@ -109,7 +109,8 @@
       if (m.absent) return name + ' not running here';
       const back = m.back + ' of ' + m.expected + ' clients back';
       if (m.ended) return name + ' ended after ' + (m.seconds || 0).toFixed(1) + ' s (' + m.ended.reason + ', ' + back + ')';
-      return name + ' open (' + back + (m.missing && m.missing.length ? ', waiting for ' + m.missing.join(', ') : '') + ')';
+      const who = (m.missing || []).map((c) => (m.last_seen && m.last_seen[c]) ? c + ' (last seen ' + m.last_seen[c] + ')' : c);
+      return name + ' open (' + back + (who.length ? ', waiting for ' + who.join(', ') : '') + ')';
     };
     setText('kgrace', g
       ? mgr('lockd', g.nlm) + ' · ' + mgr('nfsd', g.nfsv4) + (g.error ? ' · ' + g.error : '')
