@@ -432,6 +432,9 @@ type NFSv4Status struct {
 	// GraceStart this node answered last.
 	GraceStartSMState int32      `json:"grace_start_sm_state,omitempty"`
 	GraceStartAt      *time.Time `json:"grace_start_at,omitempty"`
+	// ClientsSeen is how many NFSv4 clients this node knows when a server
+	// of the cluster last saw (nsmd_nfsv4_clients_seen).
+	ClientsSeen int `json:"clients_seen"`
 }
 
 // Member is one row of GET /v1/members: a node as gossip and raft see it.

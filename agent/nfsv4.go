@@ -202,6 +202,9 @@ func (v *nfsv4) status() admin.NFSv4Status {
 	if v.srv != nil {
 		s.Pipe = pipeJSON(v.srv.Status())
 	}
+	if v.seen != nil {
+		s.ClientsSeen = v.seen.known()
+	}
 	state, at := v.grace.LastGraceStart()
 	s.GraceStartSMState = state
 	if !at.IsZero() {

@@ -210,6 +210,23 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	waitGraceOver(t, leader.vm, 150*time.Second)
 	if !control {
 		checkHeld(t, cs, name+" before")
+		// The standby knows when the serving nfsd's NFSv4 clients last
+		// renewed their leases (read from the real kernel's client list,
+		// fetched from the leader): what its grace status would show for
+		// one that does not come back.
+		v4 := 0
+		for _, c := range cs {
+			if c.vers != "3" {
+				v4++
+			}
+		}
+		testutil.WaitForSeen(t, 30*time.Second, other.id+" knowing when the NFSv4 clients were last seen", func() (bool, string) {
+			s, err := p.v4status(other)
+			if err != nil {
+				return false, err.Error()
+			}
+			return s.NFSv4.ClientsSeen >= v4, fmt.Sprintf("knows %d of %d", s.NFSv4.ClientsSeen, v4)
+		})
 	}
 	res := drillResult{kernel: p.kernel, name: name, grace: grace, reclaimed: map[string]float64{}, notBefore: map[string]float64{}}
 	prober.sh(30*time.Second, "mkdir -p "+v4ProbeDir)
