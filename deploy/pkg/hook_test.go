@@ -44,3 +44,20 @@ func TestHookNeedsClientsAndSquashesRootByDefault(t *testing.T) {
 		t.Fatalf("check with explicit settings: %v\n%s", err, out)
 	}
 }
+
+// A bad NFS_HA_DELEGATIONS is refused with its name before anything is
+// mounted; yes and no pass the settings check.
+func TestHookRefusesABadDelegationsSetting(t *testing.T) {
+	base := []string{"NFS_HA_DEVICE=/dev/null", "NFS_HA_MOUNT=/srv/nfs", "NFS_HA_CLIENTS=10.0.0.0/24"}
+	for _, cmd := range []string{"start", "check"} {
+		out, err := runHook(t, append(base, "NFS_HA_DELEGATIONS=off"), cmd)
+		if err == nil || !strings.Contains(out, "NFS_HA_DELEGATIONS is 'off': yes or no") {
+			t.Fatalf("nfsd-ha %s with NFS_HA_DELEGATIONS=off: %v\n%s", cmd, err, out)
+		}
+	}
+	for _, v := range []string{"yes", "no"} {
+		if out, err := runHook(t, append(base, "NFS_HA_DELEGATIONS="+v), "check"); err != nil {
+			t.Fatalf("NFS_HA_DELEGATIONS=%s: %v\n%s", v, err, out)
+		}
+	}
+}
