@@ -263,6 +263,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		NotifyBurst:        cfg.NotifyBurst,
 		NotifyEvery:        cfg.NotifyEvery,
 		NotifyStrictSender: cfg.NotifyStrictSender,
+		UnmonCounts:        a.unmonCounts,
 	})
 	if err != nil {
 		return a, err
@@ -719,4 +720,15 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// unmonCounts tells the NSM service whether an SM_UNMON or SM_UNMON_ALL
+// may remove registrations now: always on a node without an on_leader
+// hook (a plain statd replacement: its lock manager runs all the time);
+// on a node that starts the NFS server in on_leader, only while it leads
+// — its lock manager unmonitors every host as the server stops in
+// on_follower, and those hosts' locks move to the next server, which must
+// notify them (nsm.Config.UnmonCounts).
+func (a *Agent) unmonCounts() bool {
+	return a.cfg.OnLeader == "" || a.node.Leading()
 }

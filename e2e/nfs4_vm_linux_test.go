@@ -214,11 +214,18 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		// renewed their leases (read from the real kernel's client list,
 		// fetched from the leader): what its grace status would show for
 		// one that does not come back.
-		v4 := 0
+		v4, v3 := 0, 0
 		for _, c := range cs {
 			if c.vers != "3" {
 				v4++
+			} else {
+				v3++
 			}
+		}
+		// Every NFSv3 client holding a lock is monitored (its SM_MON from
+		// the serving lockd committed): else no SM_NOTIFY would reach it.
+		if ls, err := p.v4status(leader); err != nil || ls.Registrations < v3 {
+			t.Fatalf("%s before the fault: %d registrations for %d NFSv3 clients holding locks (%v)", name, ls.Registrations, v3, err)
 		}
 		testutil.WaitForSeen(t, 30*time.Second, other.id+" knowing when the NFSv4 clients were last seen", func() (bool, string) {
 			s, err := p.v4status(other)
@@ -431,7 +438,7 @@ func haPairKeepsLocks(t *testing.T, series string, full bool) {
 				}
 			}
 			for _, n := range p.servers {
-				if _, out, err := n.vm.try(10*time.Second, "grep -E 'nfsv4|grace|cld|hook|takeover|notif|leadership|VIP' /var/lib/nsmd/nsmd.log | grep -v 'component=gossip' | tail -n 150; cat /proc/locks; cat /proc/fs/nfsd/v4_end_grace /proc/fs/lockd/nlm_end_grace; for f in /proc/fs/nfsd/clients/*/info; do cat $f; done"); err == nil {
+				if _, out, err := n.vm.try(10*time.Second, "grep -E 'nfsv4|grace|cld|hook|takeover|notif|leadership|VIP|SM_MON|SM_UNMON|lowering' /var/lib/nsmd/nsmd.log | grep -v 'component=gossip' | tail -n 150; cat /proc/locks; cat /proc/fs/nfsd/v4_end_grace /proc/fs/lockd/nlm_end_grace; for f in /proc/fs/nfsd/clients/*/info; do cat $f; done"); err == nil {
 					t.Logf("== %s nsmd log (tracking, grace, hooks):\n%s", n.id, out)
 				}
 				if st, err := p.v4status(n); err == nil {

@@ -22,6 +22,7 @@ type Metrics struct {
 	notifyReceived *prometheus.CounterVec
 	notifySends    *prometheus.CounterVec
 	notifySendsBy  [2][2]prometheus.Counter // [getport][retry]
+	unmonKept      prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them on reg (never the
@@ -66,6 +67,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "nsmd_notify_sends_total",
 			Help: "Datagrams the SM_NOTIFY fan-out sent, by call (getport, notify) and kind (first to a host, retry).",
 		}, []string{"call", "kind"}),
+		unmonKept: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_unmon_kept_total",
+			Help: "SM_UNMON/SM_UNMON_ALL answered without removing anything because this node does not serve now: its lock manager unmonitors every host as it stops with the NFS server, and the next server must still notify them.",
+		}),
 	}
 	// Known label values start at zero, so that a first failure shows up
 	// in rate() and increase() (and in alerts on them).
@@ -79,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.rpcRequests, m.rpcDuration, m.monRefused, m.notReady, m.callbacks,
-			m.notifyTargets, m.notifyLatency, m.notifyReceived, m.notifySends)
+			m.notifyTargets, m.notifyLatency, m.notifyReceived, m.notifySends, m.unmonKept)
 	}
 	return m
 }

@@ -51,6 +51,7 @@ func (s *Service) monitor(ctx context.Context, c *oncrpc.Call, args *Mon) (int32
 	if err != nil {
 		return 0, err
 	}
+	s.log.Debug("SM_MON", "mon_name", args.ID.MonName, "my_name", args.ID.My.MyName, "from", c.Remote.String())
 	state, err := s.reg.Monitor(ctx, s.registration(c, args, addrs))
 	if err != nil {
 		return 0, fmt.Errorf("nsm: monitor %q: %w", args.ID.MonName, err)

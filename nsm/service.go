@@ -63,6 +63,16 @@ type Config struct {
 	// counted as nsmd_mon_refused_total{reason="registrations_cap"}. It
 	// needs a Registry that is a Counter; 0: no cap.
 	MaxRegistrations int
+	// UnmonCounts reports whether an SM_UNMON or SM_UNMON_ALL taken now
+	// may remove registrations (nil: always). On a node whose NFS server
+	// runs only while it serves, its lock manager stops with that server
+	// and unmonitors every host it monitored as it goes (Linux lockd does,
+	// seen on 6.12): those hosts still hold locks that the next server
+	// must tell them to reclaim, so while the node does not serve, the
+	// unmonitor is answered as a success and removes nothing (counted in
+	// nsmd_unmon_kept_total). A host that did release its locks costs one
+	// spurious SM_NOTIFY at the next failover.
+	UnmonCounts func() bool
 	// NotifyBurst and NotifyEvery limit the SM_NOTIFYs committed per
 	// sender address and per mon_name: a bucket of NotifyBurst tokens,
 	// one back every NotifyEvery (defaults 4 and 10 s; NotifyBurst < 0:

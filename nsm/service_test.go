@@ -307,6 +307,52 @@ func TestUnmonAndUnmonAll(t *testing.T) {
 	}
 }
 
+// TestUnmonWhileNotServingKeepsEveryRegistration: on a node that does not
+// serve now (UnmonCounts false) — its lockd stopping with the NFS server
+// unmonitors every host — SM_UNMON and SM_UNMON_ALL answer the state and
+// remove nothing, counted in nsmd_unmon_kept_total; the control, the same
+// calls while the node serves, removes them.
+func TestUnmonWhileNotServingKeepsEveryRegistration(t *testing.T) {
+	for _, serving := range []bool{false, true} {
+		for _, tc := range []struct {
+			name string
+			proc uint32
+			args oncrpc.Marshaler
+			left int // of 3 when serving
+		}{
+			{"unmon", ProcUnmon, &MonID{"10.0.0.1", lockd}, 2},
+			{"unmon_all", ProcUnmonAll, &lockd, 1},
+		} {
+			t.Run(fmt.Sprintf("%s/serving=%v", tc.name, serving), func(t *testing.T) {
+				m := NewMetrics(nil)
+				s := newNSMServer(t, Config{Metrics: m, UnmonCounts: func() bool { return serving }})
+				c := s.dial(t, "tcp", lo, false)
+				for _, mn := range []*Mon{mon("10.0.0.1", lockd), mon("10.0.0.2", lockd), mon("10.0.0.1", ganesha)} {
+					var res SMStatRes
+					if err := call(t, c, ProcMon, mn, &res); err != nil || res.Res != StatSucc {
+						t.Fatalf("SM_MON: %v %+v", err, res)
+					}
+				}
+				var res SMStat
+				if err := call(t, c, tc.proc, tc.args, &res); err != nil || res.State != 3 {
+					t.Fatalf("%s: %v, state %d", tc.name, err, res.State)
+				}
+				_, regs, _ := s.reg.snapshot()
+				want, kept := tc.left, 0.0
+				if !serving {
+					want, kept = 3, 1
+				}
+				if len(regs) != want {
+					t.Errorf("%d registrations left, want %d", len(regs), want)
+				}
+				if v := testutil.MetricValue(t, m.unmonKept); v != kept {
+					t.Errorf("nsmd_unmon_kept_total = %v, want %v", v, kept)
+				}
+			})
+		}
+	}
+}
+
 // A registration belongs to the lock manager that made it: SM_UNMON and
 // SM_UNMON_ALL from this node's loopback name this node and the loopback
 // callback as the owner, so registrations another node's lockd made (the

@@ -38,6 +38,11 @@ func (s *Service) unmonitor(ctx context.Context, c *oncrpc.Call, args *MonID, ou
 	if !ValidName(args.My.MyName) {
 		return fmt.Errorf("my_name %q: %w", args.My.MyName, ErrBadName)
 	}
+	s.log.Debug("SM_UNMON", "mon_name", args.MonName, "my_name", args.My.MyName, "from", c.Remote.String())
+	if s.keepUnmon("SM_UNMON", c) {
+		out.State = s.reg.State()
+		return nil
+	}
 	state, err := s.reg.Unmonitor(ctx, args.FSM(), s.owner(c))
 	if err != nil {
 		out.State = -1
@@ -45,4 +50,17 @@ func (s *Service) unmonitor(ctx context.Context, c *oncrpc.Call, args *MonID, ou
 	}
 	out.State = state
 	return nil
+}
+
+// keepUnmon reports whether an unmonitor is answered without removing
+// anything: this node does not serve now (Config.UnmonCounts).
+func (s *Service) keepUnmon(proc string, c *oncrpc.Call) bool {
+	if s.cfg.UnmonCounts == nil || s.cfg.UnmonCounts() {
+		return false
+	}
+	s.log.Debug(proc+" kept: this node does not serve now; its lock manager stops with the NFS server, and the next server must still notify these hosts", "from", c.Remote.String())
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.unmonKept.Inc()
+	}
+	return true
 }

@@ -30,6 +30,11 @@ func (s *Service) unmonitorAll(ctx context.Context, c *oncrpc.Call, args *MyID, 
 	if !ValidName(args.MyName) {
 		return fmt.Errorf("my_name %q: %w", args.MyName, ErrBadName)
 	}
+	s.log.Debug("SM_UNMON_ALL", "my_name", args.MyName, "from", c.Remote.String())
+	if s.keepUnmon("SM_UNMON_ALL", c) {
+		out.State = s.reg.State()
+		return nil
+	}
 	state, err := s.reg.UnmonitorAll(ctx, args.FSM(), s.owner(c))
 	if err != nil {
 		out.State = -1
