@@ -516,17 +516,20 @@ func haPairKeepsLocks(t *testing.T, series string, full bool) {
 		name, fault string
 		grace       int
 	}{
-		{"kill", "kill", 90},
+		// A transfer first: the servers' lockd has monitored the NFSv3
+		// client only through its first lock (no reclaim yet), and the
+		// old server's lockd unmonitors it as nfsd stops (6.12).
 		{"transfer", "transfer", 90},
-		{"kill", "kill", 10},
+		{"kill", "kill", 90},
 		{"transfer", "transfer", 10},
+		{"kill", "kill", 10},
 	}
 	// NSMD_E2E_V4_QUICK=1 (debugging the later phases): one drill, a
 	// workload of one failover.
 	quick := os.Getenv("NSMD_E2E_V4_QUICK") == "1"
 	switch {
 	case quick:
-		drills = drills[1:2]
+		drills = drills[:1]
 	case !full:
 		drills = drills[:2]
 	}
