@@ -35,8 +35,8 @@ type clientsSeen struct {
 
 	mu          sync.Mutex
 	seen        map[string]time.Time
-	unsupported string // a leader that answered PROC_UNAVAIL: not asked again
-	lastErr     string // the last error logged
+	unsupported string  // a leader that answered PROC_UNAVAIL: not asked again
+	readErr     errOnce // the last error reading nfsd's clients, logged once
 }
 
 func newClientsSeen(log *slog.Logger, procRoot string, node func() *cluster.Node) *clientsSeen {
@@ -77,9 +77,9 @@ func (s *clientsSeen) sample(n *cluster.Node, now time.Time) {
 	case errors.Is(err, grace.ErrNoManager):
 		// No nfsd running (not serving yet, or a plain statd replacement).
 	case err != nil:
-		s.logOnce("cannot read nfsd's clients", err)
+		s.readErr.log(s.log, "cannot read nfsd's clients", err)
 	default:
-		s.logOnce("", nil)
+		s.readErr.log(s.log, "", nil)
 		var fresh []cluster.ClientSeen
 		for _, c := range cs {
 			switch {
@@ -181,22 +181,4 @@ func (s *clientsSeen) lastSeen(name string) (time.Time, bool) {
 	defer s.mu.Unlock()
 	t, ok := s.seen[name]
 	return t, ok
-}
-
-// logOnce logs msg with err when it differs from the last one logged
-// (nil: things are fine again).
-func (s *clientsSeen) logOnce(msg string, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	str := ""
-	if err != nil {
-		str = msg + ": " + err.Error()
-	}
-	if str == s.lastErr {
-		return
-	}
-	s.lastErr = str
-	if err != nil {
-		s.log.Warn(msg, "err", err)
-	}
 }

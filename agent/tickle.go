@@ -52,7 +52,7 @@ type tickler struct {
 	list        cluster.VIPConns // the leader's last sample, fetched
 	from        string           // the leader that answered it
 	unsupported string           // a leader that answered PROC_UNAVAIL: not asked again
-	lastErr     string           // the last sampling error, logged once
+	sampleErr   errOnce          // the last sampling error, logged once
 	overLogged  bool             // "over tickle_max_conns" logged, not cleared since
 	stopped     bool             // stop ran: no new sends
 }
@@ -163,10 +163,10 @@ func (t *tickler) tick() {
 func (t *tickler) sample() {
 	conns, total, err := tickle.Read(t.procRoot, tickle.Filter{VIP: t.vip, Ports: t.ports(), Max: t.max})
 	if err != nil {
-		t.logOnce("cannot sample the VIP's connections; sharing the last sample", err)
+		t.sampleErr.log(t.log, "cannot sample the VIP's connections; sharing the last sample", err)
 		return
 	}
-	t.logOnce("", nil)
+	t.sampleErr.log(t.log, "", nil)
 	t.node.SetVIPConns(cluster.VIPConns{Conns: conns, Total: total, At: time.Now()})
 	t.setKnown(len(conns), total)
 }
@@ -184,21 +184,28 @@ func (t *tickler) setKnown(n, total int) {
 	}
 }
 
-// logOnce logs msg with err when it differs from the last one logged
+// errOnce logs an error once until it changes or clears: a loop that
+// fails every second says so once.
+type errOnce struct {
+	mu   sync.Mutex
+	last string
+}
+
+// log logs msg with err on l when it differs from the last one logged
 // (nil: things are fine again).
-func (t *tickler) logOnce(msg string, err error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+func (e *errOnce) log(l *slog.Logger, msg string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	s := ""
 	if err != nil {
 		s = msg + ": " + err.Error()
 	}
-	if s == t.lastErr {
+	if s == e.last {
 		return
 	}
-	t.lastErr = s
+	e.last = s
 	if err != nil {
-		t.log.Warn(msg, "err", err)
+		l.Warn(msg, "err", err)
 	}
 }
 

@@ -123,31 +123,24 @@ func (r *seenRes) UnmarshalXDR(rd *oncrpc.Reader) error {
 }
 
 // seenAnswer is what this leader answers: its last sample, the most
-// recently seen first, within max and the bounds.
-func seenAnswer(cs []ClientSeen, max int, now time.Time) []seenEntry {
+// recently seen first, within limit and the bounds.
+func seenAnswer(cs []ClientSeen, limit int, now time.Time) []seenEntry {
 	cs = slices.Clone(cs)
 	slices.SortStableFunc(cs, func(a, b ClientSeen) int { return b.Seen.Compare(a.Seen) })
 	var out []seenEntry
 	total := 0
 	for _, c := range cs {
-		if len(out) >= min(max, MaxClientsSeen) {
+		if len(out) >= min(limit, MaxClientsSeen) {
 			break
 		}
 		if c.Name == "" || len(c.Name) > fsm.MaxClientNameLen || total+len(c.Name) > maxSeenNameBytes {
 			continue
 		}
 		total += len(c.Name)
-		ago := max64(now.Sub(c.Seen).Milliseconds(), 0)
+		ago := max(now.Sub(c.Seen).Milliseconds(), 0)
 		out = append(out, seenEntry{Name: c.Name, AgoMS: uint64(ago)})
 	}
 	return out
-}
-
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // serveSeen answers SEEN.
