@@ -50,33 +50,100 @@ type VIPConns struct {
 // the VIP, which it answers CONNS with while it leads.
 func (n *Node) SetVIPConns(v VIPConns) { n.vipConns.Store(&v) }
 
-// connsArgs is CONNS's argument: at most how many connections the asker
-// wants, its clock and an HMAC over both with the cluster key (empty
-// without one).
-type connsArgs struct {
+// hintArgs is the argument of CONNS and SEEN (seen.go), the leader's
+// hints: at most how many items the asker wants, its clock and an HMAC
+// over both with the cluster key (empty without one).
+type hintArgs struct {
 	SentNS int64
 	Max    uint32
 	MAC    []byte
 }
 
-func (a *connsArgs) MarshalXDR(w *oncrpc.Writer) {
+func (a *hintArgs) MarshalXDR(w *oncrpc.Writer) {
 	w.Int64(a.SentNS)
 	w.Uint32(a.Max)
 	w.Opaque(a.MAC)
 }
 
-func (a *connsArgs) UnmarshalXDR(r *oncrpc.Reader) error {
+func (a *hintArgs) UnmarshalXDR(r *oncrpc.Reader) error {
 	a.SentNS = r.Int64()
 	a.Max = r.Uint32()
 	a.MAC = r.Opaque(32)
 	return r.Done()
 }
 
+// Tags of the hint procedures' MACs.
+const (
+	tagConns = "conns"
+	tagSeen  = "seen"
+)
+
 // macInput is what the HMAC covers after the forward label and the time:
-// a tag no fsm encoding starts with, and Max. APPLY's MAC and this one
-// cannot stand in for each other.
-func (a *connsArgs) macInput() []byte {
-	return binary.BigEndian.AppendUint32([]byte("\x00conns\x00"), a.Max)
+// the procedure's tag between NULs (no fsm encoding starts with one) and
+// Max. APPLY's MAC, CONNS's and SEEN's cannot stand in for each other.
+func (a *hintArgs) macInput(tag string) []byte {
+	return binary.BigEndian.AppendUint32([]byte("\x00"+tag+"\x00"), a.Max)
+}
+
+// hintRes is a hint procedure's result as askLeader reads it.
+type hintRes interface {
+	oncrpc.Unmarshaler
+	status() (uint32, string)
+}
+
+// authHint checks a hint request like APPLY (authForward), logging a
+// refusal that names what was asked for.
+func (n *Node) authHint(c *oncrpc.Call, tag, what string) (hintArgs, error) {
+	var args hintArgs
+	if err := args.UnmarshalXDR(c.Args); err != nil {
+		return args, fmt.Errorf("%w: %s: %v", oncrpc.ErrGarbageArgs, tag, err)
+	}
+	from := c.Remote.Addr().Unmap()
+	if err := n.authForward(from, &fwdArgs{SentNS: args.SentNS, Cmd: args.macInput(tag), MAC: args.MAC}); err != nil {
+		n.fwdLog.warn(n.log, from, fmt.Errorf("a request for %s: %w", what, err))
+		return args, errHintDenied{err}
+	}
+	return args, nil
+}
+
+// errHintDenied: the request failed authentication (answered fwdDenied).
+type errHintDenied struct{ error }
+
+// askLeader calls hint procedure proc (tag) on the leader for at most max
+// items and decodes its answer into res; it returns the leader's id. A
+// leader that answers PROC_UNAVAIL gives unsupported, one that no longer
+// leads ErrNotLeader; what names the hint in errors.
+func (n *Node) askLeader(ctx context.Context, proc uint32, tag string, max int, what string, unsupported error, res hintRes) (string, error) {
+	id, addr := n.leaderNSMAddr()
+	if addr == "" {
+		return id, ErrNoLeader
+	}
+	args := hintArgs{SentNS: n.cfg.Now().UnixNano(), Max: uint32(max)}
+	if len(n.cfg.ClusterKey) > 0 {
+		args.MAC = fwdMAC(n.cfg.ClusterKey, args.SentNS, args.macInput(tag))
+	}
+	local, _ := netip.ParseAddrPort(n.cfg.RaftBind)
+	c, err := n.fwd.get(ctx, addr, local.Addr())
+	if err != nil {
+		return id, fmt.Errorf("cluster: ask leader %s for %s: %w", addr, what, err)
+	}
+	if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, proc, &args, res); err != nil {
+		if errors.Is(err, oncrpc.ErrProcUnavail) {
+			return id, fmt.Errorf("%s: %w", id, unsupported)
+		}
+		n.fwd.drop(c)
+		return id, fmt.Errorf("cluster: ask leader %s for %s: %w", addr, what, err)
+	}
+	switch st, why := res.status(); st {
+	case fwdOK:
+		return id, nil
+	case fwdNotLeader:
+		return id, fmt.Errorf("cluster: %s: %w", addr, ErrNotLeader)
+	case fwdDenied:
+		return id, fmt.Errorf("cluster: %s refused to share %s: %s", addr, what, why)
+	default:
+		return id, fmt.Errorf("cluster: %s: status %d: %s", addr, st, why)
+	}
 }
 
 // connsRes is CONNS's result.
@@ -88,6 +155,8 @@ type connsRes struct {
 	Conns  []tickle.Conn
 	max    int // decoding: the most connections accepted
 }
+
+func (r *connsRes) status() (uint32, string) { return r.Status, r.Err }
 
 func (r *connsRes) MarshalXDR(w *oncrpc.Writer) {
 	w.Uint32(r.Status)
@@ -150,16 +219,15 @@ func (n *Node) serveConns(c *oncrpc.Call, res *oncrpc.Writer) error {
 		out.MarshalXDR(res)
 		return nil
 	}
-	var args connsArgs
-	if err := args.UnmarshalXDR(c.Args); err != nil {
-		return fmt.Errorf("%w: conns: %v", oncrpc.ErrGarbageArgs, err)
-	}
-	from := c.Remote.Addr().Unmap()
-	if err := n.authForward(from, &fwdArgs{SentNS: args.SentNS, Cmd: args.macInput(), MAC: args.MAC}); err != nil {
-		n.fwdLog.warn(n.log, from, fmt.Errorf("a request for the VIP's connections (CONNS): %w", err))
-		out := connsRes{Status: fwdDenied, Err: err.Error()}
+	args, err := n.authHint(c, tagConns, "the VIP's connections (CONNS)")
+	var denied errHintDenied
+	if errors.As(err, &denied) {
+		out := connsRes{Status: fwdDenied, Err: denied.Error()}
 		out.MarshalXDR(res)
 		return nil
+	}
+	if err != nil {
+		return err
 	}
 	out := connsRes{Status: fwdNotLeader}
 	if v := n.vipConns.Load(); v != nil && n.Leading() {
@@ -176,35 +244,10 @@ func (n *Node) serveConns(c *oncrpc.Call, res *oncrpc.Writer) error {
 // longer leads, ErrNotLeader.
 func (n *Node) LeaderVIPConns(ctx context.Context, max int) (leader string, v VIPConns, err error) {
 	max = min(max, MaxVIPConns)
-	id, addr := n.leaderNSMAddr()
-	if addr == "" {
-		return id, v, ErrNoLeader
-	}
-	args := connsArgs{SentNS: n.cfg.Now().UnixNano(), Max: uint32(max)}
-	if len(n.cfg.ClusterKey) > 0 {
-		args.MAC = fwdMAC(n.cfg.ClusterKey, args.SentNS, args.macInput())
-	}
-	local, _ := netip.ParseAddrPort(n.cfg.RaftBind)
-	c, err := n.fwd.get(ctx, addr, local.Addr())
-	if err != nil {
-		return id, v, fmt.Errorf("cluster: ask leader %s for its VIP connections: %w", addr, err)
-	}
 	res := connsRes{max: max}
-	if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcConns, &args, &res); err != nil {
-		if errors.Is(err, oncrpc.ErrProcUnavail) {
-			return id, v, fmt.Errorf("%s: %w", id, ErrVIPConnsUnsupported)
-		}
-		n.fwd.drop(c)
-		return id, v, fmt.Errorf("cluster: ask leader %s for its VIP connections: %w", addr, err)
-	}
-	switch res.Status {
-	case fwdOK:
-	case fwdNotLeader:
-		return id, v, fmt.Errorf("cluster: %s: %w", addr, ErrNotLeader)
-	case fwdDenied:
-		return id, v, fmt.Errorf("cluster: %s refused to list its VIP connections: %s", addr, res.Err)
-	default:
-		return id, v, fmt.Errorf("cluster: %s: status %d: %s", addr, res.Status, res.Err)
+	id, err := n.askLeader(ctx, fwdProcConns, tagConns, max, "its VIP connections", ErrVIPConnsUnsupported, &res)
+	if err != nil {
+		return id, v, err
 	}
 	return id, VIPConns{Conns: res.Conns, Total: int(res.Total), At: time.Now().Add(-time.Duration(res.AgeMS) * time.Millisecond)}, nil
 }

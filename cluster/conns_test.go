@@ -82,8 +82,8 @@ func callConns(t *testing.T, addr string, n *Node, res *connsRes) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	args := connsArgs{SentNS: time.Now().UnixNano(), Max: uint32(res.max)}
-	args.MAC = fwdMAC(n.cfg.ClusterKey, args.SentNS, args.macInput())
+	args := hintArgs{SentNS: time.Now().UnixNano(), Max: uint32(res.max)}
+	args.MAC = fwdMAC(n.cfg.ClusterKey, args.SentNS, args.macInput(tagConns))
 	if err := cl.Call(context.Background(), ForwardProgram.Prog, ForwardProgram.Vers, fwdProcConns, &args, res); err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,8 @@ package cluster
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"time"
 
@@ -57,18 +55,6 @@ func (n *Node) SetClientsSeen(cs []ClientSeen) {
 	n.clientsSeen.Store(&cs)
 }
 
-// seenArgs is SEEN's argument, laid out as CONNS's: at most how many
-// clients the asker wants, its clock and an HMAC over both.
-type seenArgs connsArgs
-
-func (a *seenArgs) MarshalXDR(w *oncrpc.Writer)         { (*connsArgs)(a).MarshalXDR(w) }
-func (a *seenArgs) UnmarshalXDR(r *oncrpc.Reader) error { return (*connsArgs)(a).UnmarshalXDR(r) }
-
-// macInput: a tag of its own, so that a CONNS MAC cannot stand for it.
-func (a *seenArgs) macInput() []byte {
-	return binary.BigEndian.AppendUint32([]byte("\x00seen\x00"), a.Max)
-}
-
 // seenRes is SEEN's result: each client with how many milliseconds
 // before the answer it was last seen (the asker dates it on its clock).
 type seenRes struct {
@@ -82,6 +68,8 @@ type seenEntry struct {
 	Name  string
 	AgoMS uint64
 }
+
+func (r *seenRes) status() (uint32, string) { return r.Status, r.Err }
 
 func (r *seenRes) MarshalXDR(w *oncrpc.Writer) {
 	w.Uint32(r.Status)
@@ -150,16 +138,15 @@ func (n *Node) serveSeen(c *oncrpc.Call, res *oncrpc.Writer) error {
 		out.MarshalXDR(res)
 		return nil
 	}
-	var args seenArgs
-	if err := args.UnmarshalXDR(c.Args); err != nil {
-		return fmt.Errorf("%w: seen: %v", oncrpc.ErrGarbageArgs, err)
-	}
-	from := c.Remote.Addr().Unmap()
-	if err := n.authForward(from, &fwdArgs{SentNS: args.SentNS, Cmd: args.macInput(), MAC: args.MAC}); err != nil {
-		n.fwdLog.warn(n.log, from, fmt.Errorf("a request for when the NFSv4 clients were last seen (SEEN): %w", err))
-		out := seenRes{Status: fwdDenied, Err: err.Error()}
+	args, err := n.authHint(c, tagSeen, "when the NFSv4 clients were last seen (SEEN)")
+	var denied errHintDenied
+	if errors.As(err, &denied) {
+		out := seenRes{Status: fwdDenied, Err: denied.Error()}
 		out.MarshalXDR(res)
 		return nil
+	}
+	if err != nil {
+		return err
 	}
 	out := seenRes{Status: fwdNotLeader}
 	if cs := n.clientsSeen.Load(); cs != nil && n.Leading() {
@@ -176,35 +163,10 @@ func (n *Node) serveSeen(c *oncrpc.Call, res *oncrpc.Writer) error {
 // has sampled nothing yet), ErrNotLeader.
 func (n *Node) LeaderClientsSeen(ctx context.Context, max int) (leader string, cs []ClientSeen, err error) {
 	max = min(max, MaxClientsSeen)
-	id, addr := n.leaderNSMAddr()
-	if addr == "" {
-		return id, nil, ErrNoLeader
-	}
-	args := seenArgs{SentNS: n.cfg.Now().UnixNano(), Max: uint32(max)}
-	if len(n.cfg.ClusterKey) > 0 {
-		args.MAC = fwdMAC(n.cfg.ClusterKey, args.SentNS, args.macInput())
-	}
-	local, _ := netip.ParseAddrPort(n.cfg.RaftBind)
-	c, err := n.fwd.get(ctx, addr, local.Addr())
-	if err != nil {
-		return id, nil, fmt.Errorf("cluster: ask leader %s when its NFSv4 clients were seen: %w", addr, err)
-	}
 	res := seenRes{max: max}
-	if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcSeen, &args, &res); err != nil {
-		if errors.Is(err, oncrpc.ErrProcUnavail) {
-			return id, nil, fmt.Errorf("%s: %w", id, ErrClientsSeenUnsupported)
-		}
-		n.fwd.drop(c)
-		return id, nil, fmt.Errorf("cluster: ask leader %s when its NFSv4 clients were seen: %w", addr, err)
-	}
-	switch res.Status {
-	case fwdOK:
-	case fwdNotLeader:
-		return id, nil, fmt.Errorf("cluster: %s: %w", addr, ErrNotLeader)
-	case fwdDenied:
-		return id, nil, fmt.Errorf("cluster: %s refused to say when its NFSv4 clients were seen: %s", addr, res.Err)
-	default:
-		return id, nil, fmt.Errorf("cluster: %s: status %d: %s", addr, res.Status, res.Err)
+	id, err := n.askLeader(ctx, fwdProcSeen, tagSeen, max, "when its NFSv4 clients were seen", ErrClientsSeenUnsupported, &res)
+	if err != nil {
+		return id, nil, err
 	}
 	now := time.Now()
 	cs = make([]ClientSeen, 0, len(res.Clients))

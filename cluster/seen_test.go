@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	itest "github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -22,6 +23,7 @@ func TestFollowersLearnWhenTheLeadersClientsWereSeen(t *testing.T) {
 	li, ld := c.leader(5 * time.Second)
 	f := c.nodes[(li+1)%3]
 	ctx := context.Background()
+	itest.WaitFor(t, 5*time.Second, "the follower to know the leader", func() bool { return f.n.Leader() == ld.id })
 
 	if _, _, err := f.n.LeaderClientsSeen(ctx, 10); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("before the leader sampled: %v, want ErrNotLeader", err)
@@ -60,8 +62,8 @@ func TestFollowersLearnWhenTheLeadersClientsWereSeen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	args := seenArgs{SentNS: time.Now().UnixNano(), Max: 10}
-	args.MAC = fwdMAC(f.n.cfg.ClusterKey, args.SentNS, args.macInput())
+	args := hintArgs{SentNS: time.Now().UnixNano(), Max: 10}
+	args.MAC = fwdMAC(f.n.cfg.ClusterKey, args.SentNS, args.macInput(tagSeen))
 	res := seenRes{max: 10}
 	if err := cl.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcSeen, &args, &res); err != nil {
 		t.Fatal(err)
@@ -70,8 +72,8 @@ func TestFollowersLearnWhenTheLeadersClientsWereSeen(t *testing.T) {
 		t.Fatalf("a follower answered status %d, want fwdNotLeader", res.Status)
 	}
 	// A CONNS MAC does not stand for SEEN.
-	args = seenArgs{SentNS: time.Now().UnixNano(), Max: 10}
-	args.MAC = fwdMAC(f.n.cfg.ClusterKey, args.SentNS, (*connsArgs)(&args).macInput())
+	args = hintArgs{SentNS: time.Now().UnixNano(), Max: 10}
+	args.MAC = fwdMAC(f.n.cfg.ClusterKey, args.SentNS, args.macInput(tagConns))
 	cl2, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: ld.nsmAddr, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
