@@ -21,7 +21,7 @@ import (
 // lost or stale one costs what having none costs (the clients reconnect
 // by their own TCP timers), so it is not worth a log entry.
 
-// fwdProcConns: connsArgs → connsRes, the connections on the VIP the
+// fwdProcConns: hintArgs → connsRes, the connections on the VIP the
 // leader's last sample found (fwdOK), fwdNotLeader from a node that does
 // not lead with a committed takeover. Authenticated like APPLY (the
 // cluster key's HMAC, or a raft member's address), over TCP only. A

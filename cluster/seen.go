@@ -23,7 +23,7 @@ import (
 // sample. Not in the FSM: it is for people, it changes with every lease
 // renewal, and a lost one costs only the hint.
 
-// fwdProcSeen: seenArgs → seenRes, the NFSv4 clients the leader's last
+// fwdProcSeen: hintArgs → seenRes, the NFSv4 clients the leader's last
 // sample found and how long before the answer each last renewed (fwdOK),
 // fwdNotLeader from a node that does not lead with a committed takeover.
 // Authenticated like APPLY, over TCP only. A release without it answers
