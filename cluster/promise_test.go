@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -231,4 +232,72 @@ func TestNoServingRecordWhileAMemberCannotApplyIt(t *testing.T) {
 		_, ok := fc2.nodes[nodeIndex(fc2.tcluster, next.node)].n.fsm.ServingRecordOf(first.node)
 		return !ok
 	})
+}
+
+// Rolling upgrade: in a gossip cluster whose members all advertise
+// fsm.CommandLevel 2, the serving leader's record (kind 15) is committed,
+// with the promise every member also reads from its gossip metadata; with
+// one member advertising level 0 (an earlier release) no kind 15–17 entry
+// is ever proposed — the leader still serves, waiting by the promises
+// gossip carries — and an operator's confirmation is kept by the leader
+// instead of committed.
+func TestServingRecordsOnlyOnceEveryMemberAppliesThem(t *testing.T) {
+	for _, older := range []bool{false, true} {
+		t.Run(map[bool]string{false: "every member at level 2", true: "one member at level 0"}[older], func(t *testing.T) {
+			served := make(chan string, 8)
+			_, nodes := formGossipClusterTuned(t, func(id string, cfg *Config) {
+				cfg.olderFSM = older && id == "r3"
+				cfg.ServesStorage = true
+				// A fake watchdog device (fence/fencetest's kernel is not
+				// needed here: nothing is killed).
+				cfg.Watchdog, cfg.FenceTimeout = &machine{timeout: 2 * time.Second}, 2*time.Second
+				cfg.OnLeader = func(context.Context, fsm.Takeover, int32) error { served <- id; return nil }
+			}, "r1", "r2", "r3")
+			var who string
+			select {
+			case who = <-served:
+			case <-time.After(20 * time.Second):
+				t.Fatal("nobody served")
+			}
+			var leader *Node
+			for _, n := range nodes {
+				if n.ID() == who {
+					leader = n
+				}
+			}
+			for _, n := range nodes {
+				if n == leader {
+					continue
+				}
+				if p := n.peerPromise(who); p.Promise.Mode != fsm.FenceWatchdog || p.Promise.WatchdogTimeout != 2*time.Second {
+					t.Errorf("%s knows %s's promise as %+v, want a 2 s watchdog", n.ID(), who, p)
+				}
+			}
+			if older {
+				testutil.HoldsFor(t, time.Second, 100*time.Millisecond, "no serving record", func() (bool, string) {
+					for _, n := range nodes {
+						if recs := n.fsm.ServingRecords(); len(recs) > 0 {
+							return false, fmt.Sprintf("%s applied %+v", n.ID(), recs)
+						}
+					}
+					return true, ""
+				})
+				if err := leader.ConfirmOff(context.Background(), "gone", "op"); err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := leader.fsm.Confirmed("gone"); ok {
+					t.Fatal("a confirmation was committed although a member cannot apply it")
+				}
+				return
+			}
+			testutil.WaitFor(t, 5*time.Second, "every member to apply the leader's serving record", func() bool {
+				for _, n := range nodes {
+					if r, ok := n.fsm.ServingRecordOf(who); !ok || r.Promise.WatchdogTimeout != 2*time.Second {
+						return false
+					}
+				}
+				return true
+			})
+		})
+	}
 }
