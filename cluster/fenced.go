@@ -140,8 +140,16 @@ func (n *Node) fencePeer(ctx context.Context, p PeerPromise, elected time.Time, 
 			}
 		}()
 	default:
-		n.log.Warn("a node that may still serve promised no watchdog, or its promise is unknown: not serving until it answers that it stopped or an operator confirms it is off (nsmd fence confirm "+peer+")",
-			"node", peer, "promise", p.Promise.Mode.String(), "source", p.Source)
+		go func() { // said once it did not answer at once (a live peer answers within ms)
+			t := time.NewTimer(unprovenWarnAfter)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				n.log.Warn("a node that may still serve promised no watchdog, or its promise is unknown: not serving until it answers that it stopped or an operator confirms it is off (nsmd fence confirm "+peer+")",
+					"node", peer, "promise", p.Promise.Mode.String(), "source", p.Source)
+			case <-ctx.Done():
+			}
+		}()
 	}
 	select {
 	case r := <-res:
@@ -153,6 +161,10 @@ func (n *Node) fencePeer(ctx context.Context, p PeerPromise, elected time.Time, 
 		return FencedPeer{Node: peer, By: "aborted", Detail: promise}
 	}
 }
+
+// unprovenWarnAfter is how long a new leader waits for an answer from a
+// peer that no bound proves stopped before it logs that it waits for one.
+const unprovenWarnAfter = 2 * time.Second
 
 func joinDetail(a, b string) string {
 	if a == "" {
