@@ -107,6 +107,8 @@ type Fence struct {
 	// stopped before it serves.
 	Waiting  bool       `json:"waiting,omitempty"`
 	LastWait *FenceWait `json:"last_wait,omitempty"`
+	// Promises: what each serving node promises (admin/fence.go).
+	Promises *FencePromises `json:"promises,omitempty"`
 }
 
 // FenceWatchdog is a serving node's watchdog.

@@ -104,6 +104,7 @@ func (a *Agent) fenceStatus() admin.Fence {
 		}
 		out.Watchdog = w
 	}
+	out.Promises = a.fencePromises()
 	if lw := fs.LastWait; lw != nil {
 		w := &admin.FenceWait{At: lw.At.UTC(), Seconds: lw.Took.Seconds(), Aborted: lw.Aborted}
 		for _, p := range lw.Nodes {
@@ -127,4 +128,25 @@ func (a *Agent) registerFenceMetrics() error {
 	})
 	g.Set(off)
 	return a.reg.Register(g)
+}
+
+// fencePromises is GET /v1/status's "fence.promises" (nil on a node that
+// serves no storage).
+func (a *Agent) fencePromises() *admin.FencePromises {
+	if !a.cfg.Serves() {
+		return nil
+	}
+	v := a.node.Promises()
+	out := &admin.FencePromises{Mismatch: v.Mismatch, Unproven: v.Unproven, Servers: []admin.FencePromise{}}
+	for _, s := range v.Servers {
+		out.Servers = append(out.Servers, admin.FencePromise{
+			Node: s.Node, Mode: s.Promise.Mode.String(), Source: s.Source, Serving: s.Serving,
+			WatchdogSeconds: s.Promise.WatchdogTimeout.Seconds(), LeaseSeconds: s.Promise.Lease.Seconds(),
+			HookTimeoutSeconds: s.Promise.HookTimeout.Seconds(), MarginSeconds: s.Promise.Margin.Seconds(),
+		})
+	}
+	for _, c := range v.Confirmations {
+		out.Confirmations = append(out.Confirmations, admin.FenceConfirmation{Node: c.Node, By: c.By, At: c.At.UTC()})
+	}
+	return out
 }

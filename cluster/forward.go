@@ -200,7 +200,9 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	if t, ok := cmds[0].(fsm.Takeover); ok {
 		cmds[0] = n.lowerTakeover(t)
 	}
-	if isOwned(cmds[0]) && !n.ownerCommandsOK() {
+	if c, ok := cmds[0].(fsm.FenceConfirm); ok {
+		err = n.takeConfirmation(ctx, c)
+	} else if isOwned(cmds[0]) && !n.ownerCommandsOK() {
 		// The sender saw every member apply owner commands, this leader
 		// does not (yet): commit it in the form every member applies.
 		r, err = n.applyLowered(ctx, cmds[0])
@@ -228,6 +230,10 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 func (n *Node) forwardable(cmd fsm.Command) (fsm.Command, error) {
 	switch c := cmd.(type) {
 	case fsm.Register, fsm.Unregister, fsm.UnregisterAll, fsm.PeerRebooted:
+		return cmd, nil
+	case fsm.ServingEnd, fsm.FenceConfirm:
+		// A node that stopped clears its serving record; an operator's
+		// confirmation taken on another member (promise.go).
 		return cmd, nil
 	case fsm.Takeover:
 		if c.Reason != reasonSimuCrash && c.Reason != reasonImport {

@@ -25,6 +25,9 @@ import (
 //	Unregister    (11) = str(mon_name) myid owner        (Owner not zero)
 //	UnregisterAll (12) = myid owner                      (Owner not zero)
 //	Takeover      (13) = as kind 4                        (Wrap set)
+//	ServingBegin  (15) = servingrec
+//	ServingEnd    (16) = node time(at)
+//	FenceConfirm  (17) = node str(by) time(at)             (by ≤ 256)
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
@@ -32,6 +35,10 @@ import (
 //	owner    = str(node) addr(callback)   (callback: 4 or 16 bytes, never empty)
 //	str(x)   = len:uvarint bytes        (len ≤ 1024; reason ≤ 256; princ_hash ≤ 32)
 //	cname    = str(name), 1…1024 bytes (an empty client name is refused)
+//	node     = str(node), 1…1024 bytes (an empty node is refused)
+//	servingrec = node str(nsm_addr) promise time(since)      (nsm_addr ≤ 256)
+//	promise  = mode:u8(1 off, 2 agent, 3 watchdog) watchdog_timeout lease
+//	           hook_timeout margin      (each uvarint ns ≤ MaxPromiseDuration)
 //	addr     = len:u8 (0, 4 or 16) bytes
 //	time     = Unix nanoseconds, int64 big-endian, 0 = zero time
 //	varint   = zigzag signed varint, within int32
@@ -55,6 +62,10 @@ import (
 // the cluster advertises CommandLevel ≥ 1 (package cluster gates it); an
 // older build would also apply a kind-13 Takeover differently at the end
 // of the range.
+//
+// Kinds 15–17 (who serves, and what it promised: serving.go) are new
+// commands with no older equivalent; they are proposed only once every
+// member advertises CommandLevel ≥ 2, and never lowered.
 const (
 	entryVersion = 1
 
@@ -236,6 +247,9 @@ func (e *encoder) command(c Command) error {
 	case nil:
 		return fmt.Errorf("nil command")
 	default:
+		if ok, err := e.servingCommand(c); ok {
+			return err
+		}
 		return fmt.Errorf("unknown command type %T", c)
 	}
 }
@@ -503,6 +517,9 @@ func (d *decoder) command() Command {
 	case kindGraceDone:
 		return GraceDone{}
 	default:
+		if c, ok := d.servingCommand(k); ok {
+			return c
+		}
 		if d.err == nil {
 			d.fail("unknown command kind %d", k)
 		}
