@@ -221,6 +221,10 @@ func (n *Node) fenceList() []PeerPromise {
 	return out
 }
 
+// FenceControlBuild reports whether this binary was built with the
+// fencecontrol tag (the drills' negative control: never ship it).
+func FenceControlBuild() bool { return fenceControl }
+
 // ownSettingsOnly: the successor waits by its own settings alone, as
 // before promises travelled (the tests' negative control: the
 // fencecontrol build tag, or Config.ownSettingsOnly).
