@@ -500,6 +500,9 @@ func promisesDiffer(ss []ServerPromise) bool {
 
 // promiseMetrics are the node's promise gauges and counter.
 func promiseMetrics(n *Node) []prometheus.Collector {
+	if n.prom.confirms == nil { // a Node not made by New (tests of parts)
+		n.prom.init()
+	}
 	return []prometheus.Collector{
 		n.prom.confirms,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
