@@ -200,9 +200,7 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	if t, ok := cmds[0].(fsm.Takeover); ok {
 		cmds[0] = n.lowerTakeover(t)
 	}
-	if c, ok := cmds[0].(fsm.FenceConfirm); ok {
-		err = n.takeConfirmation(ctx, c)
-	} else if isOwned(cmds[0]) && !n.ownerCommandsOK() {
+	if isOwned(cmds[0]) && !n.ownerCommandsOK() {
 		// The sender saw every member apply owner commands, this leader
 		// does not (yet): commit it in the form every member applies.
 		r, err = n.applyLowered(ctx, cmds[0])
