@@ -75,6 +75,39 @@ type Status struct {
 	Process *Process `json:"process,omitempty"`
 }
 
+// NamesHidden is what an unprivileged reader is told where client names
+// were withheld (the status page's registrations, grace's missing clients).
+const NamesHidden = "names are shown only to an operator: a client certificate of the cluster CA or the admin token"
+
+// ForReader is s as a reader may see it. An operator (privileged) sees
+// everything; anyone else sees counts but no client names (grace's missing
+// clients and when each was last seen: the names of the cluster's NFS
+// clients, as registrations are) and no hook output (it may say anything
+// about the host). s is not changed.
+func (s Status) ForReader(privileged bool) Status {
+	if privileged {
+		return s
+	}
+	if f := s.LastHookFailure; f != nil && f.Output != "" {
+		hidden := *f
+		hidden.Output = ""
+		s.LastHookFailure = &hidden
+	}
+	if g := s.Grace; g != nil {
+		hidden := *g
+		hidden.NLM, hidden.NFSv4 = g.NLM.withoutNames(), g.NFSv4.withoutNames()
+		s.Grace = &hidden
+	}
+	return s
+}
+
+// withoutNames is m with its client names replaced by their count.
+func (m GraceManager) withoutNames() GraceManager {
+	m.MissingHidden += len(m.Missing)
+	m.Missing, m.LastSeen = nil, nil
+	return m
+}
+
 // Process is GET /v1/status's "process".
 type Process struct {
 	PID int `json:"pid"`
@@ -358,7 +391,10 @@ type GraceManager struct {
 	// sample the nodes shared): a client gone for hours is a courtesy
 	// client that will not come back, and the grace timer ends this grace.
 	LastSeen map[string]time.Time `json:"last_seen,omitempty"`
-	Ended    *GraceEnd            `json:"ended,omitempty"`
+	// MissingHidden is how many names of Missing were withheld from this
+	// reader: client names are shown only to an operator (Status.ForReader).
+	MissingHidden int       `json:"missing_hidden,omitempty"`
+	Ended         *GraceEnd `json:"ended,omitempty"`
 	// Seconds is how long after the takeover it ended (0 while in grace).
 	Seconds float64 `json:"seconds,omitempty"`
 	// Absent: this lock manager does not run here (no lockd, or no nfsd).
@@ -652,6 +688,8 @@ func GraceSummary(g *Grace) string {
 			return name + " not running"
 		case m.Ended != nil:
 			return fmt.Sprintf("%s ended after %.1fs (%s, %s)", name, m.Seconds, m.Ended.Reason, back)
+		case m.MissingHidden > 0:
+			return fmt.Sprintf("%s open (%s; waiting for %d, names shown only to an operator)", name, back, m.MissingHidden)
 		case len(m.Missing) > 0:
 			var who []string
 			for _, c := range m.Missing {
