@@ -116,4 +116,3 @@ func TestNotifyBudgetHoldsClusterWide(t *testing.T) {
 		}
 	})
 }
-
