@@ -20,6 +20,9 @@ import (
 // status and metrics.
 func (a *Agent) fencing(c *cluster.Config) error {
 	cfg := a.cfg
+	if cluster.FenceControlBuild() {
+		a.log.Error("this nsmd was built with the fencecontrol tag, the fencing drills' negative control: as a new leader it waits by its own fence settings alone and may serve beside a server that still holds the storage; never run it in production")
+	}
 	if !cfg.Serves() {
 		// A witness, or a node without an on_leader hook: it serves no
 		// storage, and a cluster of such nodes has nothing to fence.

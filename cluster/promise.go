@@ -221,6 +221,10 @@ func (n *Node) fenceList() []PeerPromise {
 	return out
 }
 
+// FenceControlBuild reports whether this binary was built with the
+// fencecontrol tag (the drills' negative control: never ship it).
+func FenceControlBuild() bool { return fenceControl }
+
 // ownSettingsOnly: the successor waits by its own settings alone, as
 // before promises travelled (the tests' negative control: the
 // fencecontrol build tag, or Config.ownSettingsOnly).
@@ -313,22 +317,36 @@ func (n *Node) ConfirmOff(ctx context.Context, node, by string) error {
 	if len(by) > 256 {
 		by = by[:256]
 	}
-	c := fsm.FenceConfirm{Node: node, By: by, At: n.cfg.Now().UTC()}
-	if n.Leading() {
-		return n.takeConfirmation(ctx, c)
-	}
-	_, err := n.apply(ctx, c)
+	// On the leader or forwarded to it, applyLocal's gateServing commits
+	// it or keeps it there for the term.
+	_, err := n.apply(ctx, fsm.FenceConfirm{Node: node, By: by, At: n.cfg.Now().UTC()})
 	return err
 }
 
-// takeConfirmation, on the leader, commits c, or keeps it for this term
-// while some member does not apply kind 17.
-func (n *Node) takeConfirmation(ctx context.Context, c fsm.FenceConfirm) error {
-	n.log.Warn("an operator confirmed a node off", "node", c.Node, "by", c.By)
-	if n.recordsOK() {
-		_, err := n.applyLocal(ctx, c)
-		return err
+// gateServing is applyLocal's check of kinds 15 and 17: while some member
+// cannot apply them (recordsOK false), a ServingBegin is refused and an
+// operator's confirmation is kept by this leader for its current term
+// instead of committed. handled is false for every other command, and
+// for these when they may be committed.
+func (n *Node) gateServing(cmd fsm.Command) (handled bool, err error) {
+	switch c := cmd.(type) {
+	case fsm.FenceConfirm:
+		n.log.Warn("an operator confirmed a node off", "node", c.Node, "by", c.By)
+		if n.recordsOK() {
+			return false, nil
+		}
+		n.keepConfirmation(c)
+		return true, nil
+	case fsm.ServingBegin:
+		if !n.recordsOK() {
+			return true, errors.New("cluster: a member cannot apply serving records yet")
+		}
 	}
+	return false, nil
+}
+
+// keepConfirmation keeps c on this leader for its current raft term.
+func (n *Node) keepConfirmation(c fsm.FenceConfirm) {
 	term := n.raft.CurrentTerm()
 	n.prom.mu.Lock()
 	if n.prom.localTerm != term {
@@ -340,7 +358,6 @@ func (n *Node) takeConfirmation(ctx context.Context, c fsm.FenceConfirm) error {
 	n.prom.mu.Unlock()
 	n.prom.confirms.Inc()
 	n.prom.wakeWaiters()
-	return nil
 }
 
 // observeServing runs inside Apply for kinds 15–17 (it must not block).
@@ -496,6 +513,9 @@ func promisesDiffer(ss []ServerPromise) bool {
 
 // promiseMetrics are the node's promise gauges and counter.
 func promiseMetrics(n *Node) []prometheus.Collector {
+	if n.prom.confirms == nil { // a Node not made by New (tests of parts)
+		n.prom.init()
+	}
 	return []prometheus.Collector{
 		n.prom.confirms,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
