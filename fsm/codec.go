@@ -25,6 +25,7 @@ import (
 //	Unregister    (11) = str(mon_name) myid owner        (Owner not zero)
 //	UnregisterAll (12) = myid owner                      (Owner not zero)
 //	Takeover      (13) = as kind 4                        (Wrap set)
+//	Register      (14) = registration                     (Guarded set)
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
@@ -55,6 +56,11 @@ import (
 // the cluster advertises CommandLevel ≥ 1 (package cluster gates it); an
 // older build would also apply a kind-13 Takeover differently at the end
 // of the range.
+//
+// Kind 14 (a Register with Guarded) extends it once more: a Register
+// without Guarded is still kind 1. A build that applied kind 1 in its
+// place would replace a registration the guard keeps, so it is proposed
+// only once every member advertises CommandLevel ≥ 2.
 const (
 	entryVersion = 1
 
@@ -71,6 +77,7 @@ const (
 	kindUnregisterOwn = 11
 	kindUnregAllOwn   = 12
 	kindTakeoverWrap  = 13
+	kindRegisterGuard = 14
 
 	minCommandLen  = 1  // kind + the shortest body (GraceStart, GraceDone: none)
 	minRegisterLen = 33 // kind + the shortest registration
@@ -175,7 +182,11 @@ type encoder struct{ b []byte }
 func (e *encoder) command(c Command) error {
 	switch c := c.(type) {
 	case Register:
-		e.b = append(e.b, kindRegister)
+		if c.Guarded {
+			e.b = append(e.b, kindRegisterGuard)
+		} else {
+			e.b = append(e.b, kindRegister)
+		}
 		return e.registration(&c.Reg)
 	case Unregister:
 		if c.Owner.IsZero() {
@@ -473,9 +484,9 @@ func (d *decoder) myID() MyID {
 
 func (d *decoder) command() Command {
 	switch k := d.u8(); k {
-	case kindRegister:
+	case kindRegister, kindRegisterGuard:
 		r := d.rec(nil)
-		return Register{Reg: r.registration()}
+		return Register{Reg: r.registration(), Guarded: k == kindRegisterGuard}
 	case kindUnregister:
 		return Unregister{ID: MonID{MonName: d.str(MaxNameLen, "mon_name"), My: d.myID()}}
 	case kindUnregisterAll:

@@ -17,6 +17,7 @@ func sampleCommands() []Command {
 	return []Command{
 		Register{Reg: full},
 		Register{Reg: bare},
+		Register{Reg: full, Guarded: true},
 		Unregister{ID: full.ID},
 		UnregisterAll{My: MyID{MyName: strings.Repeat("m", MaxNameLen), Prog: 1<<32 - 1}},
 		Unregister{ID: full.ID, Owner: Owner{Node: "node-1", Callback: netip.MustParseAddr("127.0.0.1")}},
@@ -126,6 +127,8 @@ func TestOwnerKindsAndTheOwnerlessEncoding(t *testing.T) {
 		{UnregisterAll{My: lockd, Owner: Owner{Node: "n1", Callback: lo}}, kindUnregAllOwn},
 		{Takeover{Node: "n1"}, kindTakeover},
 		{Takeover{Node: "n1", Wrap: true}, kindTakeoverWrap},
+		{Register{Reg: mkReg("h", lockd, "n1")}, kindRegister},
+		{Register{Reg: mkReg("h", lockd, "n1"), Guarded: true}, kindRegisterGuard},
 	} {
 		b, err := Encode(tc.c)
 		if err != nil {
@@ -287,7 +290,12 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-encoding differs:\n in %x\nout %x", b, again)
 		}
 		f := New(Options{})
-		applyOK(t, f, 1, cmds...)
+		res := applyOK(t, f, 1, cmds...)
+		for i, r := range res {
+			if g, ok := cmds[i].(Register); r.Refused && (!ok || !g.Guarded) {
+				t.Fatalf("command %d (%T) refused: only a guarded Register is", i, cmds[i])
+			}
+		}
 		checkV4Invariants(t, f)
 	})
 }

@@ -175,6 +175,9 @@ func (f *FSM) apply(c Command, term uint64) Result {
 	s := &f.st
 	switch c := c.(type) {
 	case Register:
+		if c.Guarded && !s.mayRegister(&c.Reg) {
+			return Result{State: s.sm, Refused: true}
+		}
 		f.register(&c.Reg)
 		return Result{State: s.sm}
 	case Unregister:
@@ -542,9 +545,39 @@ func (f *FSM) Get(id MonID) (Registration, bool) {
 
 // CommandLevel is the newest optional set of entry kinds this build
 // applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
-// UnregisterAll with an Owner) and 13 (Takeover with Wrap). A cluster proposes a level's kinds only
+// UnregisterAll with an Owner) and 13 (Takeover with Wrap); 2 adds kind
+// 14 (Register with Guarded). A cluster proposes a level's kinds only
 // once every member advertises that level.
-const CommandLevel = 1
+const CommandLevel = 2
+
+// MayRegister reports whether a guarded Register of g would add or
+// replace g's registration if applied now (Register.Guarded), on this
+// node's state. A proposer that cannot use kind 14 yet checks this and
+// then commits an unguarded Register (kind 1), or refuses.
+func (f *FSM) MayRegister(g Registration) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.mayRegister(&g)
+}
+
+// mayRegister is the guard of Register.Guarded; mu is held.
+func (s *state) mayRegister(g *Registration) bool {
+	old, ok := s.regs.Get(keyOf(g.ID))
+	if !ok {
+		return true
+	}
+	oldCB := ip{a: old.cb, n: old.cbLen}
+	o := Owner{Node: g.Node, Callback: g.Callback}
+	if o.IsZero() { // no lock manager named: it owns only what names none
+		return old.node == "" && oldCB.n == 0
+	}
+	if o.owns(old.node, oldCB) {
+		return true
+	}
+	// The serving node's lockd re-monitors a host that a lockd of an
+	// earlier serving node registered: it holds the clients' locks now.
+	return g.Node != "" && g.Node == s.last.Node && g.Callback.IsLoopback() && oldCB.addr().IsLoopback()
+}
 
 // Owned returns the MonIDs of the registrations that c, an Unregister or
 // UnregisterAll, would remove if applied now (its MonID, or its lock

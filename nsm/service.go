@@ -94,6 +94,23 @@ type Config struct {
 	// interface, is still heard; strict mode does not hear those, and an
 	// attacker must then forge the host's own source address.
 	NotifyStrictSender bool
+	// MonUnprivBurst and MonUnprivEvery bound the new hosts that a caller
+	// from an unprivileged source port (≥ 1024: not lockd, not a root
+	// process) may have monitored: an SM_MON naming a mon_name that no
+	// registration names yet takes a token from its caller's bucket of
+	// MonUnprivBurst, one back every MonUnprivEvery (defaults 32 and
+	// 10 min; MonUnprivBurst < 0: no bound); without one it is refused
+	// stat_fail, counted as nsmd_mon_refused_total{reason=
+	// "unprivileged_limit"}. Every loopback address is one caller. It
+	// needs a Registry that is a HostChecker (else no bound).
+	MonUnprivBurst int
+	MonUnprivEvery time.Duration
+}
+
+// HostChecker is what a Registry offers for Config.MonUnprivBurst:
+// whether any registration names a host (a local read).
+type HostChecker interface {
+	Monitored(monName string) bool
 }
 
 // ReadyNotifier is what a Registry may offer so that calls held for
@@ -139,6 +156,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.NotifyTrack == 0 {
 		c.NotifyTrack = 1 << 16
+	}
+	if c.MonUnprivBurst == 0 {
+		c.MonUnprivBurst = 32
+	}
+	if c.MonUnprivEvery == 0 {
+		c.MonUnprivEvery = 10 * time.Minute
 	}
 }
 
@@ -204,6 +227,8 @@ type Service struct {
 	log   *slog.Logger
 	m     *Metrics
 	limit *notifyLimiter // nil: SM_NOTIFY not limited
+	// monLimit bounds new hosts from unprivileged callers (nil: none).
+	monLimit *monLimiter
 	// refuseLog spaces the refusal log lines per caller address.
 	refuseLog *logLimiter
 	gate      *readyGate // where TCP calls held for readiness wait
@@ -250,6 +275,9 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 	}
 	if cfg.NotifyBurst > 0 {
 		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
+	}
+	if _, ok := reg.(HostChecker); ok && cfg.MonUnprivBurst > 0 {
+		svc.monLimit = newMonLimiter(cfg.MonUnprivBurst, cfg.MonUnprivEvery)
 	}
 	return svc, nil
 }
@@ -382,6 +410,10 @@ func refuseReason(err error) string {
 		return "unresolved"
 	case errors.Is(err, ErrTooMany):
 		return "registrations_cap"
+	case errors.Is(err, ErrUnprivLimit):
+		return "unprivileged_limit"
+	case errors.Is(err, fsm.ErrOwnedElsewhere):
+		return "owned_elsewhere"
 	}
 	return "registry"
 }
