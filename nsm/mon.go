@@ -88,18 +88,19 @@ func (s *Service) checkCap(id fsm.MonID) error {
 	return nil
 }
 
-// checkUnpriv refuses an SM_MON from an unprivileged source port that
-// would monitor a new host beyond its caller's bound (monLimiter). A
-// privileged caller (lockd, a lock manager running as root), and an
-// SM_MON of a host already monitored, are not counted.
+// checkUnpriv refuses an SM_MON from loopback and an unprivileged source
+// port that would monitor a new host beyond the bound (monLimiter). A
+// privileged caller (lockd, a lock manager running as root), a trusted
+// remote caller, and an SM_MON of a host already monitored are not
+// counted.
 func (s *Service) checkUnpriv(c *oncrpc.Call, monName string) error {
-	if s.monLimit == nil || privileged(c.Remote) {
+	if s.monLimit == nil || privileged(c.Remote) || !isLoopback(c.Remote) {
 		return nil
 	}
 	if s.reg.(HostChecker).Monitored(monName) {
 		return nil
 	}
-	if !s.monLimit.take(c.Remote, s.cfg.Now()) {
+	if !s.monLimit.take(s.cfg.Now()) {
 		return fmt.Errorf("mon_name %q from %v: %w (mon_unprivileged_burst %d, one more every %v)",
 			monName, c.Remote, ErrUnprivLimit, s.cfg.MonUnprivBurst, s.cfg.MonUnprivEvery)
 	}

@@ -1,57 +1,44 @@
 package nsm
 
 import (
-	"container/list"
-	"net/netip"
 	"sync"
 	"time"
 )
 
-// monLimiter bounds the hosts that callers other than a lock manager may
-// add (Config.MonUnprivBurst): an SM_MON from an unprivileged source port
-// (lockd calls from a privileged one, and so does a userspace lock
-// manager running as root through the usual RPC libraries) that would
-// monitor a host no registration names yet must find a token in its
-// caller's bucket. Every registered host is notified from the VIP at each
-// failover for the notify window, so without a bound one local user could
-// make the cluster notify up to max_registrations addresses. Every
-// loopback address is one caller: a local user may send from any of
-// 127.0.0.0/8.
+// monLimiter bounds the hosts that local callers other than a lock
+// manager may add (Config.MonUnprivBurst): an SM_MON from loopback and an
+// unprivileged source port (lockd calls from a privileged one, and so
+// does a userspace lock manager running as root through the usual RPC
+// libraries) that would monitor a host no registration names yet must
+// find a token in the bucket. Every registered host is notified from the
+// VIP at each failover for the notify window, so without a bound one
+// local user could make the cluster notify up to max_registrations
+// addresses. Every loopback caller shares the one bucket: a local user
+// may send from any address of 127.0.0.0/8 and from any port. Remote
+// callers are trusted by address (trusted_callers) and not bounded here.
 type monLimiter struct {
 	burst int
 	every time.Duration
-	max   int
 
-	mu      sync.Mutex
-	callers lruBuckets[netip.Addr]
+	mu sync.Mutex
+	b  bucket
 }
 
-// monLimitCallers bounds the callers a monLimiter keeps buckets for
-// (loopback is one; the others are configured trusted remote callers).
-const monLimitCallers = 4096
-
-func newMonLimiter(burst int, every time.Duration) *monLimiter {
-	return &monLimiter{
-		burst: burst, every: every, max: monLimitCallers,
-		callers: lruBuckets[netip.Addr]{m: map[netip.Addr]*list.Element{}, order: list.New()},
-	}
+func newMonLimiter(burst int, every time.Duration, now time.Time) *monLimiter {
+	return &monLimiter{burst: burst, every: every, b: bucket{tokens: float64(burst), at: now}}
 }
 
-// loopbackCaller is the one key of every loopback caller.
-var loopbackCaller = netip.IPv6Loopback()
-
-// take draws a token for a new host from caller's bucket; false: none left.
-func (l *monLimiter) take(caller netip.AddrPort, now time.Time) bool {
-	key := callerAddr(caller)
-	if key.IsLoopback() {
-		key = loopbackCaller
-	}
+// take draws a token for a new host; false: none left.
+func (l *monLimiter) take(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	b := l.callers.get(key, now, l.burst, l.every, l.max)
-	if b.tokens < 1 {
+	if d := now.Sub(l.b.at); d > 0 {
+		l.b.tokens = min(float64(l.burst), l.b.tokens+float64(d)/float64(l.every))
+		l.b.at = now
+	}
+	if l.b.tokens < 1 {
 		return false
 	}
-	b.tokens--
+	l.b.tokens--
 	return true
 }

@@ -94,15 +94,16 @@ type Config struct {
 	// interface, is still heard; strict mode does not hear those, and an
 	// attacker must then forge the host's own source address.
 	NotifyStrictSender bool
-	// MonUnprivBurst and MonUnprivEvery bound the new hosts that a caller
-	// from an unprivileged source port (≥ 1024: not lockd, not a root
-	// process) may have monitored: an SM_MON naming a mon_name that no
-	// registration names yet takes a token from its caller's bucket of
-	// MonUnprivBurst, one back every MonUnprivEvery (defaults 32 and
-	// 10 min; MonUnprivBurst < 0: no bound); without one it is refused
+	// MonUnprivBurst and MonUnprivEvery bound the new hosts that local
+	// callers from an unprivileged source port (≥ 1024: not lockd, not a
+	// root process) may have monitored: an SM_MON from loopback naming a
+	// mon_name that no registration names yet takes a token from one
+	// bucket of MonUnprivBurst, one back every MonUnprivEvery (defaults 32
+	// and 10 min; MonUnprivBurst < 0: no bound); without one it is refused
 	// stat_fail, counted as nsmd_mon_refused_total{reason=
-	// "unprivileged_limit"}. Every loopback address is one caller. It
-	// needs a Registry that is a HostChecker (else no bound).
+	// "unprivileged_limit"}. Every loopback address and port is the same
+	// caller; trusted remote callers are not bounded. It needs a Registry
+	// that is a HostChecker (else no bound).
 	MonUnprivBurst int
 	MonUnprivEvery time.Duration
 }
@@ -277,7 +278,7 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
 	}
 	if _, ok := reg.(HostChecker); ok && cfg.MonUnprivBurst > 0 {
-		svc.monLimit = newMonLimiter(cfg.MonUnprivBurst, cfg.MonUnprivEvery)
+		svc.monLimit = newMonLimiter(cfg.MonUnprivBurst, cfg.MonUnprivEvery, cfg.Now())
 	}
 	return svc, nil
 }
