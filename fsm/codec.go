@@ -138,16 +138,17 @@ func Decode(b []byte) ([]Command, error) {
 
 // decodeApply decodes an entry as Decode does, for FSM.Apply: a Register
 // comes back in its stored form, with cmds[i] nil and the stored forms in
-// regs in entry order (the k-th nil command is regs[k]), its strings
-// shared through in (interned MyName/Node), so applying it needs no
-// Registration and no re-packing of its addresses. regs holds only the
-// registrations, so what it allocates is bounded by the entry's length.
-func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error) {
+// regs in entry order (the k-th nil command is regs[k]; guarded[k] says
+// whether it was a guarded one, kind 14), its strings shared through in
+// (interned MyName/Node), so applying it needs no Registration and no
+// re-packing of its addresses. regs holds only the registrations, so what
+// it allocates is bounded by the entry's length.
+func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, guarded []bool, err error) {
 	if len(b) == 0 {
-		return nil, nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
+		return nil, nil, nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
 	}
 	if b[0] != entryVersion {
-		return nil, nil, fmt.Errorf("%w: %w: entry version %d", ErrBadCommand, ErrVersion, b[0])
+		return nil, nil, nil, fmt.Errorf("%w: %w: entry version %d", ErrBadCommand, ErrVersion, b[0])
 	}
 	d := decoder{b: b[1:]}
 	n := d.uvarint()
@@ -155,25 +156,27 @@ func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error)
 		d.fail("batch count %d (want 1…%d, fitting %d bytes)", n, MaxBatch, len(d.b))
 	}
 	if d.err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrBadCommand, d.err)
+		return nil, nil, nil, fmt.Errorf("%w: %w", ErrBadCommand, d.err)
 	}
 	cmds = make([]Command, n)
 	regs = make([]rec, 0, min(n, uint64(len(d.b)/minRegisterLen)))
+	guarded = make([]bool, 0, cap(regs))
 	for i := range n {
-		if len(d.b) > 0 && d.b[0] == kindRegister {
+		if len(d.b) > 0 && (d.b[0] == kindRegister || d.b[0] == kindRegisterGuard) {
+			guarded = append(guarded, d.b[0] == kindRegisterGuard)
 			d.b = d.b[1:]
 			regs = append(regs, d.rec(in))
 		} else {
 			cmds[i] = d.command()
 		}
 		if d.err != nil {
-			return nil, nil, fmt.Errorf("%w: command %d: %w", ErrBadCommand, i, d.err)
+			return nil, nil, nil, fmt.Errorf("%w: command %d: %w", ErrBadCommand, i, d.err)
 		}
 	}
 	if len(d.b) != 0 {
-		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadCommand, len(d.b))
+		return nil, nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadCommand, len(d.b))
 	}
-	return cmds, regs, nil
+	return cmds, regs, guarded, nil
 }
 
 // encoder appends the wire form to b.

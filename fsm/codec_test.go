@@ -232,7 +232,7 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 			if !errors.Is(err, ErrBadCommand) || cmds != nil {
 				t.Fatalf("Decode = %v, %v; want ErrBadCommand", cmds, err)
 			}
-			if cmds, _, err := decodeApply(b, newStrTable()); !errors.Is(err, ErrBadCommand) || cmds != nil {
+			if cmds, _, _, err := decodeApply(b, newStrTable()); !errors.Is(err, ErrBadCommand) || cmds != nil {
 				t.Fatalf("decodeApply = %v, %v; want ErrBadCommand", cmds, err)
 			}
 		})
@@ -256,7 +256,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{1, 1, 3, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cmds, err := Decode(b)
-		acmds, regs, aerr := decodeApply(b, newStrTable())
+		acmds, regs, guarded, aerr := decodeApply(b, newStrTable())
 		if (err == nil) != (aerr == nil) {
 			t.Fatalf("Decode error %v but decodeApply error %v", err, aerr)
 		}
@@ -272,11 +272,11 @@ func FuzzDecode(f *testing.F) {
 				if k >= len(regs) {
 					t.Fatalf("decodeApply: %d registrations for more nil commands", len(regs))
 				}
-				acmds[i] = Register{Reg: regs[k].registration()}
+				acmds[i] = Register{Reg: regs[k].registration(), Guarded: guarded[k]}
 				k++
 			}
 		}
-		if k != len(regs) {
+		if k != len(regs) || len(guarded) != len(regs) {
 			t.Fatalf("decodeApply: %d registrations for %d nil commands", len(regs), k)
 		}
 		if a, err := Encode(acmds...); err != nil || !bytes.Equal(a, b) {

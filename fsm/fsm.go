@@ -135,7 +135,7 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 		f.mu.Unlock()
 		return nil
 	}
-	cmds, regs, err := decodeApply(l.Data, f.names)
+	cmds, regs, guarded, err := decodeApply(l.Data, f.names)
 	if err != nil {
 		f.mu.Lock()
 		f.applied = l.Index
@@ -147,9 +147,13 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	k := 0
 	for i, c := range cmds {
 		if c == nil { // a Register, decoded in stored form
-			f.store(regs[k])
+			if guarded[k] && !f.st.mayStore(&regs[k]) {
+				res[i] = Result{State: f.st.sm, Refused: true}
+			} else {
+				f.store(regs[k])
+				res[i] = Result{State: f.st.sm}
+			}
 			k++
-			res[i] = Result{State: f.st.sm}
 			continue
 		}
 		res[i] = f.apply(c, l.Term)
@@ -160,7 +164,7 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 		k = 0
 		for i, c := range cmds {
 			if c == nil {
-				c = Register{Reg: regs[k].registration()}
+				c = Register{Reg: regs[k].registration(), Guarded: guarded[k]}
 				k++
 			}
 			f.observer(l.Index, c, res[i])
@@ -562,21 +566,30 @@ func (f *FSM) MayRegister(g Registration) bool {
 
 // mayRegister is the guard of Register.Guarded; mu is held.
 func (s *state) mayRegister(g *Registration) bool {
-	old, ok := s.regs.Get(keyOf(g.ID))
+	r := keyOf(g.ID)
+	r.node = g.Node
+	cb := ipOf(g.Callback)
+	r.cb, r.cbLen = cb.a, cb.n
+	return s.mayStore(&r)
+}
+
+// mayStore is mayRegister on a registration in its stored form (its key,
+// node and callback); mu is held.
+func (s *state) mayStore(r *rec) bool {
+	old, ok := s.regs.Get(*r)
 	if !ok {
 		return true
 	}
-	oldCB := ip{a: old.cb, n: old.cbLen}
-	o := Owner{Node: g.Node, Callback: g.Callback}
-	if o.IsZero() { // no lock manager named: it owns only what names none
+	oldCB, cb := ip{a: old.cb, n: old.cbLen}, ip{a: r.cb, n: r.cbLen}
+	if r.node == "" && cb.n == 0 { // no lock manager named: it owns only what names none
 		return old.node == "" && oldCB.n == 0
 	}
-	if o.owns(old.node, oldCB) {
+	if (Owner{Node: r.node, Callback: cb.addr()}).owns(old.node, oldCB) {
 		return true
 	}
 	// The serving node's lockd re-monitors a host that a lockd of an
 	// earlier serving node registered: it holds the clients' locks now.
-	return g.Node != "" && g.Node == s.last.Node && g.Callback.IsLoopback() && oldCB.addr().IsLoopback()
+	return r.node != "" && r.node == s.last.Node && cb.addr().IsLoopback() && oldCB.addr().IsLoopback()
 }
 
 // Owned returns the MonIDs of the registrations that c, an Unregister or
