@@ -265,6 +265,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		MonUnprivBurst:     cfg.MonUnprivBurst,
 		MonUnprivEvery:     cfg.MonUnprivEvery,
 		NotifyStrictSender: cfg.NotifyStrictSender,
+		NotifyOn:           notifyOn(cfg),
 		UnmonCounts:        a.unmonCounts,
 	})
 	if err != nil {
