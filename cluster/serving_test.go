@@ -313,6 +313,16 @@ func TestWithFencingOffASuccessorServesOnlyOnceAnOperatorConfirms(t *testing.T) 
 		if p := fencedBy(w, first.node); p.By != "confirmed" || !strings.Contains(p.Detail, "test operator") {
 			t.Fatalf("%s proven stopped by %+v, want the operator's confirmation", first.node, p)
 		}
+		// The live third server, which promised nothing either, was asked
+		// (with fencing off on the asker too) and answered.
+		for _, p := range w.Nodes {
+			if p.Node != first.node && p.By != "clean" {
+				t.Errorf("the live %s proven stopped by %+v, want its answer", p.Node, p)
+			}
+		}
+		if len(w.Nodes) != 2 {
+			t.Errorf("the wait named %d nodes, want both other servers", len(w.Nodes))
+		}
 	})
 	t.Run("control: own settings only", func(t *testing.T) {
 		fc := newFencedCluster(t, 3, 0, func(cfg *Config) { cfg.ownSettingsOnly = true })
