@@ -254,16 +254,16 @@ func (r *fenceRig) mismatchControls(only map[string]bool) {
 				t.Fatalf("the control build on %s: rc %d %v: %s", n.id, rc, err, out)
 			}
 		}
-		// Both nsmds were stopped by the clean stop: start the serving
-		// server alone first, so that it is the one that serves.
+		// Both nsmds were stopped by the clean stop: start both, each with
+		// its settings (only the one stopped last, whose raft log is the
+		// newest, could lead with the witness alone); arrange moves the
+		// service to the serving server.
 		m := mismatchSettings(names[0], fenceControlVMBin)
 		s, o := p.servers[0], p.servers[1]
 		s.args, s.bin = m.serve, ""
 		o.args, o.bin = m.succ, m.succBin
 		p.startServer(s)
-		p.waitServing(120*time.Second, 1, s)
 		p.startServer(o)
-		r.waitFollower(o)
 		for _, name := range names {
 			r.mismatchControl(name)
 		}
