@@ -116,6 +116,12 @@ type FakeDevice struct {
 	// fails the operation, which then changes nothing (for OpMagicClose: the
 	// write fails, and the device is closed without "V").
 	Fail func(op Op) error
+	// Delay, when set, is called at the start of each operation on an
+	// open handle, before the device lock is taken and before the
+	// operation takes effect: a slow ioctl (ipmi_watchdog asks the board's
+	// BMC) whose effect lands when it returns, the worst case for the
+	// caller. A test advances its Clock there.
+	Delay func(op Op)
 
 	mu       sync.Mutex
 	inited   bool
@@ -346,6 +352,9 @@ func (h *handle) beginLocked(op Op, now time.Time) error {
 
 func (h *handle) Keepalive() error {
 	f := h.f
+	if f.Delay != nil {
+		f.Delay(OpKeepalive)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.Now()
@@ -359,6 +368,9 @@ func (h *handle) Keepalive() error {
 
 func (h *handle) SetTimeout(seconds int) (int, error) {
 	f := h.f
+	if f.Delay != nil {
+		f.Delay(OpSetTimeout)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.Now()
@@ -378,6 +390,9 @@ func (h *handle) SetTimeout(seconds int) (int, error) {
 
 func (h *handle) MagicClose() error {
 	f := h.f
+	if f.Delay != nil {
+		f.Delay(OpMagicClose)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.Now()
@@ -394,6 +409,9 @@ func (h *handle) MagicClose() error {
 
 func (h *handle) Close() error {
 	f := h.f
+	if f.Delay != nil {
+		f.Delay(OpClose)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.Now()
