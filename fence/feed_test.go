@@ -126,3 +126,48 @@ func TestFeedWithinWithoutProofDoesNotPing(t *testing.T) {
 		t.Fatal("pinged without proof")
 	}
 }
+
+// A standby's start releases a watchdog only if one was left running: with
+// nowayout, an open starts a timer nothing can stop, so the release must
+// not open one that is not running. The negative control is a kernel that
+// does not say (no sysfs): the release opens it, and the standby is reset
+// a timeout later.
+func TestReleaseAtAStandbysStartDoesNotStartANoWayOutWatchdog(t *testing.T) {
+	for _, noSysfs := range []bool{false, true} {
+		r := newRig(t, 10*time.Second, func(d *fencetest.FakeDevice) { d.NoWayOut, d.NoSysfs = true, noSysfs })
+		w, err := fence.NewWatchdog(fence.WatchdogConfig{Path: "/dev/watchdog", Timeout: 10 * time.Second,
+			Open: r.dev.Open, OpenLeftRunning: r.dev.OpenLeftRunning, Now: r.clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Release(); err != nil {
+			t.Fatalf("no sysfs %v: Release = %v", noSysfs, err)
+		}
+		r.clock.Advance(2 * time.Minute)
+		_, reset := r.dev.ResetAt()
+		if reset != noSysfs {
+			t.Fatalf("no sysfs %v: the standby was reset: %v (opens: %d)", noSysfs, reset, r.dev.Count(fencetest.OpOpen))
+		}
+		if !noSysfs && len(r.dev.Events()) != 1 { // the one refused open, nothing opened
+			t.Fatalf("release touched the device: %+v", r.dev.Events())
+		}
+	}
+}
+
+// A device another process holds (systemd's RuntimeWatchdogSec) can be
+// neither armed nor released, and says why.
+func TestAWatchdogHeldByAnotherProcessIsNeitherArmedNorReleased(t *testing.T) {
+	r := newRig(t, 10*time.Second, nil)
+	r.dev.HeldByOther()
+	w, err := fence.NewWatchdog(fence.WatchdogConfig{Path: "/dev/watchdog", Timeout: 10 * time.Second,
+		Open: r.dev.Open, OpenLeftRunning: r.dev.OpenLeftRunning, Now: r.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Release(); !errors.Is(err, fence.ErrHeldByOther) {
+		t.Errorf("Release = %v, want ErrHeldByOther", err)
+	}
+	if err := w.Arm(); !errors.Is(err, fence.ErrHeldByOther) {
+		t.Errorf("Arm = %v, want ErrHeldByOther", err)
+	}
+}

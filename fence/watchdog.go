@@ -63,6 +63,23 @@ var ErrNoProof = errors.New("no proof that this node may serve")
 // timeout.
 var ErrLateFeed = errors.New("the watchdog's ping returned after its proof ended")
 
+// ErrNoWayOut is wrapped by [OpenDevice], [Probe] (and fakes) when sysfs
+// says the watchdog was built or loaded with nowayout
+// (CONFIG_WATCHDOG_NOWAYOUT, softdog nowayout=1): once opened it can never
+// be stopped, so every open — the release at each start, each takeover —
+// would reset the machine a timeout after the next stop.
+var ErrNoWayOut = errors.New("the watchdog has nowayout set: once opened it can never be stopped, and it would reset this machine after every stop of nsmd; load its driver with nowayout=0 (e.g. softdog.nowayout=0 on the kernel command line, or options softdog nowayout=0 in /etc/modprobe.d; a kernel built with CONFIG_WATCHDOG_NOWAYOUT needs the parameter too), or set fence_watchdog: off and use a fence_agent")
+
+// ErrHeldByOther is wrapped by [OpenDevice], [Probe] (and fakes) when
+// another process holds the watchdog open (a watchdog daemon, systemd's
+// RuntimeWatchdogSec, sbd): this node cannot arm it, so it cannot serve.
+var ErrHeldByOther = errors.New("the watchdog is held by another process")
+
+// ErrNotRunning is wrapped by [OpenDeviceLeftRunning] (and fakes) when
+// sysfs says the watchdog is not running: there is nothing to release, and
+// opening it would start it. [Watchdog.Release] then does nothing.
+var ErrNotRunning = errors.New("the watchdog is not running")
+
 // WatchdogConfig configures a [Watchdog].
 type WatchdogConfig struct {
 	// Path is the watchdog device, e.g. /dev/watchdog.
@@ -463,7 +480,9 @@ func (w *Watchdog) Disarm() error {
 // Release stops the watchdog once the node no longer serves: Disarm when
 // this process armed it; otherwise it opens the device, also when a
 // previous process of this node died and left it running (the open does
-// not ping a running one), and magic-closes it at once. A process that
+// not ping a running one), and magic-closes it at once. Where sysfs says
+// the watchdog is not running it does not open it at all (a standby's
+// start touches nothing: an open would start it). A process that
 // restarts after a crash calls it only after it stopped what the dead one
 // served; until then the left-running watchdog keeps counting down to the
 // dead process's deadline, and resets the machine if the stop takes too
@@ -476,6 +495,9 @@ func (w *Watchdog) Release() error {
 		return w.Disarm()
 	}
 	dev, err := w.cfg.OpenLeftRunning(w.cfg.Path)
+	if errors.Is(err, ErrNotRunning) {
+		return nil // not opened: an open would start it
+	}
 	if err != nil {
 		return fmt.Errorf("release watchdog: %w", err)
 	}

@@ -107,8 +107,16 @@ type FakeDevice struct {
 	// MinTimeout and MaxTimeout bound what SETTIMEOUT takes (0: 1 and
 	// 65535).
 	MinTimeout, MaxTimeout int
-	// NoWayOut: the magic close does not stop it.
+	// NoWayOut: the magic close does not stop it. Unless NoSysfs, the
+	// kernel says so in sysfs, and Open and OpenLeftRunning refuse it as
+	// fence.OpenDevice does (fence.ErrNoWayOut), without opening it.
 	NoWayOut bool
+	// NoSysfs: a kernel without watchdog sysfs, so nothing is known before
+	// an open: OpenLeftRunning opens (and so starts) a watchdog that is not
+	// running, and nowayout is not seen. Otherwise OpenLeftRunning refuses
+	// one that is not running (fence.ErrNotRunning), as
+	// fence.OpenDeviceLeftRunning does.
+	NoSysfs bool
 	// AllowOpenRunning: open a running watchdog, as the kernel does,
 	// instead of refusing it as fence.OpenDevice does.
 	AllowOpenRunning bool
@@ -206,8 +214,18 @@ func (f *FakeDevice) openWith(path string, allowRunning bool) (fence.Device, err
 			return nil, err
 		}
 	}
+	if allowRunning && !f.active && !f.NoSysfs && !f.AllowOpenRunning {
+		err := fmt.Errorf("%s: %w", path, fence.ErrNotRunning)
+		f.recordLocked(OpOpen, now, 0, false, err)
+		return nil, err
+	}
+	if f.NoWayOut && !f.NoSysfs {
+		err := fmt.Errorf("%s: %w", path, fence.ErrNoWayOut)
+		f.recordLocked(OpOpen, now, 0, false, err)
+		return nil, err
+	}
 	if f.open != 0 {
-		err := fmt.Errorf("%s is held by another process: %w", path, &fs.PathError{Op: "open", Path: path, Err: syscall.EBUSY})
+		err := fmt.Errorf("%s is held by another process: %w (%w)", path, fence.ErrHeldByOther, &fs.PathError{Op: "open", Path: path, Err: syscall.EBUSY})
 		f.recordLocked(OpOpen, now, 0, false, err)
 		return nil, err
 	}
@@ -227,6 +245,23 @@ func (f *FakeDevice) openWith(path string, allowRunning bool) (fence.Device, err
 	f.open = f.gen
 	f.recordLocked(OpOpen, now, 0, ping, nil)
 	return &handle{f: f, gen: f.gen}, nil
+}
+
+// HeldByOther plays another process (systemd's RuntimeWatchdogSec, a
+// watchdog daemon) opening the device: it runs, and every open fails with
+// EBUSY (fence.ErrHeldByOther) until Dropped.
+func (f *FakeDevice) HeldByOther() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.initLocked()
+	now := f.Now()
+	if !f.active {
+		f.active = true
+		f.pingLocked(now)
+	}
+	f.gen++
+	f.open = f.gen
+	f.recordLocked(OpOpen, now, 0, true, nil)
 }
 
 // ProcessDied closes the open handle without the magic character, as the
