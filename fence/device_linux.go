@@ -227,7 +227,7 @@ func checkState(root, proc, path string, rdev uint64, major, minor uint32, leftR
 	}
 	switch pids, complete := holders(proc, rdev, os.Getpid()); {
 	case len(pids) > 0:
-		return fmt.Errorf("%s is held by another process (%s): %w; stop it (systemd: RuntimeWatchdogSec=0 in system.conf; a watchdog daemon; sbd) or give nsmd another device", path, describePIDs(proc, pids), ErrHeldByOther)
+		return fmt.Errorf("%s: %w: %s; stop it (systemd: RuntimeWatchdogSec=0 in system.conf; a watchdog daemon; sbd) or give nsmd another device", path, ErrHeldByOther, describePIDs(proc, pids))
 	case leftRunning:
 		return nil
 	case complete:
