@@ -23,10 +23,11 @@ machine() {
 } >"$out/machine.txt"
 machine
 
-# A dev cluster of N nodes on its own ports; waits until a leader answers.
+# A dev cluster of N nodes on its own ports, of build $2 (default this
+# one); waits until a leader answers.
 devpid=
 start_dev() {
-	"$bin" dev --nodes "$1" --vip 127.0.0.140 --nsm-port 16620 --raft-port 17300 \
+	"${2:-$bin}" dev --nodes "$1" --vip 127.0.0.140 --nsm-port 16620 --raft-port 17300 \
 		--admin-port 18024 --gossip-port 17946 --log-level warn >"$out/dev-$1.log" 2>&1 &
 	devpid=$!
 	i=0
@@ -43,6 +44,42 @@ mon() { # label base args...
 	echo "== bench mon $label" >&2
 	"$bin" bench mon --addr 127.0.0.140:16620 --mon-base "$base" --warmup 200 --json --plot "$out/mon-$label.svg" "$@" >"$out/mon-$label.json"
 }
+
+# 0. This build beside the previous release (e2e/previous-release), in the
+# same minutes, alternated: the machine's figures move between days, the
+# ratio does not. The same load generator (this build's) drives both.
+make -s prev-release
+prev=$PWD/out/nsmd-prev
+if [ -x "$prev" ]; then
+	rounds=$(n 3 2)
+	this_mon= prev_mon= this_fo= prev_fo=
+	round=1
+	while [ "$round" -le "$rounds" ]; do
+		for b in this prev; do
+			exe=$bin m=$out/mon-beside-$b-$round.json f=$out/failover-beside-$b-$round.json
+			if [ "$b" = this ]; then
+				this_mon=$this_mon$m, this_fo=$this_fo$f,
+			else
+				exe=$prev prev_mon=$prev_mon$m, prev_fo=$prev_fo$f,
+			fi
+			start_dev 3 "$exe"
+			mon "beside-$b-$round" "127.3$round.0.1" -c 64 -n "$(n 60000 10000)"
+			stop_dev
+			echo "== bench failover beside, $b $round" >&2
+			"$exe" bench failover --runs "$(n 10 3)" --json >"$f"
+		done
+		round=$((round + 1))
+	done
+	{
+		echo "previous release: $(sed -n 's/^commit //p' e2e/previous-release)"
+		echo "SM_MON, 3 nodes, 64 connections:"
+		"$bin" bench compare --kind mon --this "$this_mon" --prev "$prev_mon"
+		echo "failover, dev cluster, kill of the leader:"
+		"$bin" bench compare --kind failover --this "$this_fo" --prev "$prev_fo"
+	} | tee "$out/beside-previous.txt" >&2
+else
+	echo "no previous release built (a shallow clone?): no same-run comparison" | tee "$out/beside-previous.txt" >&2
+fi
 
 # 1. SM_MON, committed on 3 nodes (fsync on), then on 1 node.
 start_dev 3

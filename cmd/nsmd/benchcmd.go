@@ -30,12 +30,14 @@ func benchCmd() *cobra.Command {
   nsmd bench mon --addr HOST[:PORT] -c CONNS -n CALLS   SM_MON (and SM_UNMON) load, latency, errors
   nsmd bench notify --hosts N [--sm-notify]             takeover fan-out to N fake client statds (root)
   nsmd bench failover --runs K                          repeated leader kills, failover distribution
+  nsmd bench compare --kind mon|failover --this F,… --prev F,…
+                                                        this build's reports beside the previous release's
 
 Every subcommand prints a table, or JSON with --json, and draws a chart
 with --plot FILE.svg.`,
 		Args: cobra.NoArgs,
 	}
-	cmd.AddCommand(benchMonCmd(), benchNotifyCmd(), benchFailoverCmd())
+	cmd.AddCommand(benchMonCmd(), benchNotifyCmd(), benchFailoverCmd(), benchCompareCmd())
 	return cmd
 }
 
@@ -263,11 +265,7 @@ nodes must come back (e.g. systemd Restart=always) or the drill stops
 when another kill would leave no quorum.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, a := range strings.Split(admins, ",") {
-				if a = strings.TrimSpace(a); a != "" {
-					o.Drill.Admins = append(o.Drill.Admins, a)
-				}
-			}
+			o.Drill.Admins = append(o.Drill.Admins, splitList(admins)...)
 			switch {
 			case transfer:
 				o.Drill.Fault = drill.FaultTransfer
@@ -336,4 +334,42 @@ func writeSVGFile(path, svg string) error {
 		return fmt.Errorf("plot: %w", err)
 	}
 	return nil
+}
+
+func benchCompareCmd() *cobra.Command {
+	var kind, this, prev string
+	cmd := &cobra.Command{
+		Use:   "compare --kind mon|failover --this FILES --prev FILES",
+		Short: "This build's bench reports beside another build's, taken in the same run",
+		Long: `compare reads the JSON reports (--json) of 'nsmd bench mon' or 'nsmd bench
+failover' taken by two builds on the same machine in the same minutes,
+alternated, and prints each figure's median and worst for both and the
+ratio of the medians (this / previous). A machine's figures move by half
+or double between days; only a same-run ratio tells a regression from a
+slower machine.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := bench.Compare(kind, splitList(this), splitList(prev))
+			if err != nil {
+				return err
+			}
+			return c.WriteTable(cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kind, "kind", "mon", "what the reports are: mon or failover")
+	f.StringVar(&this, "this", "", "this build's reports (comma-separated JSON files)")
+	f.StringVar(&prev, "prev", "", "the other build's reports (comma-separated JSON files)")
+	return cmd
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }

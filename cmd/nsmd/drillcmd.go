@@ -64,11 +64,7 @@ not and another leader kill would leave no quorum, the drill stops early and
 says so.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, a := range strings.Split(admins, ",") {
-				if a = strings.TrimSpace(a); a != "" {
-					o.Admins = append(o.Admins, a)
-				}
-			}
+			o.Admins = append(o.Admins, splitList(admins)...)
 			var err error
 			if o.Fault, err = drillFault(cmd.Flags(), fault, kill, killCmd); err != nil {
 				return err
