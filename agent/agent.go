@@ -68,7 +68,8 @@ type Options struct {
 	ClientsSeenProc func(id string) string
 	// HostRoot, when set, is where the node reads what the kernel and the
 	// firmware say about the machine (/proc/cpuinfo, /sys/class/dmi/id:
-	// whether it runs under a hypervisor); "" means /.
+	// whether it runs under a hypervisor; the watchdog's sysfs and who
+	// holds it); "" means /.
 	HostRoot string
 }
 
@@ -80,6 +81,7 @@ type Agent struct {
 	watchdog    *fence.Watchdog
 	fenceAgent  *fence.Agent
 	hypervisor  string // what says this serving node is a virtual machine ("": nothing)
+	hostRoot    string // Options.HostRoot: where /proc and /sys are read ("": the machine's)
 	log         *slog.Logger
 	node        *cluster.Node
 	notifier    *nsm.Notifier  // SM_NOTIFY after each takeover this node serves
@@ -196,6 +198,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if err := a.registerConnMetrics(); err != nil {
 		return a, err
 	}
+	a.hostRoot = opts.HostRoot
 	if err := a.registerFenceMetrics(opts.HostRoot); err != nil {
 		return a, err
 	}

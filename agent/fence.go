@@ -49,7 +49,14 @@ func (a *Agent) fencing(c *cluster.Config) error {
 		}
 		return nil
 	}
-	switch err := fence.Probe(cfg.FenceWatchdog); {
+	probe := fence.Probe
+	if a.hostRoot != "" {
+		probe = func(path string) error { return fence.ProbeAt(a.hostRoot, path) }
+	}
+	// A device another process holds (fence.ErrHeldByOther) or with
+	// nowayout (fence.ErrNoWayOut) is refused here, at start: such a node
+	// never claims it can serve, to fail only at its takeover.
+	switch err := probe(cfg.FenceWatchdog); {
 	case errors.Is(err, fence.ErrLeftRunning):
 		// The stop at start runs first, then releases it (cluster's
 		// stopAtStart); a stop that overruns that process's deadline

@@ -184,6 +184,12 @@ func Probe(path string) error {
 	return probe(sysRoot, procRoot, path)
 }
 
+// ProbeAt is Probe with sysfs and procfs under root (tests give a tree of
+// their own; "/" is the machine's).
+func ProbeAt(root, path string) error {
+	return probe(filepath.Join(root, "sys"), filepath.Join(root, "proc"), path)
+}
+
 // probe is Probe with sysfs at root and procfs at proc.
 func probe(root, proc, path string) error {
 	st, err := os.Stat(path)
