@@ -774,5 +774,8 @@ func (f Fence) Summary() string {
 			fmt.Fprintf(&b, " (%s)", w.Aborted)
 		}
 	}
+	if f.PauseUncovered {
+		fmt.Fprintf(&b, "; a VM (%s) fenced by its watchdog alone: a PAUSE of it is NOT COVERED (add a fence agent, or ext4 multi-mount protection)", f.Hypervisor)
+	}
 	return b.String()
 }
