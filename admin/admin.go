@@ -95,7 +95,8 @@ const overviewRows = 50
 // NewHandler serves the admin API of s:
 //
 //	GET  /v1/status, /v1/members, /v1/overview, /healthz, /readyz, /metrics
-//	     (/v1/status shows the last hook failure's output to privileged callers only)
+//	     (/v1/status and /v1/overview show client names and the last hook
+//	     failure's output to privileged callers only: Status.ForReader)
 //	GET  /v1/registrations, /v1/nfsv4/clients          (privileged)
 //	POST /v1/leadership/transfer, /v1/drill/crash, /v1/import (privileged)
 //
@@ -108,15 +109,9 @@ func NewHandler(s Store, c HandlerConfig) *http.ServeMux {
 	p := c.Guard.Privileged
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		st := s.Status()
-		if f := st.LastHookFailure; f != nil && f.Output != "" && !c.Guard.Authorized(r) {
-			// A hook's output may say anything about the host (paths,
-			// exports, errors of the tools it runs): for operators only.
-			hidden := *f
-			hidden.Output = ""
-			st.LastHookFailure = &hidden
-		}
-		writeJSON(w, st)
+		// Client names and a hook's output are for operators only
+		// (Status.ForReader); counts are for everyone.
+		writeJSON(w, s.Status().ForReader(c.Guard.Authorized(r)))
 	})
 	mux.HandleFunc("GET /v1/members", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, s.Members()) })
 	// Registrations carry the lock managers' private cookies.
@@ -269,7 +264,7 @@ func (h *handler) importRegs(w http.ResponseWriter, r *http.Request) {
 // the count alone.
 func (h *handler) overview(privileged bool) Overview {
 	o := Overview{
-		Status:  h.s.Status(),
+		Status:  h.s.Status().ForReader(privileged),
 		Members: h.s.Members(),
 		Now:     time.Now().UTC(),
 	}
@@ -278,7 +273,7 @@ func (h *handler) overview(privileged bool) Overview {
 	}
 	o.Registrations = OverviewRegs{Total: o.Status.Registrations, Rows: []OverviewReg{}}
 	if !privileged {
-		o.Registrations.Hidden = "names are shown only to an operator: a client certificate of the cluster CA or the admin token"
+		o.Registrations.Hidden = NamesHidden
 		o.Registrations.More = o.Registrations.Total
 		return o
 	}

@@ -40,8 +40,15 @@ func (f *fakeStore) Status() Status {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return Status{NodeID: "n1", Role: "leader", LeaderID: f.leader, SMState: f.state, Registrations: len(f.regs),
-		LastHookFailure: &HookFailure{Hook: "on_leader", Event: "leader", Err: "exit status 1", Output: "exportfs: /srv/secret: No such file"}}
+		LastHookFailure: &HookFailure{Hook: "on_leader", Event: "leader", Err: "exit status 1", Output: "exportfs: /srv/secret: No such file"},
+		Grace: &Grace{SMState: f.state, Settle: "3s",
+			NLM: GraceManager{Expected: 3, Back: 1, Missing: []string{"client-a.example", "10.9.8.7"}},
+			NFSv4: GraceManager{Expected: 2, Back: 0, Missing: []string{"Linux NFSv4.2 client-b", "Linux NFSv4.1 client-c"},
+				LastSeen: map[string]time.Time{"Linux NFSv4.2 client-b": time.Unix(50, 0).UTC()}}}}
 }
+
+// clientNames are the client names the fake store's status carries.
+var clientNames = []string{"client-a.example", "10.9.8.7", "client-b", "client-c"}
 
 func (f *fakeStore) Members() []Member {
 	return []Member{{ID: "n1", State: "alive", Suffrage: "Voter", Leader: true, Role: "leader"}}
@@ -483,6 +490,82 @@ func TestTimelineSummaryListsTheStepsReached(t *testing.T) {
 	}
 	if got := TimelineSummary(nil); got != "this node has not taken over since it started" {
 		t.Fatalf("no takeover: %s", got)
+	}
+}
+
+// TestClientNamesAreShownOnlyToOperators: /v1/status and /v1/overview
+// name the clients grace waits for (and when each was last seen) only to
+// an operator, as the overview's registrations; anyone else gets the
+// counts. The control: the operator's answer has every name, so the
+// reader's check looks where the names would be.
+func TestClientNamesAreShownOnlyToOperators(t *testing.T) {
+	srv, tokFile, _ := serve(t, newFakeStore(), false)
+	tok, err := os.ReadFile(tokFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path, token string) (string, Status) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %v", path, resp.StatusCode, err)
+		}
+		var st Status
+		if path == "/v1/overview" {
+			var o Overview
+			err = json.Unmarshal(body, &o)
+			st = o.Status
+		} else {
+			err = json.Unmarshal(body, &st)
+		}
+		if err != nil || st.Grace == nil {
+			t.Fatalf("%s: %s %v", path, body, err)
+		}
+		return string(body), st
+	}
+	for _, path := range []string{"/v1/status", "/v1/overview"} {
+		t.Run(path+"/reader", func(t *testing.T) {
+			body, st := get(path, "")
+			for _, name := range clientNames {
+				if strings.Contains(body, name) {
+					t.Errorf("an unprivileged reader sees the client name %q:\n%s", name, body)
+				}
+			}
+			if strings.Contains(body, "/srv/secret") {
+				t.Errorf("an unprivileged reader sees the hook's output:\n%s", body)
+			}
+			if strings.Contains(body, "last_seen") || strings.Contains(body, `"missing"`) {
+				t.Errorf("an unprivileged reader sees missing/last_seen:\n%s", body)
+			}
+			g := st.Grace
+			if g.NLM.Expected != 3 || g.NLM.Back != 1 || g.NLM.MissingHidden != 2 ||
+				g.NFSv4.Expected != 2 || g.NFSv4.MissingHidden != 2 {
+				t.Errorf("counts: nlm %+v nfsv4 %+v, want expected/back kept and 2 names hidden each", g.NLM, g.NFSv4)
+			}
+			if sum := GraceSummary(g); !strings.Contains(sum, "waiting for 2, names shown only to an operator") {
+				t.Errorf("nsmd status line for a reader: %s", sum)
+			}
+		})
+		t.Run(path+"/operator", func(t *testing.T) {
+			body, st := get(path, strings.TrimSpace(string(tok)))
+			for _, name := range append(clientNames, "/srv/secret") {
+				if !strings.Contains(body, name) {
+					t.Errorf("an operator does not see the client name %q:\n%s", name, body)
+				}
+			}
+			if st.Grace.NFSv4.LastSeen["Linux NFSv4.2 client-b"].IsZero() || st.Grace.NLM.MissingHidden != 0 {
+				t.Errorf("operator's grace: %+v", st.Grace)
+			}
+		})
 	}
 }
 

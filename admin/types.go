@@ -366,7 +366,10 @@ type GraceManager struct {
 	// sample the nodes shared): a client gone for hours is a courtesy
 	// client that will not come back, and the grace timer ends this grace.
 	LastSeen map[string]time.Time `json:"last_seen,omitempty"`
-	Ended    *GraceEnd            `json:"ended,omitempty"`
+	// MissingHidden is how many names of Missing were withheld from this
+	// reader: client names are shown only to an operator (Status.ForReader).
+	MissingHidden int       `json:"missing_hidden,omitempty"`
+	Ended         *GraceEnd `json:"ended,omitempty"`
 	// Seconds is how long after the takeover it ended (0 while in grace).
 	Seconds float64 `json:"seconds,omitempty"`
 	// Absent: this lock manager does not run here (no lockd, or no nfsd).
@@ -660,6 +663,8 @@ func GraceSummary(g *Grace) string {
 			return name + " not running"
 		case m.Ended != nil:
 			return fmt.Sprintf("%s ended after %.1fs (%s, %s)", name, m.Seconds, m.Ended.Reason, back)
+		case m.MissingHidden > 0:
+			return fmt.Sprintf("%s open (%s; waiting for %d, names shown only to an operator)", name, back, m.MissingHidden)
 		case len(m.Missing) > 0:
 			var who []string
 			for _, c := range m.Missing {

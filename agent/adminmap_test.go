@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,7 +111,11 @@ func TestAdminMappingCarriesEveryField(t *testing.T) {
 	} {
 		z := zeroFields(reflect.ValueOf(c.out), c.name)
 		// Only NFSv4 clients are dated (no NLM equivalent of a lease).
-		z = slices.DeleteFunc(z, func(f string) bool { return f == "grace.NLM.LastSeen" })
+		// MissingHidden is the admin handler's, for readers who are not
+		// operators (admin.Status.ForReader), not a part's.
+		z = slices.DeleteFunc(z, func(f string) bool {
+			return f == "grace.NLM.LastSeen" || strings.HasSuffix(f, ".MissingHidden")
+		})
 		if len(z) > 0 {
 			t.Errorf("%s: not mapped: %v", c.name, z)
 		}
@@ -128,7 +133,19 @@ func wireOfEveryPart() map[string]any {
 	for _, s := range []timeline.Step{timeline.Elected, timeline.Committed, timeline.VIP, timeline.OnLeaderDone} {
 		first.Mark(s, at)
 	}
+	withNames := &grace.Status{SMState: 7, Started: at, Settle: 3 * time.Second, LastActivity: at.Add(time.Second),
+		NLM:   grace.ManagerStatus{Expected: 2, Back: 2, Ended: &grace.End{At: at.Add(4 * time.Second), After: 4500 * time.Millisecond, Reason: grace.ReasonAllReclaimed}},
+		NFSv4: grace.ManagerStatus{Expected: 3, Back: 1, Missing: []string{"Linux NFSv4.2 gone", "Linux NFSv4.1 unseen"}},
+	}
+	lastSeen := func(name string) (time.Time, bool) {
+		if name == "Linux NFSv4.2 gone" {
+			return at.Add(-26*time.Hour + 400*time.Millisecond), true
+		}
+		return time.Time{}, false
+	}
 	return map[string]any{
+		// What a reader who is not an operator gets: counts, no names.
+		"grace_for_reader":     admin.Status{Grace: graceJSON(withNames, lastSeen)}.ForReader(false).Grace,
 		"member":               memberJSON(cluster.MemberStatus{ID: "n1", GossipAddr: "a:1", RaftAddr: "a:2", NSMAddr: "a:3", Version: "v", State: "alive", Suffrage: "Voter", Leader: true, Role: "leader"}),
 		"witness":              memberJSON(cluster.MemberStatus{ID: "w", Witness: true, Role: "witness"}),
 		"disk":                 diskJSON(cluster.DiskStatus{Writable: false, Since: at, Error: "EIO", Failures: 2, Slow: true, SlowSince: at, WriteP50: 70 * time.Millisecond}),
@@ -136,15 +153,7 @@ func wireOfEveryPart() map[string]any {
 		"timeline_first_steps": admin.TimelineOf(first),
 		"timeline_every_step":  admin.TimelineOf(fullTimeline(at)),
 		"timeline_not_taken":   admin.TimelineOf(timeline.Timeline{State: 9}),
-		"grace": graceJSON(&grace.Status{SMState: 7, Started: at, Settle: 3 * time.Second, LastActivity: at.Add(time.Second),
-			NLM:   grace.ManagerStatus{Expected: 2, Back: 2, Ended: &grace.End{At: at.Add(4 * time.Second), After: 4500 * time.Millisecond, Reason: grace.ReasonAllReclaimed}},
-			NFSv4: grace.ManagerStatus{Expected: 3, Back: 1, Missing: []string{"Linux NFSv4.2 gone", "Linux NFSv4.1 unseen"}},
-		}, func(name string) (time.Time, bool) {
-			if name == "Linux NFSv4.2 gone" {
-				return at.Add(-26*time.Hour + 400*time.Millisecond), true
-			}
-			return time.Time{}, false
-		}),
+		"grace":                graceJSON(withNames, lastSeen),
 		"grace_absent_nfsd": graceJSON(&grace.Status{Started: at, Settle: time.Second, Error: "grace_end is timer: nsmd does not end grace",
 			NLM: grace.ManagerStatus{Ended: &grace.End{At: at, Reason: grace.ReasonNothingToReclaim}}, NFSv4: grace.ManagerStatus{Absent: true}}, nil),
 		"pipe": pipeJSON(cld.Status{Pipe: "/p/nfsd/cld", State: cld.StateOpen, Since: at, Version: 2,

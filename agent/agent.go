@@ -271,6 +271,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		NotifyBurst:        cfg.NotifyBurst,
 		NotifyEvery:        cfg.NotifyEvery,
 		NotifyStrictSender: cfg.NotifyStrictSender,
+		NotifyOn:           notifyOn(cfg),
 		UnmonCounts:        a.unmonCounts,
 	})
 	if err != nil {

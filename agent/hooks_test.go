@@ -41,6 +41,9 @@ func newHookHarness(t *testing.T, tune func(*config.Config)) *hookHarness {
 	cfg.VIP = "127.0.0.100/32"
 	cfg.HookTimeout = 5 * time.Second
 	tune(&cfg)
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the harness runs hooks of configurations a node accepts: %v", err)
+	}
 	hh := &hookHarness{reg: prometheus.NewRegistry(), log: &testutil.LockedBuffer{}}
 	log := slog.New(slog.NewTextHandler(hh.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	hh.h = newHookRunner(cfg, log, hh.reg)
@@ -92,7 +95,9 @@ echo "hello from the hook"
 echo "and from stderr" >&2
 printf 'no newline at the end'
 `, out))
-	hh := newHookHarness(t, func(c *config.Config) { c.OnLeader = script })
+	hh := newHookHarness(t, func(c *config.Config) {
+		c.OnLeader, c.OnFollower = script, writeScript(t, dir, "follower.sh", "exit 0\n")
+	})
 	hh.h.leader(context.Background(), fsm.Takeover{Reason: "leader_elected"}, 7)
 	hh.h.stop()
 
@@ -210,6 +215,7 @@ func TestHookFailureFiresFault(t *testing.T) {
 	faultOut := filepath.Join(dir, "fault")
 	hh := newHookHarness(t, func(c *config.Config) {
 		c.OnLeader = writeScript(t, dir, "leader.sh", "echo 'cannot add route' >&2\nexit 3\n")
+		c.OnFollower = writeScript(t, dir, "follower.sh", "exit 0\n")
 		c.OnFault = writeScript(t, dir, "fault.sh", fmt.Sprintf(`echo "$NSMD_EVENT|$NSMD_SM_STATE|$NSMD_REASON" >> %s`+"\nexit 1\n", faultOut))
 	})
 	hh.h.leader(context.Background(), fsm.Takeover{Reason: "leader_elected"}, 9)
@@ -294,7 +300,9 @@ func TestLeaderHookDoneOnlyAfterTheScriptAndItsFaultHookRan(t *testing.T) {
 	}
 	leader := writeScript(t, dir, "leader", fmt.Sprintf("echo started > %s/started\nread x < %s\nexit 3\n", dir, fifo))
 	fault := writeScript(t, dir, "fault", fmt.Sprintf("echo \"$NSMD_REASON\" > %s/fault.out\n", dir))
-	hh := newHookHarness(t, func(c *config.Config) { c.OnLeader, c.OnFault = leader, fault })
+	hh := newHookHarness(t, func(c *config.Config) {
+		c.OnLeader, c.OnFollower, c.OnFault = leader, writeScript(t, dir, "follower", "exit 0\n"), fault
+	})
 	done := hh.h.leader(context.Background(), fsm.Takeover{Reason: "leader_elected"}, 5)
 	testutil.WaitFor(t, 5*time.Second, "the hook to start", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "started"))

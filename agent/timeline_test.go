@@ -21,11 +21,14 @@ import (
 func TestTakeoverTimelineRecordsEveryStepInOrder(t *testing.T) {
 	dir := t.TempDir()
 	hook := filepath.Join(dir, "on-leader.sh")
-	if err := os.WriteFile(hook, []byte("#!/bin/sh\nsleep 0.3\n"), 0o755); err != nil {
-		t.Fatal(err)
+	stop := filepath.Join(dir, "on-follower.sh")
+	for path, body := range map[string]string{hook: "#!/bin/sh\nsleep 0.3\n", stop: "#!/bin/sh\nexit 0\n"} {
+		if err := os.WriteFile(path, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	o := agenttest.DevOptions(t, "127.0.0.142", 1)
-	o.Tune = func(c *config.Config) { c.OnLeader, c.FenceWatchdog = hook, config.FenceOff }
+	o.Tune = func(c *config.Config) { c.OnLeader, c.OnFollower, c.FenceWatchdog = hook, stop, config.FenceOff }
 	d := agenttest.StartDev(t, o, agent.Options{})
 	a := agenttest.Leader(t, d, nil, 10*time.Second)
 

@@ -27,7 +27,7 @@ func TestUnmonOfANodeThatStoppedServingKeepsTheHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := agenttest.DevOptions(t, "127.0.0.152", 3)
-	o.Tune = func(c *config.Config) { c.OnLeader, c.FenceWatchdog = script, config.FenceOff }
+	o.Tune = func(c *config.Config) { c.OnLeader, c.OnFollower, c.FenceWatchdog = script, script, config.FenceOff }
 	d := agenttest.StartDev(t, o, agent.Options{})
 	lead := agenttest.Leader(t, d, nil, 10*time.Second)
 

@@ -28,10 +28,11 @@ var ForwardProgram = oncrpc.ProgVers{Prog: 0x204e534d, Vers: 1}
 const (
 	fwdProcNull  uint32 = 0
 	fwdProcApply uint32 = 1
-	// fwdProcVIPHeld: void → bool, whether this node holds the VIP now
-	// (the kernel's view for a netlink VIP), still believes it leads
-	// (it could be about to take it), or cannot vouch for it (a term of
-	// it ended before it took the VIP: vipUnsure).
+	// fwdProcVIPHeld: void → bool, or vipHeldArgs → vipHeldRes (a nonce,
+	// and the answer with an HMAC over it: vipheld.go), whether this node
+	// holds the VIP now (the kernel's view for a netlink VIP), still
+	// believes it leads (it could be about to take it), or cannot vouch
+	// for it (a term of it ended before it took the VIP: vipUnsure).
 	fwdProcVIPHeld uint32 = 2
 	// fwdProcState: void → fwdRes{fwdOK, sm_state} from a ready leader
 	// (its lease confirmed), fwdNotLeader from anyone else.
@@ -139,8 +140,7 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 			return nil
 		}
 	case fwdProcVIPHeld:
-		n.serveVIPHeld(res) // handover.go
-		return nil
+		return n.serveVIPHeld(c, res) // vipheld.go
 	case fwdProcState:
 		n.serveState(res) // readstate.go
 		return nil

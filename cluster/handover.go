@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -18,7 +16,8 @@ import (
 // waits until the previous holder's address must have expired by itself
 // (vipNotBefore), unless the previous leader says it released it or its
 // process is gone (previousHolderReleased), and every node answers that
-// question for itself (serveVIPHeld).
+// question for itself (serveVIPHeld, vipheld.go: authenticated with the
+// cluster key).
 
 // vipNotBefore is when this new leader may take the VIP: only once a
 // previous holder's address must have expired by itself. The previous
@@ -110,15 +109,6 @@ func (n *Node) vipUnsure(elected time.Time) {
 // (see vipUnsure).
 func (n *Node) vipVouchable() bool { return time.Now().UnixNano() >= n.vipUnsureUntil.Load() }
 
-// serveVIPHeld answers fwdProcVIPHeld: true while this node holds the VIP
-// (the kernel's view for a netlink VIP), still believes it leads (it could
-// be about to take it), is standing down (OnFollower still running) or
-// cannot vouch for it (a term of it ended before it took the VIP:
-// vipUnsure).
-func (n *Node) serveVIPHeld(res *oncrpc.Writer) {
-	res.Bool(n.VIPHeld() || n.raft.State() == raft.Leader || n.standingDown.Load() || !n.vipVouchable())
-}
-
 // boolRes decodes an XDR bool result.
 type boolRes struct{ V bool }
 
@@ -169,11 +159,15 @@ func (n *Node) previousHolderReleased(ctx context.Context) (string, bool) {
 	}
 	defer c.Close()
 	for {
-		var held boolRes
-		if err := c.Call(ctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcVIPHeld, oncrpc.Void{}, &held); err != nil {
+		held, err := n.askVIPHeld(ctx, c, prev) // vipheld.go
+		if errors.Is(err, errVIPHeldUnproven) {
+			n.log.Warn("previous leader's \"VIP released\" is not authenticated with the cluster key: not believed, waiting out the VIP's lifetime", "previous", prev, "err", err)
+			return prev, false
+		}
+		if err != nil {
 			return prev, gone(err)
 		}
-		if !held.V {
+		if !held {
 			return prev, true
 		}
 		select {

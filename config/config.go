@@ -706,6 +706,12 @@ func (c *Config) Validate() error {
 			bad(key, "%q must be an absolute path", p)
 		}
 	}
+	if c.OnLeader != "" && c.OnFollower == "" && !c.Witness {
+		// The stop is what makes "not serving" true: without it the node
+		// would disarm its watchdog and tell a successor it stopped while
+		// nfsd and the mount live on.
+		bad("on_follower", "is empty but on_leader is set: a node that starts serving (on_leader) needs the script that stops it (on_follower; the shipped hook does both: /usr/lib/nsmd/hooks/nfsd-ha)")
+	}
 	if tm.HeartbeatTimeout < 5*time.Millisecond {
 		bad("heartbeat_timeout", "%v is too short (at least 5ms)", tm.HeartbeatTimeout)
 	}

@@ -339,3 +339,34 @@ func TestTickleKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestServingNodeNeedsAStop: on_leader without on_follower is refused,
+// naming on_follower; with both, or with neither, or on a witness (which
+// runs no hook), the same configuration is valid. The control: the pair
+// that differs only by on_follower passes.
+func TestServingNodeNeedsAStop(t *testing.T) {
+	for _, c := range []struct {
+		name                 string
+		onLeader, onFollower string
+		witness              bool
+		refused              bool
+	}{
+		{name: "start without stop", onLeader: "/usr/lib/nsmd/hooks/nfsd-ha", refused: true},
+		{name: "start and stop", onLeader: "/usr/lib/nsmd/hooks/nfsd-ha", onFollower: "/usr/lib/nsmd/hooks/nfsd-ha"},
+		{name: "no hooks (a plain statd replacement)"},
+		{name: "stop alone", onFollower: "/usr/lib/nsmd/hooks/nfsd-ha"},
+		{name: "witness ignores the hooks", onLeader: "/usr/lib/nsmd/hooks/nfsd-ha", witness: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := Default()
+			cfg.OnLeader, cfg.OnFollower, cfg.Witness = c.onLeader, c.onFollower, c.witness
+			err := cfg.Validate()
+			switch {
+			case c.refused && (err == nil || !strings.Contains(err.Error(), "on_follower: is empty but on_leader is set")):
+				t.Fatalf("Validate = %v, want on_follower refused", err)
+			case !c.refused && err != nil:
+				t.Fatalf("Validate = %v, want valid", err)
+			}
+		})
+	}
+}

@@ -39,7 +39,7 @@ func TestDrillFencedFaults(t *testing.T) {
 		t.Skipf("the drill signals only a process named nsmd; NSMD_BIN is %s", nsmdBin)
 	}
 	dir := t.TempDir()
-	hook := filepath.Join(dir, "on-leader")
+	hook := filepath.Join(dir, "hook") // on_leader and on_follower
 	agentLog := filepath.Join(dir, "fenced.log")
 	agent := filepath.Join(dir, "fence-agent")
 	for path, body := range map[string]string{
@@ -53,7 +53,7 @@ func TestDrillFencedFaults(t *testing.T) {
 		}
 	}
 	c := startClusterWith(t, clusterSpec{clients: 1, extraArgs: func(n *nsmNode) []string {
-		return []string{"--on-leader", hook, "--fence-watchdog", "off", "--fence-agent", agent,
+		return []string{"--on-leader", hook, "--on-follower", hook, "--fence-watchdog", "off", "--fence-agent", agent,
 			"--fence-nodes", "n1:plug=n1,n2:plug=n2,n3:plug=n3", "--nfsv4-tracking", "off"}
 	}})
 	state := c.settle(t, 60*time.Second, 1).leaderStatus().SMState

@@ -61,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		notifyReceived: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_notify_received_total",
-			Help: "SM_NOTIFY calls received from rebooted peers, by result (accepted, ignored, error, rate_limited: held back by the per-sender or per-name limit, in_flight: the same one is being committed; both unanswered, so the peer retransmits; wrong_sender: ignored under notify_strict_sender, not sent from an address of the host it names).",
+			Help: "SM_NOTIFY calls received from rebooted peers, by result (accepted, ignored, error, rate_limited: held back by the per-sender or per-name limit, in_flight: the same one is being committed; both unanswered, so the peer retransmits; wrong_sender: ignored under notify_strict_sender, not sent from an address of the host it names; not_vip: ignored, not sent to the VIP, the one address a cluster takes SM_NOTIFY on).",
 		}, []string{"result"}),
 		notifySends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_notify_sends_total",

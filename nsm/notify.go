@@ -21,7 +21,9 @@ import (
 // host's own addresses, another for the rest —, and not the same one
 // already being committed; held back, it gets no reply (the peer
 // retransmits). With Config.NotifyStrictSender, one not sent from an
-// address of the host it names is ignored.
+// address of the host it names is ignored; with Config.NotifyOn, one not
+// sent to an address it accepts (a cluster's VIP) is ignored before
+// anything else.
 //
 // The reply is void, also when the notification is ignored. One deliberate
 // difference from rpc.statd: when an acceptable notification cannot be
@@ -33,6 +35,12 @@ func (s *Service) notify(ctx context.Context, c *oncrpc.Call, _ *oncrpc.Writer) 
 		return err
 	}
 	from := callerAddr(c.Remote)
+	if on := s.cfg.NotifyOn; on != nil && !on(c.Local.Addr().Unmap()) {
+		s.m.notifyReceivedInc("not_vip")
+		s.log.Debug("SM_NOTIFY ignored: not sent to the address this cluster takes notifications on (its VIP)",
+			"mon_name", args.MonName, "from", from, "to", c.Local.Addr(), "state", args.State)
+		return nil
+	}
 	if !s.reg.WouldAccept(args.MonName, from, args.State) {
 		s.m.notifyReceivedInc("ignored")
 		s.log.Debug("SM_NOTIFY ignored: unmonitored host or repeated state",

@@ -94,6 +94,14 @@ type Config struct {
 	// interface, is still heard; strict mode does not hear those, and an
 	// attacker must then forge the host's own source address.
 	NotifyStrictSender bool
+	// NotifyOn reports whether an SM_NOTIFY that arrived on local (the
+	// address it was sent to; invalid when unknown) is taken at all (nil:
+	// every one). The limits above are this node's; in a cluster the
+	// agent takes SM_NOTIFY only on the VIP, so the budgets hold for the
+	// cluster however many members a sender sprays (DESIGN.md, "SM_NOTIFY
+	// is taken on the VIP"). One refused is answered void, as statd
+	// answers one it ignores, and counted result="not_vip".
+	NotifyOn func(local netip.Addr) bool
 }
 
 // ReadyNotifier is what a Registry may offer so that calls held for

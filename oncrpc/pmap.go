@@ -182,7 +182,9 @@ func (p *PmapClient) Dump(ctx context.Context) ([]Mapping, error) {
 }
 
 // Portmapper is a small embedded PMAP v2 server (NULL, SET, UNSET,
-// GETPORT, DUMP; CALLIT is PROC_UNAVAIL). SET and UNSET are taken only from
+// GETPORT, DUMP over TCP; CALLIT, and DUMP over UDP, are PROC_UNAVAIL: no
+// reply is larger than its call over UDP, so the portmapper amplifies
+// nothing for a spoofed source). SET and UNSET are taken only from
 // loopback and a privileged source port (below 1024: root, such as the
 // kernel's lockd, which registers over loopback TCP from one); others get
 // false, so a local user cannot redirect a program's mapping (lockd's
@@ -259,6 +261,14 @@ func (p *Portmapper) ServeRPC(ctx context.Context, c *Call, res *Writer) error {
 		}
 		return nil
 	case PmapProcDump:
+		if c.Net == "udp" {
+			// The list is several times the call: over UDP, whose source
+			// address nobody checks, a DUMP would turn this host into a
+			// reflector. PROC_UNAVAIL (24 bytes) is smaller than any call;
+			// rpcinfo -p and every portmapper client that lists mappings
+			// do it over TCP.
+			return fmt.Errorf("pmap DUMP over UDP: %w", ErrProcUnavail)
+		}
 		pmapList(p.Mappings()).MarshalXDR(res)
 		return nil
 	default:

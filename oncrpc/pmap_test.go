@@ -45,6 +45,13 @@ func TestEmbeddedPortmapper(t *testing.T) {
 				t.Fatalf("GetPort of an unregistered mapping = %v, want ErrProgUnavail", err)
 			}
 			ms, err := p.Dump(ctx)
+			if network == "udp" {
+				// No DUMP over UDP: TestPortmapperAnswersNoUDPCallWithMoreThanItsSize.
+				if !errors.Is(err, ErrProcUnavail) {
+					t.Fatalf("Dump over UDP = %v, %v; want PROC_UNAVAIL", ms, err)
+				}
+				ms, err = NewPmapClient(ts.addr("tcp"), ClientConfig{Net: "tcp", Timeout: 2 * time.Second}).Dump(ctx)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,6 +75,84 @@ func TestEmbeddedPortmapper(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPortmapperAnswersNoUDPCallWithMoreThanItsSize: over UDP, whose
+// source address anyone can forge, no reply of the embedded portmapper is
+// larger than the datagram that asked for it — DUMP, whose list is
+// several times its call, is PROC_UNAVAIL there — while over TCP (a
+// handshake proves the source) DUMP lists every mapping. The control: the
+// same DUMP over TCP is larger than its call, so the UDP check measures
+// what would amplify.
+func TestPortmapperAnswersNoUDPCallWithMoreThanItsSize(t *testing.T) {
+	pm := NewPortmapper()
+	for _, m := range []Mapping{{PmapProg, PmapVers, IPProtoTCP, PmapPort}, {PmapProg, PmapVers, IPProtoUDP, PmapPort},
+		{100024, 1, IPProtoTCP, 662}, {100024, 1, IPProtoUDP, 662}, {100021, 4, IPProtoTCP, 4045}, {100021, 4, IPProtoUDP, 4045}} {
+		pm.Register(m)
+	}
+	ts := startServer(t, ServerConfig{}, Programs{{PmapProg, PmapVers}: pm})
+	// call sends one PMAP call of proc with args as a bare datagram (no
+	// credential: the smallest call) and returns the call's and the
+	// reply's sizes.
+	call := func(t *testing.T, proc uint32, args Marshaler) (int, int) {
+		t.Helper()
+		w := NewWriter(nil)
+		CallHeader{XID: 0x5eed0000 + proc, Prog: PmapProg, Vers: PmapVers, Proc: proc}.MarshalXDR(w)
+		if args != nil {
+			args.MarshalXDR(w)
+		}
+		conn, err := net.Dial("udp", ts.addr("udp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := conn.Write(w.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64<<10)
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("proc %d: no reply: %v", proc, err)
+		}
+		return len(w.Bytes()), n
+	}
+	getport := Mapping{Prog: 100024, Vers: 1, Prot: IPProtoUDP}
+	for _, c := range []struct {
+		name string
+		proc uint32
+		args Marshaler
+	}{
+		{"NULL", PmapProcNull, nil},
+		{"GETPORT", PmapProcGetPort, getport},
+		{"SET", PmapProcSet, Mapping{Prog: 7, Vers: 1, Prot: IPProtoUDP, Port: 7}},
+		{"UNSET", PmapProcUnset, Mapping{Prog: 7, Vers: 1}},
+		{"DUMP", PmapProcDump, nil},
+		{"CALLIT", PmapProcCallIt, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in, out := call(t, c.proc, c.args)
+			if out > in {
+				t.Errorf("%s over UDP: a %d-byte call got a %d-byte reply", c.name, in, out)
+			}
+		})
+	}
+	if _, err := NewPmapClient(ts.addr("udp"), ClientConfig{Net: "udp", Timeout: 2 * time.Second}).Dump(context.Background()); !errors.Is(err, ErrProcUnavail) {
+		t.Errorf("DUMP over UDP = %v, want PROC_UNAVAIL", err)
+	}
+	t.Run("control: DUMP over TCP lists every mapping, larger than its call", func(t *testing.T) {
+		ms, err := NewPmapClient(ts.addr("tcp"), ClientConfig{Net: "tcp", Timeout: 2 * time.Second}).Dump(context.Background())
+		if err != nil || len(ms) != 6 {
+			t.Fatalf("DUMP over TCP = %v, %v; want the 6 mappings", ms, err)
+		}
+		w := NewWriter(nil)
+		CallHeader{Prog: PmapProg, Vers: PmapVers, Proc: PmapProcDump}.MarshalXDR(w)
+		rw := NewWriter(nil)
+		pmapList(ms).MarshalXDR(rw)
+		if callSize, listSize := len(w.Bytes()), 24+len(rw.Bytes()); listSize < 3*callSize {
+			t.Fatalf("the list (%d bytes with its reply header) is not the amplification it is refused for (call %d bytes)", listSize, callSize)
+		}
+	})
 }
 
 func TestPortmapperTakesChangesOnlyFromPrivilegedLoopbackPorts(t *testing.T) {

@@ -110,6 +110,7 @@
       const back = m.back + ' of ' + m.expected + ' clients back';
       if (m.ended) return name + ' ended after ' + (m.seconds || 0).toFixed(1) + ' s (' + m.ended.reason + ', ' + back + ')';
       const who = (m.missing || []).map((c) => (m.last_seen && m.last_seen[c]) ? c + ' (last seen ' + m.last_seen[c] + ')' : c);
+      if (m.missing_hidden) who.push(m.missing_hidden + ' not named (names are shown only to an operator: the admin token below)');
       return name + ' open (' + back + (who.length ? ', waiting for ' + who.join(', ') : '') + ')';
     };
     setText('kgrace', g

@@ -52,7 +52,7 @@ type OldServer struct {
 	Unreachable bool    `json:"unreachable,omitempty"`
 	BackAfterMS float64 `json:"back_after_ms,omitempty"` // since the fault, when it answered again
 	Role        string  `json:"role,omitempty"`          // its role then
-	Serving     bool    `json:"serving,omitempty"`       // it said it serves then (fence.serving)
+	Serving     bool    `json:"serving,omitempty"`       // it still said it serves at the wait's end (fence.serving)
 }
 
 // FenceLine says how the old server was proven stopped.
@@ -345,12 +345,29 @@ func (d *runner) oldServer(ctx context.Context, r *Failover, old Node, prev *adm
 		err := d.call(ctx, "GET", old.Admin, "/v1/status", min(statusTimeout*4, oldAnswerWait), &s)
 		at := time.Now()
 		if err == nil && s.NodeID == old.ID {
-			o.Outcome = oldOutcome(prev, s.Process)
-			o.Role, o.Serving = s.Role, s.Fence.Serving && s.NodeID != r.NewLeader
-			if o.Unreachable || o.Outcome != OldKept {
-				o.BackAfterMS = float64(at.Sub(t0).Microseconds()) / 1000
+			serving := s.Fence.Serving && s.NodeID != r.NewLeader
+			if o.Outcome == "" {
+				o.Outcome = oldOutcome(prev, s.Process)
+				if o.Unreachable || o.Outcome != OldKept {
+					o.BackAfterMS = float64(at.Sub(t0).Microseconds()) / 1000
+				}
+				delete(d.down, old.ID)
 			}
-			delete(d.down, old.ID)
+			o.Role, o.Serving = s.Role, serving
+			// A restarted nsmd says it serves until its stop at start (its
+			// on_follower) succeeded: ask again until it says it stopped,
+			// and report "serves" only if it still does at the deadline.
+			if !serving || at.After(deadline) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			continue
+		}
+		if o.Outcome != "" { // it answered before: keep what it said
 			return
 		}
 		o.Unreachable = true

@@ -76,3 +76,37 @@ func TestPackagedConfigCommentedKeysAreReal(t *testing.T) {
 		t.Errorf("found %d commented examples, want the 20+ the file has", n)
 	}
 }
+
+// TestPackagedConfigHooksComeAsAPair: the packaged config's hook examples,
+// uncommented together, give a configuration the agent accepts; on_leader
+// uncommented alone is refused, naming on_follower (a serving node
+// always has a stop).
+func TestPackagedConfigHooksComeAsAPair(t *testing.T) {
+	b, err := os.ReadFile(packagedConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^# (on_leader|on_follower): (\S+)`).FindAllStringSubmatch(string(b), -1) {
+		hooks[m[1]] = m[2]
+	}
+	if hooks["on_leader"] == "" || hooks["on_follower"] == "" {
+		t.Fatalf("the packaged config has no commented on_leader/on_follower examples: %v", hooks)
+	}
+	with := func(keys ...string) error {
+		c := config.Default()
+		c.NodeID = "nfs1"
+		for _, k := range keys {
+			if err := c.Set(k, hooks[k]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return c.Validate()
+	}
+	if err := with("on_leader", "on_follower"); err != nil {
+		t.Errorf("both hooks: %v", err)
+	}
+	if err := with("on_leader"); err == nil || !strings.Contains(err.Error(), "on_follower") {
+		t.Errorf("on_leader alone: %v, want refused naming on_follower", err)
+	}
+}
