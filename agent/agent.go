@@ -270,6 +270,8 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		MaxRegistrations:   cfg.MaxRegistrations,
 		NotifyBurst:        cfg.NotifyBurst,
 		NotifyEvery:        cfg.NotifyEvery,
+		MonUnprivBurst:     cfg.MonUnprivBurst,
+		MonUnprivEvery:     cfg.MonUnprivEvery,
 		NotifyStrictSender: cfg.NotifyStrictSender,
 		NotifyOn:           notifyOn(cfg),
 		UnmonCounts:        a.unmonCounts,

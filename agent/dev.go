@@ -91,6 +91,9 @@ func StartDev(o DevOptions, opts Options) (*Dev, error) {
 		// A development cluster: its admin APIs on 127.0.0.x stay open
 		// to every local user, so nsmd commands need no token.
 		c.AdminLocalTokenFile = config.AdminLocalTokenNone
+		// Nor is a local user's rate of new hosts bounded: nsmd bench
+		// drives it from unprivileged ports when not run as root.
+		c.MonUnprivBurst = -1
 		c.LogLevel = o.LogLevel
 		if o.RaftProfile != "" {
 			c.RaftProfile = o.RaftProfile

@@ -66,6 +66,7 @@ func newNFSv4(a *Agent, tune func(string, *cld.Config), seenProc func(string) st
 		statusPath: filepath.Join(cfg.DataDir, "nfsv4-tracking.status"),
 	}
 	g, err := grace.New(grace.Config{
+		Node:       cfg.NodeID,
 		Settle:     cfg.GraceSettle,
 		Auto:       cfg.GraceEnd == config.GraceEndAuto && !cfg.Witness,
 		StatusFile: v.statusPath,

@@ -113,6 +113,9 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	if n.raft.State() != raft.Leader {
 		return fsm.Result{}, ErrNotLeader
 	}
+	if res, lowered, err := n.lowerOnLeader(ctx, cmd); lowered {
+		return res, err
+	}
 	w := &write{seq: n.writeSeq.Add(1), cmd: cmd, done: make(chan struct{})}
 	select {
 	case n.writes <- w:

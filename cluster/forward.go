@@ -53,6 +53,11 @@ const (
 	fwdNotLeader uint32 = 1
 	fwdFailed    uint32 = 2
 	fwdDenied    uint32 = 3
+	// fwdRefused: the command was decided and changed nothing by its own
+	// rule (a guarded Register that another lock manager's registration
+	// refused: fsm.ErrOwnedElsewhere). Only a release that proposes guarded
+	// registrations forwards one, so only such a release gets it.
+	fwdRefused uint32 = 4
 )
 
 const (
@@ -214,6 +219,9 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 		return fwdRes{Status: fwdFailed, Err: err.Error()}
 	}
 	n.metrics.forwarded.WithLabelValues("served").Inc()
+	if r.Refused {
+		return fwdRes{Status: fwdRefused, State: r.State}
+	}
 	return fwdRes{Status: fwdOK, State: r.State}
 }
 
@@ -410,6 +418,9 @@ func (n *Node) forward(ctx context.Context, addr string, cmd fsm.Command) (int32
 	case fwdDenied:
 		n.metrics.forwarded.WithLabelValues("denied").Inc()
 		return 0, fmt.Errorf("%w: %s", ErrForwardDenied, res.Err)
+	case fwdRefused:
+		n.metrics.forwarded.WithLabelValues("ok").Inc()
+		return res.State, fmt.Errorf("cluster: leader %s: %w", addr, fsm.ErrOwnedElsewhere)
 	case fwdFailed:
 		if strings.HasPrefix(res.Err, fwdUndecodable) {
 			return 0, fmt.Errorf("%w: leader %s: %s", errRefusedKind, addr, res.Err)

@@ -28,6 +28,7 @@ type metrics struct {
 	fenceAgentRuns    *prometheus.CounterVec
 	failedTakeovers   prometheus.Counter
 	ownerLowered      prometheus.Counter
+	monLowered        prometheus.Counter
 	transfers         *prometheus.CounterVec
 	transferDeclined  *prometheus.CounterVec
 }
@@ -97,6 +98,10 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 			Name: "nsmd_unmon_owner_checked_by_proposer_total",
 			Help: "SM_UNMON and SM_UNMON_ALL committed as owner-less removals of the registrations the caller made, checked on the proposing node's state, because not every member applies the owner-checked commands yet (a rolling upgrade, a member down).",
 		}),
+		monLowered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_mon_owner_checked_by_proposer_total",
+			Help: "SM_MON checked on the proposing node's state (may it replace the registration it names?) and committed unguarded, because not every member applies the guarded registration yet (a rolling upgrade, a member down).",
+		}),
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_leadership_transfers_total", Help: "Leadership transfers this node started, by reason (slow_disk, disk_unwritable, witness, failed_takeover, operator, shutdown) and result (ok, failed).",
 		}, []string{"reason", "result"}),
@@ -117,7 +122,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 	}
 	cs := []prometheus.Collector{
 		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
-		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs, m.ownerLowered,
+		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs, m.ownerLowered, m.monLowered,
 		m.transfers, m.transferDeclined,
 		m.watchdogArmed, m.watchdogFeeds, m.watchdogLateFeeds, m.fenceWaits, m.fenceWaitSeconds, m.fenceAgentRuns, m.failedTakeovers,
 		gauge("nsmd_fence_serving", "1 while this node serves the storage (from before its on_leader hook until its on_follower hook succeeded).", func() float64 {

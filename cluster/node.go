@@ -132,6 +132,10 @@ type Config struct {
 	// olderFSM: the node advertises fsm.CommandLevel 0, as a release
 	// before owner commands would (tests of the rolling-upgrade gate).
 	olderFSM bool
+	// unguardedMonitor: SM_MON is proposed unguarded (kind 1), replacing
+	// whoever made the registration, as in the releases before guarded
+	// registrations (the negative control of the ownership tests only).
+	unguardedMonitor bool
 	// noSlowLastResort: a slow node never becomes eligible again while
 	// slow (the negative control of the last resort, in tests only).
 	noSlowLastResort bool

@@ -25,10 +25,59 @@ func (n *Node) Has(id fsm.MonID) bool {
 	return ok
 }
 
-// Monitor commits a registration (SM_MON) and returns sm_state.
+// Monitor commits a registration (SM_MON) and returns sm_state. It is a
+// guarded Register (fsm.Register.Guarded): it replaces an existing
+// registration only for the lock manager that made it or for the serving
+// node's lockd; otherwise nothing changes and the error wraps
+// fsm.ErrOwnedElsewhere. Until every member applies guarded registrations
+// (guardedOK), the leader decides on its own state (applyLocal,
+// lowerRegister), or this node does while the leader is an older release.
 func (n *Node) Monitor(ctx context.Context, reg fsm.Registration) (int32, error) {
-	res, err := n.apply(ctx, fsm.Register{Reg: reg})
-	return res.State, err
+	cmd := fsm.Register{Reg: reg, Guarded: !n.cfg.unguardedMonitor}
+	res, err := n.commit(ctx, cmd, n.olderThan(2))
+	if errors.Is(err, errLowerHere) {
+		n.log.Debug("the leader runs an older release; checking an SM_MON's owner here")
+		res, err = n.lowerRegister(ctx, cmd, n.apply)
+	}
+	if err != nil {
+		return res.State, err
+	}
+	if res.Refused {
+		return res.State, fmt.Errorf("cluster: SM_MON of %q for %q taken on %s: %w", reg.ID.MonName, reg.ID.My.MyName, reg.Node, fsm.ErrOwnedElsewhere)
+	}
+	return res.State, nil
+}
+
+// guardedOK reports whether a guarded Register (log entry kind 14) may be
+// proposed: every server of the raft configuration is alive in gossip
+// and advertises fsm.CommandLevel ≥ 2 (as ownerCommandsOK for level 1).
+func (n *Node) guardedOK() bool { return n.clusterLevel() >= 2 }
+
+// lowerRegister commits a guarded Register in the form every release
+// applies: it checks the guard on this node's state (fsm.MayRegister) and
+// then commits the registration unguarded (kind 1) through commit, or
+// answers Refused without committing anything. On the leader this node's
+// state holds every acknowledged SM_MON and Takeover; what it has not
+// applied yet is in flight at the same moment as this SM_MON, so the
+// check decides as if this SM_MON had come first (during a rolling
+// upgrade only).
+func (n *Node) lowerRegister(ctx context.Context, r fsm.Register, commit func(context.Context, fsm.Command) (fsm.Result, error)) (fsm.Result, error) {
+	n.metrics.monLowered.Inc()
+	if !n.fsm.MayRegister(r.Reg) {
+		return fsm.Result{State: n.fsm.State(), Refused: true}, nil
+	}
+	return commit(ctx, fsm.Register{Reg: r.Reg})
+}
+
+// lowerOnLeader is applyLocal's gate for a guarded Register: while not
+// every member applies kind 14 it is checked here and committed as kind 1.
+func (n *Node) lowerOnLeader(ctx context.Context, cmd fsm.Command) (fsm.Result, bool, error) {
+	r, ok := cmd.(fsm.Register)
+	if !ok || !r.Guarded || n.guardedOK() {
+		return fsm.Result{}, false, nil
+	}
+	res, err := n.lowerRegister(ctx, r, n.applyLocal)
+	return res, true, err
 }
 
 // Unmonitor commits an SM_UNMON of owner's registration (applyOwned).
@@ -133,12 +182,17 @@ func (n *Node) applyOwned(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 // command level below 1 (a release without owner commands). A leader
 // gossip cannot see now is judged by what it last advertised; one it
 // never saw is not judged older: the forward then finds out.
-func (n *Node) olderLeader(id string) bool {
-	if n.member == nil {
-		return false // no gossip: the forward's answer tells
+func (n *Node) olderLeader(id string) bool { return n.olderThan(1)(id) }
+
+// olderThan is olderLeader for a command of the given level.
+func (n *Node) olderThan(level int) func(id string) bool {
+	return func(id string) bool {
+		if n.member == nil {
+			return false // no gossip: the forward's answer tells
+		}
+		l, known := n.member.lastLevel(id)
+		return known && l < level
 	}
-	level, known := n.member.lastLevel(id)
-	return known && level < 1
 }
 
 // applyLowered commits cmd, an Unregister or UnregisterAll with an Owner,
@@ -293,4 +347,10 @@ func (n *Node) Import(ctx context.Context, regs []fsm.Registration, minAbove int
 		return 0, fmt.Errorf("cluster: import takeover: %w", err)
 	}
 	return res.State, nil
+}
+
+// Monitored reports whether any registration names host monName (the NSM
+// service's HostChecker).
+func (n *Node) Monitored(monName string) bool {
+	return len(n.fsm.Registrations(fsm.MonID{}, 1, monName)) > 0
 }

@@ -208,12 +208,16 @@ type Config struct {
 	AdminMaxConns    int
 	AdminIdleTimeout time.Duration
 	// NotifyBurst, NotifyEvery: notify_accept_burst, notify_accept_every.
-	NotifyBurst   int
-	NotifyEvery   time.Duration
-	NFSv4Tracking string
-	RPCPipefs     string
-	GraceEnd      string
-	GraceSettle   time.Duration
+	NotifyBurst int
+	NotifyEvery time.Duration
+	// MonUnprivBurst, MonUnprivEvery: mon_unprivileged_burst,
+	// mon_unprivileged_every.
+	MonUnprivBurst int
+	MonUnprivEvery time.Duration
+	NFSv4Tracking  string
+	RPCPipefs      string
+	GraceEnd       string
+	GraceSettle    time.Duration
 	// Tickle, TickleMaxConns: tickle, tickle_max_conns.
 	Tickle         string
 	TickleMaxConns int
@@ -262,6 +266,8 @@ func Default() Config {
 		AdminIdleTimeout:      time.Minute,
 		NotifyBurst:           4,
 		NotifyEvery:           10 * time.Second,
+		MonUnprivBurst:        32,
+		MonUnprivEvery:        10 * time.Minute,
 		NFSv4Tracking:         TrackingAuto,
 		RPCPipefs:             "/var/lib/nfs/rpc_pipefs",
 		GraceEnd:              GraceEndAuto,
@@ -401,6 +407,8 @@ func (c *Config) bindings() []binding {
 		duration("admin_idle_timeout", "an admin API keep-alive connection idle this long is closed", &c.AdminIdleTimeout),
 		integer("notify_accept_burst", "SM_NOTIFYs committed per sender address and per mon_name at once; beyond, one more every notify_accept_every; held back ones get no reply (the peer retransmits) and count as nsmd_notify_received_total{result=\"rate_limited\"}; -1: no limit", &c.NotifyBurst),
 		duration("notify_accept_every", "one more SM_NOTIFY per sender and per mon_name this often (notify_accept_burst)", &c.NotifyEvery),
+		integer("mon_unprivileged_burst", "new hosts (a mon_name no registration names yet) that local callers (loopback) from an unprivileged source port may have monitored at once, together; beyond, one more every mon_unprivileged_every, the rest answered stat_fail (nsmd_mon_refused_total{reason=\"unprivileged_limit\"}); lockd and lock managers running as root call from a privileged port and are not bounded, nor are trusted_callers; -1: no bound", &c.MonUnprivBurst),
+		duration("mon_unprivileged_every", "one more new host from unprivileged local callers this often (mon_unprivileged_burst)", &c.MonUnprivEvery),
 		integer("max_registrations", "registrations at most: an SM_MON that would add one more is answered stat_fail (nsmd_mon_refused_total{reason=\"registrations_cap\"}); nsmd_registrations_max exports it for an alert before it is hit; 0: no cap", &c.MaxRegistrations),
 		integer("nsm_reserved_local_conns", "NSM TCP connections from a privileged loopback port (lockd: only root binds one) are exempt from nsm_max_conns_per_host, and this many are admitted beyond nsm_max_conns when every other one is busy, so other local users cannot lock lockd out (-1: none beyond)", &c.NSMReservedLocal),
 		integer("nsm_max_conn_buffer", "bytes of NSM calls being served and replies not yet written that one TCP connection may hold; at it nsmd reads no further call from it until they are (nsmd_nsm_tcp_reads_held_total{cap=\"conn\"}): a peer that pipelines calls and never reads holds little", &c.NSMMaxConnBuffer),
@@ -523,6 +531,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
+	}
+	if c.MonUnprivBurst > 0 && c.MonUnprivEvery <= 0 {
+		bad("mon_unprivileged_every", "%v must be positive while mon_unprivileged_burst bounds new hosts (-1 turns the bound off)", c.MonUnprivEvery)
 	}
 	if c.NodeID == "" {
 		bad("node_id", "must not be empty")

@@ -84,8 +84,12 @@ func TestCheckedFaultSchedules(t *testing.T) {
 		// Each topology in a subtest of its own: its namespaces, nodes
 		// and mounts are gone before the next one is built.
 		t.Run(topo, func(t *testing.T) {
+			// The workers that play lockd call from unprivileged ports (a
+			// new connection per call: more than the privileged range
+			// holds), so the bound on new hosts from local users is off.
 			c := startClusterWith(t, clusterSpec{clients: clusterClients, fakeClients: true, diskMB: 256,
-				witness: topo == topoWitness, slowDisks: true})
+				witness: topo == topoWitness, slowDisks: true,
+				extraArgs: func(*nsmNode) []string { return []string{"--mon-unprivileged-burst=-1"} }})
 			first := c.settle(t, 30*time.Second, 1)
 			c.probeVIP(t, first.leader)
 			leader, _ := c.restore(t)

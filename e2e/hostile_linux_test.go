@@ -248,9 +248,15 @@ func (h *hostile) run(t *testing.T, ns string, asUser bool, call nsmCall) nsmCal
 	return out
 }
 
-// lockdRegistrations lists the leader's registrations of lock manager
-// myName, as MonNames.
+// lockdRegistrations lists n's registrations of lock manager myName, as
+// MonNames.
 func lockdRegistrations(t *testing.T, n *nsmNode, myName string) []string {
+	return registrationsOf(t, n, myName, "")
+}
+
+// registrationsOf lists n's registrations of lock manager myName taken on
+// node owner ("": on any node), as MonNames.
+func registrationsOf(t *testing.T, n *nsmNode, myName, owner string) []string {
 	t.Helper()
 	var page admin.RegistrationPage
 	if err := n.get("/v1/registrations?limit=10000", &page); err != nil {
@@ -258,7 +264,7 @@ func lockdRegistrations(t *testing.T, n *nsmNode, myName string) []string {
 	}
 	var out []string
 	for _, r := range page.Registrations {
-		if r.MyName == myName {
+		if r.MyName == myName && (owner == "" || r.Node == owner) {
 			out = append(out, r.MonName)
 		}
 	}
@@ -267,12 +273,15 @@ func lockdRegistrations(t *testing.T, n *nsmNode, myName string) []string {
 
 // TestHostileUnmonAllFromAnotherMember: lockd on the serving node makes
 // five registrations; a local user on the standby server and one on the
-// witness each send SM_UNMON_ALL and SM_UNMON naming the serving node's
-// lock manager to their own node's loopback NSM port. Every registration
-// stays, on every member, and lockd's own SM_MON and SM_UNMON_ALL on the
-// serving node still work. On a build without the ownership rule the
-// attack removes all five (the negative control: run it with NSMD_BIN of
-// such a build).
+// witness each send SM_MON naming the serving node's lock manager for
+// every one of its clients (to take them over: the registration's node
+// would become theirs), then SM_UNMON_ALL and SM_UNMON naming it, all to
+// their own node's loopback NSM port. Each SM_MON is answered stat_fail;
+// every registration stays, on every member, still the serving node's;
+// and lockd's own SM_MON and SM_UNMON_ALL on the serving node still work.
+// On a build without the ownership rules the attack removes all five
+// (the negative control: run it with NSMD_BIN of such a build; the
+// previous release loses them to the SM_MONs followed by SM_UNMON_ALL).
 func TestHostileUnmonAllFromAnotherMember(t *testing.T) {
 	h := newHostile(t)
 	c := startClusterWith(t, clusterSpec{witness: true})
@@ -297,20 +306,26 @@ func TestHostileUnmonAllFromAnotherMember(t *testing.T) {
 		if n.witness {
 			role = "witness"
 		}
+		stolen := h.run(t, n.host.ns, true, nsmCall{Addr: lo, Op: "mon", MyName: lockdName, MonNames: hosts})
+		for i, r := range stolen.Res {
+			if nsm.Res(r) != nsm.StatFail {
+				t.Errorf("SM_MON of %s naming %s's lockd from a local user on %s: res %d, want stat_fail", hosts[i], leader.id, n.id, r)
+			}
+		}
 		h.run(t, n.host.ns, true, nsmCall{Addr: lo, Op: "unmon_all", MyName: lockdName})
 		h.run(t, n.host.ns, true, nsmCall{Addr: lo, Op: "unmon", MyName: lockdName, MonNames: hosts[:2]})
-		t.Logf("a local user on %s (%s) sent SM_UNMON_ALL and SM_UNMON naming %s's lockd", n.id, role, leader.id)
+		t.Logf("a local user on %s (%s) sent SM_MON, SM_UNMON_ALL and SM_UNMON naming %s's lockd", n.id, role, leader.id)
 	}
-	// The removals, had they been accepted, are committed before the
+	// The changes, had they been accepted, are committed before the
 	// helper got its answer; every member has applied them once it shows
 	// the leader's applied index.
-	want := lockdRegistrations(t, leader, lockdName)
+	want := registrationsOf(t, leader, lockdName, leader.id)
 	if len(want) != len(hosts) {
 		t.Fatalf("after the attack the serving node has %d of lockd's %d registrations: %v", len(want), len(hosts), want)
 	}
 	for _, n := range c.nodes {
 		waitApplied(t, n, leader)
-		got := lockdRegistrations(t, n, lockdName)
+		got := registrationsOf(t, n, lockdName, leader.id)
 		if len(got) != len(hosts) {
 			t.Fatalf("%s has %d of lockd's %d registrations after the attack: %v", n.id, len(got), len(hosts), got)
 		}
@@ -331,8 +346,10 @@ func TestHostileUnmonAllFromAnotherMember(t *testing.T) {
 // TestHostileUnmonDuringRollingUpgrade: one member runs an older release
 // (NSMD_E2E_OLD_BIN, a build from before registrations had owners; the
 // test skips without it). The new members do not propose the owner
-// commands the old one would refuse: the attack from a new member's
-// loopback removes nothing, every member — the old one included — keeps
+// commands or the guarded registrations the old one would refuse: the
+// attack from a new member's loopback (SM_MON naming the serving node's
+// lockd, refused by the leader on its own state, then SM_UNMON_ALL)
+// changes nothing, every member — the old one included — keeps
 // the same registrations, and lockd's own SM_UNMON_ALL still removes them
 // everywhere (no divergence).
 func TestHostileUnmonDuringRollingUpgrade(t *testing.T) {
@@ -368,6 +385,14 @@ func TestHostileUnmonDuringRollingUpgrade(t *testing.T) {
 		if n == oldNode {
 			continue // the old release removes them: what the upgrade fixes
 		}
+		// The leader checks the owner on its state (not every member
+		// applies guarded registrations) and refuses.
+		stolen := h.run(t, n.host.ns, true, nsmCall{Addr: lo, Op: "mon", MyName: lockdName, MonNames: hosts})
+		for i, r := range stolen.Res {
+			if nsm.Res(r) != nsm.StatFail {
+				t.Errorf("SM_MON of %s naming %s's lockd from a local user on %s: res %d, want stat_fail", hosts[i], leader.id, n.id, r)
+			}
+		}
 		h.run(t, n.host.ns, true, nsmCall{Addr: lo, Op: "unmon_all", MyName: lockdName})
 		attacked++
 	}
@@ -376,7 +401,7 @@ func TestHostileUnmonDuringRollingUpgrade(t *testing.T) {
 	}
 	for _, n := range c.nodes {
 		waitApplied(t, n, leader)
-		if got := lockdRegistrations(t, n, lockdName); len(got) != len(hosts) {
+		if got := registrationsOf(t, n, lockdName, leader.id); len(got) != len(hosts) {
 			t.Fatalf("%s has %d of lockd's %d registrations after the attack: %v", n.id, len(got), len(hosts), got)
 		}
 	}

@@ -33,7 +33,10 @@ import (
 // registration belongs to the lock manager that made it (DESIGN.md): an
 // SM_UNMON or SM_UNMON_ALL removes only registrations whose last SM_MON
 // came the same way (Via: lockd on the same node, or the same client host
-// through the VIP).
+// through the VIP). An SM_MON that would replace another lock manager's
+// registration is answered stat_fail unless it comes from the serving
+// node's lockd, which the model does not track: a stat_fail is "may or may
+// not have taken effect" anyway, and an acknowledged SM_MON replaced.
 
 // monNames are the mon_names the workers use (the client hosts' IPs: every
 // one of them can receive SM_NOTIFY).

@@ -47,13 +47,21 @@ func fill(tb testing.TB, f *FSM, n int) {
 }
 
 func BenchmarkApplyRegister(b *testing.B) {
+	for _, guarded := range []bool{false, true} {
+		b.Run(map[bool]string{false: "kind1", true: "guarded"}[guarded], func(b *testing.B) { benchApplyRegister(b, guarded) })
+	}
+}
+
+// benchApplyRegister: SM_MONs in batches of 64 over 200k registrations,
+// unguarded (kind 1) or guarded (kind 14: the owner check on every one).
+func benchApplyRegister(b *testing.B, guarded bool) {
 	f := New(Options{})
 	const batch = 64
 	entries := make([][]byte, 1024)
 	for e := range entries {
 		cmds := make([]Command, batch)
 		for j := range cmds {
-			cmds[j] = Register{Reg: bigReg((e*batch + j) * 7919 % 200_000)}
+			cmds[j] = Register{Reg: bigReg((e*batch + j) * 7919 % 200_000), Guarded: guarded}
 		}
 		entries[e], _ = Encode(cmds...)
 	}

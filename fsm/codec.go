@@ -25,6 +25,7 @@ import (
 //	Unregister    (11) = str(mon_name) myid owner        (Owner not zero)
 //	UnregisterAll (12) = myid owner                      (Owner not zero)
 //	Takeover      (13) = as kind 4                        (Wrap set)
+//	Register      (14) = registration                     (Guarded set)
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
@@ -55,6 +56,11 @@ import (
 // the cluster advertises CommandLevel ≥ 1 (package cluster gates it); an
 // older build would also apply a kind-13 Takeover differently at the end
 // of the range.
+//
+// Kind 14 (a Register with Guarded) extends it once more: a Register
+// without Guarded is still kind 1. A build that applied kind 1 in its
+// place would replace a registration the guard keeps, so it is proposed
+// only once every member advertises CommandLevel ≥ 2.
 const (
 	entryVersion = 1
 
@@ -71,6 +77,7 @@ const (
 	kindUnregisterOwn = 11
 	kindUnregAllOwn   = 12
 	kindTakeoverWrap  = 13
+	kindRegisterGuard = 14
 
 	minCommandLen  = 1  // kind + the shortest body (GraceStart, GraceDone: none)
 	minRegisterLen = 33 // kind + the shortest registration
@@ -131,16 +138,17 @@ func Decode(b []byte) ([]Command, error) {
 
 // decodeApply decodes an entry as Decode does, for FSM.Apply: a Register
 // comes back in its stored form, with cmds[i] nil and the stored forms in
-// regs in entry order (the k-th nil command is regs[k]), its strings
-// shared through in (interned MyName/Node), so applying it needs no
-// Registration and no re-packing of its addresses. regs holds only the
-// registrations, so what it allocates is bounded by the entry's length.
-func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error) {
+// regs in entry order (the k-th nil command is regs[k]; guarded[k] says
+// whether it was a guarded one, kind 14), its strings shared through in
+// (interned MyName/Node), so applying it needs no Registration and no
+// re-packing of its addresses. regs holds only the registrations, so what
+// it allocates is bounded by the entry's length.
+func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, guarded []bool, err error) {
 	if len(b) == 0 {
-		return nil, nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
+		return nil, nil, nil, fmt.Errorf("%w: empty entry", ErrBadCommand)
 	}
 	if b[0] != entryVersion {
-		return nil, nil, fmt.Errorf("%w: %w: entry version %d", ErrBadCommand, ErrVersion, b[0])
+		return nil, nil, nil, fmt.Errorf("%w: %w: entry version %d", ErrBadCommand, ErrVersion, b[0])
 	}
 	d := decoder{b: b[1:]}
 	n := d.uvarint()
@@ -148,25 +156,27 @@ func decodeApply(b []byte, in *strTable) (cmds []Command, regs []rec, err error)
 		d.fail("batch count %d (want 1…%d, fitting %d bytes)", n, MaxBatch, len(d.b))
 	}
 	if d.err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrBadCommand, d.err)
+		return nil, nil, nil, fmt.Errorf("%w: %w", ErrBadCommand, d.err)
 	}
 	cmds = make([]Command, n)
 	regs = make([]rec, 0, min(n, uint64(len(d.b)/minRegisterLen)))
+	guarded = make([]bool, 0, cap(regs))
 	for i := range n {
-		if len(d.b) > 0 && d.b[0] == kindRegister {
+		if len(d.b) > 0 && (d.b[0] == kindRegister || d.b[0] == kindRegisterGuard) {
+			guarded = append(guarded, d.b[0] == kindRegisterGuard)
 			d.b = d.b[1:]
 			regs = append(regs, d.rec(in))
 		} else {
 			cmds[i] = d.command()
 		}
 		if d.err != nil {
-			return nil, nil, fmt.Errorf("%w: command %d: %w", ErrBadCommand, i, d.err)
+			return nil, nil, nil, fmt.Errorf("%w: command %d: %w", ErrBadCommand, i, d.err)
 		}
 	}
 	if len(d.b) != 0 {
-		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadCommand, len(d.b))
+		return nil, nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrBadCommand, len(d.b))
 	}
-	return cmds, regs, nil
+	return cmds, regs, guarded, nil
 }
 
 // encoder appends the wire form to b.
@@ -175,7 +185,11 @@ type encoder struct{ b []byte }
 func (e *encoder) command(c Command) error {
 	switch c := c.(type) {
 	case Register:
-		e.b = append(e.b, kindRegister)
+		if c.Guarded {
+			e.b = append(e.b, kindRegisterGuard)
+		} else {
+			e.b = append(e.b, kindRegister)
+		}
 		return e.registration(&c.Reg)
 	case Unregister:
 		if c.Owner.IsZero() {
@@ -473,9 +487,9 @@ func (d *decoder) myID() MyID {
 
 func (d *decoder) command() Command {
 	switch k := d.u8(); k {
-	case kindRegister:
+	case kindRegister, kindRegisterGuard:
 		r := d.rec(nil)
-		return Register{Reg: r.registration()}
+		return Register{Reg: r.registration(), Guarded: k == kindRegisterGuard}
 	case kindUnregister:
 		return Unregister{ID: MonID{MonName: d.str(MaxNameLen, "mon_name"), My: d.myID()}}
 	case kindUnregisterAll:

@@ -17,6 +17,7 @@ func sampleCommands() []Command {
 	return []Command{
 		Register{Reg: full},
 		Register{Reg: bare},
+		Register{Reg: full, Guarded: true},
 		Unregister{ID: full.ID},
 		UnregisterAll{My: MyID{MyName: strings.Repeat("m", MaxNameLen), Prog: 1<<32 - 1}},
 		Unregister{ID: full.ID, Owner: Owner{Node: "node-1", Callback: netip.MustParseAddr("127.0.0.1")}},
@@ -126,6 +127,8 @@ func TestOwnerKindsAndTheOwnerlessEncoding(t *testing.T) {
 		{UnregisterAll{My: lockd, Owner: Owner{Node: "n1", Callback: lo}}, kindUnregAllOwn},
 		{Takeover{Node: "n1"}, kindTakeover},
 		{Takeover{Node: "n1", Wrap: true}, kindTakeoverWrap},
+		{Register{Reg: mkReg("h", lockd, "n1")}, kindRegister},
+		{Register{Reg: mkReg("h", lockd, "n1"), Guarded: true}, kindRegisterGuard},
 	} {
 		b, err := Encode(tc.c)
 		if err != nil {
@@ -229,7 +232,7 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 			if !errors.Is(err, ErrBadCommand) || cmds != nil {
 				t.Fatalf("Decode = %v, %v; want ErrBadCommand", cmds, err)
 			}
-			if cmds, _, err := decodeApply(b, newStrTable()); !errors.Is(err, ErrBadCommand) || cmds != nil {
+			if cmds, _, _, err := decodeApply(b, newStrTable()); !errors.Is(err, ErrBadCommand) || cmds != nil {
 				t.Fatalf("decodeApply = %v, %v; want ErrBadCommand", cmds, err)
 			}
 		})
@@ -253,7 +256,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{1, 1, 3, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cmds, err := Decode(b)
-		acmds, regs, aerr := decodeApply(b, newStrTable())
+		acmds, regs, guarded, aerr := decodeApply(b, newStrTable())
 		if (err == nil) != (aerr == nil) {
 			t.Fatalf("Decode error %v but decodeApply error %v", err, aerr)
 		}
@@ -269,11 +272,11 @@ func FuzzDecode(f *testing.F) {
 				if k >= len(regs) {
 					t.Fatalf("decodeApply: %d registrations for more nil commands", len(regs))
 				}
-				acmds[i] = Register{Reg: regs[k].registration()}
+				acmds[i] = Register{Reg: regs[k].registration(), Guarded: guarded[k]}
 				k++
 			}
 		}
-		if k != len(regs) {
+		if k != len(regs) || len(guarded) != len(regs) {
 			t.Fatalf("decodeApply: %d registrations for %d nil commands", len(regs), k)
 		}
 		if a, err := Encode(acmds...); err != nil || !bytes.Equal(a, b) {
@@ -287,7 +290,12 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-encoding differs:\n in %x\nout %x", b, again)
 		}
 		f := New(Options{})
-		applyOK(t, f, 1, cmds...)
+		res := applyOK(t, f, 1, cmds...)
+		for i, r := range res {
+			if g, ok := cmds[i].(Register); r.Refused && (!ok || !g.Guarded) {
+				t.Fatalf("command %d (%T) refused: only a guarded Register is", i, cmds[i])
+			}
+		}
 		checkV4Invariants(t, f)
 	})
 }

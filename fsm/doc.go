@@ -22,6 +22,13 @@
 // least Takeover.MinState), so sm_state is odd after the first takeover,
 // strictly increasing and never reused.
 //
+// A registration belongs to the lock manager that made it: an Unregister
+// or UnregisterAll with an Owner removes only the Owner's, and a guarded
+// Register (an SM_MON) replaces an existing registration only for its
+// lock manager or for the serving node's lockd (the node of the last
+// Takeover), else it is Refused. Those kinds are proposed only once every
+// member applies them (CommandLevel).
+//
 // # NFSv4 client tracking
 //
 // Two epochs: current (1 in a new FSM, never decreasing) and recovery (0

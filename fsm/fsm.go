@@ -135,7 +135,7 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 		f.mu.Unlock()
 		return nil
 	}
-	cmds, regs, err := decodeApply(l.Data, f.names)
+	cmds, regs, guarded, err := decodeApply(l.Data, f.names)
 	if err != nil {
 		f.mu.Lock()
 		f.applied = l.Index
@@ -147,9 +147,13 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	k := 0
 	for i, c := range cmds {
 		if c == nil { // a Register, decoded in stored form
-			f.store(regs[k])
+			if guarded[k] && !f.st.mayStore(&regs[k]) {
+				res[i] = Result{State: f.st.sm, Refused: true}
+			} else {
+				f.store(regs[k])
+				res[i] = Result{State: f.st.sm}
+			}
 			k++
-			res[i] = Result{State: f.st.sm}
 			continue
 		}
 		res[i] = f.apply(c, l.Term)
@@ -160,7 +164,7 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 		k = 0
 		for i, c := range cmds {
 			if c == nil {
-				c = Register{Reg: regs[k].registration()}
+				c = Register{Reg: regs[k].registration(), Guarded: guarded[k]}
 				k++
 			}
 			f.observer(l.Index, c, res[i])
@@ -175,6 +179,9 @@ func (f *FSM) apply(c Command, term uint64) Result {
 	s := &f.st
 	switch c := c.(type) {
 	case Register:
+		if c.Guarded && !s.mayRegister(&c.Reg) {
+			return Result{State: s.sm, Refused: true}
+		}
 		f.register(&c.Reg)
 		return Result{State: s.sm}
 	case Unregister:
@@ -542,9 +549,48 @@ func (f *FSM) Get(id MonID) (Registration, bool) {
 
 // CommandLevel is the newest optional set of entry kinds this build
 // applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
-// UnregisterAll with an Owner) and 13 (Takeover with Wrap). A cluster proposes a level's kinds only
+// UnregisterAll with an Owner) and 13 (Takeover with Wrap); 2 adds kind
+// 14 (Register with Guarded). A cluster proposes a level's kinds only
 // once every member advertises that level.
-const CommandLevel = 1
+const CommandLevel = 2
+
+// MayRegister reports whether a guarded Register of g would add or
+// replace g's registration if applied now (Register.Guarded), on this
+// node's state. A proposer that cannot use kind 14 yet checks this and
+// then commits an unguarded Register (kind 1), or refuses.
+func (f *FSM) MayRegister(g Registration) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.mayRegister(&g)
+}
+
+// mayRegister is the guard of Register.Guarded; mu is held.
+func (s *state) mayRegister(g *Registration) bool {
+	r := keyOf(g.ID)
+	r.node = g.Node
+	cb := ipOf(g.Callback)
+	r.cb, r.cbLen = cb.a, cb.n
+	return s.mayStore(&r)
+}
+
+// mayStore is mayRegister on a registration in its stored form (its key,
+// node and callback); mu is held.
+func (s *state) mayStore(r *rec) bool {
+	old, ok := s.regs.Get(*r)
+	if !ok {
+		return true
+	}
+	oldCB, cb := ip{a: old.cb, n: old.cbLen}, ip{a: r.cb, n: r.cbLen}
+	if r.node == "" && cb.n == 0 { // no lock manager named: it owns only what names none
+		return old.node == "" && oldCB.n == 0
+	}
+	if (Owner{Node: r.node, Callback: cb.addr()}).owns(old.node, oldCB) {
+		return true
+	}
+	// The serving node's lockd re-monitors a host that a lockd of an
+	// earlier serving node registered: it holds the clients' locks now.
+	return r.node != "" && r.node == s.last.Node && cb.addr().IsLoopback() && oldCB.addr().IsLoopback()
+}
 
 // Owned returns the MonIDs of the registrations that c, an Unregister or
 // UnregisterAll, would remove if applied now (its MonID, or its lock

@@ -126,7 +126,7 @@ func (g *gen) command() Command {
 		for i := range reg.Priv {
 			reg.Priv[i] = byte(g.r.Uint32())
 		}
-		return Register{Reg: reg}
+		return Register{Reg: reg, Guarded: g.r.IntN(2) == 0}
 	case n < 65:
 		return Unregister{ID: MonID{MonName: g.host(), My: g.my()}}
 	case n < 68:

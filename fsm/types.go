@@ -53,7 +53,20 @@ type Registration struct {
 type Command interface{ isCommand() }
 
 // Register adds or replaces (same MonID) a registration.
-type Register struct{ Reg Registration }
+//
+// With Guarded set (entry kind 14) it replaces an existing registration
+// only when the same lock manager asks (Reg's node and callback own it:
+// Owner.Owns) or when Reg was taken on the loopback of the node that now
+// serves (the node of the last Takeover) and the existing one was made on
+// a node's loopback too: that node's lockd holds the clients' locks, and
+// the callback must reach it. Otherwise the existing registration stays
+// as it is and Result.Refused is set. A guarded Register of a MonID that
+// does not exist adds it. Without Guarded (kind 1: the releases before
+// it, an operator's import) it always replaces.
+type Register struct {
+	Reg     Registration
+	Guarded bool
+}
 
 // Unregister removes the registration with this MonID (SM_UNMON); with a
 // non-zero Owner, only if Owner made it (Owner.Owns).
@@ -219,6 +232,9 @@ type Result struct {
 	// may reclaim).
 	Accepted bool
 	Matched  []Registration // PeerRebooted: registrations to call back (when Accepted)
+	// Refused: a guarded Register left an existing registration that
+	// another lock manager made as it was (Register.Guarded).
+	Refused bool
 }
 
 // Target is one distinct monitored host to notify after a takeover.
@@ -260,4 +276,9 @@ var (
 	// truncation, a checksum or count mismatch, unsorted or inconsistent
 	// content. The FSM is left unchanged.
 	ErrCorruptSnapshot = errors.New("fsm: corrupt snapshot")
+	// ErrOwnedElsewhere means a guarded Register was refused: the
+	// registration it would replace belongs to another lock manager
+	// (Register.Guarded). Package fsm never returns it; the layers above
+	// wrap it when they report a Result with Refused set.
+	ErrOwnedElsewhere = errors.New("fsm: the registration belongs to another lock manager")
 )

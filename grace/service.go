@@ -58,6 +58,10 @@ type Config struct {
 	// often the kernel is read (default 200 ms).
 	Settle time.Duration
 	Poll   time.Duration
+	// Node is this node's id: only an SM_MON taken here (a Register this
+	// node proposed that was not refused) is a client coming back to this
+	// node's lockd; "": any node's (tests of a lone node).
+	Node string
 	// Auto: nsmd ends grace as soon as the rule allows (grace_end auto);
 	// otherwise the kernel's timer alone does (grace_end timer).
 	Auto bool
@@ -201,9 +205,12 @@ func (s *Service) Serving(ctx context.Context) {
 func (s *Service) Wait() { s.wg.Wait() }
 
 // Observe sees every applied command (the cluster's observer, with its
-// signature; it does not block): an SM_MON or an NFSv4 Create after the
-// takeover is a client coming back.
-func (s *Service) Observe(index uint64, cmd fsm.Command, _ fsm.Result) {
+// signature; it does not block): an SM_MON taken on this node (Config.Node)
+// and not refused, or an NFSv4 Create, after the takeover is a client
+// coming back. An SM_MON taken on another member is not: that member's
+// lockd holds no locks here, and a local user there could otherwise end
+// this node's lockd grace before the real clients reclaimed.
+func (s *Service) Observe(index uint64, cmd fsm.Command, res fsm.Result) {
 	s.mu.Lock()
 	k, from := s.keeper, s.keeperFrom
 	s.mu.Unlock()
@@ -212,7 +219,9 @@ func (s *Service) Observe(index uint64, cmd fsm.Command, _ fsm.Result) {
 	}
 	switch c := cmd.(type) {
 	case fsm.Register:
-		k.Back(NLM, c.Reg.ID.MonName)
+		if !res.Refused && (s.cfg.Node == "" || c.Reg.Node == s.cfg.Node) {
+			k.Back(NLM, c.Reg.ID.MonName)
+		}
 	case fsm.ClientCreate:
 		k.Back(NFSv4, c.Name)
 	}

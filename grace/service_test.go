@@ -371,3 +371,40 @@ func TestServiceMarksTheTimelineAndTheHookFile(t *testing.T) {
 		t.Fatalf("last grace start %d %v", gs, at)
 	}
 }
+
+// Only an SM_MON taken on this node, and not refused, is a client coming
+// back to this node's lockd: one taken on another member (a local user
+// there naming the host) or refused by the ownership rule does not count
+// toward the end of lockd's grace; the serving node's own does. The
+// control, a Service that does not know its node, counts the other
+// member's.
+func TestOnlyThisNodesSMMonIsAClientBack(t *testing.T) {
+	for _, node := range []string{"n1", ""} {
+		t.Run("node="+node, func(t *testing.T) {
+			c := newFSMCluster(t)
+			clk := &fakeClock{t: time.Unix(30_000, 0)}
+			s, err := New(Config{Node: node, Proc: fakeProc(t, "Y\n", "Y\n"), Now: clk.now, Settle: time.Second, Auto: true}, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.s = s
+			reg := func(host, by string, guarded bool) fsm.Command {
+				return fsm.Register{Reg: fsm.Registration{ID: fsm.MonID{MonName: host, My: fsm.MyID{MyName: "srv", Prog: 100021, Vers: 4, Proc: 16}},
+					Node: by, Callback: netip.MustParseAddr("127.0.0.1"), Added: clk.now()}, Guarded: guarded}
+			}
+			c.apply(reg("h1", "n1", true), reg("h2", "n1", true))
+			s.Takeover(c.takeover(clk.now()))
+			back := func() int { return s.Status().NLM.Back }
+			c.apply(reg("h1", "witness", true)) // refused: n1's lockd made it
+			c.apply(reg("h2", "n2", false))     // taken on n2, another member
+			want := map[string]int{"n1": 0, "": 1}[node]
+			if n := back(); n != want {
+				t.Fatalf("%d clients back after SM_MONs taken on other members, want %d", n, want)
+			}
+			c.apply(reg("h1", "n1", true))
+			if n := back(); n != want+1 {
+				t.Fatalf("%d clients back after the serving node's lockd's SM_MON, want %d", n, want+1)
+			}
+		})
+	}
+}

@@ -22,6 +22,10 @@ var (
 	// ErrTooMany: the registrations cap (Config.MaxRegistrations) is
 	// reached and the SM_MON would add one.
 	ErrTooMany = errors.New("nsm: registrations cap reached")
+	// ErrUnprivLimit: an SM_MON from an unprivileged source port would
+	// monitor a new host beyond the bound of unprivileged local callers
+	// (Config.MonUnprivBurst).
+	ErrUnprivLimit = errors.New("nsm: new hosts from unprivileged local callers are over their bound")
 	// ErrUnresolved: mon_name does not resolve to any address.
 	ErrUnresolved = errors.New("nsm: host name does not resolve")
 	// ErrBadEnum: an XDR enum carried an undeclared value.

@@ -51,6 +51,9 @@ func (s *Service) monitor(ctx context.Context, c *oncrpc.Call, args *Mon) (int32
 	if err != nil {
 		return 0, err
 	}
+	if err := s.checkUnpriv(c, args.ID.MonName); err != nil {
+		return 0, err
+	}
 	s.log.Debug("SM_MON", "mon_name", args.ID.MonName, "my_name", args.ID.My.MyName, "from", c.Remote.String())
 	state, err := s.reg.Monitor(ctx, s.registration(c, args, addrs))
 	if err != nil {
@@ -81,6 +84,25 @@ func (s *Service) checkCap(id fsm.MonID) error {
 	}
 	if n := c.Count(); n >= s.cfg.MaxRegistrations && !c.Has(id) {
 		return fmt.Errorf("%d registrations, max_registrations %d: %w", n, s.cfg.MaxRegistrations, ErrTooMany)
+	}
+	return nil
+}
+
+// checkUnpriv refuses an SM_MON from loopback and an unprivileged source
+// port that would monitor a new host beyond the bound (monLimiter). A
+// privileged caller (lockd, a lock manager running as root), a trusted
+// remote caller, and an SM_MON of a host already monitored are not
+// counted.
+func (s *Service) checkUnpriv(c *oncrpc.Call, monName string) error {
+	if s.monLimit == nil || privileged(c.Remote) || !isLoopback(c.Remote) {
+		return nil
+	}
+	if s.reg.(HostChecker).Monitored(monName) {
+		return nil
+	}
+	if !s.monLimit.take(s.cfg.Now()) {
+		return fmt.Errorf("mon_name %q from %v: %w (mon_unprivileged_burst %d, one more every %v)",
+			monName, c.Remote, ErrUnprivLimit, s.cfg.MonUnprivBurst, s.cfg.MonUnprivEvery)
 	}
 	return nil
 }

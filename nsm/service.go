@@ -102,6 +102,24 @@ type Config struct {
 	// is taken on the VIP"). One refused is answered void, as statd
 	// answers one it ignores, and counted result="not_vip".
 	NotifyOn func(local netip.Addr) bool
+	// MonUnprivBurst and MonUnprivEvery bound the new hosts that local
+	// callers from an unprivileged source port (≥ 1024: not lockd, not a
+	// root process) may have monitored: an SM_MON from loopback naming a
+	// mon_name that no registration names yet takes a token from one
+	// bucket of MonUnprivBurst, one back every MonUnprivEvery (defaults 32
+	// and 10 min; MonUnprivBurst < 0: no bound); without one it is refused
+	// stat_fail, counted as nsmd_mon_refused_total{reason=
+	// "unprivileged_limit"}. Every loopback address and port is the same
+	// caller; trusted remote callers are not bounded. It needs a Registry
+	// that is a HostChecker (else no bound).
+	MonUnprivBurst int
+	MonUnprivEvery time.Duration
+}
+
+// HostChecker is what a Registry offers for Config.MonUnprivBurst:
+// whether any registration names a host (a local read).
+type HostChecker interface {
+	Monitored(monName string) bool
 }
 
 // ReadyNotifier is what a Registry may offer so that calls held for
@@ -147,6 +165,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.NotifyTrack == 0 {
 		c.NotifyTrack = 1 << 16
+	}
+	if c.MonUnprivBurst == 0 {
+		c.MonUnprivBurst = 32
+	}
+	if c.MonUnprivEvery == 0 {
+		c.MonUnprivEvery = 10 * time.Minute
 	}
 }
 
@@ -212,6 +236,8 @@ type Service struct {
 	log   *slog.Logger
 	m     *Metrics
 	limit *notifyLimiter // nil: SM_NOTIFY not limited
+	// monLimit bounds new hosts from unprivileged callers (nil: none).
+	monLimit *monLimiter
 	// refuseLog spaces the refusal log lines per caller address.
 	refuseLog *logLimiter
 	gate      *readyGate // where TCP calls held for readiness wait
@@ -258,6 +284,9 @@ func NewService(reg Registry, cfg Config) (*Service, error) {
 	}
 	if cfg.NotifyBurst > 0 {
 		svc.limit = newNotifyLimiter(cfg.NotifyBurst, cfg.NotifyEvery, cfg.NotifyTrack)
+	}
+	if _, ok := reg.(HostChecker); ok && cfg.MonUnprivBurst > 0 {
+		svc.monLimit = newMonLimiter(cfg.MonUnprivBurst, cfg.MonUnprivEvery, cfg.Now())
 	}
 	return svc, nil
 }
@@ -390,6 +419,10 @@ func refuseReason(err error) string {
 		return "unresolved"
 	case errors.Is(err, ErrTooMany):
 		return "registrations_cap"
+	case errors.Is(err, ErrUnprivLimit):
+		return "unprivileged_limit"
+	case errors.Is(err, fsm.ErrOwnedElsewhere):
+		return "owned_elsewhere"
 	}
 	return "registry"
 }
