@@ -11,7 +11,7 @@ MODIFIED ?= $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/d
 AGENT    := github.com/nsmd/nsmd/agent
 LDFLAGS  := -X $(AGENT).version=$(VERSION) -X $(AGENT).revision=$(REVISION) -X $(AGENT).modified=$(MODIFIED)
 
-.PHONY: all build run test unit e2e prev-release soak bench benchmarks fuzz lint cluster-files clean vm-kernel deb
+.PHONY: all build run test unit e2e prev-release fencecontrol soak bench benchmarks fuzz lint cluster-files clean vm-kernel deb
 
 all: build
 
@@ -31,9 +31,16 @@ test: lint
 
 # E2E_RUN=TestName runs one e2e test (with NSMD_E2E_SEED=N, a schedule).
 E2E_RUN ?= .
-e2e: build prev-release
+e2e: build prev-release fencecontrol
 	old=$${NSMD_E2E_OLD_BIN:-}; if [ -z "$$old" ] && [ -x out/nsmd-prev ]; then old=$(CURDIR)/out/nsmd-prev; fi; \
-	NSMD_E2E_OLD_BIN=$$old NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 35m -v -run '$(E2E_RUN)' ./e2e/
+	NSMD_E2E_OLD_BIN=$$old NSMD_E2E_FENCECONTROL_BIN=$(CURDIR)/out/nsmd-fencecontrol NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 35m -v -run '$(E2E_RUN)' ./e2e/
+
+# The fencing drills' negative control: a build whose new leader waits by
+# its own fence settings alone, ignoring the other servers' promises
+# (cluster/fencecontrol_on.go). For tests only; never install it.
+fencecontrol:
+	mkdir -p out
+	$(GO) build -tags fencecontrol -ldflags "$(LDFLAGS)" -o out/nsmd-fencecontrol ./cmd/nsmd
 
 # The previous release (the commit e2e/previous-release names), built from
 # this clone's history into out/nsmd-prev for the rolling-upgrade tests; a

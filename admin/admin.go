@@ -98,7 +98,8 @@ const overviewRows = 50
 //	     (/v1/status and /v1/overview show client names and the last hook
 //	     failure's output to privileged callers only: Status.ForReader)
 //	GET  /v1/registrations, /v1/nfsv4/clients          (privileged)
-//	POST /v1/leadership/transfer, /v1/drill/crash, /v1/import (privileged)
+//	POST /v1/leadership/transfer, /v1/fence/confirm, /v1/drill/crash,
+//	     /v1/import (privileged)
 //
 // The caller may add more routes (the status page) to the mux.
 func NewHandler(s Store, c HandlerConfig) *http.ServeMux {
@@ -118,6 +119,7 @@ func NewHandler(s Store, c HandlerConfig) *http.ServeMux {
 	mux.HandleFunc("GET /v1/registrations", p(h.registrations))
 	mux.HandleFunc("GET /v1/nfsv4/clients", p(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, s.NFSv4Clients()) }))
 	mux.HandleFunc("POST /v1/leadership/transfer", p(h.transfer))
+	mux.HandleFunc("POST /v1/fence/confirm", p(h.confirmFence))
 	mux.HandleFunc("POST /v1/drill/crash", p(h.crash))
 	mux.HandleFunc("POST /v1/import", p(h.importRegs))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })

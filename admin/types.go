@@ -107,6 +107,8 @@ type Fence struct {
 	// stopped before it serves.
 	Waiting  bool       `json:"waiting,omitempty"`
 	LastWait *FenceWait `json:"last_wait,omitempty"`
+	// Promises: what each serving node promises (admin/fence.go).
+	Promises *FencePromises `json:"promises,omitempty"`
 	// Hypervisor: what says this serving node runs under a hypervisor
 	// (the CPU's hypervisor flag, the DMI vendor); empty when nothing does.
 	Hypervisor string `json:"hypervisor,omitempty"`

@@ -159,6 +159,16 @@ func wireOfEveryPart() map[string]any {
 		"pipe": pipeJSON(cld.Status{Pipe: "/p/nfsd/cld", State: cld.StateOpen, Since: at, Version: 2,
 			LastGraceStart: at, LastGraceStartRecords: 3, Upcalls: map[string]uint64{"create": 4, "grace_start": 1}, Failed: 1}),
 		"pipe_waiting": pipeJSON(cld.Status{Pipe: "/p/nfsd/cld", State: cld.StateWaiting, Since: at, Upcalls: map[string]uint64{}}),
+		"fence_promises": &admin.FencePromises{
+			Servers: []admin.FencePromise{
+				{Node: "s1", Mode: "watchdog", WatchdogSeconds: 8, LeaseSeconds: 2.5, HookTimeoutSeconds: 60, MarginSeconds: 2, Source: "self"},
+				{Node: "s2", Mode: "off", LeaseSeconds: 2.5, HookTimeoutSeconds: 60, MarginSeconds: 2, Source: "record", Serving: true},
+				{Node: "s3", Mode: "unknown", Source: "unknown"},
+			},
+			Mismatch: true, Unproven: []string{"s2"},
+			Confirmations: []admin.FenceConfirmation{{Node: "s4", By: "alice (client certificate from 192.0.2.7)", At: at}},
+		},
+		"fence_confirm": admin.FenceConfirmResult{Node: "s2", By: "alice (token from 127.0.0.1)", Result: "confirmed"},
 	}
 }
 

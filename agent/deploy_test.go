@@ -88,6 +88,8 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 		{"slow disk for", "expr: nsmd_disk_slow == 1\n        for: 5m", "expr: nsmd_disk_slow == 1\n        for: 1m"},
 		{"tracking threshold", "expr: nsmd_cld_tracking_error == 1", "expr: nsmd_cld_tracking_error == 0"},
 		{"unfenced threshold", "expr: nsmd_fence_off == 1", "expr: nsmd_fence_off == 2"},
+		{"unproven threshold", "expr: nsmd_fence_unproven_nodes > 0", "expr: nsmd_fence_unproven_nodes > 1"},
+		{"promise mismatch for", "(nsmd_fence_promise_mismatch) == 1\n        for: 10m", "(nsmd_fence_promise_mismatch) == 1\n        for: 1m"},
 		{"pause uncovered threshold", "expr: nsmd_fence_pause_uncovered == 1", "expr: nsmd_fence_pause_uncovered == 0"},
 		{"stop-failed leader check", "and on (job, instance) nsmd_is_leader == 0", "and on (job, instance) nsmd_is_leader >= 0"},
 		{"registrations cap threshold", "0.8 * nsmd_registrations_max", "1.8 * nsmd_registrations_max"},

@@ -20,6 +20,9 @@ import (
 // status and metrics.
 func (a *Agent) fencing(c *cluster.Config) error {
 	cfg := a.cfg
+	if cluster.FenceControlBuild() {
+		a.log.Error("this nsmd was built with the fencecontrol tag, the fencing drills' negative control: as a new leader it waits by its own fence settings alone and may serve beside a server that still holds the storage; never run it in production")
+	}
 	if !cfg.Serves() {
 		// A witness, or a node without an on_leader hook: it serves no
 		// storage, and a cluster of such nodes has nothing to fence.
@@ -112,6 +115,7 @@ func (a *Agent) fenceStatus() admin.Fence {
 		}
 		out.Watchdog = w
 	}
+	out.Promises = a.fencePromises()
 	if lw := fs.LastWait; lw != nil {
 		w := &admin.FenceWait{At: lw.At.UTC(), Seconds: lw.Took.Seconds(), Aborted: lw.Aborted}
 		for _, p := range lw.Nodes {
@@ -162,4 +166,25 @@ func (a *Agent) registerFenceMetrics(hostRoot string) error {
 // that covers a pause of its VM.
 func pauseUncovered(mode, hypervisor string) bool {
 	return mode == "watchdog" && hypervisor != ""
+}
+
+// fencePromises is GET /v1/status's "fence.promises" (nil on a node that
+// serves no storage).
+func (a *Agent) fencePromises() *admin.FencePromises {
+	if !a.cfg.Serves() {
+		return nil
+	}
+	v := a.node.Promises()
+	out := &admin.FencePromises{Mismatch: v.Mismatch, Unproven: v.Unproven, Servers: []admin.FencePromise{}}
+	for _, s := range v.Servers {
+		out.Servers = append(out.Servers, admin.FencePromise{
+			Node: s.Node, Mode: s.Promise.Mode.String(), Source: s.Source, Serving: s.Serving,
+			WatchdogSeconds: s.Promise.WatchdogTimeout.Seconds(), LeaseSeconds: s.Promise.Lease.Seconds(),
+			HookTimeoutSeconds: s.Promise.HookTimeout.Seconds(), MarginSeconds: s.Promise.Margin.Seconds(),
+		})
+	}
+	for _, c := range v.Confirmations {
+		out.Confirmations = append(out.Confirmations, admin.FenceConfirmation{Node: c.Node, By: c.By, At: c.At.UTC()})
+	}
+	return out
 }

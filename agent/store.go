@@ -101,6 +101,17 @@ func (s adminStore) Import(ctx context.Context, regs []fsm.Registration, state i
 
 func (s adminStore) Crash() { s.a.crash() }
 
+// ConfirmOff records an operator's confirmation that node is off (POST
+// /v1/fence/confirm): the cluster refuses this node, the leader and a
+// node that answers that it serves.
+func (s adminStore) ConfirmOff(ctx context.Context, node, by string) error {
+	err := s.a.node.ConfirmOff(ctx, node, by)
+	if errors.Is(err, cluster.ErrConfirmRefused) {
+		return admin.BadRequest(err)
+	}
+	return err
+}
+
 // TransferLeadership hands leadership over and waits (bounded) until this
 // node has heard of the new leader: the transfer returns once the target
 // started its election.

@@ -113,6 +113,9 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	if n.raft.State() != raft.Leader {
 		return fsm.Result{}, ErrNotLeader
 	}
+	if handled, err := n.gateServing(cmd); handled { // kinds 15 and 17 (promise.go)
+		return fsm.Result{State: n.fsm.State()}, err
+	}
 	if res, lowered, err := n.lowerOnLeader(ctx, cmd); lowered {
 		return res, err
 	}

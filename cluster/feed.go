@@ -109,7 +109,7 @@ func (n *Node) proofEnd(hookUntil int64) time.Time {
 // than the read lease (a busy machine's confirmations come late, and a
 // healthy leader must not be reset for it; raft itself steps down after
 // LeaderLeaseTimeout without a quorum), and what a successor adds to its
-// election time in fenceNotBefore.
+// election time (peerBound, promise.go).
 func (n *Node) fenceLease() time.Duration {
 	return max(n.cfg.HeartbeatTimeout, n.cfg.LeaderLeaseTimeout)
 }
@@ -157,6 +157,7 @@ func (n *Node) stopped(err error, atStart bool) {
 	if err == nil {
 		n.serving.Store(false)
 		n.stopFailed.Store(false)
+		n.stoppedRecording() // clear the serving record (promise.go)
 		if n.cfg.Watchdog != nil {
 			disarm := n.cfg.Watchdog.Disarm
 			if atStart {

@@ -237,6 +237,10 @@ func (n *Node) forwardable(cmd fsm.Command) (fsm.Command, error) {
 	switch c := cmd.(type) {
 	case fsm.Register, fsm.Unregister, fsm.UnregisterAll, fsm.PeerRebooted:
 		return cmd, nil
+	case fsm.ServingEnd, fsm.FenceConfirm:
+		// A node that stopped clears its serving record; an operator's
+		// confirmation taken on another member (promise.go).
+		return cmd, nil
 	case fsm.Takeover:
 		if c.Reason != reasonSimuCrash && c.Reason != reasonImport {
 			return nil, fmt.Errorf("a forwarded takeover must be an SM_SIMU_CRASH or an import, not %q", c.Reason)

@@ -111,6 +111,7 @@ func (c *tcluster) start(i int) {
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout = 300*time.Millisecond, 300*time.Millisecond
 	cfg.LeaderLeaseTimeout, cfg.HoldTimeout = 150*time.Millisecond, 2*time.Second
 	cfg.ClusterKey = []byte("test-cluster-key") // inmem raft addresses carry no IPs to match
+	cfg.staticRecords = true                    // every member applies serving records (no gossip to say so)
 	cfg.OnLeader = func(_ context.Context, _ fsm.Takeover, state int32) error {
 		c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
 		return nil

@@ -274,6 +274,13 @@ func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
 			n.serving.Store(false) // nothing started
 			n.log.Error("cannot arm the watchdog: not serving without a fence", "err", err)
 			n.fault("watchdog", err)
+		} else if err := n.recordServing(ctx); err != nil {
+			n.stoppedServing(nil) // nothing started: disarm, not serving
+			if ctx.Err() != nil {
+				return false
+			}
+			n.log.Error("cannot record that this node serves: not serving unrecorded", "err", err)
+			n.fault("serving_record", err)
 		} else {
 			n.fence.mu.Lock()
 			n.fence.hookUntil = n.mono() + int64(n.cfg.HookTimeout+2*time.Second)

@@ -99,6 +99,9 @@ type nodeMeta struct {
 	// Disk is the node's data directory as it measures it (diskslow.go);
 	// nil from a node that does not report one.
 	Disk *diskReport `json:"dk,omitempty"`
+	// Promise is the node's fencing promise (promise.go: "none", or
+	// mode/timeout/lease/hook/margin in ms); absent in older releases.
+	Promise string `json:"fp,omitempty"`
 }
 
 func decodeMeta(b []byte) (nodeMeta, error) {
@@ -181,7 +184,7 @@ func newMembership(n *Node) (*membership, error) {
 		meta: nodeMeta{
 			V: metaVersion, ID: n.cfg.NodeID, Raft: string(n.trans.LocalAddr()),
 			NSM: n.cfg.NSMAddr, Version: n.cfg.Version, Witness: n.cfg.Witness, FSM: n.cfg.commandLevel(),
-			Cluster: gc.ClusterID, Disk: &diskReport{},
+			Cluster: gc.ClusterID, Disk: &diskReport{}, Promise: n.metaPromise(),
 		},
 		clusterID:      gc.ClusterID,
 		versionsWarned: map[string]struct{}{},
@@ -450,6 +453,18 @@ func (m *membership) lastLevel(id string) (level int, known bool) {
 		return 0, false
 	}
 	return p.meta.FSM, true
+}
+
+// promiseOf is the fencing promise member id last advertised, alive or
+// not; ok is false when gossip never had its metadata or it has none.
+func (m *membership) promiseOf(id string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.peers[id]
+	if !ok || !p.metaOK || p.meta.Promise == "" {
+		return "", false
+	}
+	return p.meta.Promise, true
 }
 
 // isAlive reports whether gossip sees member id alive.
@@ -761,6 +776,12 @@ func (m *membership) reconcile(ctx context.Context) {
 				adds = append(adds, change{id, addr})
 			}
 		case p.state == stateLeft && ok:
+			if _, serving := m.n.fsm.ServingRecordOf(p.id); serving {
+				// It left, but it is recorded as serving: it may still
+				// hold the storage, and stays until it is fenced.
+				m.log.Debug("reconcile: keeping a member that left while recorded as serving", "id", p.id)
+				continue
+			}
 			removes = append(removes, change{id, s.Address})
 		}
 	}

@@ -179,6 +179,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 			return 0
 		}),
 	}
+	cs = append(cs, promiseMetrics(n)...)
 	for _, op := range []string{"raft_log", "raft_stable", "probe"} {
 		m.diskWrite.WithLabelValues(op)
 	}

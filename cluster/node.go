@@ -129,6 +129,12 @@ type Config struct {
 	// than this (median over 2 s) stays out of leadership (diskslow.go);
 	// 0 turns the check off.
 	DiskSlowThreshold time.Duration
+	// ownSettingsOnly: as a new leader this node waits by its own fence
+	// settings alone (promise.go; the tests' negative control).
+	ownSettingsOnly bool
+	// staticRecords: a static Voters cluster (no gossip to advertise
+	// levels) whose members all apply kinds 15–17 (tests).
+	staticRecords bool
 	// olderFSM: the node advertises fsm.CommandLevel 0, as a release
 	// before owner commands would (tests of the rolling-upgrade gate).
 	olderFSM bool
@@ -196,9 +202,17 @@ type Config struct {
 	// ask, unless FenceAgent (retried until it succeeds; onAttempt hears of
 	// each failed try) reports that node off first. With neither, a new
 	// leader serves without waiting: fencing is off.
-	Watchdog     Watchdog
-	FenceTimeout time.Duration
-	FenceAgent   func(ctx context.Context, node string, onAttempt func(try int, err error)) error
+	//
+	// ServesStorage says OnLeader serves shared storage (an on_leader
+	// hook): the node publishes its fencing promise, records that it serves
+	// before OnLeader, and as a new leader proves every other serving node
+	// stopped by that node's promise (promise.go). Any fence setting
+	// implies it. Without it (no hook: a plain statd replacement, the dev
+	// cluster) nobody waits for anything.
+	ServesStorage bool
+	Watchdog      Watchdog
+	FenceTimeout  time.Duration
+	FenceAgent    func(ctx context.Context, node string, onAttempt func(try int, err error)) error
 
 	// Runtime dependencies; nil: discard the log, a private registry,
 	// time.Now.
@@ -355,6 +369,7 @@ type Node struct {
 	serving      atomic.Bool   // from before OnLeader until a stop succeeded (serving.go)
 	stopFailed   atomic.Bool   // the last stop failed: the watchdog resets this node
 	fence        fencing
+	prom         promises // fencing promises, serving records, confirmations (promise.go)
 	// vipUnsureUntil (unix ns): a term of this node ended before it took
 	// the VIP, so a previous holder may still have it until then; asked
 	// about the VIP, this node says "held" (cluster/vip.go).
@@ -394,6 +409,7 @@ func New(cfg Config) (*Node, error) {
 	// Until its stop at start succeeded, a node whose previous process may
 	// have served says it serves (serving.go).
 	n.serving.Store(cfg.StopAtStart != nil)
+	n.prom.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.Registerer, n)
 	if err != nil {
@@ -531,6 +547,10 @@ func (n *Node) Start() {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.fenceLoop() }()
 	}
+	if n.servesStorage() {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.servingRecordLoop() }()
+	}
 	go func() { defer n.wg.Done(); n.leaseLoop() }()
 	go func() { defer n.wg.Done(); n.disk.run(n.ctx.Done(), n.cfg.DiskProbeInterval) }()
 	go func() { defer n.wg.Done(); n.observeLeadership() }()
@@ -567,7 +587,18 @@ func (n *Node) stop(graceful bool) error {
 			case <-n.ctx.Done():
 			}
 		}
-		if graceful && n.member != nil {
+		if graceful && n.servesStorage() && !n.mayStillServe() {
+			// Its stop succeeded: say so before leaving, so the record
+			// that names it does not outlive it.
+			cctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
+			n.clearServingRecord(cctx)
+			cancel()
+		}
+		if graceful && n.member != nil && n.mayStillServe() {
+			// Its stop failed (or never ran): it may still hold the
+			// storage, so it stays a member for the next leader to fence.
+			n.log.Error("this node may still serve (its stop failed): not leaving the cluster, so the next leader fences it")
+		} else if graceful && n.member != nil {
 			if e := n.member.leave(2 * time.Second); e != nil {
 				n.log.Warn("gossip leave failed", "err", e)
 			}
@@ -608,6 +639,10 @@ func (n *Node) closeStores() {
 // the log at start-up (replays), and wakes what waits for a takeover.
 func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 	n.applied(Applied{Index: index, Cmd: cmd, Result: res, Replay: index <= n.bootIndex})
+	switch cmd.(type) {
+	case fsm.ServingBegin, fsm.ServingEnd, fsm.FenceConfirm:
+		n.observeServing(cmd)
+	}
 	if _, ok := cmd.(fsm.Takeover); ok {
 		// This node may know the current incarnation now (Ready): wake
 		// the calls and writes waiting for it.

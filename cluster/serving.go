@@ -203,120 +203,6 @@ func (n *Node) FenceStatus() FenceStatus {
 	return s
 }
 
-// fenceNotBefore is when every node that served before this leader's term
-// must have been reset by its watchdog, unless it stopped: it fed its
-// watchdog only while a quorum had confirmed its leadership within the
-// fence lease, and that confirmation was before this node's election (a
-// quorum voted for this term first, and a voter answers no older term
-// after it voted), so its feeding ended by elected + fence lease and its
-// reset by that + the fence timeout (+ margin: whole seconds, one more
-// ping at an unclean close, the reset itself).
-func (n *Node) fenceNotBefore(elected time.Time) time.Time {
-	return elected.Add(n.fenceLease() + n.cfg.FenceTimeout + fenceMargin)
-}
-
-// awaitFenced returns once every other serving voter is proven not to
-// serve (see the rule above), or false when ctx ended first.
-func (n *Node) awaitFenced(ctx context.Context, elected time.Time) bool {
-	if !n.fencingOn() {
-		return true
-	}
-	start := time.Now()
-	peers := n.servingVoters()
-	n.fence.mu.Lock()
-	n.fence.waiting = true
-	n.fence.mu.Unlock()
-	results := make([]FencedPeer, len(peers))
-	var wg sync.WaitGroup
-	for i, p := range peers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = n.fencePeer(ctx, string(p.ID), elected)
-			results[i].Took = time.Since(start)
-		}()
-	}
-	wg.Wait()
-	w := &FenceWait{At: time.Now(), Nodes: results, Took: time.Since(start)}
-	if ctx.Err() != nil {
-		w.Aborted = "leadership ended"
-	}
-	n.fence.mu.Lock()
-	n.fence.waiting, n.fence.lastWait = false, w
-	n.fence.mu.Unlock()
-	if ctx.Err() != nil {
-		return false
-	}
-	for _, r := range results {
-		n.metrics.fenceWaits.WithLabelValues(r.By).Inc()
-	}
-	n.metrics.fenceWaitSeconds.Observe(w.Took.Seconds())
-	if len(peers) > 0 {
-		n.log.Info("every other serving node is proven stopped", "took", w.Took.Round(time.Millisecond), "nodes", results)
-	}
-	return true
-}
-
-// fencePeer proves that peer does not serve: by its own answer (asked
-// every 100 ms), else by the fence agent (when one is configured: at once
-// when the peer cannot be asked, after StandDownWait when it keeps saying
-// it serves), else by the watchdog's deadline.
-func (n *Node) fencePeer(ctx context.Context, peer string, elected time.Time) FencedPeer {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	res := make(chan FencedPeer, 3)
-	go func() { // its own answer
-		if detail, ok := n.askUntilClear(ctx, peer); ok {
-			res <- FencedPeer{Node: peer, By: "clean", Detail: detail}
-		}
-	}()
-	if n.cfg.FenceAgent != nil {
-		go func() {
-			// Give a live peer that stands down StandDownWait to finish;
-			// one that cannot be asked is fenced at once.
-			if !n.peerUnreachable(ctx, peer) {
-				t := time.NewTimer(n.cfg.StandDownWait)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					return
-				}
-			}
-			n.log.Warn("fencing a node that may still serve", "node", peer)
-			tries := 0
-			err := n.cfg.FenceAgent(ctx, peer, func(try int, err error) {
-				tries = try
-				n.metrics.fenceAgentRuns.WithLabelValues("failed").Inc()
-				n.log.Error("fence agent failed; retrying", "node", peer, "try", try, "err", err)
-			})
-			if err == nil {
-				n.metrics.fenceAgentRuns.WithLabelValues("ok").Inc()
-				n.log.Info("fence agent reports the node off", "node", peer, "failed_tries", tries)
-				res <- FencedPeer{Node: peer, By: "agent"}
-			}
-		}()
-	} else if n.cfg.FenceTimeout > 0 {
-		go func() {
-			until := n.fenceNotBefore(elected)
-			n.log.Info("waiting until a node that may still serve must have been reset by its watchdog", "node", peer, "until", until.Format(time.RFC3339Nano))
-			t := time.NewTimer(time.Until(until))
-			defer t.Stop()
-			select {
-			case <-t.C:
-				res <- FencedPeer{Node: peer, By: "watchdog", Detail: "elected + heartbeat timeout + fence_timeout + margin passed"}
-			case <-ctx.Done():
-			}
-		}()
-	}
-	select {
-	case r := <-res:
-		return r
-	case <-ctx.Done():
-		return FencedPeer{Node: peer, By: "aborted"}
-	}
-}
-
 // peerUnreachable asks peer once: true when it cannot be asked at all
 // (dead host, refused port, no address).
 func (n *Node) peerUnreachable(ctx context.Context, peer string) bool {
@@ -377,6 +263,11 @@ func (n *Node) peerNSMAddr(id string) string {
 	}
 	if addr == "" {
 		addr = n.cfg.PeerNSMAddrs[id]
+	}
+	if addr == "" { // gone from gossip: where it said it answers when it began serving
+		if r, ok := n.fsm.ServingRecordOf(id); ok {
+			addr = r.NSMAddr
+		}
 	}
 	return addr
 }

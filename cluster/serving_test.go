@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -178,15 +180,24 @@ type fencedCluster struct {
 }
 
 func newFencedCluster(t *testing.T, size int, fenceTimeout time.Duration, tune func(*Config)) *fencedCluster {
+	return newFencedClusterEach(t, size, func(string) time.Duration { return fenceTimeout }, tune)
+}
+
+// newFencedClusterEach is newFencedCluster with each node's own watchdog
+// timeout (0: that node runs with fence_watchdog off). Every node serves
+// storage (an on_leader hook).
+func newFencedClusterEach(t *testing.T, size int, timeoutOf func(id string) time.Duration, tune func(*Config)) *fencedCluster {
 	fc := &fencedCluster{machines: map[string]*machine{}}
 	for i := range size {
-		fc.machines[fmt.Sprintf("n%d", i+1)] = &machine{timeout: fenceTimeout}
+		id := fmt.Sprintf("n%d", i+1)
+		fc.machines[id] = &machine{timeout: timeoutOf(id)}
 	}
 	fc.tcluster = newTestCluster(t, size, func(cfg *Config) {
 		m := fc.machines[cfg.NodeID]
 		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 300*time.Millisecond, 300*time.Millisecond, 150*time.Millisecond
-		if fenceTimeout > 0 {
-			cfg.Watchdog, cfg.FenceTimeout = m, fenceTimeout
+		cfg.ServesStorage = true
+		if ft := timeoutOf(cfg.NodeID); ft > 0 {
+			cfg.Watchdog, cfg.FenceTimeout = m, ft
 		}
 		prevLeader := cfg.OnLeader
 		cfg.OnLeader = func(ctx context.Context, tk fsm.Takeover, state int32) error {
@@ -266,17 +277,76 @@ func TestSuccessorWaitsUntilAKilledServersWatchdogMustHaveResetIt(t *testing.T) 
 	t.Logf("reset at +%v after the kill's ping; successor served %v after that", fenceTimeout, next.at.Sub(resetAt).Round(time.Millisecond))
 }
 
-// The negative control: without fencing the successor serves beside a
-// killed server whose host still serves (nothing resets it).
-func TestWithoutFencingASuccessorServesBesideAKilledServer(t *testing.T) {
-	fc := newFencedCluster(t, 3, 0, nil)
-	first := fc.waitTakeover(10 * time.Second)
-	fc.killNode(nodeIndex(fc.tcluster, first.node))
-	next := fc.waitTakeover(20 * time.Second)
-	if until := fc.machines[first.node].servedUntil(); !until.IsZero() && !next.at.Before(until) {
-		t.Fatalf("the check would miss it: old host stopped at %v, successor at %v", until, next.at)
+// With fencing off everywhere (no watchdog, no agent) a killed server
+// promised nothing: the successor serves only once an operator confirms
+// it off. The negative control, the successor waiting by its own settings
+// (off: nothing), serves beside the killed server whose host still serves.
+func TestWithFencingOffASuccessorServesOnlyOnceAnOperatorConfirms(t *testing.T) {
+	t.Run("promise", func(t *testing.T) {
+		fc := newFencedCluster(t, 3, 0, nil)
+		first := fc.waitTakeover(10 * time.Second)
+		fc.killNode(nodeIndex(fc.tcluster, first.node))
+		li, ln := fc.leader(10 * time.Second)
+		testutil.WaitFor(t, 5*time.Second, "the new leader to wait for the killed server", func() bool {
+			return slices.Contains(ln.n.Promises().Unproven, first.node)
+		})
+		select {
+		case ev := <-fc.takeovers:
+			t.Fatalf("%s served beside the killed %s, which promised nothing and was not confirmed off", ev.node, first.node)
+		case <-time.After(3 * time.Second):
+		}
+		var follower *tnode
+		for i, tn := range fc.nodes {
+			if i != li && tn.alive {
+				follower = tn
+			}
+		}
+		if err := follower.n.ConfirmOff(context.Background(), first.node, "test operator"); err != nil {
+			t.Fatalf("confirm through the follower %s: %v", follower.id, err)
+		}
+		confirmedAt := time.Now()
+		next := fc.waitTakeover(10 * time.Second)
+		if next.at.Before(confirmedAt.Add(-time.Second)) {
+			t.Fatalf("%s served at %v, before the confirmation at %v", next.node, next.at, confirmedAt)
+		}
+		w := fc.nodes[nodeIndex(fc.tcluster, next.node)].n.FenceStatus().LastWait
+		if p := fencedBy(w, first.node); p.By != "confirmed" || !strings.Contains(p.Detail, "test operator") {
+			t.Fatalf("%s proven stopped by %+v, want the operator's confirmation", first.node, p)
+		}
+		// The live third server, which promised nothing either, was asked
+		// (with fencing off on the asker too) and answered.
+		for _, p := range w.Nodes {
+			if p.Node != first.node && p.By != "clean" {
+				t.Errorf("the live %s proven stopped by %+v, want its answer", p.Node, p)
+			}
+		}
+		if len(w.Nodes) != 2 {
+			t.Errorf("the wait named %d nodes, want both other servers", len(w.Nodes))
+		}
+	})
+	t.Run("control: own settings only", func(t *testing.T) {
+		fc := newFencedCluster(t, 3, 0, func(cfg *Config) { cfg.ownSettingsOnly = true })
+		first := fc.waitTakeover(10 * time.Second)
+		fc.killNode(nodeIndex(fc.tcluster, first.node))
+		next := fc.waitTakeover(20 * time.Second)
+		if until := fc.machines[first.node].servedUntil(); !until.IsZero() && !next.at.Before(until) {
+			t.Fatalf("the control would miss it: old host stopped at %v, successor at %v", until, next.at)
+		}
+		t.Logf("caught: %s serves from %s while the killed %s still does", next.node, next.at.Format(time.StampMilli), first.node)
+	})
+}
+
+// fencedBy is how w proved node stopped (zero when w does not name it).
+func fencedBy(w *FenceWait, node string) FencedPeer {
+	if w == nil {
+		return FencedPeer{}
 	}
-	t.Logf("caught: %s serves from %s while the killed %s still does", next.node, next.at.Format(time.StampMilli), first.node)
+	for _, p := range w.Nodes {
+		if p.Node == node {
+			return p
+		}
+	}
+	return FencedPeer{}
 }
 
 func TestSuccessorServesAtOnceAfterACleanStop(t *testing.T) {

@@ -68,6 +68,9 @@ func (c Config) ClusterConfig() cluster.Config {
 		// Used with raft_tls only (the agent sets RaftTLS).
 		RaftHandshakesPerHost: c.RaftHandshakesPerHost,
 	}
+	// A node with an on_leader hook serves the storage: it publishes its
+	// fencing promise, and as a new leader proves the others stopped.
+	cc.ServesStorage = c.Serves()
 	if c.Serves() && c.FenceWatchdog != FenceOff {
 		// Every serving node of the cluster arms a watchdog with this
 		// timeout: a new leader counts on it for nodes it cannot ask.

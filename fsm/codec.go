@@ -26,6 +26,9 @@ import (
 //	UnregisterAll (12) = myid owner                      (Owner not zero)
 //	Takeover      (13) = as kind 4                        (Wrap set)
 //	Register      (14) = registration                     (Guarded set)
+//	ServingBegin  (15) = servingrec
+//	ServingEnd    (16) = node time(at)
+//	FenceConfirm  (17) = node str(by) time(at)             (by ≤ 256)
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
@@ -33,6 +36,10 @@ import (
 //	owner    = str(node) addr(callback)   (callback: 4 or 16 bytes, never empty)
 //	str(x)   = len:uvarint bytes        (len ≤ 1024; reason ≤ 256; princ_hash ≤ 32)
 //	cname    = str(name), 1…1024 bytes (an empty client name is refused)
+//	node     = str(node), 1…1024 bytes (an empty node is refused)
+//	servingrec = node str(nsm_addr) promise time(since)      (nsm_addr ≤ 256)
+//	promise  = mode:u8(1 off, 2 agent, 3 watchdog) watchdog_timeout lease
+//	           hook_timeout margin      (each uvarint ns ≤ MaxPromiseDuration)
 //	addr     = len:u8 (0, 4 or 16) bytes
 //	time     = Unix nanoseconds, int64 big-endian, 0 = zero time
 //	varint   = zigzag signed varint, within int32
@@ -61,6 +68,10 @@ import (
 // without Guarded is still kind 1. A build that applied kind 1 in its
 // place would replace a registration the guard keeps, so it is proposed
 // only once every member advertises CommandLevel ≥ 2.
+//
+// Kinds 15–17 (who serves, and what it promised: serving.go) are new
+// commands with no older equivalent; they are proposed only once every
+// member advertises CommandLevel ≥ 2, and never lowered.
 const (
 	entryVersion = 1
 
@@ -250,6 +261,9 @@ func (e *encoder) command(c Command) error {
 	case nil:
 		return fmt.Errorf("nil command")
 	default:
+		if ok, err := e.servingCommand(c); ok {
+			return err
+		}
 		return fmt.Errorf("unknown command type %T", c)
 	}
 }
@@ -517,6 +531,9 @@ func (d *decoder) command() Command {
 	case kindGraceDone:
 		return GraceDone{}
 	default:
+		if c, ok := d.servingCommand(k); ok {
+			return c
+		}
 		if d.err == nil {
 			d.fail("unknown command kind %d", k)
 		}

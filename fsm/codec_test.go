@@ -34,6 +34,11 @@ func sampleCommands() []Command {
 		ClientCheck{Name: "\x00"},
 		GraceStart{},
 		GraceDone{},
+		ServingBegin{Node: "s1", NSMAddr: "192.0.2.1:1011", Promise: Promise{Mode: FenceWatchdog, WatchdogTimeout: 8 * time.Second, Lease: 2500 * time.Millisecond, HookTimeout: time.Minute, Margin: 2 * time.Second}, At: time.Unix(3, 0).UTC()},
+		ServingBegin{Node: strings.Repeat("s", MaxNameLen), Promise: Promise{Mode: FenceOff}},
+		ServingBegin{Node: "s2", Promise: Promise{Mode: FenceAgent, HookTimeout: MaxPromiseDuration}},
+		ServingEnd{Node: "s1", At: time.Unix(4, 0).UTC()},
+		FenceConfirm{Node: "s2", By: "admin 192.0.2.9 (operator certificate)", At: time.Unix(5, 0).UTC()},
 	}
 }
 

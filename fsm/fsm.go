@@ -62,6 +62,11 @@ type state struct {
 	v4Current  uint64
 	v4Recovery uint64
 	v4Both     int // names in both v4cur and v4rec; derived, not snapshotted
+
+	// Who may serve, and the operators' confirmations that a node is off
+	// (serving.go); replaced, never changed in place; nil when empty.
+	serving   map[string]ServingRecord
+	confirmed map[string]Confirmation
 }
 
 func newState() state {
@@ -214,6 +219,7 @@ func (f *FSM) apply(c Command, term uint64) Result {
 		c.Wrap = false // a property of the command, not of the state (snapshots do not keep it)
 		s.last = c
 		s.lastTerm = term
+		s.unconfirm(c.Node) // it may serve again: an operator's "off" no longer holds
 		return Result{State: s.sm}
 	case PeerRebooted:
 		matched := s.match(c.MonName, ipOf(c.From))
@@ -265,6 +271,9 @@ func (f *FSM) apply(c Command, term uint64) Result {
 		s.v4rec = newV4Tree()
 		s.v4Recovery = 0
 		s.v4Both = 0
+		return Result{State: s.sm}
+	case ServingBegin, ServingEnd, FenceConfirm:
+		s.applyServing(c)
 		return Result{State: s.sm}
 	}
 	return Result{State: s.sm} // unreachable: Decode yields only the types above
@@ -550,8 +559,9 @@ func (f *FSM) Get(id MonID) (Registration, bool) {
 // CommandLevel is the newest optional set of entry kinds this build
 // applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
 // UnregisterAll with an Owner) and 13 (Takeover with Wrap); 2 adds kind
-// 14 (Register with Guarded). A cluster proposes a level's kinds only
-// once every member advertises that level.
+// 14 (Register with Guarded) and kinds 15–17 (ServingBegin, ServingEnd,
+// FenceConfirm: who serves, and what it promised). A cluster proposes a
+// level's kinds only once every member advertises that level.
 const CommandLevel = 2
 
 // MayRegister reports whether a guarded Register of g would add or

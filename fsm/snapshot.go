@@ -38,21 +38,36 @@ import (
 // when v4_recovery is 0). The stream is canonical: equal state (and index)
 // gives equal bytes, so Digest hashes it with the index set to 0.
 //
+// Version 4 is version 3 with two more sections and their trailer counts
+// (after v4rec_count), written only when the state has an entry for one
+// of them — so a cluster that never recorded a serving node keeps writing
+// version 3, byte for byte, which the previous release reads:
+//
+//	  6 serving  servingrec*                          strictly ascending by node
+//	  7 confirmed (node str(by) time(at))*            strictly ascending by node
+//	trailer      … v4rec_count:u64 serving_count:u64 confirmed_count:u64 crc32c:u32
+//
+// (servingrec as in kind 15, codec.go). An older release refuses version 4
+// (ErrVersion): it never restores a state it would not know.
+//
 // Version 2 is version 3 without the v4 epochs, sections 4 and 5 and their
 // trailer counts; version 1 is version 2 without takeover_term. Restore
 // still reads both (takeover term 0 for version 1; v4 epochs 1 and 0, no
-// client records) and Persist writes version 3 only.
+// client records) and Persist writes version 3 or 4.
 const (
 	snapMagic    = "NSMDSNP1"
-	snapVersion  = 3 // written; snapVersion1 and snapVersion2 are still read
+	snapVersion  = 3 // written without serving records; 1 and 2 are still read
 	snapVersion1 = 1
 	snapVersion2 = 2
+	snapVersion4 = 4 // written with serving records or confirmations
 
 	tagScalars = 1
 	tagSeen    = 2
 	tagRegs    = 3
 	tagV4Cur   = 4
 	tagV4Rec   = 5
+	tagServing = 6
+	tagConfirm = 7
 
 	frameTarget = 64 << 10 // flush a frame once it holds this much
 	maxFrame    = 1 << 20  // the reader's cap on one frame
@@ -148,7 +163,11 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 		tab:   crc32.MakeTable(crc32.Castagnoli),
 		frame: encoder{b: make([]byte, 0, 4<<10)},
 	}
-	w.write(append([]byte(snapMagic), snapVersion))
+	version := byte(snapVersion)
+	if len(st.serving) > 0 || len(st.confirmed) > 0 {
+		version = snapVersion4
+	}
+	w.write(append([]byte(snapMagic), version))
 
 	w.begin(tagScalars)
 	e := &w.frame
@@ -186,12 +205,19 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 	w.v4Section(tagV4Cur, st.v4cur)
 	w.v4Section(tagV4Rec, st.v4rec)
 
-	var tr [36]byte
-	binary.BigEndian.PutUint64(tr[4:], uint64(st.seen.Len()))
-	binary.BigEndian.PutUint64(tr[12:], uint64(st.regs.Len()))
-	binary.BigEndian.PutUint64(tr[20:], uint64(st.v4cur.Len()))
-	binary.BigEndian.PutUint64(tr[28:], uint64(st.v4rec.Len()))
-	w.write(tr[:]) // end frame (length 0) and counts
+	tr := make([]byte, 4, 52)
+	tr = binary.BigEndian.AppendUint64(tr, uint64(st.seen.Len()))
+	tr = binary.BigEndian.AppendUint64(tr, uint64(st.regs.Len()))
+	tr = binary.BigEndian.AppendUint64(tr, uint64(st.v4cur.Len()))
+	tr = binary.BigEndian.AppendUint64(tr, uint64(st.v4rec.Len()))
+	if version == snapVersion4 {
+		if err := w.servingSections(st); err != nil {
+			return err
+		}
+		tr = binary.BigEndian.AppendUint64(tr, uint64(len(st.serving)))
+		tr = binary.BigEndian.AppendUint64(tr, uint64(len(st.confirmed)))
+	}
+	w.write(tr) // end frame (length 0) and counts
 	crc := binary.BigEndian.AppendUint32(nil, w.crc)
 	if w.err == nil {
 		_, w.err = w.w.Write(crc)
@@ -357,6 +383,8 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	version := hdr[len(snapMagic)]
 	lastTag := tagV4Rec
 	switch version {
+	case snapVersion4:
+		lastTag = tagConfirm
 	case snapVersion:
 	case snapVersion1, snapVersion2:
 		lastTag = tagRegs
@@ -374,6 +402,7 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	var prevReg rec
 	nSeen, nRegs := 0, 0
 	v4 := [2]v4Reader{{t: bulk[v4Rec]{t: st.v4cur}}, {t: bulk[v4Rec]{t: st.v4rec}}}
+	var sv servingReader
 	section := 0
 	for {
 		lb, err := r.read(4)
@@ -454,6 +483,8 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 				d.fail("recovery-epoch client records while not in grace")
 			}
 			v4[tag-tagV4Cur].read(&d)
+		case tagServing, tagConfirm:
+			sv.read(&d, tag, &st)
 		}
 		if d.err != nil {
 			return state{}, 0, corrupt("section %d: %v", tag, d.err)
@@ -473,6 +504,12 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	counts := []count{{"last-seen entries", nSeen}, {"registrations", nRegs}}
 	if version >= snapVersion {
 		counts = append(counts, count{"current-epoch client records", v4[0].n}, count{"recovery-epoch client records", v4[1].n})
+	}
+	if version == snapVersion4 {
+		if len(st.serving) == 0 && len(st.confirmed) == 0 {
+			return state{}, 0, corrupt("version %d without serving records or confirmations", version)
+		}
+		counts = append(counts, count{"serving records", len(st.serving)}, count{"confirmations", len(st.confirmed)})
 	}
 	tr, err := r.read(8 * len(counts))
 	if err != nil {

@@ -78,7 +78,7 @@ func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
 		"trailing byte":   append(slices.Clone(b), 0),
 		"huge frame":      append(append(slices.Clone(b[:9]), 0xff, 0xff, 0xff, 0xff), b[13:]...),
 		"no scalars":      binary.BigEndian.AppendUint32(slices.Clone(b[:9]), 0),
-		"version too new": func() []byte { c := slices.Clone(b); c[8] = 4; return c }(),
+		"version too new": func() []byte { c := slices.Clone(b); c[8] = snapVersion4 + 1; return c }(),
 		"version 0":       func() []byte { c := slices.Clone(b); c[8] = 0; return c }(),
 		// A version-3 stream labelled version 1 or 2 (checksum recomputed):
 		// its scalars frame has trailing bytes (takeover term, v4 epochs).

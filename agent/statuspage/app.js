@@ -103,6 +103,15 @@
         (f.last_wait.nodes || []).map((n) => n.node + ' ' + n.by + ' after ' + n.seconds.toFixed(1) + ' s').join(', ');
     }
     setText('fence', fence);
+    const pr = f.promises;
+    let promises = '–';
+    if (pr && pr.servers && pr.servers.length) {
+      promises = pr.servers.map((p) => p.node + ' ' + p.mode + (p.mode === 'watchdog' ? ' ' + p.watchdog_seconds + ' s' : '') + (p.serving ? ' (serving)' : '')).join(', ');
+      if (pr.mismatch) promises += ' · MISMATCH: the servers promise different fencing';
+      if (pr.unproven && pr.unproven.length) promises += ' · WAITING for ' + pr.unproven.join(', ') + ' to answer, be fenced, or be confirmed off (nsmd fence confirm NODE)';
+      for (const c of pr.confirmations || []) promises += ' · ' + c.node + ' confirmed off by ' + c.by + ' at ' + fmtTime(c.at);
+    }
+    setText('fence-promises', promises);
     const g = s.grace;
     const mgr = (name, m) => {
       if (!m) return name + ' ?';

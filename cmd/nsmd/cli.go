@@ -68,6 +68,9 @@ func statusCmd() *cobra.Command {
 				s.NodeID, s.Role, s.LeaderID, s.Term, s.SMState, s.Registrations, s.NSMAddr, vip, grace, s.AppliedIndex,
 				s.Notify.Pending, s.Notify.Done, s.Notify.Failed)
 			fmt.Fprintf(tw, "nfsv4\t%s\nkernel grace\t%s\nfence\t%s\n", s.NFSv4.Summary(), admin.GraceSummary(s.Grace), s.Fence.Summary())
+			if s.Fence.Promises != nil {
+				fmt.Fprintf(tw, "fence promises\t%s\n", s.Fence.Promises.Summary())
+			}
 			fmt.Fprintf(tw, "takeover\t%s\n", admin.TimelineSummary(s.Takeover))
 			return tw.Flush()
 		},
@@ -175,6 +178,39 @@ func transferCmd() *cobra.Command {
 	}
 	c.flags(cmd)
 	cmd.Flags().StringVar(&to, "to", "", "node id to hand leadership to (default: any serving voter; never a witness)")
+	return cmd
+}
+
+func fenceCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "fence",
+		Short: "Fencing: confirm that a node is off",
+	}
+	var c adminClient
+	var by string
+	confirm := &cobra.Command{
+		Use:   "confirm NODE",
+		Short: "Confirm that NODE is off, so that a new leader waiting for it may serve",
+		Long: `Confirm that NODE is off: powered off, or its NFS server stopped and the
+shared storage unmounted by hand. A new leader that cannot prove NODE stopped
+(it promised no watchdog, or runs an earlier release, and neither answers nor is
+fenced by a fence agent) serves only once NODE answers, an agent fences it, or an
+operator confirms it off with this command. The confirmation is recorded with
+who and when, shown in nsmd status, and holds until NODE takes over again.
+Confirming a node that still serves puts two servers on one filesystem: be sure.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := c.ConfirmFenced(cmd.Context(), args[0], by)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s confirmed off by %s\n", res.Node, res.By)
+			return nil
+		},
+	}
+	c.flags(confirm)
+	confirm.Flags().StringVar(&by, "by", os.Getenv("USER"), "who confirms (recorded with the credential and address)")
+	cmd.AddCommand(confirm)
 	return cmd
 }
 

@@ -44,7 +44,7 @@ func rootCmd() *cobra.Command {
 		Version:       agent.Build().String(), // nsmd --version
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(versionCmd(), agentCmd(), devCmd(), tlsCmd(), statusCmd(), membersCmd(), registrationsCmd(), clientsCmd(), transferCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
+	root.AddCommand(versionCmd(), agentCmd(), devCmd(), tlsCmd(), statusCmd(), membersCmd(), registrationsCmd(), clientsCmd(), transferCmd(), fenceCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
 	return root
 }
 
