@@ -568,3 +568,16 @@ func TestClientNamesAreShownOnlyToOperators(t *testing.T) {
 		})
 	}
 }
+
+// nsmd status's fence line says when a pause of this VM is not covered,
+// and says nothing of it otherwise (the control).
+func TestFenceSummarySaysAPauseIsNotCovered(t *testing.T) {
+	f := Fence{Mode: "watchdog", Hypervisor: "cpuinfo hypervisor flag", PauseUncovered: true}
+	if got := f.Summary(); !strings.Contains(got, "a VM (cpuinfo hypervisor flag) fenced by its watchdog alone: a PAUSE of it is NOT COVERED") {
+		t.Errorf("Summary = %q", got)
+	}
+	f = Fence{Mode: "watchdog+agent", Hypervisor: "cpuinfo hypervisor flag"}
+	if got := f.Summary(); strings.Contains(got, "PAUSE") {
+		t.Errorf("control: with a fence agent, Summary = %q", got)
+	}
+}

@@ -109,6 +109,14 @@ type Fence struct {
 	LastWait *FenceWait `json:"last_wait,omitempty"`
 	// Promises: what each serving node promises (admin/fence.go).
 	Promises *FencePromises `json:"promises,omitempty"`
+	// Hypervisor: what says this serving node runs under a hypervisor
+	// (the CPU's hypervisor flag, the DMI vendor); empty when nothing does.
+	Hypervisor string `json:"hypervisor,omitempty"`
+	// PauseUncovered: it runs under a hypervisor fenced by its watchdog
+	// alone. A pause of the VM pauses the watchdog too: nothing resets the
+	// node while it is paused, and it may resume serving beside its
+	// successor. A fence agent or ext4 multi-mount protection covers it.
+	PauseUncovered bool `json:"pause_uncovered,omitempty"`
 }
 
 // FenceWatchdog is a serving node's watchdog.
@@ -772,6 +780,9 @@ func (f Fence) Summary() string {
 		if w.Aborted != "" {
 			fmt.Fprintf(&b, " (%s)", w.Aborted)
 		}
+	}
+	if f.PauseUncovered {
+		fmt.Fprintf(&b, "; a VM (%s) fenced by its watchdog alone: a PAUSE of it is NOT COVERED (add a fence agent, or ext4 multi-mount protection)", f.Hypervisor)
 	}
 	return b.String()
 }

@@ -66,6 +66,11 @@ type Options struct {
 	// ClientsSeenProc, when set, gives the procfs root from which node id
 	// reads nfsd's clients to learn when each was last seen (seen.go).
 	ClientsSeenProc func(id string) string
+	// HostRoot, when set, is where the node reads what the kernel and the
+	// firmware say about the machine (/proc/cpuinfo, /sys/class/dmi/id:
+	// whether it runs under a hypervisor; the watchdog's sysfs and who
+	// holds it); "" means /.
+	HostRoot string
 }
 
 // Agent is one running node: raft, the NSM server, rpcbind registration,
@@ -75,6 +80,8 @@ type Agent struct {
 	// fences (fence.go): nil when not configured
 	watchdog    *fence.Watchdog
 	fenceAgent  *fence.Agent
+	hypervisor  string // what says this serving node is a virtual machine ("": nothing)
+	hostRoot    string // Options.HostRoot: where /proc and /sys are read ("": the machine's)
 	log         *slog.Logger
 	node        *cluster.Node
 	notifier    *nsm.Notifier  // SM_NOTIFY after each takeover this node serves
@@ -191,7 +198,8 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if err := a.registerConnMetrics(); err != nil {
 		return a, err
 	}
-	if err := a.registerFenceMetrics(); err != nil {
+	a.hostRoot = opts.HostRoot
+	if err := a.registerFenceMetrics(opts.HostRoot); err != nil {
 		return a, err
 	}
 	a.hooks = newHookRunner(cfg, log, a.reg)

@@ -90,6 +90,7 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 		{"unfenced threshold", "expr: nsmd_fence_off == 1", "expr: nsmd_fence_off == 2"},
 		{"unproven threshold", "expr: nsmd_fence_unproven_nodes > 0", "expr: nsmd_fence_unproven_nodes > 1"},
 		{"promise mismatch for", "(nsmd_fence_promise_mismatch) == 1\n        for: 10m", "(nsmd_fence_promise_mismatch) == 1\n        for: 1m"},
+		{"pause uncovered threshold", "expr: nsmd_fence_pause_uncovered == 1", "expr: nsmd_fence_pause_uncovered == 0"},
 		{"stop-failed leader check", "and on (job, instance) nsmd_is_leader == 0", "and on (job, instance) nsmd_is_leader >= 0"},
 		{"registrations cap threshold", "0.8 * nsmd_registrations_max", "1.8 * nsmd_registrations_max"},
 		{"backlog on any node", "nsmd_notify_targets{state=\"pending\"} > 0 and on (job, instance) nsmd_is_leader == 1", "nsmd_notify_targets{state=\"pending\"} > 0"},

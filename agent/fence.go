@@ -52,7 +52,14 @@ func (a *Agent) fencing(c *cluster.Config) error {
 		}
 		return nil
 	}
-	switch err := fence.Probe(cfg.FenceWatchdog); {
+	probe := fence.Probe
+	if a.hostRoot != "" {
+		probe = func(path string) error { return fence.ProbeAt(a.hostRoot, path) }
+	}
+	// A device another process holds (fence.ErrHeldByOther) or with
+	// nowayout (fence.ErrNoWayOut) is refused here, at start: such a node
+	// never claims it can serve, to fail only at its takeover.
+	switch err := probe(cfg.FenceWatchdog); {
 	case errors.Is(err, fence.ErrLeftRunning):
 		// The stop at start runs first, then releases it (cluster's
 		// stopAtStart); a stop that overruns that process's deadline
@@ -93,6 +100,7 @@ func (a *Agent) fenceStatus() admin.Fence {
 	out := admin.Fence{
 		Mode: fenceMode(a.cfg), Serving: fs.Serving, Agent: a.cfg.FenceAgent,
 		StopFailed: fs.StopFailed, Waiting: fs.Waiting,
+		Hypervisor: a.hypervisor, PauseUncovered: pauseUncovered(fenceMode(a.cfg), a.hypervisor),
 	}
 	if a.watchdog != nil {
 		ws := a.watchdog.Status()
@@ -119,8 +127,11 @@ func (a *Agent) fenceStatus() admin.Fence {
 }
 
 // registerFenceMetrics exports nsmd_fence_off: 1 on a serving node that
-// runs without any fence (the alert NsmdServingWithoutFence).
-func (a *Agent) registerFenceMetrics() error {
+// runs without any fence (the alert NsmdServingWithoutFence); and
+// nsmd_fence_pause_uncovered: 1 on a serving node under a hypervisor
+// fenced by its watchdog alone (NsmdWatchdogOnlyUnderHypervisor), which it
+// also logs at start. hostRoot is where /proc and /sys are read.
+func (a *Agent) registerFenceMetrics(hostRoot string) error {
 	off := 0.0
 	if fenceMode(a.cfg) == "off" {
 		off = 1
@@ -130,7 +141,31 @@ func (a *Agent) registerFenceMetrics() error {
 		Help: "1 on a node that serves storage (an on_leader hook) without any fence (fence_watchdog: off and no fence_agent): if it fails halfway, another node may serve beside it.",
 	})
 	g.Set(off)
-	return a.reg.Register(g)
+	if err := a.reg.Register(g); err != nil {
+		return err
+	}
+	if a.cfg.Serves() {
+		if hostRoot == "" {
+			hostRoot = "/"
+		}
+		a.hypervisor = fence.Hypervisor(hostRoot)
+	}
+	p := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "nsmd_fence_pause_uncovered",
+		Help: "1 on a serving node that runs under a hypervisor with watchdog-only fencing: a pause of the VM pauses its watchdog too, and nothing resets it while it is paused (a fence agent, or ext4 multi-mount protection on the shared disk, covers that).",
+	})
+	if pauseUncovered(fenceMode(a.cfg), a.hypervisor) {
+		p.Set(1)
+		a.log.Warn("this serving node runs under a hypervisor and is fenced by its watchdog alone: a pause of the VM (migration, a stopped VM, an overloaded host) pauses its watchdog too, and when it resumes it may serve beside its successor until the watchdog fires; configure a fence_agent (fence_virsh, fence_vmware, fence_aws, …) or use ext4 multi-mount protection on the shared disk (the shipped hook checks it: NFS_HA_MMP)", "hypervisor", a.hypervisor)
+	}
+	return a.reg.Register(p)
+}
+
+// pauseUncovered: a node fenced by its watchdog alone (mode "watchdog")
+// that runs under a hypervisor (hypervisor: what said so) has no fence
+// that covers a pause of its VM.
+func pauseUncovered(mode, hypervisor string) bool {
+	return mode == "watchdog" && hypervisor != ""
 }
 
 // fencePromises is GET /v1/status's "fence.promises" (nil on a node that

@@ -9,27 +9,28 @@ import (
 )
 
 type metrics struct {
-	batchSize        prometheus.Histogram
-	applyLatency     prometheus.Histogram
-	takeovers        prometheus.Counter
-	takeoverSeconds  prometheus.Histogram
-	failoverSeconds  prometheus.Histogram
-	diskWrite        *prometheus.HistogramVec
-	leaderChanges    prometheus.Counter
-	forwarded        *prometheus.CounterVec
-	witnessHandoffs  *prometheus.CounterVec
-	diskWriteErrors  prometheus.Counter
-	diskSlowHandoffs prometheus.Counter
-	watchdogArmed    prometheus.Gauge
-	watchdogFeeds    prometheus.Counter
-	fenceWaits       *prometheus.CounterVec
-	fenceWaitSeconds prometheus.Histogram
-	fenceAgentRuns   *prometheus.CounterVec
-	failedTakeovers  prometheus.Counter
-	ownerLowered     prometheus.Counter
-	monLowered       prometheus.Counter
-	transfers        *prometheus.CounterVec
-	transferDeclined *prometheus.CounterVec
+	batchSize         prometheus.Histogram
+	applyLatency      prometheus.Histogram
+	takeovers         prometheus.Counter
+	takeoverSeconds   prometheus.Histogram
+	failoverSeconds   prometheus.Histogram
+	diskWrite         *prometheus.HistogramVec
+	leaderChanges     prometheus.Counter
+	forwarded         *prometheus.CounterVec
+	witnessHandoffs   *prometheus.CounterVec
+	diskWriteErrors   prometheus.Counter
+	diskSlowHandoffs  prometheus.Counter
+	watchdogArmed     prometheus.Gauge
+	watchdogFeeds     prometheus.Counter
+	watchdogLateFeeds prometheus.Counter
+	fenceWaits        *prometheus.CounterVec
+	fenceWaitSeconds  prometheus.Histogram
+	fenceAgentRuns    *prometheus.CounterVec
+	failedTakeovers   prometheus.Counter
+	ownerLowered      prometheus.Counter
+	monLowered        prometheus.Counter
+	transfers         *prometheus.CounterVec
+	transferDeclined  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
@@ -77,6 +78,9 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		watchdogFeeds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nsmd_fence_watchdog_feeds_total", Help: "Watchdog pings by this node, each with proof that it may serve (raft leadership confirmed by a quorum within the lease).",
 		}),
+		watchdogLateFeeds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_fence_watchdog_late_feeds_total", Help: "Watchdog pings that returned after the proof they were sent with had ended (a slow driver, a stalled process): the watchdog was starved at once towards that proof's end + fence_timeout.",
+		}),
 		fenceWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nsmd_fence_waits_total", Help: "Other serving nodes proven stopped before this node served, by how: clean (it said so), agent (the fence agent reported it off), watchdog (its watchdog must have reset it).",
 		}, []string{"by"}),
@@ -120,7 +124,7 @@ func newMetrics(reg prometheus.Registerer, n *Node) (*metrics, error) {
 		m.batchSize, m.applyLatency, m.takeovers, m.takeoverSeconds, m.failoverSeconds, m.diskWrite,
 		m.leaderChanges, m.forwarded, m.witnessHandoffs, m.diskWriteErrors, m.diskSlowHandoffs, m.ownerLowered, m.monLowered,
 		m.transfers, m.transferDeclined,
-		m.watchdogArmed, m.watchdogFeeds, m.fenceWaits, m.fenceWaitSeconds, m.fenceAgentRuns, m.failedTakeovers,
+		m.watchdogArmed, m.watchdogFeeds, m.watchdogLateFeeds, m.fenceWaits, m.fenceWaitSeconds, m.fenceAgentRuns, m.failedTakeovers,
 		gauge("nsmd_fence_serving", "1 while this node serves the storage (from before its on_leader hook until its on_follower hook succeeded).", func() float64 {
 			if n.serving.Load() {
 				return 1

@@ -362,7 +362,8 @@ type Node struct {
 	timeline timeline.Timeline
 
 	started      time.Time
-	leaseAt      atomic.Int64  // mono() when the last confirmed VerifyLeader was asked (leaseLoop)
+	leaseAt      atomic.Int64  // mono(): the lease's start, no later than when the quorum's acknowledgements that confirmed it were sent (leaseLoop, ackclock.go)
+	acks         *ackClock     // the raft transport, noting when acknowledged requests were sent
 	handoffs     atomic.Uint64 // leadership hand-offs made as a witness
 	standingDown atomic.Bool   // OnFollower is running after leadership ended
 	serving      atomic.Bool   // from before OnLeader until a stop succeeded (serving.go)
@@ -450,6 +451,7 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("cluster: raft transport on %s: %w", cfg.RaftBind, err)
 		}
 	}
+	n.acks, trans = newAckClock(trans, n.mono)
 	n.trans = trans
 
 	rc := raft.DefaultConfig()

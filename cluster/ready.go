@@ -73,7 +73,9 @@ func (n *Node) mono() int64 { return int64(time.Since(n.started)) }
 
 // leaseLoop keeps a leader's read lease: every quarter lease it asks raft
 // to confirm leadership with a quorum (VerifyLeader: one heartbeat round)
-// and, on success, records when it asked. A leader cut off, deposed or
+// and, on success, records when the acknowledgements of the quorum were
+// sent, no later than when it asked (leaseStamp: raft may count an answer
+// to a request sent before the question). A leader cut off, deposed or
 // resumed from a pause fails to confirm and stops being Ready within one
 // lease, before a new leader can have been elected (the lease is shorter
 // than the heartbeat timeout followers wait before an election).
@@ -104,7 +106,9 @@ func (n *Node) leaseLoop() {
 			return
 		case err := <-done:
 			if err == nil {
-				n.leaseAt.Store(asked)
+				if at, ok := n.leaseStamp(asked); ok && at > n.leaseAt.Load() {
+					n.leaseAt.Store(at)
+				}
 			}
 		}
 	}

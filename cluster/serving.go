@@ -36,13 +36,14 @@ import (
 
 // Watchdog is the node's self-fence; package fence's Watchdog is one.
 // Arm opens and starts it (the machine resets unless it is fed within the
-// fence timeout), Feed pings it, Starve keeps its deadline from moving
+// fence timeout), FeedWithin pings it while a proof holds and starves it
+// at once if the ping returned after the proof ended (feed.go), Starve keeps its deadline from moving
 // later, ResetSoon makes it fire within a second, Disarm stops it, and
 // Release stops it also when a previous process of this node died and
 // left it running.
 type Watchdog interface {
 	Arm() error
-	Feed() error
+	FeedWithin(proofEnd func() time.Time) error
 	Starve() error
 	ResetSoon() error
 	Disarm() error
@@ -200,155 +201,6 @@ func (n *Node) FenceStatus() FenceStatus {
 		s.LastWait = &w
 	}
 	return s
-}
-
-// feedInterval is how often the watchdog is fed or starved: a quarter of
-// the fence timeout, at most every half second.
-func (n *Node) feedInterval() time.Duration {
-	return min(max(n.cfg.FenceTimeout/4, 50*time.Millisecond), 500*time.Millisecond)
-}
-
-// fenceLoop feeds the armed watchdog while mayFeedLocked, and starves it
-// otherwise. A stopped or stuck process does neither, and the kernel resets
-// the machine.
-func (n *Node) fenceLoop() {
-	t := time.NewTicker(n.feedInterval())
-	defer t.Stop()
-	for {
-		select {
-		case <-n.ctx.Done():
-			return
-		case <-t.C:
-		}
-		n.tickWatchdog()
-	}
-}
-
-func (n *Node) tickWatchdog() {
-	n.fence.mu.Lock()
-	defer n.fence.mu.Unlock()
-	if !n.fence.armed {
-		return
-	}
-	if n.mayFeedLocked() {
-		if err := n.cfg.Watchdog.Feed(); err != nil {
-			n.log.Error("cannot feed the watchdog", "err", err)
-			return
-		}
-		if n.fence.starving {
-			n.log.Info("watchdog fed again")
-		}
-		n.fence.starving, n.fence.lastFeed = false, time.Now()
-		n.metrics.watchdogFeeds.Inc()
-		return
-	}
-	if !n.fence.starving {
-		n.log.Warn("no proof this node may serve: the watchdog is no longer fed", "serving", n.serving.Load(), "stop_failed", n.stopFailed.Load(), "fence_lease_fresh", n.fenceLeaseFresh())
-	}
-	n.fence.starving = true
-	if err := n.cfg.Watchdog.Starve(); err != nil {
-		n.log.Error("cannot shorten the watchdog's timeout", "err", err)
-	}
-}
-
-// mayFeedLocked (fence.mu held) is the proof that lets a serving node feed
-// its watchdog: raft says it leads and a quorum confirmed that within the
-// fence lease, its stop did not fail, and an on_leader hook that runs is
-// within its timeout.
-func (n *Node) mayFeedLocked() bool {
-	if !n.serving.Load() || n.stopFailed.Load() || !n.fenceLeaseFresh() {
-		return false
-	}
-	return n.fence.hookUntil == 0 || n.mono() < n.fence.hookUntil
-}
-
-// fenceLease is how long after a quorum last confirmed its leadership a
-// serving node may still feed its watchdog: the heartbeat timeout, longer
-// than the read lease (a busy machine's confirmations come late, and a
-// healthy leader must not be reset for it; raft itself steps down after
-// LeaderLeaseTimeout without a quorum), and what a successor adds to its
-// election time in fenceNotBefore.
-func (n *Node) fenceLease() time.Duration {
-	return max(n.cfg.HeartbeatTimeout, n.cfg.LeaderLeaseTimeout)
-}
-
-// fenceLeaseFresh: raft says leader, and a quorum confirmed a heartbeat
-// round asked within fenceLease.
-func (n *Node) fenceLeaseFresh() bool {
-	if n.raft.State() != raft.Leader {
-		return false
-	}
-	v := n.leaseAt.Load()
-	return v != 0 && n.mono()-v < int64(n.fenceLease())
-}
-
-// armWatchdog arms the watchdog before this node serves; a node that
-// cannot arm it does not serve.
-func (n *Node) armWatchdog() error {
-	if n.cfg.Watchdog == nil {
-		return nil
-	}
-	n.fence.mu.Lock()
-	defer n.fence.mu.Unlock()
-	if err := n.cfg.Watchdog.Arm(); err != nil {
-		return fmt.Errorf("arm the watchdog: %w", err)
-	}
-	if !n.fence.armed {
-		n.log.Info("watchdog armed", "timeout", n.cfg.FenceTimeout)
-	}
-	n.fence.armed, n.fence.starving, n.fence.lastFeed = true, false, time.Now()
-	n.metrics.watchdogArmed.Set(1)
-	return nil
-}
-
-// stoppedServing records the outcome of a stop (the on_follower hook, or
-// the stop at start): on success the node no longer serves and disarms
-// its watchdog; on failure it still holds the storage, and its watchdog
-// resets it within a second (armed now if it was not).
-func (n *Node) stoppedServing(err error) { n.stopped(err, false) }
-
-// stopped is stoppedServing; atStart releases a watchdog that a previous
-// process of this node may have left running.
-func (n *Node) stopped(err error, atStart bool) {
-	n.fence.mu.Lock()
-	defer n.fence.mu.Unlock()
-	if err == nil {
-		n.serving.Store(false)
-		n.stopFailed.Store(false)
-		n.stoppedRecording() // clear the serving record (promise.go)
-		if n.cfg.Watchdog != nil {
-			disarm := n.cfg.Watchdog.Disarm
-			if atStart {
-				disarm = n.cfg.Watchdog.Release
-			}
-			if derr := disarm(); derr != nil {
-				n.log.Error("cannot disarm the watchdog", "err", derr)
-			} else if n.fence.armed {
-				n.log.Info("stopped serving: watchdog disarmed")
-			}
-			n.fence.armed, n.fence.starving = false, false
-			n.metrics.watchdogArmed.Set(0)
-		}
-		return
-	}
-	n.stopFailed.Store(true) // the failed hook already ran on_fault
-	if n.cfg.Watchdog == nil {
-		n.log.Error("stop failed and no watchdog fences this node: it may still hold the storage; another node must not serve it until it is stopped", "err", err)
-		return
-	}
-	n.log.Error("stop failed: resetting this node through its watchdog", "err", err)
-	if !n.fence.armed {
-		if aerr := n.cfg.Watchdog.Arm(); aerr != nil {
-			n.log.Error("cannot arm the watchdog to reset this node", "err", aerr)
-			return
-		}
-		n.fence.armed = true
-		n.metrics.watchdogArmed.Set(1)
-	}
-	n.fence.starving = true
-	if rerr := n.cfg.Watchdog.ResetSoon(); rerr != nil {
-		n.log.Error("cannot shorten the watchdog's timeout", "err", rerr)
-	}
 }
 
 // peerUnreachable asks peer once: true when it cannot be asked at all

@@ -5,8 +5,10 @@ package fence
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,9 +17,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sysRoot is where sysfs is mounted; tests of deviceState use a tree of
+// sysRoot is where sysfs is mounted, procRoot procfs; tests use trees of
 // their own.
-const sysRoot = "/sys"
+const (
+	sysRoot  = "/sys"
+	procRoot = "/proc"
+)
 
 // OpenDevice opens the watchdog device at path (O_WRONLY|O_CLOEXEC), which
 // STARTS it: from then on the machine resets unless the device is pinged
@@ -45,20 +50,22 @@ const sysRoot = "/sys"
 // exits, rather than being closed, which pings it, by a garbage
 // collection at some unknown time.
 func OpenDevice(path string) (Device, error) {
-	return openDevice(sysRoot, path, false)
+	return openDevice(sysRoot, procRoot, path, false)
 }
 
 // OpenDeviceLeftRunning is OpenDevice that also opens a watchdog left
 // running by a process that died (which the open does not ping): only to
 // stop it with MagicClose, once whatever that process served is stopped
-// ([Watchdog.Release]).
+// ([Watchdog.Release]). A watchdog that sysfs says is not running is not
+// opened ([ErrNotRunning]: there is nothing to release, and an open would
+// start it).
 func OpenDeviceLeftRunning(path string) (Device, error) {
-	return openDevice(sysRoot, path, true)
+	return openDevice(sysRoot, procRoot, path, true)
 }
 
-// openDevice is OpenDevice with sysfs at root; leftRunning allows a
-// watchdog left running.
-func openDevice(root, path string, leftRunning bool) (Device, error) {
+// openDevice is OpenDevice with sysfs at root and procfs at proc;
+// leftRunning: open a watchdog left running, and only such a one.
+func openDevice(root, proc, path string, leftRunning bool) (Device, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, openError(path, err)
@@ -75,8 +82,8 @@ func openDevice(root, path string, leftRunning bool) (Device, error) {
 		} else if ok {
 			known = true
 		}
-		if state, ok := deviceState(root, major, minor); ok && state == "active" && !leftRunning {
-			return nil, fmt.Errorf("%s: %w: it resets the machine when it expires; to use it again, reboot", path, ErrLeftRunning)
+		if err := checkState(root, proc, path, uint64(sys.Rdev), major, minor, leftRunning); err != nil {
+			return nil, err
 		}
 	}
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
@@ -133,11 +140,19 @@ func openError(path string, err error) error {
 // watchdog core). The legacy /dev/watchdog (misc 10:130) belongs to
 // watchdog0.
 func deviceState(root string, major, minor uint32) (state string, known bool) {
+	return deviceAttr(root, major, minor, "state")
+}
+
+// deviceAttr reads one of the watchdog core's sysfs attributes (state,
+// nowayout, timeout, …) of the character device major:minor under root;
+// known is false when sysfs does not say. The legacy /dev/watchdog (misc
+// 10:130) is watchdog0's.
+func deviceAttr(root string, major, minor uint32, name string) (value string, known bool) {
 	dir := filepath.Join(root, "dev", "char", fmt.Sprintf("%d:%d", major, minor))
 	if major == 10 && minor == 130 {
 		dir = filepath.Join(root, "class", "watchdog", "watchdog0")
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "state"))
+	b, err := os.ReadFile(filepath.Join(dir, name))
 	if err != nil {
 		return "", false
 	}
@@ -160,15 +175,23 @@ func deviceClass(root string, major, minor uint32) (class string, ok bool) {
 
 // Probe checks, without opening it (an open starts many drivers), that
 // path exists, is a character device, and that this process may write to
-// it; and, where sysfs says, that it is a watchdog, and not one left
+// it; and, where sysfs says, that it is a watchdog, that it was not built
+// or loaded with nowayout ([ErrNoWayOut]), that no other process holds it
+// ([ErrHeldByOther]: procfs names the holder), and that it was not left
 // running by a process that died ([ErrLeftRunning]). Without sysfs it
 // cannot tell a watchdog from another character device; OpenDevice can.
 func Probe(path string) error {
-	return probe(sysRoot, path)
+	return probe(sysRoot, procRoot, path)
 }
 
-// probe is Probe with sysfs at root.
-func probe(root, path string) error {
+// ProbeAt is Probe with sysfs and procfs under root (tests give a tree of
+// their own; "/" is the machine's).
+func ProbeAt(root, path string) error {
+	return probe(filepath.Join(root, "sys"), filepath.Join(root, "proc"), path)
+}
+
+// probe is Probe with sysfs at root and procfs at proc.
+func probe(root, proc, path string) error {
 	st, err := os.Stat(path)
 	if err != nil {
 		return openError(path, err)
@@ -184,11 +207,90 @@ func probe(root, path string) error {
 		if class, ok := deviceClass(root, major, minor); ok && class != "watchdog" {
 			return fmt.Errorf("%s is a %s device, not a watchdog: set fence_watchdog to the watchdog device, e.g. /dev/watchdog", path, class)
 		}
-		if state, known := deviceState(root, major, minor); known && state == "active" {
-			return fmt.Errorf("%s: %w: it resets the machine when it expires", path, ErrLeftRunning)
+		if err := checkState(root, proc, path, uint64(sys.Rdev), major, minor, false); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// checkState refuses, from what sysfs and procfs say and before any open,
+// a watchdog with nowayout ([ErrNoWayOut]), one held by another process
+// ([ErrHeldByOther]) and one left running by a process that died
+// ([ErrLeftRunning]) unless leftRunning; with leftRunning it refuses one
+// that is not running ([ErrNotRunning]). What sysfs does not say is not
+// refused.
+func checkState(root, proc, path string, rdev uint64, major, minor uint32, leftRunning bool) error {
+	state, known := deviceAttr(root, major, minor, "state")
+	if leftRunning && known && state != "active" {
+		return fmt.Errorf("%s: %w", path, ErrNotRunning)
+	}
+	if v, ok := deviceAttr(root, major, minor, "nowayout"); ok && v == "1" {
+		return fmt.Errorf("%s: %w", path, ErrNoWayOut)
+	}
+	if !known || state != "active" {
+		return nil
+	}
+	switch pids, complete := holders(proc, rdev, os.Getpid()); {
+	case len(pids) > 0:
+		return fmt.Errorf("%s: %w: %s; stop it (systemd: RuntimeWatchdogSec=0 in system.conf; a watchdog daemon; sbd) or give nsmd another device", path, ErrHeldByOther, describePIDs(proc, pids))
+	case leftRunning:
+		return nil
+	case complete:
+		return fmt.Errorf("%s: %w (no process holds it): it resets the machine when it expires", path, ErrLeftRunning)
+	default:
+		return fmt.Errorf("%s: %w, or it is held by a process this one may not look at (run nsmd as root to tell): it resets the machine when it expires", path, ErrLeftRunning)
+	}
+}
+
+// holders lists the processes under proc (other than self) that hold the
+// character device rdev open; complete is false when some process's
+// descriptors could not be read.
+func holders(proc string, rdev uint64, self int) (pids []int, complete bool) {
+	ents, err := os.ReadDir(proc)
+	if err != nil {
+		return nil, false
+	}
+	complete = true
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		fdDir := filepath.Join(proc, e.Name(), "fd")
+		fds, err := os.ReadDir(fdDir)
+		if err != nil {
+			if !errors.Is(err, fs.ErrNotExist) { // a process that exited meanwhile
+				complete = false
+			}
+			continue
+		}
+		for _, fd := range fds {
+			st, err := os.Stat(filepath.Join(fdDir, fd.Name()))
+			if err != nil {
+				continue
+			}
+			if sys, ok := st.Sys().(*syscall.Stat_t); ok && st.Mode()&os.ModeCharDevice != 0 && uint64(sys.Rdev) == rdev {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids, complete
+}
+
+// describePIDs names processes for a message: "pid 1 (systemd)".
+func describePIDs(proc string, pids []int) string {
+	var parts []string
+	for _, pid := range pids {
+		comm, _ := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "comm"))
+		if c := strings.TrimSpace(string(comm)); c != "" {
+			parts = append(parts, fmt.Sprintf("pid %d (%s)", pid, c))
+		} else {
+			parts = append(parts, fmt.Sprintf("pid %d", pid))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // linuxDevice is an open watchdog descriptor.

@@ -54,7 +54,7 @@ func TestOpenDeviceNotAWatchdog(t *testing.T) {
 		}
 	}
 	// Where it does not, the open's WDIOC_GETSUPPORT tells.
-	_, err := openDevice(t.TempDir(), "/dev/null", false)
+	_, err := openDevice(t.TempDir(), t.TempDir(), "/dev/null", false)
 	if !errors.Is(err, unix.ENOTTY) || !strings.Contains(err.Error(), "/dev/null is not a watchdog") {
 		t.Fatalf("openDevice(/dev/null) without sysfs = %v, want ENOTTY and that it is not a watchdog", err)
 	}
@@ -107,7 +107,7 @@ func TestProbe(t *testing.T) {
 			t.Errorf("Probe(/dev/null) = %v, want a refusal by its class", err)
 		}
 	}
-	if err := probe(t.TempDir(), "/dev/null"); err != nil {
+	if err := probe(t.TempDir(), t.TempDir(), "/dev/null"); err != nil {
 		t.Errorf("probe(/dev/null) without sysfs = %v", err)
 	}
 }
@@ -134,18 +134,18 @@ func fakeSysfs(t *testing.T, state string) string {
 // open would be EBUSY), was left running: not opened, not probed well.
 func TestOpenDeviceLeftRunning(t *testing.T) {
 	root := fakeSysfs(t, "active")
-	if _, err := openDevice(root, "/dev/null", false); !errors.Is(err, ErrLeftRunning) {
+	if _, err := openDevice(root, t.TempDir(), "/dev/null", false); !errors.Is(err, ErrLeftRunning) {
 		t.Errorf("openDevice(active) = %v, want ErrLeftRunning", err)
 	}
-	if err := probe(root, "/dev/null"); !errors.Is(err, ErrLeftRunning) {
+	if err := probe(root, t.TempDir(), "/dev/null"); !errors.Is(err, ErrLeftRunning) {
 		t.Errorf("probe(active) = %v, want ErrLeftRunning", err)
 	}
 	// Inactive: opened, and then WDIOC_GETSUPPORT tells it is no watchdog.
 	root = fakeSysfs(t, "inactive")
-	if _, err := openDevice(root, "/dev/null", false); !errors.Is(err, unix.ENOTTY) {
+	if _, err := openDevice(root, t.TempDir(), "/dev/null", false); !errors.Is(err, unix.ENOTTY) {
 		t.Errorf("openDevice(inactive) = %v, want ENOTTY from the ioctl", err)
 	}
-	if err := probe(root, "/dev/null"); err != nil {
+	if err := probe(root, t.TempDir(), "/dev/null"); err != nil {
 		t.Errorf("probe(inactive) = %v", err)
 	}
 }

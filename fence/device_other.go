@@ -18,3 +18,8 @@ func Probe(path string) error {
 func OpenDeviceLeftRunning(path string) (Device, error) {
 	return nil, fmt.Errorf("watchdog %s: %w", path, errNotLinux)
 }
+
+// ProbeAt is Linux only.
+func ProbeAt(root, path string) error {
+	return fmt.Errorf("watchdog %s: %w", path, errNotLinux)
+}

@@ -9,9 +9,12 @@
 // time. The contract it serves:
 //
 //   - A node arms the watchdog ([Watchdog.Arm]) before it serves.
-//   - It feeds it ([Watchdog.Feed]) only when it holds proof that it may
-//     serve (a valid lease, a quorum's answer). Each feed moves the reset
-//     deadline to the feed's time plus the timeout.
+//   - It feeds it ([Watchdog.FeedWithin]) only when it holds proof that it
+//     may serve (a valid lease, a quorum's answer). Each feed moves the
+//     reset deadline to the feed's time plus the timeout. A ping lands
+//     when its ioctl returns at the latest, so the proof is asked again
+//     then: a ping that returned after the proof ended starves the
+//     watchdog at once towards that end plus the timeout.
 //   - While it cannot prove it may serve, it starves the watchdog
 //     ([Watchdog.Starve]) instead of feeding it. Starving never moves the
 //     deadline later than D, the last feed's time plus the timeout (or
@@ -32,6 +35,10 @@
 //   - A process that finds the watchdog left running by a predecessor that
 //     died does not feed it: [OpenDevice] refuses the device
 //     ([ErrLeftRunning]), and the machine resets when it expires.
+//   - It never opens a watchdog whose sysfs says nowayout ([ErrNoWayOut]:
+//     it could never be disarmed), nor one another process holds
+//     ([ErrHeldByOther]); releasing at start opens none that is not
+//     running ([ErrNotRunning]).
 //   - It disarms ([Watchdog.Disarm]) only after it stopped serving. When
 //     stopping fails, [Watchdog.ResetSoon] makes the machine reset within
 //     a second rather than keep serving.

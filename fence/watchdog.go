@@ -53,6 +53,33 @@ var ErrResetPending = errors.New("watchdog reset pending (ResetSoon was called)"
 // opened, and the machine resets when it expires.
 var ErrLeftRunning = errors.New("watchdog left running by a process that died without disarming it")
 
+// ErrNoProof is returned by [Watchdog.FeedWithin] when the proof it was
+// given had already ended: nothing was pinged (the caller starves).
+var ErrNoProof = errors.New("no proof that this node may serve")
+
+// ErrLateFeed is returned by [Watchdog.FeedWithin] when the ping returned
+// after the proof it was given had ended: it may have landed after it, so
+// the watchdog was starved at once towards the end of that proof plus the
+// timeout.
+var ErrLateFeed = errors.New("the watchdog's ping returned after its proof ended")
+
+// ErrNoWayOut is wrapped by [OpenDevice], [Probe] (and fakes) when sysfs
+// says the watchdog was built or loaded with nowayout
+// (CONFIG_WATCHDOG_NOWAYOUT, softdog nowayout=1): once opened it can never
+// be stopped, so every open — the release at each start, each takeover —
+// would reset the machine a timeout after the next stop.
+var ErrNoWayOut = errors.New("the watchdog has nowayout set: once opened it can never be stopped, and it would reset this machine after every stop of nsmd; load its driver with nowayout=0 (e.g. softdog.nowayout=0 on the kernel command line, or options softdog nowayout=0 in /etc/modprobe.d; a kernel built with CONFIG_WATCHDOG_NOWAYOUT needs the parameter too), or set fence_watchdog: off and use a fence_agent")
+
+// ErrHeldByOther is wrapped by [OpenDevice], [Probe] (and fakes) when
+// another process holds the watchdog open (a watchdog daemon, systemd's
+// RuntimeWatchdogSec, sbd): this node cannot arm it, so it cannot serve.
+var ErrHeldByOther = errors.New("the watchdog is held by another process")
+
+// ErrNotRunning is wrapped by [OpenDeviceLeftRunning] (and fakes) when
+// sysfs says the watchdog is not running: there is nothing to release, and
+// opening it would start it. [Watchdog.Release] then does nothing.
+var ErrNotRunning = errors.New("the watchdog is not running")
+
 // WatchdogConfig configures a [Watchdog].
 type WatchdogConfig struct {
 	// Path is the watchdog device, e.g. /dev/watchdog.
@@ -115,6 +142,10 @@ type Watchdog struct {
 	// minTimeout is the shortest timeout the driver takes, learned from
 	// EINVAL answers and from timeouts it raised; 1 until then.
 	minTimeout int
+	// took: how long the last ioctls that ping took (a ring); a shrink
+	// asks for that much less, since its own ping lands when it returns.
+	took  [8]time.Duration
+	tookN int
 }
 
 // NewWatchdog checks cfg and returns a Watchdog that is not armed: it
@@ -215,7 +246,7 @@ func (w *Watchdog) feedLocked(what string) error {
 		return fmt.Errorf("%s watchdog %s: %w", what, w.cfg.Path, ErrNotArmed)
 	}
 	if w.devTimeout != w.timeout {
-		got, err := w.dev.SetTimeout(w.timeout)
+		got, err := w.setTimeoutLocked(w.timeout)
 		if err != nil {
 			return fmt.Errorf("%s watchdog %s: restore timeout %ds: %w", what, w.cfg.Path, w.timeout, err)
 		}
@@ -228,7 +259,7 @@ func (w *Watchdog) feedLocked(what string) error {
 		if w.starving {
 			w.log.Info("watchdog fed again after starving")
 		}
-	} else if err := w.dev.Keepalive(); err != nil {
+	} else if err := w.keepaliveLocked(); err != nil {
 		return fmt.Errorf("%s watchdog %s: keepalive: %w", what, w.cfg.Path, err)
 	} else if w.starving {
 		w.log.Info("watchdog fed again after starving")
@@ -267,14 +298,94 @@ func (w *Watchdog) Starve() error {
 		w.starving = true
 		w.log.Warn("watchdog starving: no proof that this node may serve", "reset_by", w.proofDeadline)
 	}
-	want := 1
-	if left := w.proofDeadline.Sub(now); left >= 2*time.Second {
-		want = int(left / time.Second)
-	}
-	if err := w.shrinkLocked(want); err != nil {
+	if err := w.shrinkLocked(w.wantLocked(now)); err != nil {
 		return fmt.Errorf("starve watchdog %s: %w", w.cfg.Path, err)
 	}
 	return nil
+}
+
+// wantLocked is the timeout, in whole seconds (at least 1), that a
+// SETTIMEOUT asked at now may set without moving the reset past the proof
+// deadline: what is left of it, less the slowest recent ping (a
+// SETTIMEOUT's ping lands when the ioctl returns, at worst).
+func (w *Watchdog) wantLocked(now time.Time) int {
+	left := w.proofDeadline.Sub(now) - w.slowestLocked()
+	if left < 2*time.Second {
+		return 1
+	}
+	return int(left / time.Second)
+}
+
+// FeedWithin is Feed bound to a proof: proofEnd says until when this node
+// may serve (zero or past: no proof); the caller passes a function so that
+// it is asked again when the ping returns. A ping lands somewhere between
+// the ioctl's call and its return, and a slow driver (ipmi_watchdog asks
+// the board's BMC; a stalled process) may return seconds later: then the
+// reset would move past proof + timeout, the bound a successor waits for.
+// So it pings only while the proof holds ([ErrNoProof] otherwise, nothing
+// pinged), and if the ping returned after the proof ended — asked again
+// then, so a proof renewed meanwhile counts — it starves at once towards
+// the end of that proof + Timeout, less the slowest recent ping, and
+// returns [ErrLateFeed]. The kernel's deadline then stays within the
+// proof's end + Timeout (+ the whole-second rounding), as long as the
+// shrinking SETTIMEOUT is no slower than the slowest of the last pings.
+func (w *Watchdog) FeedWithin(proofEnd func() time.Time) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	end := proofEnd()
+	if !w.cfg.Now().Before(end) {
+		return fmt.Errorf("feed watchdog %s: %w", w.cfg.Path, ErrNoProof)
+	}
+	if err := w.feedLocked("feed"); err != nil {
+		return err
+	}
+	returned := w.lastFeed
+	if e := proofEnd(); e.After(end) {
+		end = e
+	}
+	if !returned.After(end) {
+		return nil
+	}
+	// The ping may have landed after the proof ended: the promise is
+	// end + Timeout, not returned + Timeout.
+	w.proofDeadline = end.Add(w.cfg.Timeout)
+	w.starving = true
+	w.log.Warn("watchdog ping returned after its proof ended: starving it at once", "proof_end", end, "returned", returned, "reset_by", w.proofDeadline)
+	err := fmt.Errorf("feed watchdog %s: %w (%v after the proof ended at %s)", w.cfg.Path, ErrLateFeed, returned.Sub(end).Round(time.Millisecond), end.Format(time.RFC3339Nano))
+	if serr := w.shrinkLocked(w.wantLocked(w.cfg.Now())); serr != nil {
+		return errors.Join(err, fmt.Errorf("starve watchdog %s: %w", w.cfg.Path, serr))
+	}
+	return err
+}
+
+// keepaliveLocked pings and notes how long the ioctl took.
+func (w *Watchdog) keepaliveLocked() error {
+	start := w.cfg.Now()
+	err := w.dev.Keepalive()
+	w.tookLocked(w.cfg.Now().Sub(start))
+	return err
+}
+
+// setTimeoutLocked sets the device's timeout and notes how long it took.
+func (w *Watchdog) setTimeoutLocked(seconds int) (int, error) {
+	start := w.cfg.Now()
+	got, err := w.dev.SetTimeout(seconds)
+	w.tookLocked(w.cfg.Now().Sub(start))
+	return got, err
+}
+
+func (w *Watchdog) tookLocked(d time.Duration) {
+	w.took[w.tookN%len(w.took)] = d
+	w.tookN++
+}
+
+// slowestLocked is the longest of the last ioctls that pinged.
+func (w *Watchdog) slowestLocked() time.Duration {
+	var m time.Duration
+	for _, d := range w.took {
+		m = max(m, d)
+	}
+	return m
 }
 
 // shrinkLocked sets the device's timeout to want seconds, or to the
@@ -284,7 +395,7 @@ func (w *Watchdog) Starve() error {
 // already that short.
 func (w *Watchdog) shrinkLocked(want int) error {
 	for req := max(want, w.minTimeout); req < w.devTimeout; req++ {
-		got, err := w.dev.SetTimeout(req)
+		got, err := w.setTimeoutLocked(req)
 		if errors.Is(err, syscall.EINVAL) {
 			w.minTimeout = req + 1
 			continue
@@ -369,7 +480,9 @@ func (w *Watchdog) Disarm() error {
 // Release stops the watchdog once the node no longer serves: Disarm when
 // this process armed it; otherwise it opens the device, also when a
 // previous process of this node died and left it running (the open does
-// not ping a running one), and magic-closes it at once. A process that
+// not ping a running one), and magic-closes it at once. Where sysfs says
+// the watchdog is not running it does not open it at all (a standby's
+// start touches nothing: an open would start it). A process that
 // restarts after a crash calls it only after it stopped what the dead one
 // served; until then the left-running watchdog keeps counting down to the
 // dead process's deadline, and resets the machine if the stop takes too
@@ -382,6 +495,9 @@ func (w *Watchdog) Release() error {
 		return w.Disarm()
 	}
 	dev, err := w.cfg.OpenLeftRunning(w.cfg.Path)
+	if errors.Is(err, ErrNotRunning) {
+		return nil // not opened: an open would start it
+	}
 	if err != nil {
 		return fmt.Errorf("release watchdog: %w", err)
 	}

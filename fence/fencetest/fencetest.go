@@ -107,8 +107,16 @@ type FakeDevice struct {
 	// MinTimeout and MaxTimeout bound what SETTIMEOUT takes (0: 1 and
 	// 65535).
 	MinTimeout, MaxTimeout int
-	// NoWayOut: the magic close does not stop it.
+	// NoWayOut: the magic close does not stop it. Unless NoSysfs, the
+	// kernel says so in sysfs, and Open and OpenLeftRunning refuse it as
+	// fence.OpenDevice does (fence.ErrNoWayOut), without opening it.
 	NoWayOut bool
+	// NoSysfs: a kernel without watchdog sysfs, so nothing is known before
+	// an open: OpenLeftRunning opens (and so starts) a watchdog that is not
+	// running, and nowayout is not seen. Otherwise OpenLeftRunning refuses
+	// one that is not running (fence.ErrNotRunning), as
+	// fence.OpenDeviceLeftRunning does.
+	NoSysfs bool
 	// AllowOpenRunning: open a running watchdog, as the kernel does,
 	// instead of refusing it as fence.OpenDevice does.
 	AllowOpenRunning bool
@@ -116,6 +124,12 @@ type FakeDevice struct {
 	// fails the operation, which then changes nothing (for OpMagicClose: the
 	// write fails, and the device is closed without "V").
 	Fail func(op Op) error
+	// Delay, when set, is called at the start of each operation on an
+	// open handle, before the device lock is taken and before the
+	// operation takes effect: a slow ioctl (ipmi_watchdog asks the board's
+	// BMC) whose effect lands when it returns, the worst case for the
+	// caller. A test advances its Clock there.
+	Delay func(op Op)
 
 	mu       sync.Mutex
 	inited   bool
@@ -200,8 +214,18 @@ func (f *FakeDevice) openWith(path string, allowRunning bool) (fence.Device, err
 			return nil, err
 		}
 	}
+	if allowRunning && !f.active && !f.NoSysfs && !f.AllowOpenRunning {
+		err := fmt.Errorf("%s: %w", path, fence.ErrNotRunning)
+		f.recordLocked(OpOpen, now, 0, false, err)
+		return nil, err
+	}
+	if f.NoWayOut && !f.NoSysfs {
+		err := fmt.Errorf("%s: %w", path, fence.ErrNoWayOut)
+		f.recordLocked(OpOpen, now, 0, false, err)
+		return nil, err
+	}
 	if f.open != 0 {
-		err := fmt.Errorf("%s is held by another process: %w", path, &fs.PathError{Op: "open", Path: path, Err: syscall.EBUSY})
+		err := fmt.Errorf("%s is held by another process: %w (%w)", path, fence.ErrHeldByOther, &fs.PathError{Op: "open", Path: path, Err: syscall.EBUSY})
 		f.recordLocked(OpOpen, now, 0, false, err)
 		return nil, err
 	}
@@ -221,6 +245,23 @@ func (f *FakeDevice) openWith(path string, allowRunning bool) (fence.Device, err
 	f.open = f.gen
 	f.recordLocked(OpOpen, now, 0, ping, nil)
 	return &handle{f: f, gen: f.gen}, nil
+}
+
+// HeldByOther plays another process (systemd's RuntimeWatchdogSec, a
+// watchdog daemon) opening the device: it runs, and every open fails with
+// EBUSY (fence.ErrHeldByOther) until Dropped.
+func (f *FakeDevice) HeldByOther() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.initLocked()
+	now := f.Now()
+	if !f.active {
+		f.active = true
+		f.pingLocked(now)
+	}
+	f.gen++
+	f.open = f.gen
+	f.recordLocked(OpOpen, now, 0, true, nil)
 }
 
 // ProcessDied closes the open handle without the magic character, as the
@@ -346,6 +387,9 @@ func (h *handle) beginLocked(op Op, now time.Time) error {
 
 func (h *handle) Keepalive() error {
 	f := h.f
+	if f.Delay != nil {
+		f.Delay(OpKeepalive)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.Now()
@@ -359,6 +403,9 @@ func (h *handle) Keepalive() error {
 
 func (h *handle) SetTimeout(seconds int) (int, error) {
 	f := h.f
+	if f.Delay != nil {
+		f.Delay(OpSetTimeout)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.Now()
@@ -378,6 +425,9 @@ func (h *handle) SetTimeout(seconds int) (int, error) {
 
 func (h *handle) MagicClose() error {
 	f := h.f
+	if f.Delay != nil {
+		f.Delay(OpMagicClose)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.Now()
@@ -394,6 +444,9 @@ func (h *handle) MagicClose() error {
 
 func (h *handle) Close() error {
 	f := h.f
+	if f.Delay != nil {
+		f.Delay(OpClose)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.Now()

@@ -75,7 +75,7 @@ func TestFakeDeviceKernelRules(t *testing.T) {
 
 func TestFakeDeviceNoWayOutAndReset(t *testing.T) {
 	clock := &Clock{}
-	f := &FakeDevice{Now: clock.Now, NoWayOut: true}
+	f := &FakeDevice{Now: clock.Now, NoWayOut: true, NoSysfs: true}
 	d, err := f.Open("/dev/watchdog")
 	if err != nil {
 		t.Fatal(err)
