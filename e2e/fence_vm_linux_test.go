@@ -54,6 +54,11 @@ import (
 // the named VM's QEMU — a power cut — and answers once it is gone. It is
 // the only fake in this test.
 //
+// The mismatch drills (g, h, i: fence_mismatch_vm_linux_test.go) run the
+// same faults with the two servers promising differently (fence_timeout
+// 15 s against 2 s, a watchdog against none); their controls run a
+// successor that trusts its own settings alone and must show the overlap.
+//
 // The negative control runs drill (a) with fencing off: the sampler must
 // see both servers mount the shared disk at once (the test can fail).
 
@@ -738,7 +743,11 @@ func TestFencingNeverTwoServers(t *testing.T) {
 	for i := range 2 {
 		name := fmt.Sprintf("s%d", i+1)
 		local := filepath.Join(p.dir, name+"-local.img")
-		makeDisk(t, local, 160)
+		if dir := controlDiskDir(t); dir != "" {
+			makeDisk(t, local, 160, "-d", dir) // the mismatch controls' build
+		} else {
+			makeDisk(t, local, 160)
+		}
 		ip := fmt.Sprintf("%s.%d", topoNet, 12+i)
 		v := vmFor(name, ip, []string{shared, local}, "vm.disk=/dev/vdb:/var/lib/nsmd")
 		n := &pairNode{id: name, ip: netip.MustParseAddr(ip), vm: v, admin: net.JoinHostPort(ip, strconv.Itoa(adminPort))}
@@ -816,8 +825,6 @@ func TestFencingNeverTwoServers(t *testing.T) {
 	r.sampler = startSampler(t, fvms)
 	p.serverArgs = slowDiskArgs
 	if fencing {
-		// Never a watchdog on the host: the witness runs here, not in a VM.
-		p.witnessArgs = []string{"--fence-watchdog", "off"}
 		p.serverArgs = fenceArgs(false)
 	}
 	p.startWitness()
@@ -829,7 +836,9 @@ func TestFencingNeverTwoServers(t *testing.T) {
 	t.Logf("serving: %s (sm_state %d), fencing %v", leader.id, st.SMState, fencing)
 	r.startClients(leader)
 
-	// NSMD_E2E_FENCE_DRILLS=a,d,… runs only those drills (debugging); with
+	// NSMD_E2E_FENCE_DRILLS=a,d,… runs only those drills (debugging: cg,
+	// ch, ci name the mismatch controls, neg the fencing-off negative
+	// control, which then run only when named); with
 	// an nsmd without fencing it runs them anyway, fencing off (d is the
 	// one that must pass without fencing: nsmd itself still runs there).
 	only := map[string]bool{}
@@ -849,7 +858,17 @@ func TestFencingNeverTwoServers(t *testing.T) {
 			if d.name == "e" && fencing {
 				// A frozen VM cannot reset itself: the fence agent covers it.
 				p.serverArgs = fenceArgs(true)
+				for _, n := range p.servers {
+					n.args, n.bin = nil, ""
+				}
 				p.restartServers()
+			}
+			if mismatchDrill(d.name) {
+				if !fencing {
+					continue
+				}
+				_, succ := r.arrange(mismatchSettings(d.name, ""))
+				r.checkMismatchSeen(d.name, succ)
 			}
 			results = append(results, r.drill(d.name, d.fault))
 		}
@@ -868,7 +887,12 @@ func TestFencingNeverTwoServers(t *testing.T) {
 	}
 	r.stopClients()
 	r.cleanStopAndFsck()
-	r.negativeControl(fencing)
+	if fencing {
+		r.mismatchControls(only)
+	}
+	if len(only) == 0 || only["neg"] {
+		r.negativeControl(fencing)
+	}
 	t.Logf("fencing tier: %v in all", time.Since(tStart).Round(time.Second))
 }
 
@@ -887,6 +911,9 @@ var fenceDrills = []struct{ name, fault string }{
 	{"c", "SIGSTOP nsmd 10 s, SIGCONT"},
 	{"d", "raft+gossip cut 15 s, healed"},
 	{"f", "transfer, umount busy"},
+	{"g", "kill -9 nsmd; timeouts 15 s vs 2 s"},
+	{"h", "SIGSTOP nsmd 25 s; 15 s vs 2 s"},
+	{"i", "kill -9 nsmd; 15 s vs off"},
 	{"e", "VM frozen 12 s (fence agent), SIGCONT"},
 }
 
@@ -1081,9 +1108,18 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 	var healed time.Time
 	after := make(chan struct{}) // the fault's second half (restart, SIGCONT, heal) is done
 	switch name {
-	case "a":
+	case "a", "g", "i":
 		leader.vm.sh(5*time.Second, fmt.Sprintf("kill -9 %d", leader.pid))
 		close(after)
+	case "h":
+		leader.vm.sh(5*time.Second, fmt.Sprintf("kill -STOP %d", leader.pid))
+		go func() {
+			defer close(after)
+			time.Sleep(mismatchStop) // longer than the serving node's fence_timeout
+			if !fl.isDown() {
+				leader.vm.try(5*time.Second, fmt.Sprintf("kill -CONT %d", leader.pid))
+			}
+		}()
 	case "b":
 		leader.vm.sh(5*time.Second, fmt.Sprintf("kill -9 %d", leader.pid))
 		time.Sleep(2 * time.Second) // the fault itself: systemd's Restart=on-failure, RestartSec=2
@@ -1208,7 +1244,10 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 	if res.serve > fenceServeBound.Seconds() {
 		t.Errorf("%s: the survivor served %.1fs after the fault, bound %v", name, res.serve, fenceServeBound)
 	}
-	if name == "a" && !strings.Contains(res.fate, "watchdog") {
+	if mismatchDrill(name) {
+		r.checkMismatchWait(name, leader, other)
+	}
+	if (name == "a" || mismatchDrill(name)) && !strings.Contains(res.fate, "watchdog") {
 		t.Errorf("%s: a serving node whose nsmd died was not reset by its watchdog: %s", name, res.fate)
 	}
 	if name == "e" && !strings.Contains(res.fate, "fence agent") {
@@ -1363,6 +1402,9 @@ func (r *fenceRig) negativeControl(fencing bool) {
 	p.serverArgs = slowDiskArgs
 	if fencing {
 		p.serverArgs = append(slices.Clone(slowDiskArgs), "--fence-watchdog", "off")
+	}
+	for _, n := range p.servers {
+		n.args, n.bin = nil, ""
 	}
 	for _, n := range p.servers {
 		p.startServer(n)

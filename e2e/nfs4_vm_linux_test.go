@@ -242,6 +242,10 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 	vw := watchVIP(t, p.w.ns, pairVIP, st.SMState, t0)
 	switch fault {
 	case "kill":
+		// A power cut: the servers run with the default fencing (softdog
+		// armed while serving, the default fence_timeout), so the
+		// survivor waits out the old server's watchdog promise before it
+		// serves, as it would on a real pair.
 		leader.vm.kill()
 	case "transfer":
 		resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+other.id, "", nil)
@@ -563,10 +567,9 @@ func haPairKeepsLocks(t *testing.T, series string, full bool) {
 	case !full:
 		// On 6.12 the workload runs at the grace it runs at on 6.1 (the
 		// last drill's, 10 s), and three failovers (transfer, kill,
-		// transfer). It runs only when asked: these drills run without
-		// fences, and on a loaded host 6.12's stops overran the hook
-		// timeout while the next server mounted the disk (the fencing
-		// tier is what proves that cannot happen with fencing on).
+		// transfer). It runs only when asked, for the time budget (the
+		// fencing tier is what proves that a stop overrunning its hook
+		// timeout is fenced before the next server mounts).
 		failovers = min(failovers, 3)
 		workload = os.Getenv("NSMD_E2E_612_WORKLOAD") == "1"
 		p.haConf(10)

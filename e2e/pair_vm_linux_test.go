@@ -54,6 +54,23 @@ type pairNode struct {
 	vm    *testVM // nil for the witness
 	admin string
 	pid   int // nsmd's pid in the VM
+	// bin is the nsmd program the VM runs ("": the image's nsmd) and args
+	// more flags for this node alone (after the topology's serverArgs),
+	// from its next start; running says what it was last started with.
+	bin     string
+	args    []string
+	running nodeSettings
+}
+
+// nodeSettings is what a server's nsmd was started with, beyond the flags
+// every server gets.
+type nodeSettings struct {
+	bin  string
+	args string // the flags, joined
+}
+
+func (n *pairNode) settings() nodeSettings {
+	return nodeSettings{bin: n.bin, args: strings.Join(n.args, " ")}
 }
 
 type pairTopo struct {
@@ -108,9 +125,6 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 		"--on-fault", "/usr/lib/nsmd/hooks/nfsd-ha",
 		"--heartbeat-timeout", pairHeartbeat, "--election-timeout", pairElection, "--leader-lease-timeout", pairLease,
 		"--log-level", "debug",
-		// These drills measure lock downtime without fences; the fencing
-		// drills (fence_vm_linux_test.go) arm the servers' watchdogs.
-		"--fence-watchdog", "off",
 		// The servers' data disks are image files on a host whose two
 		// cores run every guest: their writes' median passes the 50 ms
 		// default whenever the host is busy, and the slow-disk hand-off
@@ -119,8 +133,10 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 		"--disk-slow-threshold", "1s",
 	}
 	if n.vm == nil {
+		// Never a watchdog on the host: the witness runs here, not in a
+		// VM (and never serves).
 		args = append(args, p.pki.nodeArgs(n.id)...)
-		return append(args, "--witness", "--rpcbind", "off")
+		return append(args, "--witness", "--rpcbind", "off", "--fence-watchdog", "off")
 	}
 	args = append(args, "--tls-ca", vmTLSDir+"/ca.pem", "--tls-cert", vmTLSDir+"/node.pem", "--tls-key", vmTLSDir+"/node-key.pem",
 		"--gossip-key-file", vmTLSDir+"/gossip.key", "--admin-token-file", vmTLSDir+"/admin.token")
@@ -128,18 +144,28 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 }
 
 // startServer starts rpcbind and nsmd in server VM n (nsmd forks off; its
-// log is /var/lib/nsmd/nsmd.log on the VM's local disk).
+// log is /var/lib/nsmd/nsmd.log on the VM's local disk). The servers run
+// with the default fencing, as users do: nsmd arms /dev/watchdog (the
+// guest's softdog, loaded here) while it serves, with the default
+// fence_timeout, unless serverArgs or the node's args say otherwise.
 func (p *pairTopo) startServer(n *pairNode) {
 	p.t.Helper()
 	q := make([]string, 0, 64)
-	for _, a := range append(p.nsmdArgs(n, "/var/lib/nsmd"), p.serverArgs...) {
+	args := append(p.nsmdArgs(n, "/var/lib/nsmd"), p.serverArgs...)
+	for _, a := range append(args, n.args...) {
 		q = append(q, shellQuote(a))
 	}
 	p.installTLS(n)
 	if p.grace > 0 {
 		p.writeConf(n)
 	}
+	n.vm.sh(20*time.Second, loadSoftdog("")+"; test -c /dev/watchdog || { ls -l /dev/watchdog*; lsmod; dmesg | tail; false; }")
 	n.vm.sh(10*time.Second, "pidof rpcbind >/dev/null || rpcbind -w")
+	bin := "nsmd"
+	if n.bin != "" {
+		bin = n.bin
+	}
+	n.running = n.settings()
 	env := fmt.Sprintf("NFS_HA_DEVICE=/dev/vda NFS_HA_MOUNT=%s NFS_HA_GRACE=%d NFS_HA_CLIENTS=%s.0/24 NFS_HA_EXPORT_OPTIONS=%s", pairExport, pairGrace, topoNet, vmExportOptions)
 	if os.Getenv("NSMD_E2E_NO_DELEGATIONS") == "1" {
 		// The hook turns leases off, so nfsd hands out no NFSv4
@@ -147,7 +173,7 @@ func (p *pairTopo) startServer(n *pairNode) {
 		// tells their part in a result apart.
 		env += " NFS_HA_DELEGATIONS=no"
 	}
-	_, n.pid = n.vm.start(5*time.Second, fmt.Sprintf("echo started; exec env %s nsmd %s >>/var/lib/nsmd/nsmd.log 2>&1", env, strings.Join(q, " ")))
+	_, n.pid = n.vm.start(5*time.Second, fmt.Sprintf("echo started; exec env %s %s %s >>/var/lib/nsmd/nsmd.log 2>&1", env, bin, strings.Join(q, " ")))
 }
 
 // stopServer stops nsmd in server VM n (SIGTERM: a leader hands
