@@ -155,8 +155,17 @@ func faultsFor(topo string) []string {
 	return faultKinds
 }
 
-// myNames are the workers' my_names (the porcupine partitions).
-var myNames = []string{"chk-a.e2e", "chk-b.e2e", "chk-c.e2e", "chk-d.e2e"}
+// myNames are the workers' my_names (the porcupine partitions): one per
+// lock manager a schedule can have (three client hosts through the VIP,
+// three servers' lockd). A worker's SM_MON names its own lock manager's
+// my_name, as lockd and a remote lock manager do; its SM_UNMON and
+// SM_UNMON_ALL name any of them, so the owner rule of removals is
+// exercised. An SM_MON over another lock manager's registration is
+// refused with stat_fail, which the model must take as "may or may not
+// have taken effect" (it does not know the serving node): drawn at
+// random, those unknowns made the check's search explode, so the refusal
+// itself is left to the fsm, nsm, cluster and agent tests.
+var myNames = []string{"chk-a.e2e", "chk-b.e2e", "chk-c.e2e", "chk-d.e2e", "chk-e.e2e", "chk-f.e2e"}
 
 // scheduleSummary counts what the schedules did.
 type scheduleSummary struct {
@@ -255,6 +264,7 @@ type worker struct {
 	ns   string // namespace it calls from
 	addr string // host:port it calls
 	via  string
+	my   int // index in myNames of its lock manager's my_name (its SM_MONs)
 	rng  *rand.Rand
 }
 
@@ -282,6 +292,13 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 			w.ns, w.addr, w.via = n.host.ns, net.JoinHostPort("127.0.0.1", strconv.Itoa(nsmPort)), "lockd on "+n.id
 		}
 		workers = append(workers, w)
+	}
+	lockManagers := map[string]int{}
+	for _, w := range workers {
+		if _, ok := lockManagers[w.via]; !ok {
+			lockManagers[w.via] = len(lockManagers)
+		}
+		w.my = lockManagers[w.via]
 	}
 	monLabels := make([]string, monNames)
 	for i := range monLabels {
@@ -456,7 +473,7 @@ func (w *worker) run(ctx context.Context, h *history, monLabels []string) {
 		in := nsmInput{Via: w.via, My: w.rng.IntN(len(myNames)), Mon: w.rng.IntN(monNames)}
 		switch r := w.rng.IntN(100); {
 		case r < 45:
-			in.Kind = opMon
+			in.Kind, in.My = opMon, w.my
 			var p [nsm.PrivLen]byte
 			for i := range p {
 				p[i] = byte(w.rng.UintN(256))

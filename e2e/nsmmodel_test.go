@@ -36,7 +36,9 @@ import (
 // through the VIP). An SM_MON that would replace another lock manager's
 // registration is answered stat_fail unless it comes from the serving
 // node's lockd, which the model does not track: a stat_fail is "may or may
-// not have taken effect" anyway, and an acknowledged SM_MON replaced.
+// not have taken effect" anyway, and an acknowledged SM_MON replaced. (The
+// schedules' workers monitor only under their own lock manager's my_name,
+// so they do not meet that refusal: checked_linux_test.go, myNames.)
 
 // monNames are the mon_names the workers use (the client hosts' IPs: every
 // one of them can receive SM_NOTIFY).
