@@ -304,6 +304,7 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	for i := range monLabels {
 		monLabels[i] = c.clients[i%len(c.clients)].host.ip.String()
 	}
+	clearTables(t, c, leader, monLabels)
 	h := &history{t0: time.Now()}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -467,6 +468,50 @@ func describeWorkers(ws []*worker) string {
 	return strings.Join(s, ", ")
 }
 
+// clearTables removes what earlier schedules left under the workers'
+// my_names, so that each history starts from the model's empty table: a
+// registration belongs to the lock manager that made it, and an SM_MON
+// of another one does not replace it, so only its own lock manager can
+// remove it. Every lock manager a schedule can have sends SM_UNMON_ALL
+// for every my_name; then the leader's table must be empty.
+func clearTables(t *testing.T, c *e2eCluster, leader *nsmNode, monLabels []string) {
+	t.Helper()
+	var ws []*worker
+	if c.vipOK {
+		for _, cl := range c.clients {
+			ws = append(ws, &worker{ns: cl.host.ns, addr: net.JoinHostPort(c.vip.String(), strconv.Itoa(nsmPort)), via: "VIP from " + cl.host.name})
+		}
+	}
+	for _, n := range c.servers() {
+		ws = append(ws, &worker{ns: n.host.ns, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(nsmPort)), via: "lockd on " + n.id})
+	}
+	for try := 0; ; try++ {
+		for _, w := range ws {
+			for my := range myNames {
+				w.do(nsmInput{Kind: opUnmonAll, My: my, Via: w.via}, monLabels)
+			}
+		}
+		tables, err := finalTables(leader, monLabels)
+		if err != nil {
+			t.Fatalf("clearing the tables: %v", err)
+		}
+		left := 0
+		for _, tb := range tables {
+			for _, p := range tb {
+				if p != "" {
+					left++
+				}
+			}
+		}
+		if left == 0 {
+			return
+		}
+		if try == 2 {
+			t.Fatalf("clearing the tables: %d registrations of earlier schedules left after SM_UNMON_ALL from every lock manager", left)
+		}
+	}
+}
+
 // run sends random NSM calls until ctx ends, recording each.
 func (w *worker) run(ctx context.Context, h *history, monLabels []string) {
 	for ctx.Err() == nil {
@@ -489,13 +534,13 @@ func (w *worker) run(ctx context.Context, h *history, monLabels []string) {
 		call := h.now()
 		out := w.do(in, monLabels)
 		ret := h.now()
-		if !out.Known {
-			if in.Kind == opStat {
-				continue // a read with no answer says nothing
+		// A read with no answer says nothing; an unsent call did nothing.
+		if record := out.Known || (in.Kind != opStat && out.Err != "not sent"); record {
+			if !out.Known {
+				ret = unanswered
 			}
-			ret = unanswered
+			h.add(porcupine.Operation{ClientId: w.id, Input: in, Call: call, Output: out, Return: ret})
 		}
-		h.add(porcupine.Operation{ClientId: w.id, Input: in, Call: call, Output: out, Return: ret})
 		// Spread the load (and keep histories checkable): 0–20 ms.
 		select {
 		case <-ctx.Done():
@@ -512,6 +557,9 @@ func (w *worker) do(in nsmInput, monLabels []string) nsmOutput {
 		defer cancel()
 		cl, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: w.addr, Timeout: 1500 * time.Millisecond})
 		if err != nil {
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				return errNotSent
+			}
 			return err
 		}
 		defer cl.Close()
@@ -566,10 +614,17 @@ func (w *worker) do(in nsmInput, monLabels []string) nsmOutput {
 	return out
 }
 
+// errNotSent: the connection was refused (the node's nsmd is down), so
+// the call never left: it took no effect, and the history leaves it out
+// (an unknown outcome would only widen the check's search).
+var errNotSent = errors.New("not sent: connection refused")
+
 func shortErr(err error) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
 		return "timeout"
+	case errors.Is(err, errNotSent):
+		return "not sent"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "refused"
 	}

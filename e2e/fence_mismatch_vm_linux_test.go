@@ -248,6 +248,10 @@ func (r *fenceRig) mismatchControls(only map[string]bool) {
 		}
 		r.t, r.pairTopo.t = t, t
 		p := r.pairTopo
+		// The controls run as the drills g–i did, without the fence
+		// agent that drill e added: with it, the control successor
+		// fences the old server by agent and no overlap can show.
+		p.serverArgs = fenceArgs(false)
 		for _, n := range p.servers {
 			// It runs there (the image has the libraries a cgo build links).
 			if rc, out, err := n.vm.try(20*time.Second, fenceControlVMBin+" version 2>&1"); err != nil || rc != 0 {
