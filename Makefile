@@ -33,7 +33,7 @@ test: lint
 E2E_RUN ?= .
 e2e: build prev-release fencecontrol
 	old=$${NSMD_E2E_OLD_BIN:-}; if [ -z "$$old" ] && [ -x out/nsmd-prev ]; then old=$(CURDIR)/out/nsmd-prev; fi; \
-	NSMD_E2E_OLD_BIN=$$old NSMD_E2E_FENCECONTROL_BIN=$(CURDIR)/out/nsmd-fencecontrol NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 35m -v -run '$(E2E_RUN)' ./e2e/
+	NSMD_E2E_OLD_BIN=$$old NSMD_E2E_FENCECONTROL_BIN=$(CURDIR)/out/nsmd-fencecontrol NSMD_BIN=$(CURDIR)/$(BIN) NSMD_VM_KERNEL_DIR=$(CURDIR)/out/vm-kernel $(GO) test -count=1 -timeout 45m -v -run '$(E2E_RUN)' ./e2e/
 
 # The fencing drills' negative control: a build whose new leader waits by
 # its own fence settings alone, ignoring the other servers' promises
