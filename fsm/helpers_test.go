@@ -110,7 +110,9 @@ func (g *gen) when() time.Time {
 // command draws a command: NSM commands five times in six, NFSv4
 // client-tracking commands (v4Command) otherwise.
 func (g *gen) command() Command {
-	switch n := g.r.IntN(130); {
+	switch n := g.r.IntN(140); {
+	case n >= 130:
+		return servicesCommand(g.r)
 	case n >= 120:
 		return servingCommand(g.r)
 	case n >= 100:

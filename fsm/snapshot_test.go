@@ -78,7 +78,7 @@ func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
 		"trailing byte":   append(slices.Clone(b), 0),
 		"huge frame":      append(append(slices.Clone(b[:9]), 0xff, 0xff, 0xff, 0xff), b[13:]...),
 		"no scalars":      binary.BigEndian.AppendUint32(slices.Clone(b[:9]), 0),
-		"version too new": func() []byte { c := slices.Clone(b); c[8] = snapVersion4 + 1; return c }(),
+		"version too new": func() []byte { c := slices.Clone(b); c[8] = snapVersion5 + 1; return c }(),
 		"version 0":       func() []byte { c := slices.Clone(b); c[8] = 0; return c }(),
 		// A version-3 stream labelled version 1 or 2 (checksum recomputed):
 		// its scalars frame has trailing bytes (takeover term, v4 epochs).
@@ -181,6 +181,9 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 		}
 		if cur, _ := a.Epochs(); cur < 5 || v4Records == 0 {
 			t.Fatalf("seed %d: stream too weak for NFSv4 tracking (epoch %d, %d records seen)", seed, cur, v4Records)
+		}
+		if st := a.Services(); len(st.Placements) == 0 || len(st.Declarations) == 0 || st.Placements[0].Epoch < 2 {
+			t.Fatalf("seed %d: stream too weak for placements (%+v)", seed, st)
 		}
 		if c.TakeoverTerm() != a.TakeoverTerm() {
 			t.Fatalf("seed %d: restored replica's takeover term %d, want %d", seed, c.TakeoverTerm(), a.TakeoverTerm())
