@@ -427,6 +427,14 @@ func FuzzRestore(f *testing.F) {
 	f.Add(readV1Fixture(f))
 	f.Add(readV2Fixture(f))
 	f.Add(persist(f, v4FSM(f)))
+	f.Add(persist(f, servicesFSM(f)))
+	for _, golden := range []string{"testdata/snapshot-v3-tiny.bin", "testdata/snapshot-v4-tiny.bin"} {
+		b, err := os.ReadFile(golden)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Add([]byte("NSMDSNP1\x01"))
 	f.Add([]byte("NSMDSNP1\x02"))
 	f.Add([]byte("NSMDSNP1\x03"))
