@@ -43,8 +43,8 @@ import (
 //	servingrec = node str(nsm_addr) promise time(since)      (nsm_addr ≤ 256)
 //	promise  = mode:u8(1 off, 2 agent, 3 watchdog) watchdog_timeout lease
 //	           hook_timeout margin      (each uvarint ns ≤ MaxPromiseDuration)
-//	declaration = node count:uvarint(0…256) (str(service) str(fingerprint)){count}
-//	           (services strictly ascending by id)
+//	declaration = node count:uvarint(0…256) decl{count}  (strictly ascending by service)
+//	decl     = str(service) str(fingerprint) n:uvarint(0…64) node{n}  (prefer, none twice)
 //	placement = str(service) str(node) epoch str(reason) time(at) str(from)
 //	           (node and from may be empty: unplaced)
 //	service  = 1…64 bytes; fingerprint 1…64 bytes; epoch = uvarint ≥ 1

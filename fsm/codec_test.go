@@ -39,7 +39,7 @@ func sampleCommands() []Command {
 		ServingBegin{Node: "s2", Promise: Promise{Mode: FenceAgent, HookTimeout: MaxPromiseDuration}},
 		ServingEnd{Node: "s1", At: time.Unix(4, 0).UTC()},
 		FenceConfirm{Node: "s2", By: "admin 192.0.2.9 (operator certificate)", At: time.Unix(5, 0).UTC()},
-		ServicesDeclared{Node: "s1", Services: []ServiceDecl{{ID: "home", Fingerprint: "832063574c84a0fe"}, {ID: strings.Repeat("x", MaxServiceIDLen), Fingerprint: strings.Repeat("f", MaxFingerprintLen)}}},
+		ServicesDeclared{Node: "s1", Services: []ServiceDecl{{ID: "home", Fingerprint: "832063574c84a0fe", Prefer: []string{"s2", strings.Repeat("p", MaxNameLen)}}, {ID: strings.Repeat("x", MaxServiceIDLen), Fingerprint: strings.Repeat("f", MaxFingerprintLen)}}},
 		ServicesDeclared{Node: "s2"},
 		ServicePlaced{Service: "home", Node: "s1", Epoch: 1, Reason: "placed", At: time.Unix(6, 0).UTC()},
 		ServicePlaced{Service: "home", Epoch: 1 << 63, Reason: strings.Repeat("r", MaxReasonLen), From: strings.Repeat("n", MaxNameLen)},

@@ -21,12 +21,15 @@ import (
 // never applied over a newer one. Which server that should be is package
 // placement's decision; this file only records it.
 
-// ServiceDecl is one service a node's configuration declares: its id and
-// the fingerprint of its specification (equal on two nodes exactly when
-// they would serve it the same way).
+// ServiceDecl is one service a node's configuration declares: its id, the
+// fingerprint of its specification (equal on two nodes exactly when they
+// would serve it the same way; it covers Prefer) and its preferred
+// servers, most preferred first — replicated, so every leader places it
+// by the same preferences.
 type ServiceDecl struct {
 	ID          string
 	Fingerprint string
+	Prefer      []string // node ids, at most MaxPrefer, none empty or twice
 }
 
 // ServicesDeclared replaces what Node's configuration declares (committed
@@ -117,6 +120,7 @@ const (
 	MaxServices       = 256 // services one node declares
 	MaxServiceIDLen   = 64  // ServiceDecl.ID, ServicePlaced.Service (1…)
 	MaxFingerprintLen = 64  // ServiceDecl.Fingerprint (1…)
+	MaxPrefer         = 64  // ServiceDecl.Prefer
 )
 
 var (
@@ -232,7 +236,11 @@ func (f *FSM) Services() ServiceState {
 		out.Placements = append(out.Placements, f.st.placed[id])
 	}
 	for _, node := range slices.Sorted(maps.Keys(f.st.declared)) {
-		out.Declarations = append(out.Declarations, Declaration{Node: node, Services: slices.Clone(f.st.declared[node])})
+		ds := slices.Clone(f.st.declared[node])
+		for i := range ds {
+			ds[i].Prefer = slices.Clone(ds[i].Prefer)
+		}
+		out.Declarations = append(out.Declarations, Declaration{Node: node, Services: ds})
 	}
 	return out
 }
@@ -269,9 +277,10 @@ func (e *encoder) servicesCommand(c Command) (ok bool, err error) {
 	return false, nil
 }
 
-// declaration = node count:uvarint(0…MaxServices) (str(id) str(fingerprint)){count},
-// ids strictly ascending; the body of kind 18 and (count ≥ 1) an entry
-// of the snapshot's declared section.
+// declaration = node count:uvarint(0…MaxServices) decl{count}, ids
+// strictly ascending; decl = str(id) str(fingerprint) n:uvarint(0…MaxPrefer)
+// node{n}; the body of kind 18 and (count ≥ 1) an entry of the
+// snapshot's declared section.
 func (e *encoder) declaration(node string, ds []ServiceDecl) error {
 	if err := e.nodeName(node); err != nil {
 		return err
@@ -292,6 +301,18 @@ func (e *encoder) declaration(node string, ds []ServiceDecl) error {
 		}
 		if err := e.str(d.Fingerprint, MaxFingerprintLen, "fingerprint"); err != nil {
 			return err
+		}
+		if len(d.Prefer) > MaxPrefer {
+			return fmt.Errorf("service %q: %d preferred servers (max %d)", d.ID, len(d.Prefer), MaxPrefer)
+		}
+		e.b = binary.AppendUvarint(e.b, uint64(len(d.Prefer)))
+		for j, n := range d.Prefer {
+			if slices.Contains(d.Prefer[:j], n) {
+				return fmt.Errorf("service %q: %q preferred twice", d.ID, n)
+			}
+			if err := e.nodeName(n); err != nil {
+				return fmt.Errorf("service %q: preferred server: %w", d.ID, err)
+			}
 		}
 	}
 	return nil
@@ -354,7 +375,7 @@ func (d *decoder) servicesCommand(k byte) (Command, bool) {
 func (d *decoder) declaration(minCount int) (string, []ServiceDecl) {
 	node := d.nodeName()
 	n := d.uvarint()
-	if d.err == nil && (n < uint64(minCount) || n > MaxServices || n > uint64(len(d.b)/4)) {
+	if d.err == nil && (n < uint64(minCount) || n > MaxServices || n > uint64(len(d.b)/5)) {
 		d.fail("%d services (want %d…%d, fitting %d bytes)", n, minCount, MaxServices, len(d.b))
 	}
 	if d.err != nil {
@@ -370,6 +391,17 @@ func (d *decoder) declaration(minCount int) (string, []ServiceDecl) {
 		x.Fingerprint = string(fp)
 		if d.err == nil && i > 0 && x.ID <= ds[i-1].ID {
 			d.fail("services out of order at %q", x.ID)
+		}
+		np := d.uvarint()
+		if d.err == nil && np > MaxPrefer {
+			d.fail("service %q: %d preferred servers (max %d)", x.ID, np, MaxPrefer)
+		}
+		for j := uint64(0); j < np && d.err == nil; j++ {
+			node := d.nodeName()
+			if d.err == nil && slices.Contains(x.Prefer, node) {
+				d.fail("service %q: %q preferred twice", x.ID, node)
+			}
+			x.Prefer = append(x.Prefer, node)
 		}
 		ds = append(ds, x)
 	}

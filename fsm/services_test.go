@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +26,11 @@ func servicesCommand(r *rand.Rand) Command {
 		var ds []ServiceDecl
 		for i := range 3 {
 			if r.IntN(3) > 0 {
-				ds = append(ds, ServiceDecl{ID: fmt.Sprintf("svc%d", i), Fingerprint: fmt.Sprintf("f%d", r.IntN(2))})
+				d := ServiceDecl{ID: fmt.Sprintf("svc%d", i), Fingerprint: fmt.Sprintf("f%d", r.IntN(2))}
+				if r.IntN(3) == 0 {
+					d.Prefer = []string{fmt.Sprintf("s%d", r.IntN(3))}
+				}
+				ds = append(ds, d)
 			}
 		}
 		return ServicesDeclared{Node: node, Services: ds}
@@ -119,13 +125,15 @@ func TestPlacementAppliesOnlyOnTheLatestEpoch(t *testing.T) {
 
 func TestServicesDeclaredReplacesClearsAndCopiesOut(t *testing.T) {
 	f := New(Options{})
-	applyOK(t, f, 1, ServicesDeclared{Node: "b", Services: []ServiceDecl{{"y", "2"}, {"x", "1"}}}, decl("a", "x", "1"))
+	applyOK(t, f, 1, ServicesDeclared{Node: "b", Services: []ServiceDecl{{"y", "2", nil}, {"x", "1", []string{"b", "a"}}}}, decl("a", "x", "1"))
 	st := f.Services()
-	if len(st.Declarations) != 2 || st.Declarations[0].Node != "a" || st.Declarations[1].Services[0] != (ServiceDecl{"x", "1"}) {
-		t.Fatalf("declarations %+v (want by node, each by id)", st.Declarations)
+	if len(st.Declarations) != 2 || st.Declarations[0].Node != "a" ||
+		!reflect.DeepEqual(st.Declarations[1].Services, []ServiceDecl{{"x", "1", []string{"b", "a"}}, {"y", "2", nil}}) {
+		t.Fatalf("declarations %+v (want by node, each by id, preferences in their order)", st.Declarations)
 	}
 	st.Declarations[1].Services[0].Fingerprint = "mutated"
-	if f.Services().Declarations[1].Services[0].Fingerprint != "1" {
+	st.Declarations[1].Services[0].Prefer[0] = "mutated"
+	if d := f.Services().Declarations[1].Services[0]; d.Fingerprint != "1" || d.Prefer[0] != "b" {
 		t.Fatal("Services shares its slices with the state")
 	}
 	applyOK(t, f, 2, decl("b", "z", "3"))
@@ -189,13 +197,16 @@ func TestServiceCommandsRefuseBadInput(t *testing.T) {
 		many[i] = ServiceDecl{ID: fmt.Sprintf("s%d", i), Fingerprint: "f"}
 	}
 	for name, c := range map[string]Command{
-		"declared: empty node":       ServicesDeclared{Services: []ServiceDecl{{"a", "f"}}},
+		"declared: empty node":       ServicesDeclared{Services: []ServiceDecl{{"a", "f", nil}}},
 		"declared: empty id":         decl("n", "", "f"),
 		"declared: long id":          decl("n", strings.Repeat("i", MaxServiceIDLen+1), "f"),
 		"declared: empty fp":         decl("n", "a", ""),
 		"declared: long fp":          decl("n", "a", strings.Repeat("f", MaxFingerprintLen+1)),
 		"declared: twice":            decl("n", "b", "f", "a", "f", "b", "g"),
 		"declared: too many":         ServicesDeclared{Node: "n", Services: many},
+		"declared: prefer twice":     ServicesDeclared{Node: "n", Services: []ServiceDecl{{"a", "f", []string{"x", "y", "x"}}}},
+		"declared: prefer empty":     ServicesDeclared{Node: "n", Services: []ServiceDecl{{"a", "f", []string{""}}}},
+		"declared: prefer too many":  ServicesDeclared{Node: "n", Services: []ServiceDecl{{"a", "f", make([]string, MaxPrefer+1)}}},
 		"placed: epoch 0":            ServicePlaced{Service: "a", Node: "n"},
 		"placed: empty service":      ServicePlaced{Node: "n", Epoch: 1},
 		"placed: long reason":        ServicePlaced{Service: "a", Epoch: 1, Reason: strings.Repeat("r", MaxReasonLen+1)},
@@ -211,20 +222,24 @@ func TestServiceCommandsRefuseBadInput(t *testing.T) {
 	}
 	// The decoder refuses the same on the wire, and unsorted declarations
 	// (the encoder sorts: whatever decodes re-encodes to the same bytes).
-	good, _ := Encode(decl("n", "a", "f", "b", "g"))
-	// version, count, kind, len 1, 'n', count 2, len 1, 'a', len 1, 'f', len 1, 'b', len 1, 'g'
-	if !bytes.Equal(good, []byte{1, 1, kindServicesDeclared, 1, 'n', 2, 1, 'a', 1, 'f', 1, 'b', 1, 'g'}) {
+	good, _ := Encode(ServicesDeclared{Node: "n", Services: []ServiceDecl{{"b", "g", nil}, {"a", "f", []string{"p"}}}})
+	// version, count, kind, len 1, 'n', count 2, (len 1, 'a', len 1, 'f', 1 preferred, len 1, 'p'), (len 1, 'b', len 1, 'g', 0)
+	if !bytes.Equal(good, []byte{1, 1, kindServicesDeclared, 1, 'n', 2, 1, 'a', 1, 'f', 1, 1, 'p', 1, 'b', 1, 'g', 0}) {
 		t.Fatalf("layout moved: %x", good)
 	}
 	for name, b := range map[string][]byte{
-		"unsorted":       {1, 1, kindServicesDeclared, 1, 'n', 2, 1, 'b', 1, 'f', 1, 'a', 1, 'g'},
-		"duplicate":      {1, 1, kindServicesDeclared, 1, 'n', 2, 1, 'a', 1, 'f', 1, 'a', 1, 'g'},
-		"empty fp":       {1, 1, kindServicesDeclared, 1, 'n', 1, 1, 'a', 0},
-		"count beyond":   {1, 1, kindServicesDeclared, 1, 'n', 3, 1, 'a', 1, 'f', 1, 'b', 1, 'g'},
-		"empty node":     {1, 1, kindServicesDeclared, 0, 0},
-		"placed epoch 0": append([]byte{1, 1, kindServicePlaced, 1, 'a', 0, 0, 0}, make([]byte, 9)...),
-		"forgotten ep 0": {1, 1, kindServiceForgotten, 1, 'a', 0},
-		"trailing":       append(bytes.Clone(good), 0),
+		"unsorted":           {1, 1, kindServicesDeclared, 1, 'n', 2, 1, 'b', 1, 'f', 0, 1, 'a', 1, 'g', 0},
+		"duplicate":          {1, 1, kindServicesDeclared, 1, 'n', 2, 1, 'a', 1, 'f', 0, 1, 'a', 1, 'g', 0},
+		"empty fp":           {1, 1, kindServicesDeclared, 1, 'n', 1, 1, 'a', 0, 0},
+		"count beyond":       {1, 1, kindServicesDeclared, 1, 'n', 3, 1, 'a', 1, 'f', 0, 1, 'b', 1, 'g', 0},
+		"preferred twice":    {1, 1, kindServicesDeclared, 1, 'n', 1, 1, 'a', 1, 'f', 2, 1, 'p', 1, 'p'},
+		"preferred empty":    {1, 1, kindServicesDeclared, 1, 'n', 1, 1, 'a', 1, 'f', 1, 0},
+		"preferred beyond":   {1, 1, kindServicesDeclared, 1, 'n', 1, 1, 'a', 1, 'f', 2, 1, 'p'},
+		"preferred too many": {1, 1, kindServicesDeclared, 1, 'n', 1, 1, 'a', 1, 'f', MaxPrefer + 1},
+		"empty node":         {1, 1, kindServicesDeclared, 0, 0},
+		"placed epoch 0":     append([]byte{1, 1, kindServicePlaced, 1, 'a', 0, 0, 0}, make([]byte, 9)...),
+		"forgotten ep 0":     {1, 1, kindServiceForgotten, 1, 'a', 0},
+		"trailing":           append(bytes.Clone(good), 0),
 	} {
 		if _, err := Decode(b); !errors.Is(err, ErrBadCommand) {
 			t.Errorf("%s: Decode error %v, want ErrBadCommand", name, err)
@@ -345,7 +360,7 @@ func TestRestoreRejectsInconsistentVersion5Streams(t *testing.T) {
 	d1, _ := Encode(decl("a", "x", "f"))
 	d2, _ := Encode(decl("b", "x", "f"))
 	body := func(b []byte) []byte { return b[3:] } // drop version, count, kind
-	dEmpty := []byte{1, 'c', 0}
+	dEmpty := []byte{1, 'c', 0}                    // a node declaring no service
 	p1 := encoder{}
 	_ = p1.placement(&Placement{Service: "x", Node: "a", Epoch: 1})
 	good := newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).frame(tagPlaced, p1.b).end(0, 0, 0, 0, 0, 0, 1, 1, 0)
@@ -371,6 +386,126 @@ func TestRestoreRejectsInconsistentVersion5Streams(t *testing.T) {
 		}
 		if g.Digest() != before {
 			t.Errorf("%s: a refused restore changed the state", name)
+		}
+	}
+}
+
+// svcModel is the placement state as a plain model of kinds 18–20, to
+// check Apply against and to draw commands that apply.
+type svcModel struct {
+	decl   map[string]map[string]bool // node → services it declares
+	placed map[string]Placement
+	floor  uint64
+}
+
+func newSvcModel() *svcModel {
+	return &svcModel{decl: map[string]map[string]bool{}, placed: map[string]Placement{}}
+}
+
+func (m *svcModel) declaredAnywhere(svc string) bool {
+	for _, ds := range m.decl {
+		if ds[svc] {
+			return true
+		}
+	}
+	return false
+}
+
+// apply applies c to the model and says whether the FSM must refuse it.
+func (m *svcModel) apply(c Command) (refused bool) {
+	switch c := c.(type) {
+	case ServicesDeclared:
+		delete(m.decl, c.Node)
+		for _, d := range c.Services {
+			if m.decl[c.Node] == nil {
+				m.decl[c.Node] = map[string]bool{}
+			}
+			m.decl[c.Node][d.ID] = true
+		}
+	case ServicePlaced:
+		cur, ok := m.placed[c.Service]
+		if !ok {
+			cur = Placement{Epoch: m.floor}
+		}
+		if c.Epoch != cur.Epoch+1 || c.From != cur.Node || c.Node != "" && !m.decl[c.Node][c.Service] || !ok && !m.declaredAnywhere(c.Service) {
+			return true
+		}
+		m.placed[c.Service] = Placement{Service: c.Service, Node: c.Node, Epoch: c.Epoch, From: c.From, Reason: c.Reason, At: c.At}
+	case ServiceForgotten:
+		cur, ok := m.placed[c.Service]
+		if !ok || cur.Epoch != c.Epoch || cur.Node != "" || m.declaredAnywhere(c.Service) {
+			return true
+		}
+		delete(m.placed, c.Service)
+		m.floor = max(m.floor, c.Epoch)
+	}
+	return false
+}
+
+// valid draws a placement or forget the model says applies (a random
+// command when there is none).
+func (m *svcModel) valid(r *rand.Rand) Command {
+	svc := fmt.Sprintf("svc%d", r.IntN(3))
+	cur, ok := m.placed[svc]
+	if !ok {
+		cur = Placement{Epoch: m.floor}
+	}
+	if ok && cur.Node == "" && !m.declaredAnywhere(svc) {
+		return ServiceForgotten{Service: svc, Epoch: cur.Epoch}
+	}
+	var to []string
+	for n, ds := range m.decl {
+		if ds[svc] {
+			to = append(to, n)
+		}
+	}
+	slices.Sort(to)
+	if len(to) == 0 {
+		if !ok || cur.Node == "" {
+			return servicesCommand(r)
+		}
+		to = []string{""}
+	}
+	return ServicePlaced{Service: svc, Node: to[r.IntN(len(to))], Epoch: cur.Epoch + 1, From: cur.Node, Reason: "model"}
+}
+
+// The FSM applies kinds 18–20 as the model says, refusing exactly what
+// the model refuses, and ends in the model's state.
+func TestServicesMatchModel(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3} {
+		r := rand.New(rand.NewPCG(seed, 7))
+		m := newSvcModel()
+		f := New(Options{})
+		applied, refused := 0, 0
+		for i := range 3000 {
+			c := servicesCommand(r)
+			if r.IntN(2) == 0 {
+				c = m.valid(r)
+			}
+			want := m.apply(c)
+			res := applyOK(t, f, uint64(i+1), c)[0]
+			if res.Refused != want || (res.Refusal != nil) != want {
+				t.Fatalf("seed %d step %d: %+v: result %+v, model refuses: %v", seed, i, c, res, want)
+			}
+			if _, ok := c.(ServicesDeclared); !ok {
+				if want {
+					refused++
+				} else {
+					applied++
+				}
+			}
+		}
+		st := f.Services()
+		if st.EpochFloor != m.floor || len(st.Placements) != len(m.placed) {
+			t.Fatalf("seed %d: state %+v, model %+v floor %d", seed, st, m.placed, m.floor)
+		}
+		for _, p := range st.Placements {
+			if mp := m.placed[p.Service]; mp.Node != p.Node || mp.Epoch != p.Epoch || mp.From != p.From {
+				t.Fatalf("seed %d: %+v, model %+v", seed, p, mp)
+			}
+		}
+		if applied < 300 || refused < 300 || m.floor == 0 {
+			t.Fatalf("seed %d: weak stream: %d applied, %d refused, floor %d", seed, applied, refused, m.floor)
 		}
 	}
 }

@@ -1,7 +1,8 @@
 // Package placement decides which server each NFS service runs on. It is
-// a pure function of its input — the services and their preferred
-// servers, the servers and their health, what each node's configuration
-// declares, and where each service is now — and it returns the moves to
+// a pure function of its input — the servers and their health, what each
+// node's configuration declares (each service's fingerprint and
+// preferred servers, as replicated), and where each service is now —
+// and it returns the moves to
 // commit: the same input gives the same moves, whatever the order of
 // its slices or maps (every tie is broken by id). It reads no clock,
 // does no I/O and keeps no state; the caller (the raft leader) commits

@@ -10,12 +10,12 @@ import (
 	"strings"
 )
 
-// Service is a service as the placing node's configuration has it: its
-// id and its preferred servers, most preferred first. A service that
-// members declare but that is not in Input.Services has no preferences.
-type Service struct {
-	ID     string
-	Prefer []string
+// Decl is what one node's configuration declares of one service: the
+// fingerprint of its specification (which covers Prefer) and its
+// preferred servers, most preferred first (fsm.ServiceDecl).
+type Decl struct {
+	Fingerprint string
+	Prefer      []string
 }
 
 // Server is a member of the cluster. Healthy is the caller's verdict
@@ -48,12 +48,12 @@ type Policy struct {
 
 // Input is everything a decision depends on.
 type Input struct {
-	Services []Service
-	Servers  []Server
+	Servers []Server
 	// Declared maps a node to the services its configuration declares
-	// (service id → fingerprint). Only members' (Servers') declarations
-	// count.
-	Declared map[string]map[string]string
+	// (service id → declaration): the replicated declarations, so every
+	// leader decides on the same. Only members' (Servers') declarations
+	// count. A service's preferences are those of its agreed declaration.
+	Declared map[string]map[string]Decl
 	// Placements maps a service to its latest placement; a service not
 	// in it is unplaced at EpochFloor (fsm.ServiceState.EpochFloor).
 	Placements map[string]Placement
@@ -138,21 +138,17 @@ func newView(in Input) *view {
 			v.servers[s.ID] = s
 		}
 	}
-	for _, s := range in.Services {
-		if _, dup := v.prefer[s.ID]; !dup {
-			v.prefer[s.ID] = s.Prefer
-		}
-	}
 	byFP := map[string]map[string][]string{} // service → fingerprint → nodes
 	for _, node := range slices.Sorted(maps.Keys(in.Declared)) {
 		if _, member := v.servers[node]; !member {
 			continue
 		}
-		for id, fp := range in.Declared[node] {
+		for id, d := range in.Declared[node] {
 			if byFP[id] == nil {
 				byFP[id] = map[string][]string{}
+				v.prefer[id] = d.Prefer // the first member's, by id
 			}
-			byFP[id][fp] = append(byFP[id][fp], node)
+			byFP[id][d.Fingerprint] = append(byFP[id][d.Fingerprint], node)
 		}
 	}
 	for id, fps := range byFP {
@@ -192,7 +188,8 @@ func (v *view) serves(node, service string) bool {
 		return false
 	}
 	fp, ok := v.agreed[service]
-	return ok && v.in.Declared[node][service] == fp
+	d, declared := v.in.Declared[node][service]
+	return ok && declared && d.Fingerprint == fp
 }
 
 func (v *view) eligible(node, service string) bool {
@@ -224,14 +221,11 @@ func (v *view) best(service string, maxRank int) string {
 	return bestID
 }
 
-// services lists every service the decision covers — the configured
-// ones, those members declare, those with a placement — those with
-// preferences first, then by id.
+// services lists every service the decision covers — those members
+// declare, those with a placement — those with preferences first, then
+// by id.
 func (v *view) services() []string {
 	set := map[string]bool{}
-	for id := range v.prefer {
-		set[id] = true
-	}
 	for id := range v.agreed {
 		set[id] = true
 	}

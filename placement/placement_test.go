@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -11,16 +12,13 @@ import (
 // cluster builds an Input: servers "a", "b", "c" healthy, every one
 // declaring every service of svcs with fingerprint "fp".
 func cluster(svcs ...string) Input {
-	in := Input{Declared: map[string]map[string]string{}, Placements: map[string]Placement{}}
+	in := Input{Declared: map[string]map[string]Decl{}, Placements: map[string]Placement{}}
 	for _, id := range []string{"a", "b", "c"} {
 		in.Servers = append(in.Servers, Server{ID: id, Healthy: true})
-		in.Declared[id] = map[string]string{}
+		in.Declared[id] = map[string]Decl{}
 		for _, s := range svcs {
-			in.Declared[id][s] = "fp"
+			in.Declared[id][s] = Decl{Fingerprint: "fp"}
 		}
-	}
-	for _, s := range svcs {
-		in.Services = append(in.Services, Service{ID: s})
 	}
 	return in
 }
@@ -34,10 +32,12 @@ func (in Input) server(id string) *Server {
 	panic("no server " + id)
 }
 
+// prefer sets svc's preferences in every declaration of it.
 func (in Input) prefer(svc string, nodes ...string) Input {
-	for i := range in.Services {
-		if in.Services[i].ID == svc {
-			in.Services[i].Prefer = nodes
+	for _, ds := range in.Declared {
+		if d, ok := ds[svc]; ok {
+			d.Prefer = nodes
+			ds[svc] = d
 		}
 	}
 	return in
@@ -73,7 +73,7 @@ func TestDecide(t *testing.T) {
 		{"preference wins over load, and the rest spread around it", func() Input {
 			in := cluster("s1", "s2", "s3").prefer("s3", "a").prefer("s2", "a")
 			in.Placements["x"] = Placement{Owner: "a", Epoch: 4} // a is loaded already
-			in.Declared["a"]["x"] = "fp"
+			in.Declared["a"]["x"] = Decl{Fingerprint: "fp"}
 			return in
 		}, "s2:>a@1(placed) s3:>a@1(placed) s1:>b@1(placed)", ""},
 		{"the first healthy preferred server", func() Input {
@@ -99,19 +99,19 @@ func TestDecide(t *testing.T) {
 		}, "s1:>a@8(placed)", ""},
 		{"conflict: not placed, reported", func() Input {
 			in := cluster("s1", "s2")
-			in.Declared["c"]["s1"] = "other"
+			in.Declared["c"]["s1"] = Decl{Fingerprint: "other"}
 			return in
 		}, "s2:>a@1(placed)", "s1:differ (fp on a, b; other on c)"},
 		{"conflict: its owner keeps it even when down", func() Input {
 			in := cluster("s1")
-			in.Declared["c"]["s1"] = "other"
+			in.Declared["c"]["s1"] = Decl{Fingerprint: "other"}
 			in.Placements["s1"] = Placement{Owner: "a", Epoch: 3}
 			in.server("a").Healthy = false
 			return in
 		}, "", "s1:stays on a"},
 		{"a declaration of a non-member does not count", func() Input {
 			in := cluster("s1")
-			in.Declared["gone"] = map[string]string{"s1": "other", "s9": "fp"}
+			in.Declared["gone"] = map[string]Decl{"s1": {Fingerprint: "other"}, "s9": {Fingerprint: "fp"}}
 			return in
 		}, "s1:>a@1(placed)", ""},
 		{"no flapping: a healthy owner keeps it", func() Input {
@@ -228,11 +228,11 @@ func TestPlanMove(t *testing.T) {
 	base := func() Input {
 		in := cluster("s1", "s2")
 		in.Servers = append(in.Servers, Server{ID: "w", Healthy: true, Witness: true}, Server{ID: "d", Healthy: false})
-		in.Declared["w"] = map[string]string{"s1": "fp"}
-		in.Declared["d"] = map[string]string{"s1": "fp"}
+		in.Declared["w"] = map[string]Decl{"s1": {Fingerprint: "fp"}}
+		in.Declared["d"] = map[string]Decl{"s1": {Fingerprint: "fp"}}
 		delete(in.Declared["c"], "s1")
 		in.Placements["s1"] = Placement{Owner: "a", Epoch: 4}
-		in.Declared["c"]["s2"] = "other"
+		in.Declared["c"]["s2"] = Decl{Fingerprint: "other"}
 		return in
 	}
 	for _, tc := range []struct {
@@ -276,14 +276,17 @@ func TestPlanMove(t *testing.T) {
 func TestDecideIsDeterministic(t *testing.T) {
 	in := cluster("s1", "s2", "s3", "s4", "s5", "s6", "s7")
 	in.Servers = append(in.Servers, Server{ID: "d", Healthy: true}, Server{ID: "e", Healthy: true})
-	in.Declared["d"] = map[string]string{"s1": "fp", "s2": "fp", "s3": "fp"}
-	in.Declared["e"] = map[string]string{"s4": "fp", "s5": "fp"}
+	in.Declared["d"] = map[string]Decl{"s1": {Fingerprint: "fp"}, "s2": {Fingerprint: "fp"}, "s3": {Fingerprint: "fp"}}
+	in.Declared["e"] = map[string]Decl{"s4": {Fingerprint: "fp"}, "s5": {Fingerprint: "fp"}}
 	in = in.prefer("s6", "e", "d")
 	want := Decide(in)
 	for i := range 20 {
 		rev := in
 		rev.Servers = reverse(in.Servers, i)
-		rev.Services = reverse(in.Services, i)
+		rev.Declared = map[string]map[string]Decl{}
+		for n, ds := range in.Declared {
+			rev.Declared[n] = maps.Clone(ds)
+		}
 		if got := Decide(rev); !reflect.DeepEqual(got, want) {
 			t.Fatalf("order %d: %s, want %s", i, moves(got.Moves), moves(want.Moves))
 		}
@@ -309,13 +312,13 @@ func reverse[T any](xs []T, i int) []T {
 func TestSpreadIsEven(t *testing.T) {
 	for n := 1; n <= 6; n++ {
 		for m := 0; m <= 13; m++ {
-			in := Input{Declared: map[string]map[string]string{}, Placements: map[string]Placement{}}
+			in := Input{Declared: map[string]map[string]Decl{}, Placements: map[string]Placement{}}
 			for i := range n {
 				id := fmt.Sprintf("n%d", i)
 				in.Servers = append(in.Servers, Server{ID: id, Healthy: true})
-				in.Declared[id] = map[string]string{}
+				in.Declared[id] = map[string]Decl{}
 				for j := range m {
-					in.Declared[id][fmt.Sprintf("s%02d", j)] = "fp"
+					in.Declared[id][fmt.Sprintf("s%02d", j)] = Decl{Fingerprint: "fp"}
 				}
 			}
 			load := map[string]int{}

@@ -10,11 +10,11 @@ import (
 
 // randomInput draws a cluster of up to 6 members (some unhealthy, some
 // witnesses), up to 8 services with random preferences (some naming
-// servers that do not exist), declarations that mostly agree, a
+// servers that do not exist; a differing declaration has its own), declarations that mostly agree, a
 // non-member's stale declarations, and random placements (some on
 // non-members).
 func randomInput(r *rand.Rand) Input {
-	in := Input{Declared: map[string]map[string]string{}, Placements: map[string]Placement{}, EpochFloor: uint64(r.IntN(3))}
+	in := Input{Declared: map[string]map[string]Decl{}, Placements: map[string]Placement{}, EpochFloor: uint64(r.IntN(3))}
 	nodes := []string{"gone"}
 	for i := range 1 + r.IntN(6) {
 		id := fmt.Sprintf("n%d", i)
@@ -23,27 +23,24 @@ func randomInput(r *rand.Rand) Input {
 	}
 	for i := range r.IntN(9) {
 		id := fmt.Sprintf("s%d", i)
-		s := Service{ID: id}
+		var prefer []string
 		if r.IntN(2) == 0 {
 			for _, j := range r.Perm(len(nodes) + 1)[:r.IntN(3)] {
-				s.Prefer = append(s.Prefer, append(nodes, "z")[j])
+				prefer = append(prefer, append(nodes, "z")[j])
 			}
-		}
-		if r.IntN(10) > 0 {
-			in.Services = append(in.Services, s)
 		}
 		for _, n := range nodes {
 			if r.IntN(5) == 0 {
 				continue
 			}
 			if in.Declared[n] == nil {
-				in.Declared[n] = map[string]string{}
+				in.Declared[n] = map[string]Decl{}
 			}
-			fp := "fp"
+			d := Decl{Fingerprint: "fp", Prefer: prefer}
 			if r.IntN(25) == 0 {
-				fp = "fp2"
+				d = Decl{Fingerprint: "fp2"}
 			}
-			in.Declared[n][id] = fp
+			in.Declared[n][id] = d
 		}
 		if r.IntN(2) == 0 {
 			owner := append(nodes, "")[r.IntN(len(nodes)+1)]
@@ -78,8 +75,8 @@ func (o oracle) fingerprints(svc string) map[string]bool {
 		if _, ok := o.members[n]; !ok {
 			continue
 		}
-		if fp, ok := ds[svc]; ok {
-			fps[fp] = true
+		if d, ok := ds[svc]; ok {
+			fps[d.Fingerprint] = true
 		}
 	}
 	return fps
@@ -88,7 +85,8 @@ func (o oracle) fingerprints(svc string) map[string]bool {
 func (o oracle) eligible(node, svc string) bool {
 	s, ok := o.members[node]
 	fps := o.fingerprints(svc)
-	return ok && s.Healthy && !s.Witness && len(fps) == 1 && fps[o.in.Declared[node][svc]] && o.in.Declared[node][svc] != ""
+	d, declared := o.in.Declared[node][svc]
+	return ok && declared && s.Healthy && !s.Witness && len(fps) == 1 && fps[d.Fingerprint]
 }
 
 func (o oracle) current(svc string) Placement {
@@ -113,8 +111,12 @@ func rankIn(prefer []string, node string) int {
 func check(in Input, d Decision) error {
 	o := newOracle(in)
 	prefer := map[string][]string{}
-	for _, s := range in.Services {
-		prefer[s.ID] = s.Prefer
+	for _, ds := range in.Declared { // agreed declarations carry equal preferences
+		for id, d := range ds {
+			if d.Fingerprint == "fp" {
+				prefer[id] = d.Prefer
+			}
+		}
 	}
 	seen := map[string]bool{}
 	for _, m := range d.Moves {
@@ -230,7 +232,7 @@ func TestDecideProperties(t *testing.T) {
 func TestCheckCatchesBrokenDecisions(t *testing.T) {
 	in := cluster("s1", "s2")
 	in.Servers = append(in.Servers, Server{ID: "w", Healthy: true, Witness: true})
-	in.Declared["w"] = map[string]string{"s1": "fp"}
+	in.Declared["w"] = map[string]Decl{"s1": {Fingerprint: "fp"}}
 	delete(in.Declared["c"], "s2")
 	for name, m := range map[string]Move{
 		"to a witness":          {Service: "s1", To: "w", Epoch: 1},
