@@ -60,7 +60,8 @@
 //	}
 //
 // Reads (State, TakeoverTerm, Get, Registrations, Targets, WouldAccept,
-// Epochs, V4Clients, V4Counts, HasV4Client, Digest …) are safe to call
+// Epochs, V4Clients, V4Counts, HasV4Client, Services, PlacementOf,
+// Digest …) are safe to call
 // concurrently with Apply. Snapshot is O(1): it
 // takes a copy-on-write clone of the state; Persist streams it without
 // holding any lock. See DESIGN.md in this directory for the reasoning and the

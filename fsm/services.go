@@ -157,7 +157,7 @@ func (s *state) applyServices(c Command) Result {
 			}
 			break
 		}
-		s.declared = with(s.declared, c.Node, slices.Clone(c.Services))
+		s.declared = with(s.declared, c.Node, cloneDecls(c.Services)) // the Observer gets c too
 	case ServicePlaced:
 		err = s.place(c)
 	case ServiceForgotten:
@@ -204,6 +204,15 @@ func (s *state) forget(c ServiceForgotten) error {
 	return nil
 }
 
+// cloneDecls copies ds, preferences included.
+func cloneDecls(ds []ServiceDecl) []ServiceDecl {
+	out := slices.Clone(ds)
+	for i := range out {
+		out[i].Prefer = slices.Clone(out[i].Prefer)
+	}
+	return out
+}
+
 // declares reports whether node's declarations list service.
 func (s *state) declares(node, service string) bool {
 	_, ok := slices.BinarySearchFunc(s.declared[node], service, cmpDeclID)
@@ -236,11 +245,7 @@ func (f *FSM) Services() ServiceState {
 		out.Placements = append(out.Placements, f.st.placed[id])
 	}
 	for _, node := range slices.Sorted(maps.Keys(f.st.declared)) {
-		ds := slices.Clone(f.st.declared[node])
-		for i := range ds {
-			ds[i].Prefer = slices.Clone(ds[i].Prefer)
-		}
-		out.Declarations = append(out.Declarations, Declaration{Node: node, Services: ds})
+		out.Declarations = append(out.Declarations, Declaration{Node: node, Services: cloneDecls(f.st.declared[node])})
 	}
 	return out
 }

@@ -69,4 +69,19 @@
 // An operator's move (PlanMove) is checked by the same rule of who may
 // own a service and gives one move; it is refused with a clear error
 // otherwise.
+//
+// # Usage
+//
+// The leader builds the Input from the FSM's ServiceState (declarations
+// and placements, EpochFloor) and its view of the members' health, and
+// commits each move:
+//
+//	d := placement.Decide(in)
+//	for _, m := range d.Moves {
+//		cmd := fsm.ServicePlaced{Service: m.Service, Node: m.To, Epoch: m.Epoch,
+//			From: m.From, Reason: m.Reason, At: now}
+//		// commit cmd; a Result with Refused (fsm.ErrStaleEpoch) means the
+//		// state moved on: decide again on the new one.
+//	}
+//	// d.Holds: what status shows (conflicts, services waiting, and why).
 package placement

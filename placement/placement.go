@@ -121,6 +121,7 @@ var (
 type view struct {
 	in      Input
 	servers map[string]Server
+	ids     []string // of servers, sorted
 	prefer  map[string][]string
 	agreed  map[string]string // service → agreed fingerprint (no conflict, ≥ 1 declarer)
 	differ  map[string]string // service → description of its conflict
@@ -138,6 +139,7 @@ func newView(in Input) *view {
 			v.servers[s.ID] = s
 		}
 	}
+	v.ids = slices.Sorted(maps.Keys(v.servers))
 	byFP := map[string]map[string][]string{} // service → fingerprint → nodes
 	for _, node := range slices.Sorted(maps.Keys(in.Declared)) {
 		if _, member := v.servers[node]; !member {
@@ -210,7 +212,7 @@ func (v *view) rank(service, node string) int {
 // Only servers ranked below maxRank are considered.
 func (v *view) best(service string, maxRank int) string {
 	bestID := ""
-	for _, id := range slices.Sorted(maps.Keys(v.servers)) {
+	for _, id := range v.ids {
 		if !v.eligible(id, service) || v.rank(service, id) >= maxRank {
 			continue
 		}
