@@ -88,7 +88,7 @@ func serviceProblems(specs []service.Spec) []svcProblem {
 				continue
 			}
 			if j, dup := first[k]; dup {
-				out = append(out, svcProblem{i, k.field, fmt.Errorf("%s %q is also %s's: each service needs its own", k.field, k.value, svcLabel(specs, j))})
+				out = append(out, svcProblem{i, k.field, fmt.Errorf("%q is also the %s of services item %d: each service needs its own", k.value, k.field, j+1)})
 				continue
 			}
 			first[k] = i
@@ -97,9 +97,9 @@ func serviceProblems(specs []service.Spec) []svcProblem {
 	return out
 }
 
-// servicesError formats problems; at gives the line of a problem (0:
+// servicesErrors formats problems; at gives the line of a problem (0:
 // unknown). With a file, each error names it and the line.
-func servicesError(specs []service.Spec, problems []svcProblem, file string, at func(svcProblem) int) error {
+func servicesErrors(specs []service.Spec, problems []svcProblem, file string, at func(svcProblem) int) []error {
 	var errs []error
 	for _, p := range problems {
 		where := svcLabel(specs, p.index)
@@ -112,7 +112,7 @@ func servicesError(specs []service.Spec, problems []svcProblem, file string, at 
 		}
 		errs = append(errs, errors.New(msg))
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // loadServices reads the services: list of the file path. It returns the
@@ -144,7 +144,7 @@ func loadServices(path string, v *yaml.Node) ([]service.Spec, *serviceSource, er
 		return nil, nil, errors.Join(errs...)
 	}
 	if ps := serviceProblems(specs); len(ps) > 0 {
-		return nil, nil, servicesError(specs, ps, path, func(p svcProblem) int { return src.line(p.index, specs[p.index].ID, p.field) })
+		return nil, nil, errors.Join(servicesErrors(specs, ps, path, func(p svcProblem) int { return src.line(p.index, specs[p.index].ID, p.field) })...)
 	}
 	return specs, src, nil
 }
@@ -318,7 +318,7 @@ func (c *Config) validateServices(bad func(key, format string, a ...any)) {
 			ps = append(ps, svcProblem{i, service.FieldAddress, fmt.Errorf("%s is not IPv4, needed by vip_bind process", a)})
 		}
 	}
-	if err := servicesError(specs, ps, file, line); err != nil {
+	for _, err := range servicesErrors(specs, ps, file, line) {
 		bad(ServicesKey, "%v", err)
 	}
 	if c.VIP != "" {

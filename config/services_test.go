@@ -151,23 +151,23 @@ func TestServicesErrorsNameFileLineAndField(t *testing.T) {
 		{"repeated key", "services:\n" + svc("a", "10.0.0.50/24", "    interface: eth1\n"),
 			[]string{"line 6", "interface: given again (first on line 5)"}},
 		{"duplicate id", "services:\n" + svc("a", "10.0.0.50/24", "") + svc("a", "10.0.0.51/24", ""),
-			[]string{"line 6", `service "a": id: id "a" is also service "a"'s`}},
+			[]string{"line 6", `service "a": id: "a" is also the id of services item 1`}},
 		{"duplicate address", "services:\n" + svc("a", "10.0.0.50/24", "") + svc("b", "10.0.0.50/16", ""),
-			[]string{"line 7", `service "b": address: address "10.0.0.50" is also service "a"'s`}},
+			[]string{"line 7", `service "b": address: "10.0.0.50" is also the address of services item 1`}},
 		{"duplicate device", "services:\n" + svc("a", "10.0.0.50/24", "    device: /dev/sdb\n") + svc("b", "10.0.0.51/24", "    device: /dev/sdb\n"),
-			[]string{"line 10", `service "b": device: device "/dev/sdb" is also service "a"'s`}},
+			[]string{"line 10", `service "b": device: "/dev/sdb" is also the device of services item 1`}},
 		{"duplicate mount", "services:\n" + svc("a", "10.0.0.50/24", "    mount: /srv/x\n") + svc("b", "10.0.0.51/24", "    mount: /srv/x\n"),
-			[]string{"line 10", `mount: mount "/srv/x" is also`}},
+			[]string{"line 10", `mount: "/srv/x" is also the mount of services item 1`}},
 		{"duplicate namespace", "services:\n" + svc("a", "10.0.0.50/24", "") + svc("b", "10.0.0.51/24", "    namespace: nsmd-a\n"),
-			[]string{"line 9", `namespace: namespace "nsmd-a" is also service "a"'s`}},
+			[]string{"line 9", `namespace: "nsmd-a" is also the namespace of services item 1`}},
 		{"bad address", "services:\n" + svc("a", "10.0.0.50", ""),
 			[]string{"line 4", `service "a": address: "10.0.0.50" is not an address with its prefix length`}},
 		{"missing address", "services:\n  - id: a\n    interface: eth0\n",
-			[]string{"line 3", `service "a": address: invalid: missing`}},
+			[]string{"line 3", `service "a": address: missing`}},
 		{"bad id", "services:\n" + svc("A_1", "10.0.0.50/24", ""),
 			[]string{"line 3", "services item 1: id:"}},
 		{"bad grace", "services:\n" + svc("a", "10.0.0.50/24", "    grace: 5s\n"),
-			[]string{"line 6", `service "a": grace: invalid: 5s must be whole seconds`}},
+			[]string{"line 6", `service "a": grace: 5s must be whole seconds`}},
 		{"not a duration", "services:\n" + svc("a", "10.0.0.50/24", "    lease: ten\n"),
 			[]string{"line 6", `lease: not a duration`}},
 		{"list where a string goes", "services:\n" + svc("a", "10.0.0.50/24", "    device: [a, b]\n"),
@@ -249,8 +249,8 @@ func TestValidateServicesAgainstTheNodesKeys(t *testing.T) {
 	cfg.Services = []service.Spec{{ID: "a", Address: netip.MustParsePrefix("10.0.0.50/24"), Interface: "eth0"},
 		{ID: "a", Address: netip.MustParsePrefix("10.0.0.51/24")}}
 	err := cfg.Validate()
-	if err == nil || !strings.Contains(err.Error(), `services: service "a": interface: invalid: missing`) ||
-		!strings.Contains(err.Error(), `service "a": id: id "a" is also service "a"'s`) || strings.Contains(err.Error(), "config file") {
+	if err == nil || !strings.Contains(err.Error(), `services: service "a": interface: missing`) ||
+		!strings.Contains(err.Error(), `service "a": id: "a" is also the id of services item 1`) || strings.Contains(err.Error(), "config file") {
 		t.Fatalf("services set in code: %v", err)
 	}
 	cfg.Services = []service.Spec{}

@@ -112,8 +112,16 @@ func (e *FieldError) Unwrap() error { return e.Err }
 var ErrInvalid = errors.New("invalid")
 
 func invalid(field, format string, a ...any) *FieldError {
-	return &FieldError{field, fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))}
+	return &FieldError{field, invalidError(fmt.Sprintf(format, a...))}
 }
+
+// invalidError is a problem's text; it is ErrInvalid (errors.Is) without
+// saying so in the text.
+type invalidError string
+
+func (e invalidError) Error() string { return string(e) }
+
+func (e invalidError) Is(target error) bool { return target == ErrInvalid }
 
 // Problems lists what is wrong with s, one FieldError per problem, in the
 // order of the fields; none for a valid spec.
