@@ -16,6 +16,7 @@ import (
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/grace"
+	"github.com/nsmd/nsmd/service"
 	"github.com/nsmd/nsmd/timeline"
 )
 
@@ -181,7 +182,7 @@ func wireOfEveryPart() map[string]any {
 				DeclaredBy: map[string]string{"nfs1": "fedcba9876543210"}},
 			{ID: "scratch", Address: "10.0.0.51/24", Owner: "nfs2", Epoch: 1, State: admin.ServiceConflict, Fingerprint: "1111111111111111",
 				DeclaredBy: map[string]string{"nfs1": "1111111111111111", "nfs2": "2222222222222222", "w": ""},
-				Conflict:   "nfs2's spec of scratch differs from nfs1's; w does not declare it"},
+				Conflict:   service.Disagreement("scratch", map[string]string{"nfs1": "1111111111111111", "nfs2": "2222222222222222", "w": ""})},
 		},
 		"service_move": admin.ServiceMoveResult{Result: "moved", Service: "home", To: "nfs2"},
 	}
