@@ -193,7 +193,12 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	if err != nil || len(cmds) != 1 {
 		return fwdRes{Status: fwdFailed, Err: fmt.Sprintf("%s: %v", fwdUndecodable, err)}
 	}
-	if cmds[0], err = n.forwardable(cmds[0]); err != nil {
+	if pc, ok, perr := n.forwardablePlacement(from, cmds[0]); ok {
+		cmds[0], err = pc, perr
+	} else {
+		cmds[0], err = n.forwardable(cmds[0])
+	}
+	if err != nil {
 		n.metrics.forwarded.WithLabelValues("denied").Inc()
 		n.fwdLog.warn(n.log, from, err)
 		return fwdRes{Status: fwdDenied, Err: err.Error()}

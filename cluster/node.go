@@ -135,6 +135,9 @@ type Config struct {
 	// staticRecords: a static Voters cluster (no gossip to advertise
 	// levels) whose members all apply kinds 15–17 (tests).
 	staticRecords bool
+	// memberHealthy, when set, replaces gossip's verdict on another
+	// member's health for placement (tests of a static cluster).
+	memberHealthy func(id string) bool
 	// olderFSM: the node advertises fsm.CommandLevel 0, as a release
 	// before owner commands would (tests of the rolling-upgrade gate).
 	olderFSM bool
@@ -213,6 +216,10 @@ type Config struct {
 	Watchdog      Watchdog
 	FenceTimeout  time.Duration
 	FenceAgent    func(ctx context.Context, node string, onAttempt func(try int, err error)) error
+
+	// Services is what this node declares of the cluster's NFS services
+	// and how its leader places them (placer.go); zero: it declares none.
+	Services ServiceConfig
 
 	// Runtime dependencies; nil: discard the log, a private registry,
 	// time.Now.
@@ -370,6 +377,7 @@ type Node struct {
 	stopFailed   atomic.Bool   // the last stop failed: the watchdog resets this node
 	fence        fencing
 	prom         promises // fencing promises, serving records, confirmations (promise.go)
+	placer       *placer  // where services run (placer.go)
 	// vipUnsureUntil (unix ns): a term of this node ended before it took
 	// the VIP, so a previous holder may still have it until then; asked
 	// about the VIP, this node says "held" (cluster/vip.go).
@@ -410,6 +418,7 @@ func New(cfg Config) (*Node, error) {
 	// have served says it serves (serving.go).
 	n.serving.Store(cfg.StopAtStart != nil)
 	n.prom.init()
+	n.placer = newPlacer(n, cfg.Services)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.Registerer, n)
 	if err != nil {
@@ -542,7 +551,8 @@ func (n *Node) Start() {
 	if n.member != nil {
 		n.member.start(n.ctx)
 	}
-	n.wg.Add(6)
+	n.wg.Add(7)
+	go func() { defer n.wg.Done(); n.placer.loop(n.ctx) }()
 	if n.cfg.Watchdog != nil {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.fenceLoop() }()
@@ -642,6 +652,8 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 	switch cmd.(type) {
 	case fsm.ServingBegin, fsm.ServingEnd, fsm.FenceConfirm:
 		n.observeServing(cmd)
+	case fsm.ServicesDeclared, fsm.ServicePlaced, fsm.ServiceForgotten:
+		n.placer.wake()
 	}
 	if _, ok := cmd.(fsm.Takeover); ok {
 		// This node may know the current incarnation now (Ready): wake

@@ -1076,8 +1076,7 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 	t := r.t
 	t.Helper()
 	p := r.pairTopo
-	r.ensureUp(name)
-	leader, st := p.waitServing(120*time.Second, 1, p.servers...)
+	leader, st := r.waitServing()
 	other := p.other(leader)
 	p.waitFollowing(other, st.SMState, 120*time.Second)
 	waitGraceOver(t, leader.vm, 150*time.Second)
@@ -1325,8 +1324,7 @@ func (r *fenceRig) cleanStopAndFsck() {
 	t := r.t
 	t.Helper()
 	p := r.pairTopo
-	r.ensureUp("clean stop")
-	leader, _ := p.waitServing(120*time.Second, 1, p.servers...)
+	leader, _ := r.waitServing()
 	other := p.other(leader)
 	p.stopServer(other)
 	// What the last server's stop waits for, if it hangs (see below).

@@ -274,26 +274,33 @@ func (p *pairTopo) waitServing(timeout time.Duration, minState int32, live ...*p
 	var leader *pairNode
 	var st admin.Status
 	testutil.WaitForSeen(p.t, timeout, "a serving leader with the VIP and nfsd up", func() (bool, string) {
-		var seen []string
-		for _, n := range live {
-			s, err := p.status(n)
-			if err != nil {
-				seen = append(seen, n.id+": "+err.Error())
-				continue
-			}
-			seen = append(seen, statusLine(s))
-			if s.Role == "leader" && s.VIPHeld && s.SMState >= minState {
-				rc, out, _ := n.vm.try(5*time.Second, "cat /proc/fs/nfsd/threads")
-				if rc == 0 && strings.TrimSpace(out) != "0" {
-					leader, st = n, s
-					return true, ""
-				}
-				seen = append(seen, n.id+": nfsd threads "+strings.TrimSpace(out))
-			}
-		}
-		return false, strings.Join(seen, "; ")
+		var seen string
+		leader, st, seen = p.servingNow(minState, live)
+		return leader != nil, seen
 	})
 	return leader, st
+}
+
+// servingNow is the node of live that leads with the VIP, nfsd threads
+// and at least minState now (nil if none), and what each node said.
+func (p *pairTopo) servingNow(minState int32, live []*pairNode) (*pairNode, admin.Status, string) {
+	var seen []string
+	for _, n := range live {
+		s, err := p.status(n)
+		if err != nil {
+			seen = append(seen, n.id+": "+err.Error())
+			continue
+		}
+		seen = append(seen, statusLine(s))
+		if s.Role == "leader" && s.VIPHeld && s.SMState >= minState {
+			rc, out, _ := n.vm.try(5*time.Second, "cat /proc/fs/nfsd/threads")
+			if rc == 0 && strings.TrimSpace(out) != "0" {
+				return n, s, ""
+			}
+			seen = append(seen, n.id+": nfsd threads "+strings.TrimSpace(out))
+		}
+	}
+	return nil, admin.Status{}, strings.Join(seen, "; ")
 }
 
 // locksOn lists the write locks on the server VM's /proc/locks on files
