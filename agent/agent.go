@@ -262,7 +262,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if err != nil {
 		return a, err
 	}
-	svc, err := nsm.NewService(a.node, nsm.Config{
+	svc, err := nsm.NewService(a.node.Registry(), nsm.Config{
 		NodeID:             cfg.NodeID,
 		Trusted:            cfg.TrustedPrefixes(),
 		Logger:             log,
@@ -323,7 +323,7 @@ func (a *Agent) applied(ev cluster.Applied) {
 // committed, the VIP is held and on_leader succeeded, and again after an
 // SM_SIMU_CRASH or an import; ctx ends with the term or that next call).
 func (a *Agent) announce(ctx context.Context, state int32) {
-	targets := a.node.Targets()
+	targets := a.node.View().Targets()
 	a.log.Info("notifying monitored hosts", "hosts", len(targets), "sm_state", state)
 	started := time.Now()
 	a.node.MarkTimeline(state, func(tl *timeline.Timeline) {
@@ -512,7 +512,7 @@ func (a *Agent) hookStarted(event string, state int32, at time.Time) {
 // on_leader hook (mount the shared disk) while this one still unmounts it.
 func (a *Agent) onFollower() error {
 	a.log.Info("following")
-	if err := <-a.hooks.follower(a.node.State(), "leadership_lost"); err != nil {
+	if err := <-a.hooks.follower(a.node.View().State(), "leadership_lost"); err != nil {
 		return fmt.Errorf("on_follower hook: %w", err)
 	}
 	return nil
@@ -522,7 +522,7 @@ func (a *Agent) onFollower() error {
 // may serve: a previous process that died while it served left the storage
 // mounted and nfsd running.
 func (a *Agent) stopAtStart() error {
-	if err := <-a.hooks.follower(a.node.State(), "start"); err != nil {
+	if err := <-a.hooks.follower(a.node.View().State(), "start"); err != nil {
 		return fmt.Errorf("on_follower hook at start: %w", err)
 	}
 	return nil
@@ -530,7 +530,7 @@ func (a *Agent) stopAtStart() error {
 
 func (a *Agent) onFault(reason string, err error) {
 	a.log.Error("fault", "reason", reason, "err", err)
-	a.hooks.fault(a.node.RaftStatus().Role, a.node.State(), reason, err)
+	a.hooks.fault(a.node.RaftStatus().Role, a.node.View().State(), reason, err)
 }
 
 // VIPHeld reports whether this node currently answers on the VIP.
