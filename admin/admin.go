@@ -57,6 +57,14 @@ type Store interface {
 	Ready(ctx context.Context) error
 	// Crash ends the node abruptly, as SIGKILL would (crash drills).
 	Crash()
+	// Services is every NFS service of the cluster as this node sees it
+	// (GET /v1/services); none without a services: configuration.
+	Services() ([]ServiceStatus, error)
+	// MoveService moves service to node to (POST /v1/services/move): the
+	// planned move of one service. It returns once the move is recorded.
+	// Errors: ErrNotLeader, ErrNoServices, ErrUnknownService, one marked
+	// with BadRequest (a target that may not serve it), or any other.
+	MoveService(ctx context.Context, service, to string) error
 }
 
 // ErrNotLeader is the answer of an endpoint that only the leader serves
@@ -94,12 +102,13 @@ const overviewRows = 50
 
 // NewHandler serves the admin API of s:
 //
-//	GET  /v1/status, /v1/members, /v1/overview, /healthz, /readyz, /metrics
+//	GET  /v1/status, /v1/members, /v1/services, /v1/overview, /healthz,
+//	     /readyz, /metrics
 //	     (/v1/status and /v1/overview show client names and the last hook
 //	     failure's output to privileged callers only: Status.ForReader)
 //	GET  /v1/registrations, /v1/nfsv4/clients          (privileged)
-//	POST /v1/leadership/transfer, /v1/fence/confirm, /v1/drill/crash,
-//	     /v1/import (privileged)
+//	POST /v1/leadership/transfer, /v1/services/move, /v1/fence/confirm,
+//	     /v1/drill/crash, /v1/import (privileged)
 //
 // The caller may add more routes (the status page) to the mux.
 func NewHandler(s Store, c HandlerConfig) *http.ServeMux {
@@ -119,6 +128,9 @@ func NewHandler(s Store, c HandlerConfig) *http.ServeMux {
 	mux.HandleFunc("GET /v1/registrations", p(h.registrations))
 	mux.HandleFunc("GET /v1/nfsv4/clients", p(func(w http.ResponseWriter, r *http.Request) { writeJSON(w, s.NFSv4Clients()) }))
 	mux.HandleFunc("POST /v1/leadership/transfer", p(h.transfer))
+	// Services name no client: every reader sees them.
+	mux.HandleFunc("GET /v1/services", h.services)
+	mux.HandleFunc("POST /v1/services/move", p(h.moveService))
 	mux.HandleFunc("POST /v1/fence/confirm", p(h.confirmFence))
 	mux.HandleFunc("POST /v1/drill/crash", p(h.crash))
 	mux.HandleFunc("POST /v1/import", p(h.importRegs))
@@ -269,6 +281,9 @@ func (h *handler) overview(privileged bool) Overview {
 		Status:  h.s.Status().ForReader(privileged),
 		Members: h.s.Members(),
 		Now:     time.Now().UTC(),
+	}
+	if svcs, err := h.s.Services(); err == nil && len(svcs) > 0 {
+		o.Services = svcs
 	}
 	if t := h.s.LastTakeover(); !t.At.IsZero() {
 		o.LastTakeover = &TakeoverJSON{Node: t.Node, Reason: t.Reason, At: t.At.UTC(), GraceUntil: t.GraceUntil.UTC()}

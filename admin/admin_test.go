@@ -30,6 +30,11 @@ type fakeStore struct {
 	leader   string
 	transfer error
 	crashed  chan struct{}
+	// services: the list GET /v1/services returns; moves: every
+	// MoveService call ("service>to"), answered moveErr.
+	services []ServiceStatus
+	moves    []string
+	moveErr  error
 }
 
 func newFakeStore() *fakeStore {

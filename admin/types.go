@@ -583,6 +583,8 @@ type Overview struct {
 	LastTakeover  *TakeoverJSON `json:"last_takeover,omitempty"`
 	Registrations OverviewRegs  `json:"registrations"`
 	Now           time.Time     `json:"now"` // this node's clock, for the grace countdown
+	// Services are the cluster's NFS services (absent without services:).
+	Services []ServiceStatus `json:"services,omitempty"`
 }
 
 // TakeoverJSON is a committed takeover.

@@ -16,6 +16,7 @@ import (
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/grace"
+	"github.com/nsmd/nsmd/service"
 	"github.com/nsmd/nsmd/timeline"
 )
 
@@ -169,6 +170,21 @@ func wireOfEveryPart() map[string]any {
 			Confirmations: []admin.FenceConfirmation{{Node: "s4", By: "alice (client certificate from 192.0.2.7)", At: at}},
 		},
 		"fence_confirm": admin.FenceConfirmResult{Node: "s2", By: "alice (token from 127.0.0.1)", Result: "confirmed"},
+		// GET /v1/services (and the overview's services): one of each state.
+		"services": []admin.ServiceStatus{
+			{ID: "home", Address: "10.0.0.50/24", Owner: "nfs1", Epoch: 4, State: admin.ServiceServing, Fingerprint: "832063574c84a0fe",
+				DeclaredBy: map[string]string{"nfs1": "832063574c84a0fe", "nfs2": "832063574c84a0fe", "w": "832063574c84a0fe"},
+				LastMove:   &admin.ServiceMove{From: "nfs2", To: "nfs1", Reason: "planned", At: at, Epoch: 4}},
+			{ID: "projects", Address: "10.0.0.52/24", Owner: "nfs2", Epoch: 2, State: admin.ServiceMoving, Fingerprint: "0123456789abcdef",
+				DeclaredBy: map[string]string{"nfs1": "0123456789abcdef", "nfs2": "0123456789abcdef"},
+				LastMove:   &admin.ServiceMove{To: "nfs2", Reason: "placed", At: at, Epoch: 2}},
+			{ID: "archive", Address: "fd00::53/64", State: admin.ServiceUnplaced, Fingerprint: "fedcba9876543210",
+				DeclaredBy: map[string]string{"nfs1": "fedcba9876543210"}},
+			{ID: "scratch", Address: "10.0.0.51/24", Owner: "nfs2", Epoch: 1, State: admin.ServiceConflict, Fingerprint: "1111111111111111",
+				DeclaredBy: map[string]string{"nfs1": "1111111111111111", "nfs2": "2222222222222222", "w": ""},
+				Conflict:   service.Disagreement("scratch", map[string]string{"nfs1": "1111111111111111", "nfs2": "2222222222222222", "w": ""})},
+		},
+		"service_move": admin.ServiceMoveResult{Result: "moved", Service: "home", To: "nfs2"},
 	}
 }
 

@@ -101,6 +101,15 @@ func (s adminStore) Import(ctx context.Context, regs []fsm.Registration, state i
 
 func (s adminStore) Crash() { s.a.crash() }
 
+// Services: none yet (the services: list is read by config; placing and
+// serving them is not wired to this node).
+func (s adminStore) Services() ([]admin.ServiceStatus, error) { return nil, nil }
+
+// MoveService: no service to move yet (Services).
+func (s adminStore) MoveService(ctx context.Context, service, to string) error {
+	return admin.ErrNoServices
+}
+
 // ConfirmOff records an operator's confirmation that node is off (POST
 // /v1/fence/confirm): the cluster refuses this node, the leader and a
 // node that answers that it serves.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/service"
 )
 
 // DefaultClusterID is the cluster id of a node not given one: the one that
@@ -233,6 +234,11 @@ type Config struct {
 	SnapshotThreshold  uint64
 	RaftLogStore       string // auto | wal | bolt
 	TrailingLogs       uint64
+
+	// Services are the cluster's NFS services (services:, in the file
+	// only: config/services.go); nil: one service on vip, as without them.
+	Services     []service.Spec
+	servicesFrom *serviceSource // where Services were read, for errors
 }
 
 // Default returns the settings used when nothing overrides them.
@@ -598,6 +604,9 @@ func (c *Config) Validate() error {
 	switch c.VIPMode {
 	case VIPNone:
 	case VIPLoopback, VIPNetlink:
+		if c.Services != nil {
+			break // each service's address: validateServices
+		}
 		p, err := netip.ParsePrefix(c.VIP)
 		if err != nil {
 			bad("vip", "%q is not an address in CIDR form (like 10.0.0.10/24), needed by vip_mode %s", c.VIP, c.VIPMode)
@@ -733,6 +742,7 @@ func (c *Config) Validate() error {
 		bad("leader_lease_timeout", "%v%s must be positive and not longer than heartbeat_timeout (%v%s)", tm.LeaderLeaseTimeout, from(c.LeaderLeaseTimeout), tm.HeartbeatTimeout, from(c.HeartbeatTimeout))
 	}
 	c.validateFencing(bad)
+	c.validateServices(bad)
 	if c.DiskSlowThreshold < 0 {
 		bad("disk_slow_threshold", "%v must not be negative (0 turns the check off)", c.DiskSlowThreshold)
 	}

@@ -9,10 +9,20 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// LoadFile applies a YAML file whose top-level keys are settings' keys.
-// Lists may be YAML sequences or comma-separated strings. Every error
-// names the file, the line and the key.
+// LoadFile applies a YAML file whose top-level keys are settings' keys,
+// and services: (a list of mappings: config/services.go). Lists may be
+// YAML sequences or comma-separated strings. Every error names the file,
+// the line and the key; a file with an error changes nothing.
 func (c *Config) LoadFile(path string) error {
+	n := *c
+	if err := n.loadFile(path); err != nil {
+		return err
+	}
+	*c = n
+	return nil
+}
+
+func (c *Config) loadFile(path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read config file: %w", err)
@@ -37,6 +47,18 @@ func (c *Config) LoadFile(path string) error {
 		k, v := root.Content[i], root.Content[i+1]
 		key := strings.ReplaceAll(k.Value, "-", "_")
 		err := func() error {
+			if key == ServicesKey {
+				if l, dup := first[key]; dup {
+					return fmt.Errorf("%s: given again (first on line %d)", key, l)
+				}
+				first[key] = k.Line
+				specs, src, err := loadServices(path, v)
+				if err != nil {
+					return errPositioned{err}
+				}
+				c.Services, c.servicesFrom = specs, src
+				return nil
+			}
 			kind, ok := kinds[key]
 			if !ok {
 				return fmt.Errorf("%q: %w", k.Value, ErrUnknownKey)
@@ -51,12 +73,19 @@ func (c *Config) LoadFile(path string) error {
 			}
 			return c.Set(key, s)
 		}()
+		var positioned errPositioned
+		if errors.As(err, &positioned) {
+			return positioned.error // each of its errors names the file and its line
+		}
 		if err != nil {
 			return fmt.Errorf("config file %s: line %d: %w", path, k.Line, err)
 		}
 	}
 	return nil
 }
+
+// errPositioned carries errors that already name the file and their lines.
+type errPositioned struct{ error }
 
 // errType is a YAML value of the wrong shape for its setting.
 var errType = errors.New("wrong type")
@@ -96,6 +125,9 @@ func yamlValue(kind string, v *yaml.Node) (string, error) {
 // ApplyEnv applies every NSMD_<KEY> variable that lookup finds
 // (pass os.LookupEnv).
 func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
+	if err := checkServicesEnv(lookup); err != nil {
+		return err
+	}
 	for _, f := range Fields() {
 		if v, ok := lookup(f.Env()); ok {
 			if err := c.Set(f.Key, v); err != nil {

@@ -19,7 +19,7 @@ import (
 // turn into two servers on one disk.
 //
 //	(g) the serving server arms its watchdog with fence_timeout 15 s, its
-//	    successor was set up with 2 s: kill -9 of the serving nsmd
+//	    successor was set up with 4 s: kill -9 of the serving nsmd
 //	(h) the same settings, the serving nsmd stopped (SIGSTOP) for 25 s:
 //	    its watchdog, no longer fed, resets the VM at 15 s
 //	(i) the successor runs fence_watchdog: off (and no fence agent) beside
@@ -45,7 +45,7 @@ import (
 
 const (
 	mismatchServeTimeout = 15 // seconds: the serving server's fence_timeout
-	mismatchSuccTimeout  = 2  // seconds: its successor's, in (g) and (h)
+	mismatchSuccTimeout  = 4  // seconds: its successor's, in (g) and (h) (2 s starves on a busy TCG guest)
 	mismatchStop         = 25 * time.Second
 	// fenceControlVMBin is where a server VM has the control build (on
 	// its local disk: controlDiskDir).
@@ -94,7 +94,7 @@ func mismatchSettings(name, succBin string) mismatch {
 // moves by a transfer to a node that already runs the serving settings
 // before the other is restarted (as a follower), and a follower is
 // restarted before a leader (whose stop hands leadership over). A server
-// with a 2 s fence_timeout on a busy TCG guest may be reset by its
+// with a short fence_timeout on a busy TCG guest may be reset by its
 // watchdog while it stops (its stop overran the promise: safe, and the
 // sampler checks it); the VM is then booted again with its new settings.
 func (r *fenceRig) arrange(m mismatch) (serving, succ *pairNode) {
@@ -160,6 +160,29 @@ func (r *fenceRig) restartTolerant(n *pairNode) {
 	r.waitFollower(n)
 }
 
+// restartAllTolerant restarts both servers' nsmd with their settings,
+// the follower first: a VM reset meanwhile (a stop that overran the
+// watchdog on a busy guest, or the fence agent powering off a node that
+// lost its proof) is booted again with the new settings. It returns when
+// one server serves and the other follows.
+func (r *fenceRig) restartAllTolerant() {
+	r.t.Helper()
+	p := r.pairTopo
+	r.ensureUp("restarting the servers")
+	leader, _ := p.waitServing(120*time.Second, 1, p.servers...)
+	for _, n := range []*pairNode{p.other(leader), leader} {
+		r.stopTolerant(n)
+		if r.vms[n].isDown() {
+			r.ensureUp("restarting " + n.id)
+		} else {
+			r.startServer(n)
+		}
+	}
+	r.ensureUp("restarting the servers")
+	leader, _ = p.waitServing(120*time.Second, 1, p.servers...)
+	r.waitFollower(p.other(leader))
+}
+
 // stopTolerant stops n's nsmd (SIGTERM) and waits until it exited or its
 // VM was reset.
 func (r *fenceRig) stopTolerant(n *pairNode) {
@@ -198,7 +221,7 @@ func (r *fenceRig) checkMismatchSeen(name string, succ *pairNode) {
 
 // checkMismatchWait: the survivor of a mismatch drill waited for the old
 // server by its watchdog, at least the old server's fence_timeout (its
-// own settings alone would have waited 2 s, or nothing).
+// own settings alone would have waited 4 s, or nothing).
 func (r *fenceRig) checkMismatchWait(name string, old, survivor *pairNode) {
 	t := r.t
 	t.Helper()
@@ -345,7 +368,7 @@ func (r *fenceRig) mismatchControl(name string) {
 }
 
 // waitFollower waits until n follows, booting its VM again (ensureUp)
-// if it is reset meanwhile: a server with a 2 s fence_timeout on a busy
+// if it is reset meanwhile: a server with a short fence_timeout on a busy
 // TCG guest can starve its watchdog while it serves, which is safe (the
 // sampler checks that) but not what a drill is about.
 func (r *fenceRig) waitFollower(n *pairNode) {

@@ -861,7 +861,7 @@ func TestFencingNeverTwoServers(t *testing.T) {
 				for _, n := range p.servers {
 					n.args, n.bin = nil, ""
 				}
-				p.restartServers()
+				r.restartAllTolerant()
 			}
 			if mismatchDrill(d.name) {
 				if !fencing {
@@ -911,8 +911,8 @@ var fenceDrills = []struct{ name, fault string }{
 	{"c", "SIGSTOP nsmd 10 s, SIGCONT"},
 	{"d", "raft+gossip cut 15 s, healed"},
 	{"f", "transfer, umount busy"},
-	{"g", "kill -9 nsmd; timeouts 15 s vs 2 s"},
-	{"h", "SIGSTOP nsmd 25 s; 15 s vs 2 s"},
+	{"g", "kill -9 nsmd; timeouts 15 s vs 4 s"},
+	{"h", "SIGSTOP nsmd 25 s; 15 s vs 4 s"},
 	{"i", "kill -9 nsmd; 15 s vs off"},
 	{"e", "VM frozen 12 s (fence agent), SIGCONT"},
 }

@@ -29,6 +29,9 @@ import (
 //	ServingBegin  (15) = servingrec
 //	ServingEnd    (16) = node time(at)
 //	FenceConfirm  (17) = node str(by) time(at)             (by ≤ 256)
+//	ServicesDeclared (18) = declaration
+//	ServicePlaced    (19) = placement
+//	ServiceForgotten (20) = str(service) epoch
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
@@ -40,6 +43,11 @@ import (
 //	servingrec = node str(nsm_addr) promise time(since)      (nsm_addr ≤ 256)
 //	promise  = mode:u8(1 off, 2 agent, 3 watchdog) watchdog_timeout lease
 //	           hook_timeout margin      (each uvarint ns ≤ MaxPromiseDuration)
+//	declaration = node count:uvarint(0…256) decl{count}  (strictly ascending by service)
+//	decl     = str(service) str(fingerprint) n:uvarint(0…64) node{n}  (prefer, none twice)
+//	placement = str(service) str(node) epoch str(reason) time(at) str(from)
+//	           (node and from may be empty: unplaced)
+//	service  = 1…64 bytes; fingerprint 1…64 bytes; epoch = uvarint ≥ 1
 //	addr     = len:u8 (0, 4 or 16) bytes
 //	time     = Unix nanoseconds, int64 big-endian, 0 = zero time
 //	varint   = zigzag signed varint, within int32
@@ -72,6 +80,9 @@ import (
 // Kinds 15–17 (who serves, and what it promised: serving.go) are new
 // commands with no older equivalent; they are proposed only once every
 // member advertises CommandLevel ≥ 2, and never lowered.
+//
+// Kinds 18–20 (where each service runs: services.go) are new commands too,
+// CommandLevel 2, proposed only once every member advertises it.
 const (
 	entryVersion = 1
 
@@ -262,6 +273,9 @@ func (e *encoder) command(c Command) error {
 		return fmt.Errorf("nil command")
 	default:
 		if ok, err := e.servingCommand(c); ok {
+			return err
+		}
+		if ok, err := e.servicesCommand(c); ok {
 			return err
 		}
 		return fmt.Errorf("unknown command type %T", c)
@@ -532,6 +546,9 @@ func (d *decoder) command() Command {
 		return GraceDone{}
 	default:
 		if c, ok := d.servingCommand(k); ok {
+			return c
+		}
+		if c, ok := d.servicesCommand(k); ok {
 			return c
 		}
 		if d.err == nil {

@@ -39,6 +39,11 @@ func sampleCommands() []Command {
 		ServingBegin{Node: "s2", Promise: Promise{Mode: FenceAgent, HookTimeout: MaxPromiseDuration}},
 		ServingEnd{Node: "s1", At: time.Unix(4, 0).UTC()},
 		FenceConfirm{Node: "s2", By: "admin 192.0.2.9 (operator certificate)", At: time.Unix(5, 0).UTC()},
+		ServicesDeclared{Node: "s1", Services: []ServiceDecl{{ID: "home", Fingerprint: "832063574c84a0fe", Prefer: []string{"s2", strings.Repeat("p", MaxNameLen)}}, {ID: strings.Repeat("x", MaxServiceIDLen), Fingerprint: strings.Repeat("f", MaxFingerprintLen)}}},
+		ServicesDeclared{Node: "s2"},
+		ServicePlaced{Service: "home", Node: "s1", Epoch: 1, Reason: "placed", At: time.Unix(6, 0).UTC()},
+		ServicePlaced{Service: "home", Epoch: 1 << 63, Reason: strings.Repeat("r", MaxReasonLen), From: strings.Repeat("n", MaxNameLen)},
+		ServiceForgotten{Service: "home", Epoch: 2},
 	}
 }
 
@@ -297,8 +302,19 @@ func FuzzDecode(f *testing.F) {
 		f := New(Options{})
 		res := applyOK(t, f, 1, cmds...)
 		for i, r := range res {
-			if g, ok := cmds[i].(Register); r.Refused && (!ok || !g.Guarded) {
-				t.Fatalf("command %d (%T) refused: only a guarded Register is", i, cmds[i])
+			switch c := cmds[i].(type) {
+			case ServicePlaced, ServiceForgotten:
+				if r.Refused != (r.Refusal != nil) {
+					t.Fatalf("command %d (%T): Refused %v with Refusal %v", i, c, r.Refused, r.Refusal)
+				}
+			case Register:
+				if r.Refused && !c.Guarded {
+					t.Fatalf("command %d: an unguarded Register refused", i)
+				}
+			default:
+				if r.Refused || r.Refusal != nil {
+					t.Fatalf("command %d (%T) refused: only a guarded Register, a placement or a forget is", i, c)
+				}
 			}
 		}
 		checkV4Invariants(t, f)

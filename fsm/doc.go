@@ -9,7 +9,10 @@
 // A state change is a Command: Register, Unregister, UnregisterAll,
 // Takeover or PeerRebooted for NSM; ClientCreate, ClientRemove,
 // ClientCheck, GraceStart or GraceDone (one per nfsdcld upcall) for NFSv4
-// client tracking. One raft log entry carries a batch of commands
+// client tracking; ServingBegin, ServingEnd and FenceConfirm for who
+// serves; ServicesDeclared, ServicePlaced and ServiceForgotten for where
+// each NFS service runs (a placement applies only on the service's latest
+// epoch, so a stale one is refused). One raft log entry carries a batch of commands
 // (group commit), encoded by Encode in a compact, versioned binary format;
 // Apply decodes the whole batch, applies it atomically and returns one
 // Result per command. A malformed entry is rejected as a whole with an
@@ -57,7 +60,8 @@
 //	}
 //
 // Reads (State, TakeoverTerm, Get, Registrations, Targets, WouldAccept,
-// Epochs, V4Clients, V4Counts, HasV4Client, Digest …) are safe to call
+// Epochs, V4Clients, V4Counts, HasV4Client, Services, PlacementOf,
+// Digest …) are safe to call
 // concurrently with Apply. Snapshot is O(1): it
 // takes a copy-on-write clone of the state; Persist streams it without
 // holding any lock. See DESIGN.md in this directory for the reasoning and the

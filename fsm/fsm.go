@@ -67,6 +67,14 @@ type state struct {
 	// (serving.go); replaced, never changed in place; nil when empty.
 	serving   map[string]ServingRecord
 	confirmed map[string]Confirmation
+
+	// Where each service runs (services.go): each node's declarations
+	// (sorted by id, never empty) and each service's latest placement;
+	// replaced, never changed in place; nil when empty. epochFloor is the
+	// highest epoch of a forgotten placement record.
+	declared   map[string][]ServiceDecl
+	placed     map[string]Placement
+	epochFloor uint64
 }
 
 func newState() state {
@@ -275,6 +283,8 @@ func (f *FSM) apply(c Command, term uint64) Result {
 	case ServingBegin, ServingEnd, FenceConfirm:
 		s.applyServing(c)
 		return Result{State: s.sm}
+	case ServicesDeclared, ServicePlaced, ServiceForgotten:
+		return s.applyServices(c)
 	}
 	return Result{State: s.sm} // unreachable: Decode yields only the types above
 }
@@ -559,9 +569,11 @@ func (f *FSM) Get(id MonID) (Registration, bool) {
 // CommandLevel is the newest optional set of entry kinds this build
 // applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
 // UnregisterAll with an Owner) and 13 (Takeover with Wrap); 2 adds kind
-// 14 (Register with Guarded) and kinds 15–17 (ServingBegin, ServingEnd,
-// FenceConfirm: who serves, and what it promised). A cluster proposes a
-// level's kinds only once every member advertises that level.
+// 14 (Register with Guarded), kinds 15–17 (ServingBegin, ServingEnd,
+// FenceConfirm: who serves, and what it promised) and kinds 18–20
+// (ServicesDeclared, ServicePlaced, ServiceForgotten: where each service
+// runs). A cluster proposes a level's kinds only once every member
+// advertises that level.
 const CommandLevel = 2
 
 // MayRegister reports whether a guarded Register of g would add or

@@ -89,9 +89,12 @@ func restoreFrom(f *FSM, b []byte) error {
 type gen struct {
 	r     *rand.Rand
 	state int32
+	svc   *svcModel // the placement state, if every command drawn is applied
 }
 
-func newGen(seed uint64) *gen { return &gen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))} }
+func newGen(seed uint64) *gen {
+	return &gen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), svc: newSvcModel()}
+}
 
 func (g *gen) host() string { return fmt.Sprintf("host%02d.example.net", g.r.IntN(40)) }
 func (g *gen) addr() netip.Addr {
@@ -110,7 +113,14 @@ func (g *gen) when() time.Time {
 // command draws a command: NSM commands five times in six, NFSv4
 // client-tracking commands (v4Command) otherwise.
 func (g *gen) command() Command {
-	switch n := g.r.IntN(130); {
+	switch n := g.r.IntN(140); {
+	case n >= 130:
+		c := servicesCommand(g.r)
+		if g.r.IntN(2) == 0 {
+			c = g.svc.valid(g.r)
+		}
+		g.svc.apply(c)
+		return c
 	case n >= 120:
 		return servingCommand(g.r)
 	case n >= 100:

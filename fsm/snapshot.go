@@ -50,24 +50,40 @@ import (
 // (servingrec as in kind 15, codec.go). An older release refuses version 4
 // (ErrVersion): it never restores a state it would not know.
 //
+// Version 5 is version 4 with two more sections, their trailer counts
+// and the placement epoch floor, written only when the state has
+// placement state (a declaration, a placement record or a non-zero
+// floor); sections 6 and 7 may then be empty:
+//
+//	  8 declared (declaration)*                       strictly ascending by node, 1…256 services each
+//	  9 placed   placement*                           strictly ascending by service
+//	trailer      … confirmed_count:u64 declared_count:u64 placed_count:u64
+//	             epoch_floor:u64 crc32c:u32
+//
+// (declaration and placement as in kinds 18 and 19, codec.go). A release
+// that reads version 4 but not 5 refuses it (ErrVersion).
+//
 // Version 2 is version 3 without the v4 epochs, sections 4 and 5 and their
 // trailer counts; version 1 is version 2 without takeover_term. Restore
 // still reads both (takeover term 0 for version 1; v4 epochs 1 and 0, no
-// client records) and Persist writes version 3 or 4.
+// client records) and Persist writes version 3, 4 or 5.
 const (
 	snapMagic    = "NSMDSNP1"
 	snapVersion  = 3 // written without serving records; 1 and 2 are still read
 	snapVersion1 = 1
 	snapVersion2 = 2
 	snapVersion4 = 4 // written with serving records or confirmations
+	snapVersion5 = 5 // written with placement state
 
-	tagScalars = 1
-	tagSeen    = 2
-	tagRegs    = 3
-	tagV4Cur   = 4
-	tagV4Rec   = 5
-	tagServing = 6
-	tagConfirm = 7
+	tagScalars  = 1
+	tagSeen     = 2
+	tagRegs     = 3
+	tagV4Cur    = 4
+	tagV4Rec    = 5
+	tagServing  = 6
+	tagConfirm  = 7
+	tagDeclared = 8
+	tagPlaced   = 9
 
 	frameTarget = 64 << 10 // flush a frame once it holds this much
 	maxFrame    = 1 << 20  // the reader's cap on one frame
@@ -164,7 +180,10 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 		frame: encoder{b: make([]byte, 0, 4<<10)},
 	}
 	version := byte(snapVersion)
-	if len(st.serving) > 0 || len(st.confirmed) > 0 {
+	switch {
+	case st.hasServices():
+		version = snapVersion5
+	case len(st.serving) > 0 || len(st.confirmed) > 0:
 		version = snapVersion4
 	}
 	w.write(append([]byte(snapMagic), version))
@@ -205,17 +224,25 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 	w.v4Section(tagV4Cur, st.v4cur)
 	w.v4Section(tagV4Rec, st.v4rec)
 
-	tr := make([]byte, 4, 52)
+	tr := make([]byte, 4, 76)
 	tr = binary.BigEndian.AppendUint64(tr, uint64(st.seen.Len()))
 	tr = binary.BigEndian.AppendUint64(tr, uint64(st.regs.Len()))
 	tr = binary.BigEndian.AppendUint64(tr, uint64(st.v4cur.Len()))
 	tr = binary.BigEndian.AppendUint64(tr, uint64(st.v4rec.Len()))
-	if version == snapVersion4 {
+	if version >= snapVersion4 {
 		if err := w.servingSections(st); err != nil {
 			return err
 		}
 		tr = binary.BigEndian.AppendUint64(tr, uint64(len(st.serving)))
 		tr = binary.BigEndian.AppendUint64(tr, uint64(len(st.confirmed)))
+	}
+	if version == snapVersion5 {
+		if err := w.servicesSections(st); err != nil {
+			return err
+		}
+		tr = binary.BigEndian.AppendUint64(tr, uint64(len(st.declared)))
+		tr = binary.BigEndian.AppendUint64(tr, uint64(len(st.placed)))
+		tr = binary.BigEndian.AppendUint64(tr, st.epochFloor)
 	}
 	w.write(tr) // end frame (length 0) and counts
 	crc := binary.BigEndian.AppendUint32(nil, w.crc)
@@ -383,6 +410,8 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	version := hdr[len(snapMagic)]
 	lastTag := tagV4Rec
 	switch version {
+	case snapVersion5:
+		lastTag = tagPlaced
 	case snapVersion4:
 		lastTag = tagConfirm
 	case snapVersion:
@@ -403,6 +432,7 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	nSeen, nRegs := 0, 0
 	v4 := [2]v4Reader{{t: bulk[v4Rec]{t: st.v4cur}}, {t: bulk[v4Rec]{t: st.v4rec}}}
 	var sv servingReader
+	var sr servicesReader
 	section := 0
 	for {
 		lb, err := r.read(4)
@@ -485,6 +515,8 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 			v4[tag-tagV4Cur].read(&d)
 		case tagServing, tagConfirm:
 			sv.read(&d, tag, &st)
+		case tagDeclared, tagPlaced:
+			sr.read(&d, tag, &st)
 		}
 		if d.err != nil {
 			return state{}, 0, corrupt("section %d: %v", tag, d.err)
@@ -509,7 +541,12 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 		if len(st.serving) == 0 && len(st.confirmed) == 0 {
 			return state{}, 0, corrupt("version %d without serving records or confirmations", version)
 		}
+	}
+	if version >= snapVersion4 {
 		counts = append(counts, count{"serving records", len(st.serving)}, count{"confirmations", len(st.confirmed)})
+	}
+	if version == snapVersion5 {
+		counts = append(counts, count{"declarations", len(st.declared)}, count{"placements", len(st.placed)})
 	}
 	tr, err := r.read(8 * len(counts))
 	if err != nil {
@@ -518,6 +555,16 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	for i, c := range counts {
 		if n := binary.BigEndian.Uint64(tr[8*i:]); n != uint64(c.n) {
 			return state{}, 0, corrupt("trailer counts %d %s, read %d", n, c.what, c.n)
+		}
+	}
+	if version == snapVersion5 {
+		fl, err := r.read(8)
+		if err != nil {
+			return state{}, 0, err
+		}
+		st.epochFloor = binary.BigEndian.Uint64(fl)
+		if !st.hasServices() {
+			return state{}, 0, corrupt("version %d without placement state", version)
 		}
 	}
 	want := r.crc

@@ -78,7 +78,7 @@ func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
 		"trailing byte":   append(slices.Clone(b), 0),
 		"huge frame":      append(append(slices.Clone(b[:9]), 0xff, 0xff, 0xff, 0xff), b[13:]...),
 		"no scalars":      binary.BigEndian.AppendUint32(slices.Clone(b[:9]), 0),
-		"version too new": func() []byte { c := slices.Clone(b); c[8] = snapVersion4 + 1; return c }(),
+		"version too new": func() []byte { c := slices.Clone(b); c[8] = snapVersion5 + 1; return c }(),
 		"version 0":       func() []byte { c := slices.Clone(b); c[8] = 0; return c }(),
 		// A version-3 stream labelled version 1 or 2 (checksum recomputed):
 		// its scalars frame has trailing bytes (takeover term, v4 epochs).
@@ -147,6 +147,7 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 		a, b := New(Options{}), New(Options{})
 		var c *FSM
 		v4Records := 0 // entries after which a holds client records
+		placed := 0    // placements applied
 		for i, cmds := range entries {
 			idx, term := uint64(i+1), uint64(1+i/37) // a new raft term now and then
 			ra := applyTermOK(t, a, idx, term, cmds...)
@@ -157,6 +158,11 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 					if ra[j].State != rc[j].State || ra[j].Accepted != rc[j].Accepted || ra[j].Removed != rc[j].Removed || len(ra[j].Matched) != len(rc[j].Matched) {
 						t.Fatalf("seed %d entry %d: results differ after restore", seed, i)
 					}
+				}
+			}
+			for j, c := range cmds {
+				if _, ok := c.(ServicePlaced); ok && !ra[j].Refused {
+					placed++
 				}
 			}
 			if n, m, _ := a.V4Counts(); n+m > 0 {
@@ -181,6 +187,9 @@ func TestDeterminismAcrossReplicasAndRestore(t *testing.T) {
 		}
 		if cur, _ := a.Epochs(); cur < 5 || v4Records == 0 {
 			t.Fatalf("seed %d: stream too weak for NFSv4 tracking (epoch %d, %d records seen)", seed, cur, v4Records)
+		}
+		if placed < 3 || len(a.Services().Declarations) == 0 {
+			t.Fatalf("seed %d: stream too weak for placements (%d applied)", seed, placed)
 		}
 		if c.TakeoverTerm() != a.TakeoverTerm() {
 			t.Fatalf("seed %d: restored replica's takeover term %d, want %d", seed, c.TakeoverTerm(), a.TakeoverTerm())
@@ -424,6 +433,14 @@ func FuzzRestore(f *testing.F) {
 	f.Add(readV1Fixture(f))
 	f.Add(readV2Fixture(f))
 	f.Add(persist(f, v4FSM(f)))
+	f.Add(persist(f, servicesFSM(f)))
+	for _, golden := range []string{"testdata/snapshot-v3-tiny.bin", "testdata/snapshot-v4-tiny.bin"} {
+		b, err := os.ReadFile(golden)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Add([]byte("NSMDSNP1\x01"))
 	f.Add([]byte("NSMDSNP1\x02"))
 	f.Add([]byte("NSMDSNP1\x03"))

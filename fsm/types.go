@@ -233,8 +233,12 @@ type Result struct {
 	Accepted bool
 	Matched  []Registration // PeerRebooted: registrations to call back (when Accepted)
 	// Refused: a guarded Register left an existing registration that
-	// another lock manager made as it was (Register.Guarded).
+	// another lock manager made as it was (Register.Guarded); a
+	// ServicePlaced or ServiceForgotten changed nothing (Refusal says why).
 	Refused bool
+	// Refusal: why a ServicePlaced or ServiceForgotten was refused; wraps
+	// ErrStaleEpoch, ErrNotDeclared or ErrServiceInUse.
+	Refusal error
 }
 
 // Target is one distinct monitored host to notify after a takeover.

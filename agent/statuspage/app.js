@@ -72,6 +72,8 @@
     if (s.last_hook_failure) self.push('last hook failure: ' + JSON.stringify(s.last_hook_failure));
     setText('self', self.join(' · '));
 
+    renderServices(o.services || []);
+
     $('members').tBodies[0].replaceChildren(...(o.members || []).map((m) => row(
       m.id,
       el('td', 'role-' + m.role, m.role + (m.witness && m.leader ? ' (leading)' : '')),
@@ -175,6 +177,21 @@
     setText('reg-hidden', r.hidden || '');
     $('regs').tBodies[0].replaceChildren(...r.rows.map((g) => row(g.mon_name, g.my_name, g.node, fmtTime(g.added))));
     setText('reg-more', r.hidden ? '' : (r.more > 0 ? 'and ' + r.more + ' more not listed (nsmd registrations --admin ADDR lists all)' : ''));
+  }
+
+  // renderServices lists the cluster's NFS services; the section shows
+  // only when there are some (a cluster without services: has none).
+  function renderServices(list) {
+    $('services-section').hidden = list.length === 0;
+    $('services').tBodies[0].replaceChildren(...list.map((v) => {
+      const m = v.last_move;
+      const move = m ? (m.from || '(unplaced)') + ' → ' + m.to + ' (' + m.reason + ') at ' + fmtTime(m.at) + ', epoch ' + m.epoch : '';
+      let conflict = v.conflict || '';
+      if (conflict && v.declared_by) {
+        conflict += ' · ' + Object.keys(v.declared_by).sort().map((n) => n + ' ' + (v.declared_by[n] || 'does not declare it')).join(', ');
+      }
+      return row(v.id, v.address, v.owner || '–', v.epoch, el('td', 'state-' + v.state, v.state), move, conflict);
+    }));
   }
 
   function setConn(ok, err) {

@@ -44,7 +44,7 @@ func rootCmd() *cobra.Command {
 		Version:       agent.Build().String(), // nsmd --version
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
-	root.AddCommand(versionCmd(), agentCmd(), devCmd(), tlsCmd(), statusCmd(), membersCmd(), registrationsCmd(), clientsCmd(), transferCmd(), fenceCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
+	root.AddCommand(versionCmd(), agentCmd(), devCmd(), tlsCmd(), statusCmd(), membersCmd(), registrationsCmd(), clientsCmd(), transferCmd(), servicesCmd(), moveCmd(), fenceCmd(), pingCmd(), importStatdCmd(), exportStatdCmd(), drillCmd(), benchCmd())
 	return root
 }
 
@@ -52,7 +52,7 @@ func rootCmd() *cobra.Command {
 // applies defaults < --config file < NSMD_* env < flags given.
 func configFlags(fs *pflag.FlagSet) func() (config.Config, error) {
 	def := config.Default()
-	path := fs.String("config", "", "YAML config file (keys are the flag names with _ for -)")
+	path := fs.String("config", "", "YAML config file (keys are the flag names with _ for -; also services:, the list of NFS services, which only the file can set)")
 	for _, f := range config.Fields() {
 		v, _ := def.Get(f.Key)
 		fl := fs.VarPF(&keyValue{key: f.Key, kind: f.Kind, val: v}, f.Flag(), "", f.Help+" [env "+f.Env()+"]")
@@ -115,7 +115,12 @@ func agentCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run one nsmd node",
-		Args:  cobra.NoArgs,
+		Long: `agent runs one nsmd node. Every setting below is a flag, a key of the
+--config file (the flag's name with _ for -) and an NSMD_ variable; flags
+override the environment, which overrides the file.
+
+` + config.ServicesHelp + `.`,
+		Args: cobra.NoArgs,
 	}
 	load := configFlags(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {

@@ -1,0 +1,156 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// A service's state (ServiceStatus.State).
+const (
+	// ServiceServing: placed on its owner, which serves it.
+	ServiceServing = "serving"
+	// ServiceMoving: placed on a new owner that does not serve it yet (it
+	// waits for the old one to stop, or runs its hook).
+	ServiceMoving = "moving"
+	// ServiceUnplaced: no server may take it now (none healthy, or none
+	// that every rule allows).
+	ServiceUnplaced = "unplaced"
+	// ServiceConflict: the servers' specs of the service differ
+	// (Conflict says how); it is not moved while they do.
+	ServiceConflict = "conflict"
+)
+
+// ServiceStates lists every ServiceStatus.State.
+func ServiceStates() []string {
+	return []string{ServiceServing, ServiceMoving, ServiceUnplaced, ServiceConflict}
+}
+
+// ServiceStatus is one NFS service as the cluster sees it: an element of
+// GET /v1/services and of the status page's overview. It names no client,
+// so every reader gets all of it.
+type ServiceStatus struct {
+	ID string `json:"id"`
+	// Address is the floating address with its prefix length (10.0.0.50/24).
+	Address string `json:"address"`
+	// Owner is the node the service is placed on ("": none).
+	Owner string `json:"owner"`
+	// Epoch numbers the service's placements: it rises at every move.
+	Epoch uint64 `json:"epoch"`
+	State string `json:"state"` // ServiceServing, ServiceMoving, ServiceUnplaced, ServiceConflict
+	// Fingerprint is the digest of the service's spec as this node's
+	// configuration has it ("": this node's configuration lacks it).
+	Fingerprint string `json:"fingerprint"`
+	// DeclaredBy is each member's fingerprint of the service (node id →
+	// fingerprint; "" for a member whose configuration lacks it), so a
+	// difference shows.
+	DeclaredBy map[string]string `json:"declared_by"`
+	// Conflict says, in a sentence, how the members' specs differ ("":
+	// they agree).
+	Conflict string       `json:"conflict"`
+	LastMove *ServiceMove `json:"last_move,omitempty"`
+}
+
+// ServiceMove is a service's last move.
+type ServiceMove struct {
+	From   string    `json:"from"` // "": it was not placed before
+	To     string    `json:"to"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+	Epoch  uint64    `json:"epoch"` // the placement's epoch it began
+}
+
+// ServiceMoveResult is the answer of POST /v1/services/move.
+type ServiceMoveResult struct {
+	Result  string `json:"result"` // "moved"
+	Service string `json:"service"`
+	To      string `json:"to"`
+}
+
+// ErrNoServices is the answer of a services endpoint on a node whose
+// configuration has no services: list (400 for a move).
+var ErrNoServices = errors.New("services are not configured")
+
+// ErrUnknownService marks a move of a service the configuration does not
+// name (400).
+var ErrUnknownService = errors.New("no such service")
+
+// services serves GET /v1/services: every service, in the Store's order
+// (an empty list without services).
+func (h *handler) services(w http.ResponseWriter, r *http.Request) {
+	list, err := h.s.Services()
+	if err != nil {
+		httpError(w, http.StatusServiceUnavailable, "services: %v", err)
+		return
+	}
+	if list == nil {
+		list = []ServiceStatus{}
+	}
+	writeJSON(w, list)
+}
+
+// moveService serves POST /v1/services/move?service=S&to=N (privileged).
+func (h *handler) moveService(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	svc, to := strings.TrimSpace(q.Get("service")), strings.TrimSpace(q.Get("to"))
+	if svc == "" || to == "" {
+		httpError(w, http.StatusBadRequest, "move: both service and to are required (?service=S&to=NODE)")
+		return
+	}
+	err := h.s.MoveService(r.Context(), svc, to)
+	switch {
+	case errors.Is(err, ErrNotLeader):
+		httpError(w, http.StatusConflict, "move %s: %v", svc, err)
+		return
+	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrNoServices), errors.Is(err, ErrUnknownService):
+		httpError(w, http.StatusBadRequest, "move %s: %v", svc, err)
+		return
+	case err != nil:
+		httpError(w, http.StatusInternalServerError, "move %s: %v", svc, err)
+		return
+	}
+	writeJSON(w, ServiceMoveResult{Result: "moved", Service: svc, To: to})
+}
+
+// Services is GET /v1/services.
+func (c *Client) Services(ctx context.Context) ([]ServiceStatus, error) {
+	var list []ServiceStatus
+	_, err := c.Get(ctx, "/v1/services", &list)
+	return list, err
+}
+
+// MoveService is POST /v1/services/move: the planned move of service to
+// node to.
+func (c *Client) MoveService(ctx context.Context, service, to string) (ServiceMoveResult, error) {
+	q := url.Values{}
+	q.Set("service", service)
+	q.Set("to", to)
+	var res ServiceMoveResult
+	_, err := c.Do(ctx, http.MethodPost, "/v1/services/move?"+q.Encode(), nil, &res)
+	return res, err
+}
+
+// OwnerOrDash is s's owner for a table: "-" when it has none.
+func (s ServiceStatus) OwnerOrDash() string {
+	if s.Owner == "" {
+		return "-"
+	}
+	return s.Owner
+}
+
+// MoveSummary is the one-line form of s's last move ("-": none).
+func (s ServiceStatus) MoveSummary() string {
+	m := s.LastMove
+	if m == nil {
+		return "-"
+	}
+	from := m.From
+	if from == "" {
+		from = "(unplaced)"
+	}
+	return fmt.Sprintf("%s → %s (%s) at %s, epoch %d", from, m.To, m.Reason, m.At.UTC().Format(time.RFC3339), m.Epoch)
+}

@@ -1,0 +1,146 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func (f *fakeStore) Services() ([]ServiceStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.services), nil
+}
+
+func (f *fakeStore) MoveService(_ context.Context, service, to string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.moves = append(f.moves, service+">"+to)
+	return f.moveErr
+}
+
+func exampleServices() []ServiceStatus {
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	return []ServiceStatus{
+		{ID: "home", Address: "10.0.0.50/24", Owner: "nfs1", Epoch: 4, State: ServiceServing, Fingerprint: "832063574c84a0fe",
+			DeclaredBy: map[string]string{"nfs1": "832063574c84a0fe", "nfs2": "832063574c84a0fe"},
+			LastMove:   &ServiceMove{From: "nfs2", To: "nfs1", Reason: "planned", At: at, Epoch: 4}},
+		{ID: "scratch", Address: "10.0.0.51/24", State: ServiceConflict, Fingerprint: "1111111111111111",
+			DeclaredBy: map[string]string{"nfs1": "1111111111111111", "nfs2": "2222222222222222"},
+			Conflict:   "nfs2's spec of scratch differs from nfs1's"},
+	}
+}
+
+// GET /v1/services is a read: every reader gets the whole list (it names
+// no client), and an empty list is [], never null.
+func TestServicesListIsForEveryReader(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, _ := serve(t, f, false)
+	anon := &Client{Addr: srv.URL}
+	body, err := anon.Get(context.Background(), "/v1/services", nil)
+	if err != nil || strings.TrimSpace(string(body)) != "[]" {
+		t.Fatalf("no services: %q %v, want []", body, err)
+	}
+	f.services = exampleServices()
+	got, err := anon.Services(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := (&Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}).Services(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, exampleServices()) || !reflect.DeepEqual(op, got) {
+		t.Fatalf("reader got %+v, operator %+v, want %+v", got, op, exampleServices())
+	}
+}
+
+// POST /v1/services/move is privileged (as a leadership transfer), needs
+// both parameters, and maps the store's errors to their statuses.
+func TestMoveServiceIsPrivilegedAndChecked(t *testing.T) {
+	f := newFakeStore()
+	srv, tokFile, _ := serve(t, f, false)
+	ctx := context.Background()
+	if _, err := (&Client{Addr: srv.URL}).MoveService(ctx, "home", "nfs2"); err == nil || !strings.Contains(err.Error(), "needs a client certificate") {
+		t.Fatalf("move without the token: %v", err)
+	}
+	if len(f.moves) != 0 {
+		t.Fatalf("a refused request reached the store: %v", f.moves)
+	}
+	op := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	res, err := op.MoveService(ctx, "home", "nfs2")
+	if err != nil || res != (ServiceMoveResult{Result: "moved", Service: "home", To: "nfs2"}) {
+		t.Fatalf("move: %+v %v", res, err)
+	}
+	if !slices.Equal(f.moves, []string{"home>nfs2"}) {
+		t.Fatalf("store saw %v", f.moves)
+	}
+	for _, c := range []struct {
+		query string
+		err   error
+		code  int
+		want  string
+	}{
+		{"service=home", nil, http.StatusBadRequest, "both service and to are required"},
+		{"to=nfs2", nil, http.StatusBadRequest, "both service and to are required"},
+		{"service=home&to=nfs2", ErrNoServices, http.StatusBadRequest, "services are not configured"},
+		{"service=x&to=nfs2", fmt.Errorf("%w: x", ErrUnknownService), http.StatusBadRequest, "no such service: x"},
+		{"service=home&to=w", BadRequest(errors.New("w is a witness")), http.StatusBadRequest, "w is a witness"},
+		{"service=home&to=nfs2", fmt.Errorf("%w (leader: \"nfs1\")", ErrNotLeader), http.StatusConflict, "not the leader"},
+		{"service=home&to=nfs2", errors.New("raft: timeout"), http.StatusInternalServerError, "raft: timeout"},
+	} {
+		f.mu.Lock()
+		f.moveErr = c.err
+		f.mu.Unlock()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/services/move?"+c.query, nil)
+		if err := op.Auth.Authorize(req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e ErrorBody
+		json.Unmarshal(b, &e)
+		if resp.StatusCode != c.code || !strings.Contains(e.Error, c.want) {
+			t.Errorf("%s (store: %v): %d %q, want %d and %q", c.query, c.err, resp.StatusCode, e.Error, c.code, c.want)
+		}
+	}
+}
+
+// The status page's overview carries the services when there are some,
+// and no services key at all when there are none.
+func TestOverviewCarriesServicesOnlyWhenThereAreSome(t *testing.T) {
+	f := newFakeStore()
+	srv, _, _ := serve(t, f, false)
+	anon := &Client{Addr: srv.URL}
+	body, err := anon.Get(context.Background(), "/v1/overview", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(body, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := raw["services"]; ok {
+		t.Fatalf("overview without services has a services key: %s", raw["services"])
+	}
+	f.services = exampleServices()
+	var o Overview
+	if _, err := anon.Get(context.Background(), "/v1/overview", &o); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(o.Services, exampleServices()) {
+		t.Fatalf("overview services %+v", o.Services)
+	}
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/config"
+)
+
+// serviceStore is a node with services as the admin API sees it; only the
+// services' methods are implemented (the embedded nil Store panics on any
+// other: these tests call no other endpoint).
+type serviceStore struct {
+	admin.Store
+	mu    sync.Mutex
+	list  []admin.ServiceStatus
+	moves []string
+}
+
+func (s *serviceStore) Services() ([]admin.ServiceStatus, error) { return s.list, nil }
+
+func (s *serviceStore) MoveService(_ context.Context, service, to string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range s.list {
+		if l.ID == service {
+			s.moves = append(s.moves, service+">"+to)
+			return nil
+		}
+	}
+	return admin.ErrUnknownService
+}
+
+// serveServices starts the real admin handlers over st, with the admin
+// token required for privileged calls; it returns the address and the
+// token file.
+func serveServices(t *testing.T, st *serviceStore) (string, string) {
+	t.Helper()
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g, err := admin.NewGuard(admin.GuardConfig{TokenFile: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(admin.NewHandler(st, admin.HandlerConfig{NodeID: "nfs1", Guard: g}))
+	t.Cleanup(srv.Close)
+	return srv.URL, tok
+}
+
+func TestServicesTableAndMove(t *testing.T) {
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	st := &serviceStore{list: []admin.ServiceStatus{
+		{ID: "home", Address: "10.0.0.50/24", Owner: "nfs1", Epoch: 4, State: admin.ServiceServing, Fingerprint: "832063574c84a0fe",
+			LastMove: &admin.ServiceMove{From: "nfs2", To: "nfs1", Reason: "planned", At: at, Epoch: 4}},
+		{ID: "scratch", Address: "10.0.0.51/24", State: admin.ServiceConflict, Conflict: "nfs2's spec of scratch differs from nfs1's"},
+	}}
+	addr, tok := serveServices(t, st)
+	out, err := runCLI(t, "services", "--admin", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `SERVICE  ADDRESS       OWNER  EPOCH  STATE    CONFLICT
+home     10.0.0.50/24  nfs1   4      serving  -
+scratch  10.0.0.51/24  -      0      conflict nfs2's spec of scratch differs from nfs1's
+`
+	if normalize(out) != normalize(want) {
+		t.Fatalf("nsmd services:\n%s\nwant:\n%s", out, want)
+	}
+	out, err = runCLI(t, "services", "--admin", addr, "--json")
+	var list []admin.ServiceStatus
+	if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list) != 2 || list[0].LastMove == nil {
+		t.Fatalf("nsmd services --json: %v\n%s", err, out)
+	}
+
+	// A move needs the token, and --to.
+	if out, err := runCLI(t, "move", "home", "--to", "nfs2", "--admin", addr, "--local-token-file", ""); err == nil || !strings.Contains(err.Error(), "admin token") {
+		t.Fatalf("move without the token: %v\n%s", err, out)
+	}
+	if _, err := runCLI(t, "move", "home", "--admin", addr, "--token-file", tok); err == nil || !strings.Contains(err.Error(), "--to NODE is required") {
+		t.Fatalf("move without --to: %v", err)
+	}
+	if _, err := runCLI(t, "move", "nope", "--to", "nfs2", "--admin", addr, "--token-file", tok); err == nil || !strings.Contains(err.Error(), "no such service") {
+		t.Fatalf("move of an unknown service: %v", err)
+	}
+	out, err = runCLI(t, "move", "home", "--to", "nfs2", "--admin", addr, "--token-file", tok)
+	if err != nil || strings.TrimSpace(out) != "service home moved to nfs2" {
+		t.Fatalf("move: %v\n%s", err, out)
+	}
+	if len(st.moves) != 1 || st.moves[0] != "home>nfs2" {
+		t.Fatalf("the node saw moves %v", st.moves)
+	}
+
+	// Without services: says so, and prints no table.
+	st.list = nil
+	out, err = runCLI(t, "services", "--admin", addr)
+	if err != nil || !strings.Contains(out, "no services configured") {
+		t.Fatalf("no services: %v\n%s", err, out)
+	}
+}
+
+// normalize collapses runs of spaces (the table's padding).
+func normalize(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i, l := range lines {
+		lines[i] = strings.Join(strings.Fields(l), " ")
+	}
+	return strings.Join(lines, "\n")
+}
+
+// nsmd agent --help says where services: is set: the file only.
+func TestAgentHelpSaysServicesAreFileOnly(t *testing.T) {
+	out, err := runCLI(t, "agent", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, config.ServicesHelp) {
+		t.Fatalf("agent --help does not say where services: is set:\n%s", out)
+	}
+}
