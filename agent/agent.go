@@ -36,11 +36,9 @@ import (
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
-	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 	"github.com/nsmd/nsmd/tickle"
-	"github.com/nsmd/nsmd/timeline"
 	"github.com/nsmd/nsmd/vip"
 )
 
@@ -262,7 +260,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if err != nil {
 		return a, err
 	}
-	svc, err := nsm.NewService(a.node, nsm.Config{
+	svc, err := nsm.NewService(a.node.Registry(), nsm.Config{
 		NodeID:             cfg.NodeID,
 		Trusted:            cfg.TrustedPrefixes(),
 		Logger:             log,
@@ -316,26 +314,6 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 func (a *Agent) applied(ev cluster.Applied) {
 	a.deliver.Applied(a.cfg.NodeID, ev.Cmd, ev.Result, ev.Replay)
 	a.v4.grace.Observe(ev.Index, ev.Cmd, ev.Result)
-}
-
-// announce sends SM_NOTIFY with state to every distinct monitored host
-// (a cluster.Subscriber's Serving: the node calls it once its takeover
-// committed, the VIP is held and on_leader succeeded, and again after an
-// SM_SIMU_CRASH or an import; ctx ends with the term or that next call).
-func (a *Agent) announce(ctx context.Context, state int32) {
-	targets := a.node.Targets()
-	a.log.Info("notifying monitored hosts", "hosts", len(targets), "sm_state", state)
-	started := time.Now()
-	a.node.MarkTimeline(state, func(tl *timeline.Timeline) {
-		tl.Mark(timeline.NotifyStarted, started)
-		tl.Mark(timeline.NotifyDone, time.Time{})
-	})
-	sum := a.notifier.Run(ctx, state, targets)
-	if ctx.Err() == nil && sum.Pending == 0 {
-		done := time.Now()
-		a.node.MarkTimeline(state, func(tl *timeline.Timeline) { tl.Mark(timeline.NotifyDone, done) })
-	}
-	a.log.Info("notify finished", "summary", sum)
 }
 
 // NotifyRun says which sm_state the current (or last) SM_NOTIFY fan-out
@@ -468,69 +446,6 @@ func listenBoth(addr string) (net.Listener, net.PacketConn, error) {
 		}
 	}
 	return nil, nil, lastErr
-}
-
-// onLeader runs the on_leader hook and returns when it has run (bounded by
-// hook_timeout), so that the notifier, which starts after this returns,
-// sends SM_NOTIFY only once the service it announces (kernel nfsd and
-// lockd, started by the hook) can take the clients' reclaims. A failed hook
-// is reported (status, metric, on_fault) and the clients are still
-// notified: one never notified loses its locks for sure, one notified
-// while nfsd is down retries its reclaim (hard mounts retry forever).
-func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error {
-	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
-	start := time.Now()
-	a.v4.grace.Takeover(state)
-	var err error
-	select {
-	case err = <-a.hooks.leader(ctx, t, state):
-	case <-ctx.Done(): // leadership lost meanwhile: no notify follows anyway
-		return ctx.Err()
-	}
-	if err != nil {
-		return fmt.Errorf("on_leader hook: %w", err)
-	}
-	if a.cfg.OnLeader != "" {
-		a.log.Info("on_leader hook done; notifying", "took", time.Since(start).Round(time.Millisecond))
-	}
-	a.tickle.takeover(ctx, state) // alongside SM_NOTIFY, which starts when this returns
-	a.v4.grace.Serving(ctx)
-	return nil
-}
-
-// hookStarted records the on_leader script's start in the takeover's
-// timeline.
-func (a *Agent) hookStarted(event string, state int32, at time.Time) {
-	if event == hookEventLeader && a.node != nil {
-		a.node.MarkTimeline(state, func(tl *timeline.Timeline) { tl.Mark(timeline.HookStarted, at) })
-	}
-}
-
-// onFollower runs the on_follower hook and returns when it has run
-// (bounded by hook_timeout): until then this node tells a new leader that
-// asks that it has not stood down yet, so that leader does not start its
-// on_leader hook (mount the shared disk) while this one still unmounts it.
-func (a *Agent) onFollower() error {
-	a.log.Info("following")
-	if err := <-a.hooks.follower(a.node.State(), "leadership_lost"); err != nil {
-		return fmt.Errorf("on_follower hook: %w", err)
-	}
-	return nil
-}
-
-// stopAtStart runs the on_follower hook (reason "start") before this node
-// may serve: a previous process that died while it served left the storage
-// mounted and nfsd running.
-func (a *Agent) stopAtStart() error {
-	if err := <-a.hooks.follower(a.node.State(), "start"); err != nil {
-		return fmt.Errorf("on_follower hook at start: %w", err)
-	}
-	return nil
-}
-
-func (a *Agent) onFault(reason string, err error) {
-	a.log.Error("fault", "reason", reason, "err", err)
-	a.hooks.fault(a.node.RaftStatus().Role, a.node.State(), reason, err)
 }
 
 // VIPHeld reports whether this node currently answers on the VIP.

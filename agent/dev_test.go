@@ -54,7 +54,7 @@ func TestDevClusterFailover(t *testing.T) {
 	if err := c.Call(context.Background(), nsm.Program.Prog, nsm.Program.Vers, nsm.ProcMon, &mon, &res); err != nil || res.Res != nsm.StatSucc {
 		t.Fatalf("SM_MON via follower %s: %+v %v", follower.Config().NodeID, res, err)
 	}
-	if n := lead.Node().Count(); n != 1 {
+	if n := lead.Node().View().Count(); n != 1 {
 		t.Fatalf("leader has %d registrations after a forwarded SM_MON, want 1", n)
 	}
 

@@ -87,11 +87,11 @@ func TestMonFromAnotherAgentTakesNothingOver(t *testing.T) {
 			t.Fatalf("%s: nsmd_mon_refused_total{reason=owned_elsewhere} = %v, want %v", a.Config().NodeID, v, want)
 		}
 	}
-	idx := lead.Node().AppliedIndex()
+	idx := lead.Node().View().AppliedIndex()
 	for _, a := range d.Agents() {
 		agenttest.WaitApplied(t, a, idx)
 		n := 0
-		for _, g := range a.Node().Registrations(fsm.MonID{}, 0, "") {
+		for _, g := range a.Node().View().Registrations(fsm.MonID{}, 0, "") {
 			if g.Node == lead.Config().NodeID && g.Priv == cookie {
 				n++
 			}

@@ -91,11 +91,11 @@ func newNFSv4(a *Agent, tune func(string, *cld.Config), seenProc func(string) st
 	}
 	for _, g := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nsmd_nfsv4_client_records", Help: "NFSv4 client-tracking records in the current epoch (clients that may reclaim after the next failover).", ConstLabels: prometheus.Labels{"epoch": "current"}},
-			func() float64 { c, _, _ := f().V4Counts(); return float64(c) }),
+			func() float64 { c, _, _ := f().View().V4Counts(); return float64(c) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nsmd_nfsv4_client_records", Help: "NFSv4 client-tracking records in the current epoch (clients that may reclaim after the next failover).", ConstLabels: prometheus.Labels{"epoch": "recovery"}},
-			func() float64 { _, r, _ := f().V4Counts(); return float64(r) }),
+			func() float64 { _, r, _ := f().View().V4Counts(); return float64(r) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nsmd_nfsv4_reclaimed_clients", Help: "NFSv4 clients of the recovery epoch that reclaimed in this grace period (0 outside grace)."},
-			func() float64 { _, _, n := f().V4Counts(); return float64(n) }),
+			func() float64 { _, _, n := f().View().V4Counts(); return float64(n) }),
 	} {
 		if err := a.reg.Register(g); err != nil {
 			return nil, err
@@ -196,7 +196,7 @@ func (v *nfsv4) hookEnv() []string {
 
 // status is the NFSv4 part of GET /v1/status.
 func (v *nfsv4) status() admin.NFSv4Status {
-	f := v.a.node
+	f := v.a.node.View()
 	s := admin.NFSv4Status{Tracking: v.tracking, TrackingWhy: v.trackingWhy}
 	s.CurrentEpoch, s.RecoveryEpoch = f.Epochs()
 	s.Clients, s.Reclaimable, s.Reclaimed = f.V4Counts()
@@ -217,7 +217,7 @@ func (v *nfsv4) status() admin.NFSv4Status {
 
 // clients is GET /v1/nfsv4/clients.
 func (v *nfsv4) clients() admin.V4ClientPage {
-	f := v.a.node
+	f := v.a.node.View()
 	p := admin.V4ClientPage{Clients: []admin.V4ClientJSON{}}
 	p.CurrentEpoch, p.RecoveryEpoch = f.Epochs()
 	for _, e := range []struct {

@@ -64,8 +64,8 @@ func TestNFSv4ClientRecordsSurviveAFailover(t *testing.T) {
 		}
 	}
 	for _, ag := range d.Agents() {
-		agenttest.WaitApplied(t, ag, leader.Node().AppliedIndex())
-		if c, _, _ := ag.Node().V4Counts(); c != 2 {
+		agenttest.WaitApplied(t, ag, leader.Node().View().AppliedIndex())
+		if c, _, _ := ag.Node().View().V4Counts(); c != 2 {
 			t.Fatalf("%s holds %d client records, want 2", ag.Config().NodeID, c)
 		}
 	}
@@ -92,7 +92,7 @@ func TestNFSv4ClientRecordsSurviveAFailover(t *testing.T) {
 		}
 	}
 	fk.Stop()
-	if _, has := leader.Node().HasV4Client("intruder"); has {
+	if _, has := leader.Node().View().HasV4Client("intruder"); has {
 		t.Fatal("a follower's Create reached the table")
 	}
 
@@ -123,12 +123,12 @@ func TestNFSv4ClientRecordsSurviveAFailover(t *testing.T) {
 		if ag == leader {
 			continue
 		}
-		agenttest.WaitApplied(t, ag, next.Node().AppliedIndex())
-		cur := ag.Node().V4Clients(false)
+		agenttest.WaitApplied(t, ag, next.Node().View().AppliedIndex())
+		cur := ag.Node().View().V4Clients(false)
 		if len(cur) != 1 || cur[0].Name != string(a) {
 			t.Fatalf("%s after GraceDone: %v, want only %q", ag.Config().NodeID, cur, a)
 		}
-		if _, rec := ag.Node().Epochs(); rec != 0 {
+		if _, rec := ag.Node().View().Epochs(); rec != 0 {
 			t.Fatalf("%s still in grace after GraceDone", ag.Config().NodeID)
 		}
 	}

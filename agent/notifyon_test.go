@@ -63,7 +63,7 @@ func notifyCluster(t *testing.T, vip, monName string, tune func(*config.Config))
 	// Every node knows the host is monitored (SM_NOTIFY is pre-checked
 	// against the local state).
 	for _, a := range d.Agents() {
-		agenttest.WaitApplied(t, a, lead.Node().AppliedIndex())
+		agenttest.WaitApplied(t, a, lead.Node().View().AppliedIndex())
 	}
 	return d, lead
 }

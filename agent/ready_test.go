@@ -271,8 +271,8 @@ func TestReadySingleNodeStartAndRestartAnswerOnlyTheCurrentState(t *testing.T) {
 	t.Cleanup(func() { d.Close() })
 	calls := p.waitAnswer(t, 1, 10*time.Second)
 	a := d.Agent(0)
-	if !a.Node().Ready() || a.Node().State() != 1 {
-		t.Fatalf("answered 1 while ready %v, sm_state %d", a.Node().Ready(), a.Node().State())
+	if !a.Node().Ready() || a.Node().View().State() != 1 {
+		t.Fatalf("answered 1 while ready %v, sm_state %d", a.Node().Ready(), a.Node().View().State())
 	}
 	t.Logf("fresh node: first answer after %d calls", calls)
 
@@ -308,7 +308,7 @@ func TestReadyRestartedFollowerAnswersOnlyTheCurrentState(t *testing.T) {
 	}
 	t.Cleanup(func() { d.Close() })
 	lead := agenttest.Leader(t, d, nil, 10*time.Second)
-	s1 := lead.Node().State()
+	s1 := lead.Node().View().State()
 	for _, p := range polls {
 		p.waitAnswer(t, s1, 10*time.Second)
 	}
@@ -331,7 +331,7 @@ func TestReadyRestartedFollowerAnswersOnlyTheCurrentState(t *testing.T) {
 			t.Fatalf("transfer to %s: %v", d.Agent(oi).Config().NodeID, err)
 		}
 		nl := agenttest.Leader(t, d, lead, 10*time.Second)
-		if st := nl.Node().State(); st != s1+2 {
+		if st := nl.Node().View().State(); st != s1+2 {
 			t.Fatalf("sm_state after the transfer %d, want %d", st, s1+2)
 		}
 	})

@@ -102,14 +102,14 @@ func (s *SystemdNotify) run(ctx context.Context, a *Agent, wd time.Duration, log
 		case <-feed:
 			// Reading the FSM takes its lock: a node wedged there stops
 			// feeding the watchdog and systemd restarts it.
-			a.node.State()
+			a.node.View().State()
 			send("WATCHDOG=1")
 		case <-poll.C:
 			if !a.readyNow() {
 				continue
 			}
 			leader := a.node.Leader()
-			send(fmt.Sprintf("READY=1\nSTATUS=ready: sm_state %d, leader %s", a.node.State(), leader))
+			send(fmt.Sprintf("READY=1\nSTATUS=ready: sm_state %d, leader %s", a.node.View().State(), leader))
 			log.Info("told systemd the node is ready")
 			poll.Stop()
 		}

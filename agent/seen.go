@@ -66,7 +66,7 @@ func (s *clientsSeen) tick(ctx context.Context, now time.Time) {
 		s.sample(n, now)
 		return
 	}
-	n.SetClientsSeen(nil) // a former leader shares nothing
+	n.Hints().SetClientsSeen(nil) // a former leader shares nothing
 	s.fetch(ctx, n)
 }
 
@@ -93,7 +93,7 @@ func (s *clientsSeen) sample(n *cluster.Node, now time.Time) {
 		}
 		s.merge(fresh)
 	}
-	n.SetClientsSeen(s.list())
+	n.Hints().SetClientsSeen(s.list())
 }
 
 // fetch asks the leader for its list and merges it. A failed ask keeps
@@ -108,7 +108,7 @@ func (s *clientsSeen) fetch(ctx context.Context, n *cluster.Node) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	from, cs, err := n.LeaderClientsSeen(ctx, cluster.MaxClientsSeen)
+	from, cs, err := n.Hints().LeaderClientsSeen(ctx, cluster.MaxClientsSeen)
 	switch {
 	case errors.Is(err, cluster.ErrClientsSeenUnsupported):
 		s.mu.Lock()

@@ -17,7 +17,7 @@ import (
 // Status is this node's view: GET /v1/status.
 func (a *Agent) Status() admin.Status {
 	r := a.node.RaftStatus()
-	f := a.node
+	f := a.node.View()
 	s := admin.Status{
 		NodeID:        a.cfg.NodeID,
 		ClusterID:     a.cfg.ClusterID,
@@ -88,15 +88,15 @@ func (s adminStore) Members() []admin.Member {
 }
 
 func (s adminStore) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
-	return s.a.node.Registrations(after, limit, monName)
+	return s.a.node.View().Registrations(after, limit, monName)
 }
 
 func (s adminStore) NFSv4Clients() admin.V4ClientPage { return s.a.v4.clients() }
 
-func (s adminStore) LastTakeover() fsm.Takeover { return s.a.node.LastTakeover() }
+func (s adminStore) LastTakeover() fsm.Takeover { return s.a.node.View().LastTakeover() }
 
 func (s adminStore) Import(ctx context.Context, regs []fsm.Registration, state int32) (int32, error) {
-	return s.a.node.Import(ctx, regs, state)
+	return s.a.node.Registry().Import(ctx, regs, state)
 }
 
 func (s adminStore) Crash() { s.a.crash() }
@@ -163,7 +163,7 @@ func (s adminStore) Ready(ctx context.Context) error {
 		if errors.Is(err, cluster.ErrNotReadyYet) {
 			return errors.New("current sm_state not known yet (this term's takeover not applied here); NSM calls get no answer")
 		}
-		return fmt.Errorf("applied %d < commit %d", s.a.node.AppliedIndex(), r.CommitIndex)
+		return fmt.Errorf("applied %d < commit %d", s.a.node.View().AppliedIndex(), r.CommitIndex)
 	}
 	return nil
 }

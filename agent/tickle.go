@@ -155,7 +155,7 @@ func (t *tickler) tick() {
 		}
 		return
 	}
-	t.node.SetVIPConns(cluster.VIPConns{}) // a former leader shares nothing
+	t.node.Hints().SetVIPConns(cluster.VIPConns{}) // a former leader shares nothing
 	t.fetch()
 }
 
@@ -167,7 +167,7 @@ func (t *tickler) sample() {
 		return
 	}
 	t.sampleErr.log(t.log, "", nil)
-	t.node.SetVIPConns(cluster.VIPConns{Conns: conns, Total: total, At: time.Now()})
+	t.node.Hints().SetVIPConns(cluster.VIPConns{Conns: conns, Total: total, At: time.Now()})
 	t.setKnown(len(conns), total)
 }
 
@@ -222,7 +222,7 @@ func (t *tickler) fetch() {
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, tickleInterval)
 	defer cancel()
-	from, v, err := t.node.LeaderVIPConns(ctx, t.max)
+	from, v, err := t.node.Hints().LeaderVIPConns(ctx, t.max)
 	switch {
 	case errors.Is(err, cluster.ErrVIPConnsUnsupported):
 		t.mu.Lock()

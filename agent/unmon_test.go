@@ -48,7 +48,7 @@ func TestUnmonOfANodeThatStoppedServingKeepsTheHost(t *testing.T) {
 	if mres.Res != nsm.StatSucc {
 		t.Fatalf("SM_MON: %+v", mres)
 	}
-	registrations := func(a *agent.Agent) int { return a.Node().Count() }
+	registrations := func(a *agent.Agent) int { return a.Node().View().Count() }
 
 	// Leadership moves on; the old server's lockd, stopping, unmonitors.
 	if err := lead.Node().TransferLeadership(""); err != nil {

@@ -674,7 +674,7 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	if err != nil {
 		return nil, err
 	}
-	rep.OldState = leader.Node().State()
+	rep.OldState = leader.Node().View().State()
 	vipAddr := net.JoinHostPort(notifyVIP, strconv.Itoa(spec.NSMPort))
 
 	// Register every host through the VIP, as the server's lockd would.
@@ -686,7 +686,7 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	rep.RegisterRetried = retried
 	if err := benchWaitCond(ctx, 60*time.Second, "every node to apply the registrations", func() bool {
 		for _, a := range d.Agents() {
-			if a.Node().Count() != o.Hosts {
+			if a.Node().View().Count() != o.Hosts {
 				return false
 			}
 		}
@@ -704,7 +704,7 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 		if leader, err = benchWaitLeader(ctx, d, 30*time.Second); err != nil {
 			return nil, err
 		}
-		rep.OldState = leader.Node().State()
+		rep.OldState = leader.Node().View().State()
 	}
 	rep.EarlyNotify = hosts.notifyRx.Load()
 	allNotified := hosts.phase(rep.OldState, vip, rep.NotifyName, live)
@@ -732,7 +732,7 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	var nl *agent.Agent
 	if err := benchWaitCond(ctx, 30*time.Second, "a new leader's takeover", func() bool {
 		for _, a := range d.Agents() {
-			if a != leader && a.Node().Leading() && a.Node().State() > rep.OldState {
+			if a != leader && a.Node().Leading() && a.Node().View().State() > rep.OldState {
 				nl = a
 				return true
 			}
@@ -741,8 +741,8 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	}); err != nil {
 		return nil, err
 	}
-	tk := nl.Node().LastTakeover().At
-	rep.NewState = nl.Node().State()
+	tk := nl.Node().View().LastTakeover().At
+	rep.NewState = nl.Node().View().State()
 	rep.FaultToTkMS = float64(tk.Sub(t0)) / float64(time.Millisecond)
 	fmt.Fprintf(progress, "bench notify: %s took over %v after the %s (sm_state %d → %d); notifying\n",
 		nl.Config().NodeID, tk.Sub(t0).Round(time.Millisecond), o.Fault, rep.OldState, rep.NewState)
@@ -754,7 +754,7 @@ func runNotify(ctx context.Context, o NotifyOptions, progress io.Writer) (*Notif
 	}
 	for _, a := range d.Agents() {
 		if a != leader {
-			if st := a.Node().State(); st > rep.NewState {
+			if st := a.Node().View().State(); st > rep.NewState {
 				rep.TakeoversAfter = max(rep.TakeoversAfter, int(st-rep.NewState)/2)
 			}
 		}
@@ -835,7 +835,7 @@ func benchWaitLeader(ctx context.Context, d *agent.Dev, timeout time.Duration) (
 	var lead *agent.Agent
 	err := benchWaitCond(ctx, timeout, "a leader holding the VIP, its takeover's notifier started", func() bool {
 		for _, a := range d.Agents() {
-			if st, _ := a.NotifyRun(); a.Node().Leading() && a.VIPHeld() && st == a.Node().State() {
+			if st, _ := a.NotifyRun(); a.Node().Leading() && a.VIPHeld() && st == a.Node().View().State() {
 				lead = a
 				return true
 			}

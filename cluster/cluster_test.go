@@ -37,7 +37,7 @@ func TestLeaderKillElectsNewLeaderThatBumpsStateAndNotifiesEveryHost(t *testing.
 	li, _ := c.leader(5 * time.Second)
 	follower := c.nodes[(li+1)%3]
 	for i, h := range hosts {
-		st, err := follower.n.Monitor(context.Background(), testReg(h.Addr.String(), follower.id, byte(i)))
+		st, err := follower.n.Registry().Monitor(context.Background(), testReg(h.Addr.String(), follower.id, byte(i)))
 		if err != nil || st != 1 {
 			t.Fatalf("Monitor via follower: state %d err %v", st, err)
 		}
@@ -72,7 +72,7 @@ func TestFollowerHoldsWritesThroughAnElection(t *testing.T) {
 	f1, f2 := (li+1)%3, (li+2)%3
 	c.kill(li)
 	start := time.Now()
-	st, err := c.nodes[f1].n.Monitor(context.Background(), testReg("10.77.1.1", c.nodes[f1].id, 1))
+	st, err := c.nodes[f1].n.Registry().Monitor(context.Background(), testReg("10.77.1.1", c.nodes[f1].id, 1))
 	if err != nil {
 		t.Fatalf("write during election: %v", err)
 	}
@@ -83,7 +83,7 @@ func TestFollowerHoldsWritesThroughAnElection(t *testing.T) {
 
 	c.kill(f2)
 	start = time.Now()
-	_, err = c.nodes[f1].n.Monitor(context.Background(), testReg("10.77.1.2", c.nodes[f1].id, 2))
+	_, err = c.nodes[f1].n.Registry().Monitor(context.Background(), testReg("10.77.1.2", c.nodes[f1].id, 2))
 	if err == nil {
 		t.Fatal("write without quorum succeeded")
 	}
@@ -102,7 +102,7 @@ func TestPartitionedLeaderStepsDownAndMinorityCommitsNothing(t *testing.T) {
 	c.waitTakeover(5 * time.Second)
 	li, old := c.leader(5 * time.Second)
 	// A dead monitored host keeps the old leader's notifier busy.
-	if _, err := old.n.Monitor(context.Background(), testReg("127.0.0.70", old.id, 1)); err != nil {
+	if _, err := old.n.Registry().Monitor(context.Background(), testReg("127.0.0.70", old.id, 1)); err != nil {
 		t.Fatal(err)
 	}
 	for len(c.followers) > 0 {
@@ -112,7 +112,7 @@ func TestPartitionedLeaderStepsDownAndMinorityCommitsNothing(t *testing.T) {
 	c.partition(li)
 	minority := make(chan error, 1)
 	go func() {
-		_, err := old.n.Monitor(context.Background(), testReg("10.77.9.9", old.id, 9))
+		_, err := old.n.Registry().Monitor(context.Background(), testReg("10.77.9.9", old.id, 9))
 		minority <- err
 	}()
 	stepDown := <-c.followers
@@ -202,7 +202,7 @@ func randomFaults(t *testing.T, store string) {
 			seq++
 			r := testReg(fmt.Sprintf("10.77.%d.%d", seq/250, seq%250), tn.id, byte(seq))
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if _, err := tn.n.Monitor(ctx, r); err == nil {
+			if _, err := tn.n.Registry().Monitor(ctx, r); err == nil {
 				acked[r.ID] = true
 			}
 			cancel()
@@ -262,11 +262,11 @@ func TestForwardWithWrongKeyIsDenied(t *testing.T) {
 	c.waitTakeover(5 * time.Second)
 	li, _ := c.leader(5 * time.Second)
 	f := c.nodes[(li+1)%3]
-	if _, err := f.n.Monitor(context.Background(), testReg("10.77.2.1", f.id, 1)); err != nil {
+	if _, err := f.n.Registry().Monitor(context.Background(), testReg("10.77.2.1", f.id, 1)); err != nil {
 		t.Fatalf("forward with the right key: %v", err)
 	}
 	f.n.cfg.ClusterKey = []byte("fedcba9876543210")
-	_, err := f.n.Monitor(context.Background(), testReg("10.77.2.2", f.id, 2))
+	_, err := f.n.Registry().Monitor(context.Background(), testReg("10.77.2.2", f.id, 2))
 	if !errors.Is(err, ErrForwardDenied) {
 		t.Fatalf("forward with a wrong key: %v, want ErrForwardDenied", err)
 	}
@@ -294,7 +294,7 @@ func TestRebootedPeerIsCalledBackByOwningNodeOnly(t *testing.T) {
 		if i == 2 { // n3's lock manager monitors another host
 			r.ID.MonName = "127.0.0.96"
 		}
-		if _, err := tn.n.Monitor(ctx, r); err != nil {
+		if _, err := tn.n.Registry().Monitor(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 		regs[tn.id] = r
@@ -317,18 +317,18 @@ func TestRebootedPeerIsCalledBackByOwningNodeOnly(t *testing.T) {
 			}
 		}
 	}
-	if err := via.PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 7}); err != nil {
+	if err := via.Registry().PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 7}); err != nil {
 		t.Fatal(err)
 	}
 	expect(7, "n1", "n2")
 	c.converge(5 * time.Second) // via may follow: let it apply the entry first
-	if via.WouldAccept("127.0.0.95", netip.Addr{}, 7) {
+	if via.Registry().WouldAccept("127.0.0.95", netip.Addr{}, 7) {
 		t.Error("a repeated state would be accepted again")
 	}
-	if err := via.PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 7}); err != nil {
+	if err := via.Registry().PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := via.PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 9}); err != nil {
+	if err := via.Registry().PeerRebooted(ctx, fsm.PeerRebooted{MonName: "127.0.0.95", State: 9}); err != nil {
 		t.Fatal(err)
 	}
 	expect(9, "n1", "n2") // a duplicate 7 would have arrived first

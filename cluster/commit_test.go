@@ -55,7 +55,7 @@ func TestWritesDuringACommitShareTheNextEntry(t *testing.T) {
 	errs := make(chan error, 4)
 	write := func(i int) {
 		defer wg.Done()
-		if _, err := n.Monitor(context.Background(), testReg(fmt.Sprintf("127.0.1.%d", i), ld.id, byte(i))); err != nil {
+		if _, err := n.Registry().Monitor(context.Background(), testReg(fmt.Sprintf("127.0.1.%d", i), ld.id, byte(i))); err != nil {
 			errs <- err
 		}
 	}

@@ -14,8 +14,8 @@ import (
 
 // The clients' connections to the VIP, replicated so that the node that
 // takes the VIP over can tickle them (package tickle): the leader's owner
-// samples its own connections on the VIP and hands them to SetVIPConns;
-// every other serving node asks the leader for them (LeaderVIPConns, the
+// samples its own connections on the VIP and hands them to Hints.SetVIPConns;
+// every other serving node asks the leader for them (Hints.LeaderVIPConns, the
 // forward program's CONNS procedure) and keeps the last answer. The list
 // is not in the FSM: it changes every second, it is only a hint, and a
 // lost or stale one costs what having none costs (the clients reconnect
@@ -46,9 +46,20 @@ type VIPConns struct {
 	At time.Time
 }
 
+// Hints are what the leader shares with the other serving nodes outside
+// the FSM, over the forward program: the clients' connections on the VIP
+// (CONNS, this file) and when each NFSv4 client was last seen (SEEN,
+// seen.go). The leader's owner sets its samples; every other serving node
+// asks the leader for them. They hold no state of their own: the samples
+// are the node's.
+type Hints struct{ n *Node }
+
+// Hints is this node's side of the leader's hints.
+func (n *Node) Hints() Hints { return Hints{n} }
+
 // SetVIPConns records the leader's latest sample of its connections on
 // the VIP, which it answers CONNS with while it leads.
-func (n *Node) SetVIPConns(v VIPConns) { n.vipConns.Store(&v) }
+func (h Hints) SetVIPConns(v VIPConns) { h.n.vipConns.Store(&v) }
 
 // hintArgs is the argument of CONNS and SEEN (seen.go), the leader's
 // hints: at most how many items the asker wants, its clock and an HMAC
@@ -242,10 +253,10 @@ func (n *Node) serveConns(c *oncrpc.Call, res *oncrpc.Writer) error {
 // on the VIP, at most max of them, and says which node answered. A leader
 // that does not answer CONNS is ErrVIPConnsUnsupported; one that no
 // longer leads, ErrNotLeader.
-func (n *Node) LeaderVIPConns(ctx context.Context, max int) (leader string, v VIPConns, err error) {
+func (h Hints) LeaderVIPConns(ctx context.Context, max int) (leader string, v VIPConns, err error) {
 	max = min(max, MaxVIPConns)
 	res := connsRes{max: max}
-	id, err := n.askLeader(ctx, fwdProcConns, tagConns, max, "its VIP connections", ErrVIPConnsUnsupported, &res)
+	id, err := h.n.askLeader(ctx, fwdProcConns, tagConns, max, "its VIP connections", ErrVIPConnsUnsupported, &res)
 	if err != nil {
 		return id, v, err
 	}

@@ -38,14 +38,14 @@ func TestFollowersLearnTheLeadersVIPConns(t *testing.T) {
 	f := c.nodes[(li+1)%3]
 	ctx := context.Background()
 
-	if _, _, err := f.n.LeaderVIPConns(ctx, 10); !errors.Is(err, ErrNotLeader) {
+	if _, _, err := f.n.Hints().LeaderVIPConns(ctx, 10); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("before the leader sampled: %v, want ErrNotLeader (nothing to share yet)", err)
 	}
 	conns := testVIPConns(5)
 	sampled := time.Now().Add(-300 * time.Millisecond)
-	ld.n.SetVIPConns(VIPConns{Conns: conns, Total: 7, At: sampled})
+	ld.n.Hints().SetVIPConns(VIPConns{Conns: conns, Total: 7, At: sampled})
 
-	from, v, err := f.n.LeaderVIPConns(ctx, 10)
+	from, v, err := f.n.Hints().LeaderVIPConns(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestFollowersLearnTheLeadersVIPConns(t *testing.T) {
 	if d := v.At.Sub(sampled); d < -50*time.Millisecond || d > 200*time.Millisecond {
 		t.Errorf("sample dated %v off the leader's time", d)
 	}
-	_, v, err = f.n.LeaderVIPConns(ctx, 2)
+	_, v, err = f.n.Hints().LeaderVIPConns(ctx, 2)
 	if err != nil || !slices.Equal(v.Conns, conns[:2]) || v.Total != 7 {
 		t.Fatalf("bounded to 2: %v (total %d), %v", v.Conns, v.Total, err)
 	}
@@ -69,7 +69,7 @@ func TestFollowersLearnTheLeadersVIPConns(t *testing.T) {
 	}
 
 	f.n.cfg.ClusterKey = []byte("another key")
-	if _, _, err := f.n.LeaderVIPConns(ctx, 10); err == nil || !strings.Contains(err.Error(), "refused") {
+	if _, _, err := f.n.Hints().LeaderVIPConns(ctx, 10); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("with another cluster key: %v, want a refusal", err)
 	}
 }
@@ -106,7 +106,7 @@ func TestAnOlderLeaderIsNotAskedForVIPConns(t *testing.T) {
 	c.waitTakeover(5 * time.Second)
 	li, ld := c.leader(5 * time.Second)
 	f := c.nodes[(li+1)%3]
-	ld.n.SetVIPConns(VIPConns{Conns: testVIPConns(2), Total: 2, At: time.Now()})
+	ld.n.Hints().SetVIPConns(VIPConns{Conns: testVIPConns(2), Total: 2, At: time.Now()})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -122,7 +122,7 @@ func TestAnOlderLeaderIsNotAskedForVIPConns(t *testing.T) {
 	// first call may fail on it, and the next one dials again.
 	var lastErr error
 	for range 3 {
-		_, _, lastErr = f.n.LeaderVIPConns(ctx, 10)
+		_, _, lastErr = f.n.Hints().LeaderVIPConns(ctx, 10)
 		if errors.Is(lastErr, ErrVIPConnsUnsupported) {
 			return
 		}

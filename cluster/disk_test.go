@@ -120,7 +120,7 @@ func nextTakeover(t *testing.T, took chan takeoverEvent, d time.Duration) takeov
 func mon(n *Node, i int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_, err := n.Monitor(ctx, fsm.Registration{ID: monID(i)})
+	_, err := n.Registry().Monitor(ctx, fsm.Registration{ID: monID(i)})
 	return err
 }
 

@@ -64,7 +64,7 @@ func TestSubscribersHearAppliedInLogOrderWithReplaysMarked(t *testing.T) {
 	}
 	ctx := context.Background()
 	for i := range 5 {
-		if _, err := n.Monitor(ctx, reg(i)); err != nil {
+		if _, err := n.Registry().Monitor(ctx, reg(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -90,7 +90,7 @@ func TestSubscribersHearAppliedInLogOrderWithReplaysMarked(t *testing.T) {
 	if got := <-served; got != s2 {
 		t.Fatalf("after the restart Serving told sm_state %d, the takeover committed %d", got, s2)
 	}
-	if _, err := n.Monitor(ctx, reg(9)); err != nil {
+	if _, err := n.Registry().Monitor(ctx, reg(9)); err != nil {
 		t.Fatal(err)
 	}
 	var replays, fresh int

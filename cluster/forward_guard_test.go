@@ -53,7 +53,7 @@ func keyed(t *testing.T, cmd fsm.Command, sent time.Time) *fwdArgs {
 func TestForwardingTakesOnlyFreshFollowerWrites(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	_, leader := c.leader(5 * time.Second)
-	before := leader.n.State()
+	before := leader.n.View().State()
 
 	reg := fsm.Register{Reg: testReg("10.77.1.1", "n2", 1)}
 	captured := keyed(t, reg, time.Now())
@@ -76,7 +76,7 @@ func TestForwardingTakesOnlyFreshFollowerWrites(t *testing.T) {
 			t.Fatalf("forwarded %#v: %+v, want denied", cmd, res)
 		}
 	}
-	if st := leader.n.State(); st != before {
+	if st := leader.n.View().State(); st != before {
 		t.Fatalf("sm_state %d after refused forwards, was %d", st, before)
 	}
 	// A forwarded SM_SIMU_CRASH is taken, with the leader's own grace window.

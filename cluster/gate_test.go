@@ -52,7 +52,7 @@ func ownedRegs(t *testing.T, n *Node, tag string, count int) []fsm.MonID {
 			Callback: netip.MustParseAddr("127.0.0.1"),
 			Added:    time.Unix(1700000000, 0).UTC(),
 		}
-		if _, err := n.Monitor(context.Background(), r); err != nil {
+		if _, err := n.Registry().Monitor(context.Background(), r); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, r.ID)
@@ -94,10 +94,10 @@ func TestUnmonFromAnotherNodeRemovesNothingWithoutGossip(t *testing.T) {
 
 	// The attack: the leader's lock manager as my_id, sent on f.
 	my := fsm.MyID{MyName: "srv", Prog: 100021, Vers: 3, Proc: 16}
-	if _, err := f.UnmonitorAll(ctx, my, lockdOn(f.cfg.NodeID)); err != nil {
+	if _, err := f.Registry().UnmonitorAll(ctx, my, lockdOn(f.cfg.NodeID)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Unmonitor(ctx, fsm.MonID{MonName: "lead-0", My: my}, lockdOn(f.cfg.NodeID)); err != nil {
+	if _, err := f.Registry().Unmonitor(ctx, fsm.MonID{MonName: "lead-0", My: my}, lockdOn(f.cfg.NodeID)); err != nil {
 		t.Fatal(err)
 	}
 	c.converge(5 * time.Second)
@@ -128,7 +128,7 @@ func TestUnmonFromAnotherNodeRemovesNothingWithoutGossip(t *testing.T) {
 		t.Fatalf("nsmd_unmon_owner_checked_by_proposer_total on the follower %s = %v, want 0 (it forwards)", f.cfg.NodeID, v)
 	}
 	// The leader's own lockd still removes its own.
-	if _, err := leader.n.UnmonitorAll(ctx, my, lockdOn(leader.id)); err != nil {
+	if _, err := leader.n.Registry().UnmonitorAll(ctx, my, lockdOn(leader.id)); err != nil {
 		t.Fatal(err)
 	}
 	c.converge(5 * time.Second)
@@ -165,10 +165,10 @@ func TestFollowersUnmonAllIsDecidedOnTheLeadersState(t *testing.T) {
 				Callback: netip.MustParseAddr("127.0.0.1"),
 				Added:    time.Unix(1700000000, 0).UTC(),
 			}
-			if _, err := leader.n.Monitor(ctx, during); err != nil {
+			if _, err := leader.n.Registry().Monitor(ctx, during); err != nil {
 				t.Fatal(err)
 			}
-			if f.Has(during.ID) {
+			if f.Registry().Has(during.ID) {
 				t.Fatal("the cut-off follower applied a write made during the cut: the test needs its state to lag")
 			}
 
@@ -178,7 +178,7 @@ func TestFollowersUnmonAllIsDecidedOnTheLeadersState(t *testing.T) {
 				if lowerHere {
 					_, err = f.applyLowered(ctx, fsm.UnregisterAll{My: my, Owner: lockdOn(f.cfg.NodeID)})
 				} else {
-					_, err = f.UnmonitorAll(ctx, my, lockdOn(f.cfg.NodeID))
+					_, err = f.Registry().UnmonitorAll(ctx, my, lockdOn(f.cfg.NodeID))
 				}
 				done <- err
 			}()
@@ -253,13 +253,13 @@ func TestOwnerCommandsOnlyOnceEveryMemberAppliesThem(t *testing.T) {
 			// not the leader, but the leader commits (a gossip test has no
 			// forwarding server), so the Owner is what decides.
 			my := fsm.MyID{MyName: "srv", Prog: 100021, Vers: 3, Proc: 16}
-			if _, err := leader.UnmonitorAll(context.Background(), my, lockdOn(other.cfg.NodeID)); err != nil {
+			if _, err := leader.Registry().UnmonitorAll(context.Background(), my, lockdOn(other.cfg.NodeID)); err != nil {
 				t.Fatal(err)
 			}
 			if n := leader.fsm.Len(); n != 3 {
 				t.Fatalf("%d registrations left after another node's SM_UNMON_ALL, want 3", n)
 			}
-			if _, err := leader.UnmonitorAll(context.Background(), my, lockdOn(leader.cfg.NodeID)); err != nil {
+			if _, err := leader.Registry().UnmonitorAll(context.Background(), my, lockdOn(leader.cfg.NodeID)); err != nil {
 				t.Fatal(err)
 			}
 			itest.WaitFor(t, 5*time.Second, "every node to apply the removals", func() bool {
@@ -321,7 +321,7 @@ func TestTakeoverWrapsAtTheEndOfTheRangeOnlyOnceEveryMemberDoes(t *testing.T) {
 			if _, err := leader.apply(ctx, fsm.Takeover{Node: leader.cfg.NodeID, MinState: math.MaxInt32}); err != nil {
 				t.Fatal(err)
 			}
-			if err := leader.SimuCrash(ctx); err != nil {
+			if err := leader.Registry().SimuCrash(ctx); err != nil {
 				t.Fatal(err)
 			}
 			want := int32(1)
@@ -330,16 +330,16 @@ func TestTakeoverWrapsAtTheEndOfTheRangeOnlyOnceEveryMemberDoes(t *testing.T) {
 			}
 			itest.WaitFor(t, 5*time.Second, fmt.Sprintf("every node at sm_state %d", want), func() bool {
 				for _, n := range nodes {
-					if n.State() != want {
+					if n.View().State() != want {
 						return false
 					}
 				}
 				return true
 			})
-			if _, err := leader.Import(ctx, nil, math.MaxInt32-1); !errors.Is(err, ErrBadImport) {
+			if _, err := leader.Registry().Import(ctx, nil, math.MaxInt32-1); !errors.Is(err, ErrBadImport) {
 				t.Fatalf("import of a state at the end of the range: %v, want ErrBadImport", err)
 			}
-			if st := leader.State(); st != want {
+			if st := leader.View().State(); st != want {
 				t.Fatalf("a refused import changed sm_state to %d", st)
 			}
 		})

@@ -68,7 +68,7 @@ func TestGuardedMonitorOnlyOnceEveryMemberAppliesIt(t *testing.T) {
 				return leader.guardedOK() == !older
 			})
 			itest.WaitFor(t, 10*time.Second, "the leader's takeover", func() bool {
-				return leader.LastTakeover().Node == leader.cfg.NodeID
+				return leader.View().LastTakeover().Node == leader.cfg.NodeID
 			})
 			ids := ownedRegs(t, leader, "srv", 3)
 			ctx := context.Background()
@@ -81,17 +81,17 @@ func TestGuardedMonitorOnlyOnceEveryMemberAppliesIt(t *testing.T) {
 					// leader commits (a gossip test has no forwarding
 					// server), so the registration's node decides.
 					r := fsm.Registration{ID: id, Node: other.cfg.NodeID, Callback: netip.MustParseAddr("127.0.0.1"), Priv: [16]byte{15: 0xee}}
-					if _, err := leader.Monitor(ctx, r); !errors.Is(err, fsm.ErrOwnedElsewhere) {
+					if _, err := leader.Registry().Monitor(ctx, r); !errors.Is(err, fsm.ErrOwnedElsewhere) {
 						t.Fatalf("SM_MON of %s's registration taken on %s: %v, want ErrOwnedElsewhere", leader.cfg.NodeID, other.cfg.NodeID, err)
 					}
 				}
-				if _, err := leader.UnmonitorAll(ctx, ids[0].My, lockdOn(other.cfg.NodeID)); err != nil {
+				if _, err := leader.Registry().UnmonitorAll(ctx, ids[0].My, lockdOn(other.cfg.NodeID)); err != nil {
 					t.Fatal(err)
 				}
 			}
 			// The serving node's own lockd still re-monitors (a new cookie).
 			again := fsm.Registration{ID: ids[0], Node: leader.cfg.NodeID, Callback: netip.MustParseAddr("127.0.0.1"), Priv: [16]byte{15: 1}}
-			if _, err := leader.Monitor(ctx, again); err != nil {
+			if _, err := leader.Registry().Monitor(ctx, again); err != nil {
 				t.Fatal(err)
 			}
 			idx := leader.fsm.AppliedIndex()

@@ -124,7 +124,7 @@ func (c *tcluster) start(i int) {
 	tn.nt = nt
 	var n *Node // set before Start, the first Serving
 	cfg.Subscribers = append(cfg.Subscribers, Subscriber{Serving: func(ctx context.Context, state int32) {
-		nt.Run(ctx, state, n.Targets())
+		nt.Run(ctx, state, n.View().Targets())
 	}})
 	if c.deliver != nil {
 		d := nsm.NewDeliverer(*c.deliver)
@@ -251,18 +251,18 @@ func (c *tcluster) converge(timeout time.Duration) [32]byte {
 	if err := ld.n.raft.Barrier(timeout).Error(); err != nil {
 		c.t.Fatalf("barrier: %v", err)
 	}
-	want := ld.n.AppliedIndex()
+	want := ld.n.View().AppliedIndex()
 	testutil.WaitForSeen(c.t, timeout, fmt.Sprintf("every live node to apply the leader's index %d", want), func() (bool, string) {
 		for _, tn := range c.nodes {
-			if tn.alive && tn.n.AppliedIndex() < want {
-				return false, fmt.Sprintf("%s applied %d", tn.id, tn.n.AppliedIndex())
+			if tn.alive && tn.n.View().AppliedIndex() < want {
+				return false, fmt.Sprintf("%s applied %d", tn.id, tn.n.View().AppliedIndex())
 			}
 		}
 		return true, ""
 	})
 	d := ld.n.fsm.Digest()
 	for _, tn := range c.nodes {
-		if tn.alive && tn.n.AppliedIndex() == want && tn.n.fsm.Digest() != d {
+		if tn.alive && tn.n.View().AppliedIndex() == want && tn.n.fsm.Digest() != d {
 			c.t.Errorf("%s FSM digest differs from the leader's at index %d", tn.id, want)
 		}
 	}

@@ -158,7 +158,7 @@ func checkClustersStayApart(t *testing.T, reason string, tune func(s *gossipSpec
 	want := map[string][]string{}
 	for i, c := range []string{"a", "b"} {
 		r := reg(i + 1)
-		if _, err := leaders[c].Monitor(ctx, r); err != nil {
+		if _, err := leaders[c].Registry().Monitor(ctx, r); err != nil {
 			t.Fatalf("cluster %s: Monitor: %v", c, err)
 		}
 		want[c] = []string{r.ID.MonName}

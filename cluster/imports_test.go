@@ -9,14 +9,15 @@ import (
 	"github.com/nsmd/nsmd/nsm"
 )
 
-// The NSM service takes a Node as its Registry; nsm does not import this
-// package, so nothing but this says a Node still fits it and the optional
-// interfaces the service looks for.
+// The NSM service takes a node's Registry as its Registry; nsm does not
+// import this package, so nothing but this says a Registry still fits it
+// and the optional interfaces the service looks for.
 var (
-	_ nsm.Registry      = (*Node)(nil)
-	_ nsm.Counter       = (*Node)(nil)
-	_ nsm.ReadyNotifier = (*Node)(nil)
-	_ nsm.SenderChecker = (*Node)(nil)
+	_ nsm.Registry      = Registry{}
+	_ nsm.Counter       = Registry{}
+	_ nsm.ReadyNotifier = Registry{}
+	_ nsm.SenderChecker = Registry{}
+	_ nsm.HostChecker   = Registry{}
 )
 
 // TestClusterSpeaksNoNSM: the replication layer replicates. SM_NOTIFY

@@ -381,6 +381,3 @@ func (n *Node) LastTimeline() timeline.Timeline {
 	defer n.mu.Unlock()
 	return n.timeline
 }
-
-// LastTakeover is the last committed takeover.
-func (n *Node) LastTakeover() fsm.Takeover { return n.fsm.LastTakeover() }

@@ -385,7 +385,7 @@ func TestGossipWipedRestartRejoins(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i := range 10 {
-		if _, err := l.Monitor(ctx, reg(i)); err != nil {
+		if _, err := l.Registry().Monitor(ctx, reg(i)); err != nil {
 			t.Fatalf("Monitor %d: %v", i, err)
 		}
 	}
@@ -410,7 +410,7 @@ func TestGossipWipedRestartRejoins(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, vs.id+" a voter again", func() bool {
 		return slices.Equal(raftVoters(l), wantVoters(specs...))
 	})
-	if _, err := l.Monitor(ctx, reg(10)); err != nil {
+	if _, err := l.Registry().Monitor(ctx, reg(10)); err != nil {
 		t.Fatal(err)
 	}
 	want := l.fsm.AppliedIndex()
@@ -456,7 +456,7 @@ func TestGossipWipedRestartAtNewAddressReplacesVoter(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := l.Monitor(ctx, reg(1)); err != nil {
+	if _, err := l.Registry().Monitor(ctx, reg(1)); err != nil {
 		t.Fatal(err)
 	}
 	want := l.fsm.AppliedIndex()

@@ -84,12 +84,12 @@ func TestRestartRaisesStateByTwoAndKeepsRegistrations(t *testing.T) {
 	}
 	ctx := context.Background()
 	for i := range 20 {
-		st, err := n.Monitor(ctx, reg(i))
+		st, err := n.Registry().Monitor(ctx, reg(i))
 		if err != nil || st != s1 {
 			t.Fatalf("Monitor %d: state %d err %v", i, st, err)
 		}
 	}
-	if _, err := n.Unmonitor(ctx, reg(3).ID, lockdOn("n1")); err != nil {
+	if _, err := n.Registry().Unmonitor(ctx, reg(3).ID, lockdOn("n1")); err != nil {
 		t.Fatal(err)
 	}
 	digest := n.fsm.Digest()
@@ -132,7 +132,7 @@ func TestConcurrentWritesAreGroupedAndEachWaitsForItsCommit(t *testing.T) {
 			defer wg.Done()
 			for i := range each {
 				r := reg(w*each + i)
-				if _, err := n.Monitor(context.Background(), r); err != nil {
+				if _, err := n.Registry().Monitor(context.Background(), r); err != nil {
 					errs <- err
 					return
 				}
@@ -164,7 +164,7 @@ func TestWriteOnClosedNodeFails(t *testing.T) {
 	n := startNode(t, t.TempDir(), testutil.FreeAddr(t, "127.0.0.1"), tk)
 	tk.wait(t)
 	n.Close()
-	if _, err := n.Monitor(context.Background(), reg(1)); err == nil {
+	if _, err := n.Registry().Monitor(context.Background(), reg(1)); err == nil {
 		t.Fatal("Monitor on a closed node succeeded")
 	}
 }
@@ -186,7 +186,7 @@ func BenchmarkMonitor(b *testing.B) {
 					i := next
 					next++
 					mu.Unlock()
-					if _, err := n.Monitor(context.Background(), reg(i)); err != nil {
+					if _, err := n.Registry().Monitor(context.Background(), reg(i)); err != nil {
 						b.Error(err)
 						return
 					}
@@ -260,11 +260,11 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 	s1 := tk.wait(t)
 	ctx := context.Background()
 	for i := range 20 {
-		if _, err := n.Monitor(ctx, reg(i)); err != nil {
+		if _, err := n.Registry().Monitor(ctx, reg(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := n.Unmonitor(ctx, reg(7).ID, lockdOn("n1")); err != nil {
+	if _, err := n.Registry().Unmonitor(ctx, reg(7).ID, lockdOn("n1")); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.Close(); err != nil {
@@ -303,7 +303,7 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk.wait(t)
-	if _, err := b.Monitor(ctx, reg(1)); err != nil {
+	if _, err := b.Registry().Monitor(ctx, reg(1)); err != nil {
 		t.Fatal(err)
 	}
 	b.Close()

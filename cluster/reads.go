@@ -115,38 +115,55 @@ func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
 	}
 }
 
-// Read-only queries of this node's state machine: what was applied here,
-// which may lag the leader by the entries in flight.
+// View is a read-only view of this node's state machine: what was applied
+// here, which may lag the leader by the entries in flight. AppliedIndex
+// says how current it is (compare it with RaftStatus's CommitIndex, or
+// wait for an index with WaitApplied); Ready says whether it holds the
+// current incarnation's sm_state. A View reads the live state: each call
+// sees what is applied at that moment.
+type View struct{ f *fsm.FSM }
+
+// View is this node's read view of the replicated state.
+func (n *Node) View() View { return View{n.fsm} }
 
 // AppliedIndex is the last log index applied here.
-func (n *Node) AppliedIndex() uint64 { return n.fsm.AppliedIndex() }
+func (v View) AppliedIndex() uint64 { return v.f.AppliedIndex() }
+
+// State is the local sm_state.
+func (v View) State() int32 { return v.f.State() }
 
 // GraceUntil is when the grace opened by the last takeover ends.
-func (n *Node) GraceUntil() time.Time { return n.fsm.GraceUntil() }
+func (v View) GraceUntil() time.Time { return v.f.GraceUntil() }
+
+// LastTakeover is the last committed takeover.
+func (v View) LastTakeover() fsm.Takeover { return v.f.LastTakeover() }
+
+// Count is the number of registrations.
+func (v View) Count() int { return v.f.Len() }
 
 // Registrations pages through the registrations in MonID order after
 // after (at most limit; monName, when set, filters).
-func (n *Node) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
-	return n.fsm.Registrations(after, limit, monName)
+func (v View) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
+	return v.f.Registrations(after, limit, monName)
 }
 
 // Targets is every distinct monitored host, as SM_NOTIFY addresses them.
-func (n *Node) Targets() []fsm.Target { return n.fsm.Targets() }
+func (v View) Targets() []fsm.Target { return v.f.Targets() }
 
 // Epochs are the NFSv4 client-tracking epochs (nfsdcld's current and
 // recovery; recovery 0 outside grace).
-func (n *Node) Epochs() (current, recovery uint64) { return n.fsm.Epochs() }
+func (v View) Epochs() (current, recovery uint64) { return v.f.Epochs() }
 
 // V4Clients lists the NFSv4 client records of the current epoch, or of
 // the recovery epoch.
-func (n *Node) V4Clients(recovery bool) []fsm.V4Client { return n.fsm.V4Clients(recovery) }
+func (v View) V4Clients(recovery bool) []fsm.V4Client { return v.f.V4Clients(recovery) }
 
 // V4Counts counts the NFSv4 client records: current epoch, recovery
 // epoch, and those of the recovery epoch reclaimed.
-func (n *Node) V4Counts() (current, recovery, reclaimed int) { return n.fsm.V4Counts() }
+func (v View) V4Counts() (current, recovery, reclaimed int) { return v.f.V4Counts() }
 
 // HasV4Client reports whether a client record name is in the current and
 // in the recovery epoch.
-func (n *Node) HasV4Client(name string) (inCurrent, inRecovery bool) {
-	return n.fsm.HasV4Client(name)
+func (v View) HasV4Client(name string) (inCurrent, inRecovery bool) {
+	return v.f.HasV4Client(name)
 }

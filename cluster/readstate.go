@@ -19,7 +19,8 @@ const readStateTimeout = 500 * time.Millisecond
 // has not yet heard of a new term — a leadership transfer elects within
 // one round trip, long before followers' heartbeat timeouts — never
 // answers the previous incarnation's state after the new one was seen.
-func (n *Node) ReadState(ctx context.Context) (int32, error) {
+func (r Registry) ReadState(ctx context.Context) (int32, error) {
+	n := r.n
 	if !n.Ready() {
 		return 0, ErrNotReadyYet
 	}

@@ -503,7 +503,7 @@ func TestFollowerReadStateNeverGoesBackAcrossATransfer(t *testing.T) {
 		target := c.nodes[(li+1)%3]
 		third := c.nodes[(li+2)%3]
 		testutil.WaitFor(t, 5*time.Second, "the third node is ready", third.n.Ready)
-		old := l.n.State()
+		old := l.n.View().State()
 		stop := make(chan struct{})
 		var newSeen atomic.Int64 // unix nanos when the new state was first answered by the new leader
 		var bad atomic.Value
@@ -518,7 +518,7 @@ func TestFollowerReadStateNeverGoesBackAcrossATransfer(t *testing.T) {
 				default:
 				}
 				started := time.Now().UnixNano()
-				st, err := third.n.ReadState(context.Background())
+				st, err := third.n.Registry().ReadState(context.Background())
 				if err == nil && st == old && newSeen.Load() != 0 && started > newSeen.Load() {
 					bad.Store(fmt.Sprintf("round %d: %s answered %d, started after the new leader answered a newer state", round, third.id, st))
 				}
@@ -536,7 +536,7 @@ func TestFollowerReadStateNeverGoesBackAcrossATransfer(t *testing.T) {
 			t.Fatalf("transfer to %s: %v", target.id, err)
 		}
 		ev := c.waitTakeover(5 * time.Second)
-		if st, err := c.nodes[indexOf(c, ev.node)].n.ReadState(context.Background()); err == nil && st > old {
+		if st, err := c.nodes[indexOf(c, ev.node)].n.Registry().ReadState(context.Background()); err == nil && st > old {
 			newSeen.Store(time.Now().UnixNano())
 		}
 		time.Sleep(50 * time.Millisecond) // keep reading on the third node for a while: the window is after the takeover

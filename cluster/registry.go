@@ -10,18 +10,35 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 )
 
+// Registry is the node as the NSM service's Registry (and its optional
+// SenderChecker, HostChecker, Counter and ReadyNotifier): the NSM writes,
+// each through the gate that keeps it applicable by every member during a
+// rolling upgrade (fsm.CommandLevel), and the reads and readiness SM_STAT,
+// SM_MON and SM_NOTIFY need. It holds no state of its own.
+type Registry struct{ n *Node }
+
+// Registry is this node as the NSM service's Registry.
+func (n *Node) Registry() Registry { return Registry{n} }
+
 // ReadyChanged is closed at the next event that may make Ready true: a
 // takeover applied here, or leadership moving (the NSM service's
 // ReadyNotifier).
 func (n *Node) ReadyChanged() <-chan struct{} { return n.leaderChanged() }
 
+// ReadyChanged is Node.ReadyChanged (the NSM service's ReadyNotifier).
+func (r Registry) ReadyChanged() <-chan struct{} { return r.n.leaderChanged() }
+
+// Ready is Node.Ready: whether this node knows the current incarnation's
+// sm_state.
+func (r Registry) Ready() bool { return r.n.Ready() }
+
 // Count is the number of registrations (the NSM service's Counter).
-func (n *Node) Count() int { return n.fsm.Len() }
+func (r Registry) Count() int { return r.n.fsm.Len() }
 
 // Has reports whether the registration id exists (the NSM service's
 // Counter).
-func (n *Node) Has(id fsm.MonID) bool {
-	_, ok := n.fsm.Get(id)
+func (r Registry) Has(id fsm.MonID) bool {
+	_, ok := r.n.fsm.Get(id)
 	return ok
 }
 
@@ -32,7 +49,8 @@ func (n *Node) Has(id fsm.MonID) bool {
 // fsm.ErrOwnedElsewhere. Until every member applies guarded registrations
 // (guardedOK), the leader decides on its own state (applyLocal,
 // lowerRegister), or this node does while the leader is an older release.
-func (n *Node) Monitor(ctx context.Context, reg fsm.Registration) (int32, error) {
+func (r Registry) Monitor(ctx context.Context, reg fsm.Registration) (int32, error) {
+	n := r.n
 	cmd := fsm.Register{Reg: reg, Guarded: !n.cfg.unguardedMonitor}
 	res, err := n.commit(ctx, cmd, n.olderThan(2))
 	if errors.Is(err, errLowerHere) {
@@ -81,14 +99,14 @@ func (n *Node) lowerOnLeader(ctx context.Context, cmd fsm.Command) (fsm.Result, 
 }
 
 // Unmonitor commits an SM_UNMON of owner's registration (applyOwned).
-func (n *Node) Unmonitor(ctx context.Context, id fsm.MonID, owner fsm.Owner) (int32, error) {
-	res, err := n.applyOwned(ctx, fsm.Unregister{ID: id, Owner: owner})
+func (r Registry) Unmonitor(ctx context.Context, id fsm.MonID, owner fsm.Owner) (int32, error) {
+	res, err := r.n.applyOwned(ctx, fsm.Unregister{ID: id, Owner: owner})
 	return res.State, err
 }
 
 // UnmonitorAll commits an SM_UNMON_ALL of owner's registrations (applyOwned).
-func (n *Node) UnmonitorAll(ctx context.Context, my fsm.MyID, owner fsm.Owner) (int32, error) {
-	res, err := n.applyOwned(ctx, fsm.UnregisterAll{My: my, Owner: owner})
+func (r Registry) UnmonitorAll(ctx context.Context, my fsm.MyID, owner fsm.Owner) (int32, error) {
+	res, err := r.n.applyOwned(ctx, fsm.UnregisterAll{My: my, Owner: owner})
 	return res.State, err
 }
 
@@ -250,7 +268,8 @@ const reasonSimuCrash = "simu_crash"
 // SimuCrash acts as a failover: a takeover that raises sm_state and
 // opens grace, then SM_NOTIFY to every monitored host with the new state.
 // On a follower it is forwarded to the leader, which notifies.
-func (n *Node) SimuCrash(ctx context.Context) error {
+func (r Registry) SimuCrash(ctx context.Context) error {
+	n := r.n
 	_, err := n.apply(ctx, n.takeover(reasonSimuCrash))
 	return err
 }
@@ -271,23 +290,23 @@ func (n *Node) signalCrash(state int32) {
 }
 
 // PeerRebooted commits an accepted SM_NOTIFY from a monitored host.
-func (n *Node) PeerRebooted(ctx context.Context, ev fsm.PeerRebooted) error {
-	_, err := n.apply(ctx, ev)
+func (r Registry) PeerRebooted(ctx context.Context, ev fsm.PeerRebooted) error {
+	_, err := r.n.apply(ctx, ev)
 	return err
 }
 
 // State is the local sm_state.
-func (n *Node) State() int32 { return n.fsm.State() }
+func (r Registry) State() int32 { return r.n.fsm.State() }
 
 // SenderIsHost reports whether from is an address of the monitored host
 // monName (the NSM service's SenderChecker).
-func (n *Node) SenderIsHost(monName string, from netip.Addr) bool {
-	return n.fsm.SenderIsHost(monName, from)
+func (r Registry) SenderIsHost(monName string, from netip.Addr) bool {
+	return r.n.fsm.SenderIsHost(monName, from)
 }
 
 // WouldAccept pre-checks an SM_NOTIFY against local state.
-func (n *Node) WouldAccept(monName string, from netip.Addr, state int32) bool {
-	return n.fsm.WouldAccept(monName, from, state)
+func (r Registry) WouldAccept(monName string, from netip.Addr, state int32) bool {
+	return r.n.fsm.WouldAccept(monName, from, state)
 }
 
 // wrapZone is how close to the end of the int32 range sm_state must be
@@ -317,7 +336,8 @@ const reasonImport = "import"
 // and then a Takeover that lifts sm_state above minAbove, the state that
 // server had, so its clients accept our SM_NOTIFY; the leader then notifies
 // every monitored host with the new state. It returns the new sm_state.
-func (n *Node) Import(ctx context.Context, regs []fsm.Registration, minAbove int32) (int32, error) {
+func (r Registry) Import(ctx context.Context, regs []fsm.Registration, minAbove int32) (int32, error) {
+	n := r.n
 	if minAbove < 0 || minAbove > fsm.MaxImportedState {
 		return 0, fmt.Errorf("%w: imported sm_state %d is outside 0…%d", ErrBadImport, minAbove, fsm.MaxImportedState)
 	}
@@ -351,6 +371,6 @@ func (n *Node) Import(ctx context.Context, regs []fsm.Registration, minAbove int
 
 // Monitored reports whether any registration names host monName (the NSM
 // service's HostChecker).
-func (n *Node) Monitored(monName string) bool {
-	return len(n.fsm.Registrations(fsm.MonID{}, 1, monName)) > 0
+func (r Registry) Monitored(monName string) bool {
+	return len(r.n.fsm.Registrations(fsm.MonID{}, 1, monName)) > 0
 }

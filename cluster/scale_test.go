@@ -330,7 +330,7 @@ func TestMeasureScale1M(t *testing.T) {
 		time.Since(start).Round(time.Millisecond), rssBytes(w2.cmd.Process.Pid)>>20)
 
 	// And the cluster still commits.
-	if _, err := lead.Monitor(context.Background(), scaleReg(total, "n1")); err != nil {
+	if _, err := lead.Registry().Monitor(context.Background(), scaleReg(total, "n1")); err != nil {
 		t.Fatalf("write after catch-up: %v", err)
 	}
 }

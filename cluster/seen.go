@@ -13,8 +13,8 @@ import (
 
 // When each NFSv4 client was last seen, shared like the VIP's connections
 // (conns.go): the leader's owner samples nfsd's client list (each client's
-// time since its last lease renewal) and hands it to SetClientsSeen; every
-// other serving node asks the leader for it (LeaderClientsSeen, the
+// time since its last lease renewal) and hands it to Hints.SetClientsSeen; every
+// other serving node asks the leader for it (Hints.LeaderClientsSeen, the
 // forward program's SEEN procedure) and keeps what it learns. After a
 // failover the new server's grace may wait for a client that never comes
 // back — a courtesy client, whose lease expired while it held state, is
@@ -50,9 +50,9 @@ type ClientSeen struct {
 
 // SetClientsSeen records the leader's latest sample of its NFSv4 clients,
 // which it answers SEEN with while it leads.
-func (n *Node) SetClientsSeen(cs []ClientSeen) {
+func (h Hints) SetClientsSeen(cs []ClientSeen) {
 	cs = slices.Clone(cs)
-	n.clientsSeen.Store(&cs)
+	h.n.clientsSeen.Store(&cs)
 }
 
 // seenRes is SEEN's result: each client with how many milliseconds
@@ -161,10 +161,10 @@ func (n *Node) serveSeen(c *oncrpc.Call, res *oncrpc.Writer) error {
 // node's clock, and says which node answered. A leader that does not
 // answer SEEN is ErrClientsSeenUnsupported; one that no longer leads (or
 // has sampled nothing yet), ErrNotLeader.
-func (n *Node) LeaderClientsSeen(ctx context.Context, max int) (leader string, cs []ClientSeen, err error) {
+func (h Hints) LeaderClientsSeen(ctx context.Context, max int) (leader string, cs []ClientSeen, err error) {
 	max = min(max, MaxClientsSeen)
 	res := seenRes{max: max}
-	id, err := n.askLeader(ctx, fwdProcSeen, tagSeen, max, "when its NFSv4 clients were seen", ErrClientsSeenUnsupported, &res)
+	id, err := h.n.askLeader(ctx, fwdProcSeen, tagSeen, max, "when its NFSv4 clients were seen", ErrClientsSeenUnsupported, &res)
 	if err != nil {
 		return id, nil, err
 	}

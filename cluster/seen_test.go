@@ -25,16 +25,16 @@ func TestFollowersLearnWhenTheLeadersClientsWereSeen(t *testing.T) {
 	ctx := context.Background()
 	itest.WaitFor(t, 5*time.Second, "the follower to know the leader", func() bool { return f.n.Leader() == ld.id })
 
-	if _, _, err := f.n.LeaderClientsSeen(ctx, 10); !errors.Is(err, ErrNotLeader) {
+	if _, _, err := f.n.Hints().LeaderClientsSeen(ctx, 10); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("before the leader sampled: %v, want ErrNotLeader", err)
 	}
 	now := time.Now()
-	ld.n.SetClientsSeen([]ClientSeen{
+	ld.n.Hints().SetClientsSeen([]ClientSeen{
 		{Name: "Linux NFSv4.2 gone", Seen: now.Add(-26 * time.Hour)},
 		{Name: "Linux NFSv4.0 busy", Seen: now.Add(-2 * time.Second)},
 		{Name: "Linux NFSv4.1 idle", Seen: now.Add(-40 * time.Second)},
 	})
-	from, cs, err := f.n.LeaderClientsSeen(ctx, 10)
+	from, cs, err := f.n.Hints().LeaderClientsSeen(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,13 +50,13 @@ func TestFollowersLearnWhenTheLeadersClientsWereSeen(t *testing.T) {
 			t.Errorf("client %d: %s seen %v, want %s seen %v ago (off by %v)", i, cs[i].Name, cs[i].Seen, want.name, want.ago, d)
 		}
 	}
-	if _, cs, err := f.n.LeaderClientsSeen(ctx, 1); err != nil || len(cs) != 1 || cs[0].Name != "Linux NFSv4.0 busy" {
+	if _, cs, err := f.n.Hints().LeaderClientsSeen(ctx, 1); err != nil || len(cs) != 1 || cs[0].Name != "Linux NFSv4.0 busy" {
 		t.Fatalf("bounded to 1: %v, %v", cs, err)
 	}
 
 	// Asked directly, a follower does not answer with a list of its own.
 	lf := c.nodes[(li+2)%3]
-	lf.n.SetClientsSeen([]ClientSeen{{Name: "stale", Seen: now}})
+	lf.n.Hints().SetClientsSeen([]ClientSeen{{Name: "stale", Seen: now}})
 	cl, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: lf.nsmAddr, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +88,7 @@ func TestFollowersLearnWhenTheLeadersClientsWereSeen(t *testing.T) {
 	}
 
 	f.n.cfg.ClusterKey = []byte("another key")
-	if _, _, err := f.n.LeaderClientsSeen(ctx, 10); err == nil || !strings.Contains(err.Error(), "refused") {
+	if _, _, err := f.n.Hints().LeaderClientsSeen(ctx, 10); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("with another cluster key: %v, want a refusal", err)
 	}
 }

@@ -620,7 +620,7 @@ func TestTheLastServerStopsCleanlyWhileItsSMUnmonStillCommits(t *testing.T) {
 	reg := testReg("10.77.0.50", tn.id, 7)
 	reg.ID.My.MyName = tn.id
 	ctx0, cancel0 := context.WithTimeout(context.Background(), 5*time.Second)
-	if _, err := tn.n.Monitor(ctx0, reg); err != nil {
+	if _, err := tn.n.Registry().Monitor(ctx0, reg); err != nil {
 		t.Fatal(err)
 	}
 	cancel0()
@@ -630,7 +630,7 @@ func TestTheLastServerStopsCleanlyWhileItsSMUnmonStillCommits(t *testing.T) {
 		time.Sleep(300 * time.Millisecond) // rpc.nfsd 0's work before lockd's SM_UNMON
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, unmonErr = tn.n.UnmonitorAll(ctx, fsm.MyID{MyName: tn.id, Prog: 100021, Vers: 3, Proc: 16}, fsm.Owner{Node: tn.id})
+		_, unmonErr = tn.n.Registry().UnmonitorAll(ctx, fsm.MyID{MyName: tn.id, Prog: 100021, Vers: 3, Proc: 16}, fsm.Owner{Node: tn.id})
 		return unmonErr
 	}
 	m.mu.Unlock()

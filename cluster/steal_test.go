@@ -18,7 +18,7 @@ import (
 // the agent wires it) on a fresh loopback TCP port and returns its address.
 func serveNSM(t *testing.T, tn *tnode) string {
 	t.Helper()
-	svc, err := nsm.NewService(tn.n, nsm.Config{NodeID: tn.id})
+	svc, err := nsm.NewService(tn.n.Registry(), nsm.Config{NodeID: tn.id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestMonThroughAnotherMemberStealsNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			testutil.WaitFor(t, 10*time.Second, c.nodes[fi].id+" to serve", func() bool {
-				return c.nodes[fi].n.Leading() && c.nodes[fi].n.LastTakeover().Node == c.nodes[fi].id
+				return c.nodes[fi].n.Leading() && c.nodes[fi].n.View().LastTakeover().Node == c.nodes[fi].id
 			})
 			newCookie := [16]byte{4, 5, 6}
 			var res nsm.SMStatRes

@@ -89,7 +89,7 @@ func Leader(t testing.TB, d *agent.Dev, skip *agent.Agent, timeout time.Duration
 func WaitApplied(t testing.TB, a *agent.Agent, index uint64) {
 	t.Helper()
 	testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("%s to apply index %d", a.Config().NodeID, index), func() bool {
-		return a.Node().AppliedIndex() >= index
+		return a.Node().View().AppliedIndex() >= index
 	})
 }
 

@@ -111,7 +111,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 		t.Errorf("procs %+v, last name %s", rep.Procs, rep.MonLast)
 	}
 	want += 200
-	if n := lead.Node().Count(); n != want {
+	if n := lead.Node().View().Count(); n != want {
 		t.Errorf("leader holds %d registrations after 200 SM_MON, want %d", n, want)
 	}
 	if os.Geteuid() == 0 {
@@ -132,7 +132,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 		t.Errorf("warmup errors %d, last name %s (want 127.2.0.180: 30 warmup + 150)", rep.WarmupErrs, rep.MonLast)
 	}
 	want += 180
-	if n := lead.Node().Count(); n != want {
+	if n := lead.Node().View().Count(); n != want {
 		t.Errorf("leader holds %d registrations after the UDP run, want %d", n, want)
 	}
 
@@ -153,7 +153,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 		t.Errorf("%d SM_MON + %d SM_UNMON, want 200 with about half SM_UNMON", mons, unmons)
 	}
 	want += mons - unmons
-	if n := lead.Node().Count(); n != want {
+	if n := lead.Node().View().Count(); n != want {
 		t.Errorf("leader holds %d registrations after %d SM_MON and %d SM_UNMON, want %d", n, mons, unmons, want)
 	}
 
@@ -176,7 +176,7 @@ func TestBenchMonAgainstDevCluster(t *testing.T) {
 		t.Errorf("--json report: %s", out.String())
 	}
 	want += 50
-	if n := lead.Node().Count(); n != want {
+	if n := lead.Node().View().Count(); n != want {
 		t.Errorf("leader holds %d registrations, want %d", n, want)
 	}
 	checkSVG(t, svg, 1+len(got.Hist))

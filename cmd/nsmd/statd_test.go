@@ -52,12 +52,12 @@ func TestImportAndExportStatdDirectory(t *testing.T) {
 		return out.String()
 	}
 	t.Log(run("import-statd", src, "--admin", strings.TrimPrefix(follower.AdminURL(), "http://")))
-	if st := lead.Node().State(); st <= 41 || st%2 != 1 {
+	if st := lead.Node().View().State(); st <= 41 || st%2 != 1 {
 		t.Errorf("sm_state after import %d, want odd and above 41", st)
 	}
 	for _, a := range d.Agents() {
-		agenttest.WaitApplied(t, a, lead.Node().AppliedIndex())
-		if n := a.Node().Count(); n != 5 {
+		agenttest.WaitApplied(t, a, lead.Node().View().AppliedIndex())
+		if n := a.Node().View().Count(); n != 5 {
 			t.Errorf("%s has %d registrations after import, want 5", a.Config().NodeID, n)
 		}
 	}
@@ -67,8 +67,8 @@ func TestImportAndExportStatdDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.State != lead.Node().State() {
-		t.Errorf("exported state %d, want %d", out.State, lead.Node().State())
+	if out.State != lead.Node().View().State() {
+		t.Errorf("exported state %d, want %d", out.State, lead.Node().View().State())
 	}
 	lines := func(d nsm.StatdDir) []string {
 		var s []string
