@@ -14,6 +14,9 @@ import (
 const (
 	// ServiceServing: placed on its owner, which serves it.
 	ServiceServing = "serving"
+	// ServicePlaced: placed on its owner, which does not serve it by
+	// itself yet: the raft leader serves the cluster's one service.
+	ServicePlaced = "placed"
 	// ServiceMoving: placed on a new owner that does not serve it yet (it
 	// waits for the old one to stop, or runs its hook).
 	ServiceMoving = "moving"
@@ -27,7 +30,7 @@ const (
 
 // ServiceStates lists every ServiceStatus.State.
 func ServiceStates() []string {
-	return []string{ServiceServing, ServiceMoving, ServiceUnplaced, ServiceConflict}
+	return []string{ServiceServing, ServicePlaced, ServiceMoving, ServiceUnplaced, ServiceConflict}
 }
 
 // ServiceStatus is one NFS service as the cluster sees it: an element of
@@ -41,7 +44,7 @@ type ServiceStatus struct {
 	Owner string `json:"owner"`
 	// Epoch numbers the service's placements: it rises at every move.
 	Epoch uint64 `json:"epoch"`
-	State string `json:"state"` // ServiceServing, ServiceMoving, ServiceUnplaced, ServiceConflict
+	State string `json:"state"` // ServiceServing, ServicePlaced, ServiceMoving, ServiceUnplaced, ServiceConflict
 	// Fingerprint is the digest of the service's spec as this node's
 	// configuration has it ("": this node's configuration lacks it).
 	Fingerprint string `json:"fingerprint"`

@@ -322,6 +322,12 @@ func (a *Agent) NotifyRun() (state int32, targets int) { return a.notifier.Curre
 
 // floatingAddr builds the VIP of the configured mode (nil: none).
 func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
+	if len(a.cfg.Services) > 0 {
+		// The services carry their own addresses (vip is refused with
+		// services:); the node's leadership holds none.
+		a.log.Warn("services: this release places each service on a server and records it (nsmd services), and does not serve a service by itself yet: no service address is taken, no hook runs for a service", "services", len(a.cfg.Services))
+		return nil, nil
+	}
 	switch a.cfg.VIPMode {
 	case config.VIPLoopback:
 		return vip.NewLoopback(vip.LoopbackConfig{
@@ -384,7 +390,7 @@ func (a *Agent) registerConnMetrics() error {
 	regMax := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "nsmd_registrations_max", Help: "max_registrations: SM_MONs that would add a registration beyond it are refused (0: no cap); alert on nsmd_registrations approaching it.",
 	}, func() float64 { return float64(a.cfg.MaxRegistrations) })
-	for _, c := range []prometheus.Collector{a.connEvents, a.readsHeld, buffered, open, regMax} {
+	for _, c := range []prometheus.Collector{a.connEvents, a.readsHeld, buffered, open, regMax, servicesCollector{a}} {
 		if err := a.reg.Register(c); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
@@ -26,3 +27,11 @@ func (a *Agent) NFSv4Clients() admin.V4ClientPage { return a.v4.clients() }
 
 // ClientLastSeen is when a's node knows NFSv4 client name was last seen.
 func (a *Agent) ClientLastSeen(name string) (time.Time, bool) { return a.v4.seen.lastSeen(name) }
+
+// Services is GET /v1/services of a.
+func (a *Agent) Services() []admin.ServiceStatus { return a.services() }
+
+// MoveService is POST /v1/services/move on a.
+func (a *Agent) MoveService(ctx context.Context, service, to string) error {
+	return a.moveService(ctx, service, to)
+}

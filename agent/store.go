@@ -101,13 +101,12 @@ func (s adminStore) Import(ctx context.Context, regs []fsm.Registration, state i
 
 func (s adminStore) Crash() { s.a.crash() }
 
-// Services: none yet (the services: list is read by config; placing and
-// serving them is not wired to this node).
-func (s adminStore) Services() ([]admin.ServiceStatus, error) { return nil, nil }
+// Services is where the cluster's services run (agent/services.go).
+func (s adminStore) Services() ([]admin.ServiceStatus, error) { return s.a.services(), nil }
 
-// MoveService: no service to move yet (Services).
+// MoveService is an operator's move of one service (agent/services.go).
 func (s adminStore) MoveService(ctx context.Context, service, to string) error {
-	return admin.ErrNoServices
+	return s.a.moveService(ctx, service, to)
 }
 
 // ConfirmOff records an operator's confirmation that node is off (POST

@@ -443,6 +443,25 @@ func (m *membership) commandLevel(ids []string) int {
 	return level
 }
 
+// lastCommandLevel is commandLevel counting a member that is not alive by
+// the level it last advertised (0 if gossip never had it): placement must
+// go on when a server dies, which is when a service needs a new home; a
+// server downgraded while it was down is the operator's to avoid
+// (docs/running.md, rolling upgrades go one way).
+func (m *membership) lastCommandLevel(ids []string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	level := fsm.CommandLevel
+	for _, id := range ids {
+		p, ok := m.peers[id]
+		if !ok || !p.metaOK {
+			return 0
+		}
+		level = min(level, p.meta.FSM)
+	}
+	return level
+}
+
 // lastLevel is the fsm.CommandLevel member id last advertised, alive or
 // not; known is false when gossip never had its metadata.
 func (m *membership) lastLevel(id string) (level int, known bool) {

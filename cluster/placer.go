@@ -144,12 +144,23 @@ func (p *placer) note(what string, err error) {
 	}
 }
 
-// levelOK: every server of the configuration applies kinds 18–20.
+// levelOK: every server of the configuration applies kinds 18–20 — by
+// what it advertises, or, for a server that is down, by what it last
+// advertised (membership.lastCommandLevel).
 func (p *placer) levelOK() bool {
-	if p.n.member == nil {
-		return p.n.cfg.staticRecords
+	n := p.n
+	if n.member == nil {
+		return n.cfg.staticRecords
 	}
-	return p.n.clusterLevel() >= placementLevel
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil || len(f.Configuration().Servers) == 0 {
+		return false
+	}
+	var ids []string
+	for _, s := range f.Configuration().Servers {
+		ids = append(ids, string(s.ID))
+	}
+	return n.member.lastCommandLevel(ids) >= placementLevel
 }
 
 // gate refuses kinds 18–20 while some member cannot apply them; they are
@@ -329,11 +340,15 @@ func (s Services) Move(ctx context.Context, service, to string) error {
 		}
 		return s.p.commitPlaced(ctx, c)
 	}
-	// The leader plans it again on its own view (forwardablePlacement):
-	// the epoch and From sent are this node's view, never committed as
-	// they are.
-	cur := n.fsm.Services().Current(service)
-	_, err := n.apply(ctx, fsm.ServicePlaced{Service: service, Node: to, Epoch: cur.Epoch + 1, From: cur.Node, Reason: placement.ReasonOperator, At: n.cfg.Now().UTC()})
+	// Checked on this node's view first (its refusal is placement's typed
+	// error), then planned again by the leader on its own view
+	// (forwardablePlacement): the epoch and From sent are this node's,
+	// never committed as they are.
+	c, err := s.p.plan(service, to)
+	if err != nil {
+		return err
+	}
+	_, err = n.apply(ctx, c)
 	return err
 }
 

@@ -2,10 +2,12 @@ package config
 
 import (
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/fsm"
 )
 
 // What a node runs with that no key sets: fixed here, next to the keys,
@@ -68,6 +70,10 @@ func (c Config) ClusterConfig() cluster.Config {
 		// Used with raft_tls only (the agent sets RaftTLS).
 		RaftHandshakesPerHost: c.RaftHandshakesPerHost,
 	}
+	for _, sp := range c.Services {
+		cc.Services.Declared = append(cc.Services.Declared, fsm.ServiceDecl{ID: sp.ID, Fingerprint: sp.Fingerprint(), Prefer: slices.Clone(sp.Prefer)})
+	}
+	cc.Services.Failback, cc.Services.Settle = c.ServiceFailback, c.ServiceSettle
 	// A node with an on_leader hook serves the storage: it publishes its
 	// fencing promise, and as a new leader proves the others stopped.
 	cc.ServesStorage = c.Serves()

@@ -219,6 +219,9 @@ type Config struct {
 	RPCPipefs      string
 	GraceEnd       string
 	GraceSettle    time.Duration
+	// ServiceFailback, ServiceSettle: service_failback, service_settle.
+	ServiceFailback bool
+	ServiceSettle   time.Duration
 	// Tickle, TickleMaxConns: tickle, tickle_max_conns.
 	Tickle         string
 	TickleMaxConns int
@@ -278,6 +281,7 @@ func Default() Config {
 		RPCPipefs:             "/var/lib/nfs/rpc_pipefs",
 		GraceEnd:              GraceEndAuto,
 		GraceSettle:           3 * time.Second,
+		ServiceSettle:         30 * time.Second,
 		Tickle:                TickleOn,
 		TickleMaxConns:        4096,
 		DiskSlowThreshold:     50 * time.Millisecond,
@@ -382,6 +386,8 @@ func (c *Config) bindings() []binding {
 		str("rpc_pipefs", "where rpc_pipefs is (or is mounted): the tracking pipe is <rpc_pipefs>/nfsd/cld", &c.RPCPipefs),
 		str("grace_end", "auto | timer: auto ends lockd's and nfsd's grace as soon as every client that could reclaim has come back and reclaims are quiet for grace_settle; timer leaves it to the kernel", &c.GraceEnd),
 		duration("grace_settle", "grace_end auto: how long reclaims must be quiet after the last client came back", &c.GraceSettle),
+		boolean("service_failback", "services: a service goes back to a more preferred server of its prefer list once that server is healthy again (off: it stays where it runs until an operator moves it)", &c.ServiceFailback),
+		duration("service_settle", "services: a new leader places services that have no server yet only once every server is alive and has declared its services, or this long after it began leading", &c.ServiceSettle),
 		str("tickle", "on | off: the node that takes the VIP over sends every NFS client connection the previous holder had a tickle ACK, so the client's TCP is reset and it reconnects at once instead of by its own retransmission timers (vip_mode netlink; CAP_NET_RAW)", &c.Tickle),
 		integer("tickle_max_conns", "connections on the VIP (nfsd's port 2049, lockd's when fixed) the leader shares with the other nodes for tickling, at most (1 to 16384); those beyond reconnect by their own timers", &c.TickleMaxConns),
 		str("rpcbind", "register | embedded | off", &c.Rpcbind),
@@ -670,6 +676,9 @@ func (c *Config) Validate() error {
 	case GraceEndAuto, GraceEndTimer:
 	default:
 		bad("grace_end", "%q is not one of auto, timer", c.GraceEnd)
+	}
+	if c.ServiceSettle < 0 || c.ServiceSettle > 10*time.Minute {
+		bad("service_settle", "%v is outside 0…10m", c.ServiceSettle)
 	}
 	if c.GraceSettle < 0 {
 		bad("grace_settle", "must not be negative")

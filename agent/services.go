@@ -1,0 +1,141 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/placement"
+	"github.com/nsmd/nsmd/service"
+)
+
+// services is where the cluster's NFS services run as this node sees
+// them (GET /v1/services, the status page): every service this node's
+// configuration or any member declares, or that has a placement record.
+func (a *Agent) services() []admin.ServiceStatus {
+	v := a.node.Services().View()
+	own := map[string]service.Spec{}
+	for _, sp := range a.cfg.Services {
+		own[sp.ID] = sp
+	}
+	declared := map[string]map[string]string{} // service → node → fingerprint
+	var nodes []string
+	for _, d := range v.State.Declarations {
+		nodes = append(nodes, d.Node)
+		for _, sd := range d.Services {
+			if declared[sd.ID] == nil {
+				declared[sd.ID] = map[string]string{}
+			}
+			declared[sd.ID][d.Node] = sd.Fingerprint
+		}
+	}
+	ids := map[string]bool{}
+	for id := range own {
+		ids[id] = true
+	}
+	for id := range declared {
+		ids[id] = true
+	}
+	for _, p := range v.State.Placements {
+		ids[p.Service] = true
+	}
+	holds := map[string]placement.Hold{}
+	for _, h := range v.Holds {
+		holds[h.Service] = h
+	}
+	out := make([]admin.ServiceStatus, 0, len(ids))
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		st := admin.ServiceStatus{ID: id, DeclaredBy: map[string]string{}}
+		if sp, ok := own[id]; ok {
+			st.Address, st.Fingerprint = sp.Address.String(), sp.Fingerprint()
+		}
+		for _, n := range nodes {
+			st.DeclaredBy[n] = declared[id][n] // "": that member lacks it
+		}
+		if len(nodes) > 0 {
+			if c := service.Disagreement(id, st.DeclaredBy); c != "" && holds[id].Conflict {
+				st.Conflict = c
+			}
+		}
+		p := v.State.Current(id)
+		st.Owner, st.Epoch = p.Node, p.Epoch
+		if p.Epoch > 0 && !p.At.IsZero() {
+			st.LastMove = &admin.ServiceMove{From: p.From, To: p.Node, Reason: p.Reason, At: p.At, Epoch: p.Epoch}
+		}
+		switch {
+		case holds[id].Conflict:
+			st.State = admin.ServiceConflict
+			if st.Conflict == "" {
+				st.Conflict = holds[id].Reason
+			}
+		case p.Node == "":
+			st.State = admin.ServiceUnplaced
+		default:
+			st.State = admin.ServicePlaced
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// moveService is an operator's move of service to node `to`.
+func (a *Agent) moveService(ctx context.Context, id, to string) error {
+	if len(a.cfg.Services) == 0 {
+		return admin.ErrNoServices
+	}
+	if !slices.ContainsFunc(a.cfg.Services, func(sp service.Spec) bool { return sp.ID == id }) {
+		return fmt.Errorf("%w %q: this node's services: list does not name it", admin.ErrUnknownService, id)
+	}
+	err := a.node.Services().Move(ctx, id, to)
+	switch {
+	case errors.Is(err, placement.ErrUnknownService):
+		return fmt.Errorf("%w: %v", admin.ErrUnknownService, err)
+	case errors.Is(err, placement.ErrUnknownServer), errors.Is(err, placement.ErrWitness), errors.Is(err, placement.ErrNotDeclared),
+		errors.Is(err, placement.ErrConflict), errors.Is(err, placement.ErrUnhealthy), errors.Is(err, placement.ErrAlreadyThere):
+		return fmt.Errorf("%w: %v", admin.ErrBadRequest, err)
+	}
+	return err
+}
+
+// servicesCollector exports each service's placement as this node sees
+// it: nsmd_service_epoch, nsmd_service_owned (1 on the node it is placed
+// on), nsmd_service_state (1 for the state it is in).
+type servicesCollector struct{ a *Agent }
+
+var (
+	svcEpochDesc = prometheus.NewDesc("nsmd_service_epoch", "The service's placement epoch: it rises at every move of the service.", []string{"service"}, nil)
+	svcOwnedDesc = prometheus.NewDesc("nsmd_service_owned", "1 on the node the service is placed on, 0 elsewhere.", []string{"service"}, nil)
+	svcStateDesc = prometheus.NewDesc("nsmd_service_state", "1 for the service's state (placed, unplaced, conflict, …), 0 for the others.", []string{"service", "state"}, nil)
+)
+
+func (c servicesCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- svcEpochDesc
+	ch <- svcOwnedDesc
+	ch <- svcStateDesc
+}
+
+func (c servicesCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.a.node == nil {
+		return
+	}
+	for _, s := range c.a.services() {
+		ch <- prometheus.MustNewConstMetric(svcEpochDesc, prometheus.GaugeValue, float64(s.Epoch), s.ID)
+		owned := 0.0
+		if s.Owner == c.a.cfg.NodeID {
+			owned = 1
+		}
+		ch <- prometheus.MustNewConstMetric(svcOwnedDesc, prometheus.GaugeValue, owned, s.ID)
+		for _, st := range admin.ServiceStates() {
+			v := 0.0
+			if st == s.State {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(svcStateDesc, prometheus.GaugeValue, v, s.ID, st)
+		}
+	}
+}
