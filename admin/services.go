@@ -157,3 +157,17 @@ func (s ServiceStatus) MoveSummary() string {
 	}
 	return fmt.Sprintf("%s → %s (%s) at %s, epoch %d", from, m.To, m.Reason, m.At.UTC().Format(time.RFC3339), m.Epoch)
 }
+
+// ServicesSummary is the services in one line (nsmd status): each one's
+// owner, epoch and state, and a conflict's sentence.
+func ServicesSummary(list []ServiceStatus) string {
+	parts := make([]string, 0, len(list))
+	for _, s := range list {
+		p := fmt.Sprintf("%s on %s (epoch %d, %s)", s.ID, s.OwnerOrDash(), s.Epoch, s.State)
+		if s.Conflict != "" {
+			p += ": " + s.Conflict
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}

@@ -144,3 +144,14 @@ func TestOverviewCarriesServicesOnlyWhenThereAreSome(t *testing.T) {
 		t.Fatalf("overview services %+v", o.Services)
 	}
 }
+
+func TestServicesSummary(t *testing.T) {
+	got := ServicesSummary([]ServiceStatus{
+		{ID: "home", Owner: "nfs1", Epoch: 4, State: ServicePlaced},
+		{ID: "scratch", Epoch: 2, State: ServiceConflict, Conflict: "the members' specs of scratch differ"},
+	})
+	want := "home on nfs1 (epoch 4, placed); scratch on - (epoch 2, conflict): the members' specs of scratch differ"
+	if got != want {
+		t.Errorf("ServicesSummary:\n got %s\nwant %s", got, want)
+	}
+}

@@ -72,6 +72,10 @@ func statusCmd() *cobra.Command {
 				fmt.Fprintf(tw, "fence promises\t%s\n", s.Fence.Promises.Summary())
 			}
 			fmt.Fprintf(tw, "takeover\t%s\n", admin.TimelineSummary(s.Takeover))
+			var svcs []admin.ServiceStatus
+			if _, err := c.Get(cmd.Context(), "/v1/services", &svcs); err == nil && len(svcs) > 0 {
+				fmt.Fprintf(tw, "services\t%s\n", admin.ServicesSummary(svcs))
+			}
 			return tw.Flush()
 		},
 	}

@@ -15,9 +15,11 @@ func servicesCmd() *cobra.Command {
 		Use:   "services",
 		Short: "List the cluster's NFS services: where each runs, its epoch and state",
 		Long: `services lists the NFS services of the services: list of the configuration,
-as the node at --admin sees them: the address, the node that serves it
-(owner), the epoch of its placement, its state (serving, moving, unplaced,
-conflict) and, when the servers' specs of a service differ, how. Without
+as the node at --admin sees them: the address, the node it is placed on
+(owner), the epoch of its placement, its state (placed, unplaced, conflict;
+serving and moving are the states of a service its owner serves by itself,
+which this release does not do yet) and, when the servers' specs of a
+service differ, how. Without
 services: in the configuration the list is empty. --json adds each
 member's fingerprint of the spec and the last move.`,
 		Args: cobra.NoArgs,
@@ -50,8 +52,9 @@ func moveCmd() *cobra.Command {
 		Use:   "move SERVICE --to NODE",
 		Short: "Move one NFS service to another server (a planned move)",
 		Long: `move asks the cluster (the leader, at --admin) to move SERVICE to NODE: the
-planned move of that one service. Its current server stops it, and NODE
-serves it once that stop is done; the other services stay where they are.
+planned move of that one service, committed with the service's next epoch;
+the other services stay where they are. (This release places services and
+does not serve a service by itself yet: no address moves, no hook runs.)
 The move is refused for a node that may not serve it (a witness, an unknown
 node) and while the servers' specs of the service differ.`,
 		Args: cobra.ExactArgs(1),
