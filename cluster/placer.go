@@ -54,7 +54,7 @@ type ServiceConfig struct {
 // placementLevel is the CommandLevel of kinds 18–20.
 const placementLevel = 2
 
-// placer is the node's placement room: one loop (owned by the node)
+// placer is the node's placement part: one loop (owned by the node)
 // that declares and, on the leader, places.
 type placer struct {
 	n    *Node
@@ -307,11 +307,11 @@ func (p *placer) plan(service, to string) (fsm.ServicePlaced, error) {
 	return fsm.ServicePlaced{Service: m.Service, Node: m.To, Epoch: m.Epoch, Reason: m.Reason, At: p.n.cfg.Now().UTC(), From: m.From}, nil
 }
 
-// Services is the node's placement room as its callers see it: where
+// Services is the node's placement part as its callers see it: where
 // services run, and an operator's move.
 type Services struct{ p *placer }
 
-// Services returns the node's placement room.
+// Services returns the node's placement part.
 func (n *Node) Services() Services { return Services{n.placer} }
 
 // View is where services run as this node sees them.
