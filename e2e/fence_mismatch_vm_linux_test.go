@@ -117,14 +117,21 @@ func (r *fenceRig) arrange(m mismatch) (serving, succ *pairNode) {
 		follower := p.other(leader)
 		switch {
 		case serving.running == serving.settings() && leader != serving:
-			resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+serving.id, "", nil)
-			if err == nil {
-				resp.Body.Close()
-			}
-			testutil.WaitForSeen(t, 60*time.Second, "leadership to leave "+leader.id, func() (bool, string) {
+			// A server that just booted may not be caught up yet: raft
+			// refuses the transfer ("leadership transfer timeout"), so it
+			// is asked again until leadership leaves.
+			r.waitFollower(serving)
+			var tried time.Time
+			testutil.WaitForSeen(t, 120*time.Second, "leadership to leave "+leader.id+" (a transfer to "+serving.id+")", func() (bool, string) {
+				if time.Since(tried) > 5*time.Second {
+					tried = time.Now()
+					if resp, err := p.transferClient().Post("https://"+leader.admin+"/v1/leadership/transfer?to="+serving.id, "", nil); err == nil {
+						resp.Body.Close()
+					}
+				}
 				s, err := r.status(leader)
 				time.Sleep(300 * time.Millisecond)
-				return r.vms[leader].isDown() || (err == nil && s.Role != "leader"), fmt.Sprint(err)
+				return r.vms[leader].isDown() || (err == nil && s.Role != "leader"), fmt.Sprint(err, " ", s.Role)
 			})
 			r.waitServing()
 			did = append(did, "moved the service to "+serving.id)
