@@ -104,7 +104,7 @@ func TestServicesSpreadOverTheServersAndMoveOneAtATime(t *testing.T) {
 	}
 	testutil.WaitForSeen(t, 30*time.Second, lostSvc+" to leave the killed "+victimID, func() (bool, string) {
 		o := owners(live)
-		return o[lostSvc] != "" && o[lostSvc] != victimID, placed(live) + fmt.Sprintf(" %+v", live.Node().Members())
+		return o[lostSvc] != "" && o[lostSvc] != victimID, placed(live)
 	})
 	after := owners(live)
 	for svc, n := range before {
@@ -113,6 +113,16 @@ func TestServicesSpreadOverTheServersAndMoveOneAtATime(t *testing.T) {
 		}
 	}
 
+	// A move is checked first on the receiving node's view: wait until
+	// its gossip, too, no longer sees the killed node alive.
+	testutil.WaitForSeen(t, 30*time.Second, live.Config().NodeID+" to see "+victimID+" down", func() (bool, string) {
+		for _, m := range live.Node().Members() {
+			if m.ID == victimID {
+				return m.State != "alive", m.State
+			}
+		}
+		return false, "not listed"
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := live.MoveService(ctx, lostSvc, victimID); !errors.Is(err, admin.ErrBadRequest) {

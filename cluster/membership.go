@@ -428,33 +428,19 @@ func (m *membership) isWitness(id string) bool {
 
 // commandLevel is the lowest fsm.CommandLevel that the members ids
 // advertise: 0 if one of them is not alive or suspect in gossip with its
-// metadata known (dead, left, never seen, or an older release).
-func (m *membership) commandLevel(ids []string) int {
+// metadata known (dead, left, never seen, or an older release). With
+// lastKnown, a member that is not alive counts by the level it last
+// advertised (0 if gossip never had it): placement must go on when a
+// server dies, which is when a service needs a new home; a server
+// downgraded while it was down is the operator's to avoid (rolling
+// upgrades go one way).
+func (m *membership) commandLevel(ids []string, lastKnown bool) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	level := fsm.CommandLevel
 	for _, id := range ids {
 		p, ok := m.peers[id]
-		if !ok || !p.metaOK || (p.state != stateAlive && p.state != stateSuspect) {
-			return 0
-		}
-		level = min(level, p.meta.FSM)
-	}
-	return level
-}
-
-// lastCommandLevel is commandLevel counting a member that is not alive by
-// the level it last advertised (0 if gossip never had it): placement must
-// go on when a server dies, which is when a service needs a new home; a
-// server downgraded while it was down is the operator's to avoid
-// (docs/running.md, rolling upgrades go one way).
-func (m *membership) lastCommandLevel(ids []string) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	level := fsm.CommandLevel
-	for _, id := range ids {
-		p, ok := m.peers[id]
-		if !ok || !p.metaOK {
+		if !ok || !p.metaOK || (!lastKnown && p.state != stateAlive && p.state != stateSuspect) {
 			return 0
 		}
 		level = min(level, p.meta.FSM)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,21 +147,12 @@ func (p *placer) note(what string, err error) {
 
 // levelOK: every server of the configuration applies kinds 18–20 — by
 // what it advertises, or, for a server that is down, by what it last
-// advertised (membership.lastCommandLevel).
+// advertised (membership.commandLevel).
 func (p *placer) levelOK() bool {
-	n := p.n
-	if n.member == nil {
-		return n.cfg.staticRecords
+	if p.n.member == nil {
+		return p.n.cfg.staticRecords
 	}
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil || len(f.Configuration().Servers) == 0 {
-		return false
-	}
-	var ids []string
-	for _, s := range f.Configuration().Servers {
-		ids = append(ids, string(s.ID))
-	}
-	return n.member.lastCommandLevel(ids) >= placementLevel
+	return p.n.serversLevel(true) >= placementLevel
 }
 
 // gate refuses kinds 18–20 while some member cannot apply them; they are
@@ -205,15 +197,7 @@ func sameDecls(a, b []fsm.ServiceDecl) bool {
 	if len(a) != len(b) {
 		return false
 	}
-	byID := func(x, y fsm.ServiceDecl) int {
-		switch {
-		case x.ID < y.ID:
-			return -1
-		case x.ID > y.ID:
-			return 1
-		}
-		return 0
-	}
+	byID := func(x, y fsm.ServiceDecl) int { return strings.Compare(x.ID, y.ID) }
 	a, b = slices.Clone(a), slices.Clone(b)
 	slices.SortFunc(a, byID)
 	slices.SortFunc(b, byID)

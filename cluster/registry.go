@@ -121,7 +121,11 @@ func (c *Config) commandLevel() int {
 // clusterLevel is the fsm.CommandLevel every server of the raft
 // configuration applies: the lowest that gossip shows them advertising,
 // 0 while one is down or unknown, or without gossip.
-func (n *Node) clusterLevel() int {
+func (n *Node) clusterLevel() int { return n.serversLevel(false) }
+
+// serversLevel is clusterLevel; with lastKnown a server that is down
+// counts by the level it last advertised (membership.commandLevel).
+func (n *Node) serversLevel(lastKnown bool) int {
 	if n.member == nil {
 		return 0
 	}
@@ -137,7 +141,7 @@ func (n *Node) clusterLevel() int {
 	for i, s := range servers {
 		ids[i] = string(s.ID)
 	}
-	return n.member.commandLevel(ids)
+	return n.member.commandLevel(ids, lastKnown)
 }
 
 // ownerCommandsOK reports whether an Unregister or UnregisterAll with an
