@@ -364,12 +364,25 @@ func TestHostileUnmonDuringRollingUpgrade(t *testing.T) {
 	// A follower goes back to the older release (killed, so it stays a
 	// voter, and restarted on its data): a member not upgraded yet.
 	oldNode := c.others(leader)[0]
+	newVersion := memberVersion(t, leader, oldNode.id)
 	oldNode.kill(syscall.SIGKILL, 10*time.Second)
 	c.spec.bins[oldNode.id] = old
 	oldNode.start(t)
 	v = c.settle(t, 60*time.Second, v.leaderStatus().SMState)
 	if v.leader != leader {
 		t.Fatalf("leader changed from %s to %s when %s restarted", leader.id, v.leader.id, oldNode.id)
+	}
+	// A downgrade is not an upgrade step (rolling upgrades go one way):
+	// until gossip carries the restarted node's own advertisement, the
+	// others still hold what it advertised before it was killed, and the
+	// leader would take it for a member of this release. Going on only
+	// once every member has it is what the emulation of "not upgraded
+	// yet" needs.
+	for _, n := range c.nodes {
+		testutil.WaitForSeen(t, 30*time.Second, fmt.Sprintf("%s to see %s advertise the previous release", n.id, oldNode.id), func() (bool, string) {
+			got := memberVersion(t, n, oldNode.id)
+			return got != newVersion, "version " + got
+		})
 	}
 	lockdName := nodeHostname(leader.id)
 	lo := fmt.Sprintf("127.0.0.1:%d", nsmPort)
@@ -412,6 +425,21 @@ func TestHostileUnmonDuringRollingUpgrade(t *testing.T) {
 			t.Fatalf("%s kept %v after lockd's own SM_UNMON_ALL (states diverged)", n.id, got)
 		}
 	}
+}
+
+// memberVersion is the version n's gossip shows member id advertising.
+func memberVersion(t *testing.T, n *nsmNode, id string) string {
+	t.Helper()
+	var ms []admin.Member
+	if err := n.get("/v1/members", &ms); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.ID == id {
+			return m.Version
+		}
+	}
+	return ""
 }
 
 // waitApplied waits until n has applied everything leader had applied
