@@ -239,7 +239,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	ccfg.Version = build.Gossip()
 	ccfg.NSMAddr = a.NSMAddr().String()
 	ccfg.Subscribers = []cluster.Subscriber{{Applied: a.applied, Serving: a.announce}}
-	ccfg.OnFault, ccfg.OnLeader, ccfg.OnFollower = a.onFault, a.onLeader, a.onFollower
+	ccfg.Server = takeover{a}
 	ccfg.RaftTLS, ccfg.TLSRefusals = a.sec.tls, a.sec.refusals
 	ccfg.Logger, ccfg.Registerer = opts.Logger, a.reg
 	key, err := readGossipKey(cfg.GossipKeyFile)

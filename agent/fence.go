@@ -44,7 +44,7 @@ func (a *Agent) fencing(c *cluster.Config) error {
 		c.FenceAgent = ag.Fence
 	}
 	if cfg.OnFollower != "" {
-		c.StopAtStart = a.stopAtStart
+		c.StopAtStart = true
 	}
 	if cfg.FenceWatchdog == config.FenceOff {
 		if cfg.FenceAgent == "" {

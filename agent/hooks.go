@@ -286,7 +286,7 @@ func (h *hookRunner) leader(ctx context.Context, t fsm.Takeover, state int32) <-
 }
 
 // follower queues on_follower when leadership ended (cluster OnFollower)
-// or at start (StopAtStart); the channel yields its error and is closed
+// or at start (cluster.StopStart); the channel yields its error and is closed
 // when it has run.
 func (h *hookRunner) follower(state int32, reason string) <-chan error {
 	if h == nil {

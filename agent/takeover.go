@@ -5,30 +5,35 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/timeline"
 )
 
-// This node's side of one takeover, in the order the replication layer
-// calls it (cluster/DESIGN.md, "Leadership"): once the Takeover committed,
-// the VIP is held and every other serving node is proven stopped, the
-// leader loop calls onLeader (cluster.Config.OnLeader: the grace keeper
-// of the term, the on_leader hook, the tickle ACKs, the grace's end
-// watched), then announce (the Serving subscriber: SM_NOTIFY with the new
-// state); when leadership ends, onFollower (OnFollower: the on_follower
-// hook) before a successor may serve; before the first term, stopAtStart
-// (StopAtStart, set with fencing: fence.go); and onFault for what the node
-// cannot fix by itself (OnFault: the on_fault hook). The hooks' runner is
-// hooks.go; the fence agent the node calls is fence.go's.
+// takeover is this node's side of one takeover, the cluster.Server the
+// replication layer calls in a takeover's order (cluster/DESIGN.md,
+// "Leadership"): once the Takeover committed, the VIP is held and every
+// other serving node is proven stopped, the leader loop calls Serve (the
+// grace keeper of the term, the on_leader hook, the tickle ACKs, the
+// grace's end watched), then announce (the Serving subscriber: SM_NOTIFY
+// with the new state); when leadership ends, Stop (the on_follower hook)
+// before a successor may serve, and before the first term too when a
+// previous process may have served (fence.go sets StopAtStart); Fault for
+// what the node cannot fix by itself (the on_fault hook). The hooks'
+// runner is hooks.go; the fence agent the node calls is fence.go's.
+type takeover struct{ a *Agent }
 
-// onLeader runs the on_leader hook and returns when it has run (bounded by
+var _ cluster.Server = takeover{}
+
+// Serve runs the on_leader hook and returns when it has run (bounded by
 // hook_timeout), so that the notifier, which starts after this returns,
 // sends SM_NOTIFY only once the service it announces (kernel nfsd and
 // lockd, started by the hook) can take the clients' reclaims. A failed hook
 // is reported (status, metric, on_fault) and the clients are still
 // notified: one never notified loses its locks for sure, one notified
 // while nfsd is down retries its reclaim (hard mounts retry forever).
-func (a *Agent) onLeader(ctx context.Context, t fsm.Takeover, state int32) error {
+func (tk takeover) Serve(ctx context.Context, t fsm.Takeover, state int32) error {
+	a := tk.a
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
 	a.v4.grace.Takeover(state)
@@ -77,29 +82,27 @@ func (a *Agent) announce(ctx context.Context, state int32) {
 	a.log.Info("notify finished", "summary", sum)
 }
 
-// onFollower runs the on_follower hook and returns when it has run
-// (bounded by hook_timeout): until then this node tells a new leader that
-// asks that it has not stood down yet, so that leader does not start its
-// on_leader hook (mount the shared disk) while this one still unmounts it.
-func (a *Agent) onFollower() error {
-	a.log.Info("following")
-	if err := <-a.hooks.follower(a.node.View().State(), "leadership_lost"); err != nil {
-		return fmt.Errorf("on_follower hook: %w", err)
+// Stop runs the on_follower hook (its reason why) and returns when it has
+// run (bounded by hook_timeout). When leadership ended, until then this
+// node tells a new leader that asks that it has not stood down yet, so
+// that leader does not start its on_leader hook (mount the shared disk)
+// while this one still unmounts it; at start, a previous process that died
+// while it served left the storage mounted and nfsd running.
+func (tk takeover) Stop(why cluster.StopReason) error {
+	a := tk.a
+	if why == cluster.StopLeadershipLost {
+		a.log.Info("following")
+	}
+	if err := <-a.hooks.follower(a.node.View().State(), string(why)); err != nil {
+		return fmt.Errorf("on_follower hook (%s): %w", why, err)
 	}
 	return nil
 }
 
-// stopAtStart runs the on_follower hook (reason "start") before this node
-// may serve: a previous process that died while it served left the storage
-// mounted and nfsd running.
-func (a *Agent) stopAtStart() error {
-	if err := <-a.hooks.follower(a.node.View().State(), "start"); err != nil {
-		return fmt.Errorf("on_follower hook at start: %w", err)
-	}
-	return nil
-}
-
-func (a *Agent) onFault(reason string, err error) {
+// Fault logs a fault the node cannot fix by itself and runs the on_fault
+// hook.
+func (tk takeover) Fault(reason string, err error) {
+	a := tk.a
 	a.log.Error("fault", "reason", reason, "err", err)
 	a.hooks.fault(a.node.RaftStatus().Role, a.node.View().State(), reason, err)
 }

@@ -87,10 +87,10 @@ func tcpCluster(t *testing.T, dirs []string, tune func(*Config)) ([]*tcpNode, ch
 			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
 			LeaderLeaseTimeout: 150 * time.Millisecond, ClusterKey: []byte("k"), HoldTimeout: 500 * time.Millisecond,
 			DiskProbeInterval: 50 * time.Millisecond,
-			OnLeader: func(_ context.Context, _ fsm.Takeover, s int32) error {
+			Server: &funcServer{serve: func(_ context.Context, _ fsm.Takeover, s int32) error {
 				took <- takeoverEvent{node: tn.id, state: s, at: time.Now()}
 				return nil
-			},
+			}},
 		})
 		tune(&cfg)
 		n, err := New(cfg)

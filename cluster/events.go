@@ -27,10 +27,10 @@ type Subscriber struct {
 	Applied func(Applied)
 	// Serving runs in this node's leader loop each time it starts to
 	// serve a term: its Takeover committed, the VIP is held, every other
-	// serving node was proven stopped and OnLeader succeeded — the moment
+	// serving node was proven stopped and Server.Serve succeeded — the moment
 	// clients may be told to reclaim here (the SM_NOTIFY fan-out). state
 	// is the sm_state to announce. ctx ends when leadership ends, after
-	// the VIP was released and OnFollower returned, or when a later
+	// the VIP was released and Server.Stop returned, or when a later
 	// takeover of the same term (SM_SIMU_CRASH, an import) supersedes
 	// state; Serving is then called again with the newer state. Serving
 	// must return once ctx ends: the leader loop waits for it before the

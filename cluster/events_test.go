@@ -43,7 +43,7 @@ func TestSubscribersHearAppliedInLogOrderWithReplaysMarked(t *testing.T) {
 		n, err := New(testDefaults(Config{
 			NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true,
 			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
-			LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
+			LeaderLeaseTimeout: 150 * time.Millisecond, Server: &funcServer{serve: tk.onLeader},
 			// Raft may apply before Start: a subscriber given in Config hears it.
 			Subscribers: []Subscriber{{Applied: l.applied, Serving: func(ctx context.Context, state int32) {
 				served <- state

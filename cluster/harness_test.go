@@ -112,11 +112,13 @@ func (c *tcluster) start(i int) {
 	cfg.LeaderLeaseTimeout, cfg.HoldTimeout = 150*time.Millisecond, 2*time.Second
 	cfg.ClusterKey = []byte("test-cluster-key") // inmem raft addresses carry no IPs to match
 	cfg.staticRecords = true                    // every member applies serving records (no gossip to say so)
-	cfg.OnLeader = func(_ context.Context, _ fsm.Takeover, state int32) error {
-		c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
-		return nil
+	cfg.Server = &funcServer{
+		serve: func(_ context.Context, _ fsm.Takeover, state int32) error {
+			c.takeovers <- takeoverEvent{node: tn.id, state: state, at: time.Now()}
+			return nil
+		},
+		stop: func(StopReason) error { c.followers <- takeoverEvent{node: tn.id, at: time.Now()}; return nil },
 	}
-	cfg.OnFollower = func() error { c.followers <- takeoverEvent{node: tn.id, at: time.Now()}; return nil }
 	nt, err := nsm.NewNotifier(c.notify)
 	if err != nil {
 		c.t.Fatal(err)

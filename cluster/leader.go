@@ -82,7 +82,7 @@ func (n *Node) startTerm() *term {
 // lead runs one term of leadership: Barrier (apply everything the old
 // leader committed), commit a Takeover (sm_state up to the next odd
 // number, grace opened), take the VIP, prove every other serving node
-// stopped, run OnLeader, then tell the subscribers the term serves (they
+// stopped, run Server.Serve, then tell the subscribers the term serves (they
 // notify every monitored host). An SM_SIMU_CRASH or an import while
 // leading tells them again with its new state.
 func (n *Node) lead(ctx context.Context) {
@@ -186,10 +186,10 @@ func (n *Node) lead(ctx context.Context) {
 }
 
 // stopLeading drops leader-only side effects at once — the VIP first, then
-// OnFollower — before the subscribers' Serving is waited for.
+// Server.Stop — before the subscribers' Serving is waited for.
 //
 // keepWrites (a shutdown that ends the term while raft still leads) keeps
-// the node taking writes until OnFollower returned; otherwise writes go to
+// the node taking writes until Server.Stop returned; otherwise writes go to
 // the next leader at once.
 func (n *Node) stopLeading(keepWrites bool) {
 	n.mu.Lock()
@@ -212,7 +212,7 @@ func (n *Node) stopLeading(keepWrites bool) {
 		}
 	}
 	if was && n.serving.Load() {
-		// Until OnFollower returned (the on_follower hook unmounted the
+		// Until Server.Stop returned (the on_follower hook unmounted the
 		// shared disk), this node still answers "held" to a new leader
 		// asking whether it may take the VIP at once, and "serving" to one
 		// asking whether it may serve.
@@ -222,36 +222,37 @@ func (n *Node) stopLeading(keepWrites bool) {
 	}
 }
 
-// stopServing runs OnFollower (the on_follower hook: stop nfsd, unmount).
+// stopServing runs Server.Stop (the on_follower hook: stop nfsd, unmount).
 func (n *Node) stopServing() error {
-	if n.cfg.OnFollower == nil {
+	if n.cfg.Server == nil {
 		return nil
 	}
-	return n.cfg.OnFollower()
+	return n.cfg.Server.Stop(StopLeadershipLost)
 }
 
-// stopAtStart runs StopAtStart before this node's first term: whatever a
-// previous process of it served is stopped before it says it does not
-// serve, and a watchdog that process left running is disarmed only then.
+// stopAtStart runs Server.Stop before this node's first term (with
+// Config.StopAtStart): whatever a previous process of it served is stopped
+// before it says it does not serve, and a watchdog that process left
+// running is disarmed only then.
 func (n *Node) stopAtStart() {
-	if n.cfg.StopAtStart == nil {
+	if !n.cfg.StopAtStart || n.cfg.Server == nil {
 		return
 	}
 	n.log.Info("stopping whatever a previous process of this node may still serve")
 	// A watchdog left running by a process that died while it served is
 	// released only after the stop (it resets the node if the stop takes
 	// longer than that process's deadline).
-	n.stopped(n.cfg.StopAtStart(), true)
+	n.stopped(n.cfg.Server.Stop(StopStart), true)
 }
 
-// serve runs OnLeader as the serving node: it says it serves first, makes
+// serve runs Server.Serve as the serving node: it says it serves first, makes
 // sure raft still confirms its leadership (so a node that asked it before
 // it said so cannot have been elected: see servingAnswer), arms the
-// watchdog, then runs the hook. A failed OnLeader is a failed takeover:
+// watchdog, then runs the hook. A failed Serve is a failed takeover:
 // the node stops again, hands leadership to another serving node and, if
 // none takes it, tries again. It returns true once the node serves.
 func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
-	if n.cfg.OnLeader == nil {
+	if n.cfg.Server == nil {
 		return true
 	}
 	for {
@@ -285,7 +286,7 @@ func (n *Node) serve(ctx context.Context, t fsm.Takeover, state int32) bool {
 			n.fence.mu.Lock()
 			n.fence.hookUntil = n.mono() + int64(n.cfg.HookTimeout+2*time.Second)
 			n.fence.mu.Unlock()
-			err = n.cfg.OnLeader(ctx, t, state)
+			err = n.cfg.Server.Serve(ctx, t, state)
 			n.fence.mu.Lock()
 			n.fence.hookUntil = 0
 			n.fence.mu.Unlock()
@@ -341,10 +342,11 @@ func (n *Node) awaitLease(ctx context.Context) bool {
 	return ctx.Err() == nil
 }
 
-// fault reports a fault the node cannot fix by itself (OnFault hook).
+// fault reports a fault the node cannot fix by itself (Server.Fault: the
+// on_fault hook).
 func (n *Node) fault(reason string, err error) {
-	if n.cfg.OnFault != nil {
-		n.cfg.OnFault(reason, err)
+	if n.cfg.Server != nil {
+		n.cfg.Server.Fault(reason, err)
 	}
 }
 

@@ -92,7 +92,7 @@ type Config struct {
 
 	// Witness makes this node a witness (witness.go): a voter that serves
 	// nothing and passes leadership on at once when it wins an election.
-	// VIP, OnLeader and OnFollower are not used.
+	// VIP is not used, nor Server but for its Fault.
 	Witness bool
 	// Witnesses names other members that are witnesses where there is no
 	// gossip to say so (static Voters clusters).
@@ -117,7 +117,7 @@ type Config struct {
 	PeerNSMAddrs map[string]string
 	// StandDownWait bounds how long a new leader keeps asking the previous
 	// one, while it answers that it still holds the VIP or is still
-	// standing down (OnFollower running: the on_follower hook), before it
+	// standing down (Server.Stop running: the on_follower hook), before it
 	// falls back to waiting out the VIP's lifetime (the agent: 1 s, or
 	// hook_timeout + 1 s when an on_follower hook is set).
 	StandDownWait time.Duration
@@ -171,34 +171,21 @@ type Config struct {
 	// command, and each term this node serves. They are fixed when New
 	// starts raft, so none misses a command raft applies before Start.
 	Subscribers []Subscriber
-	// OnFault, when set, is told about faults the node cannot fix itself
-	// (the VIP cannot be taken, a takeover did not commit). Must not block.
-	OnFault func(reason string, err error)
-
-	// OnLeader runs in the leader loop after the takeover committed, the VIP
-	// was taken and every other serving node was proven stopped, and before
-	// the subscribers hear that the term serves (the on_leader hook: mount,
-	// start nfsd). An error is a failed takeover: the node stops again
-	// (OnFollower), tells no subscriber and hands leadership to another
-	// serving node. OnFollower runs
-	// when leadership is lost or on shutdown (the on_follower hook: stop
-	// nfsd, unmount); an error means the node may still hold the storage,
-	// and its watchdog resets it. Both return once their hook ran (bounded
-	// by HookTimeout).
-	OnLeader   func(ctx context.Context, t fsm.Takeover, state int32) error
-	OnFollower func() error
-	// StopAtStart, when set, runs before this node's first term (the
-	// on_follower hook with reason "start"): a node whose previous process
-	// died while it served still has the storage mounted and nfsd running,
-	// and stops them before it answers that it does not serve. Until it
-	// succeeded the node answers that it serves; if it fails, the watchdog
-	// resets the node.
-	StopAtStart func() error
-	// HookTimeout bounds OnLeader: the watchdog is fed during the on_leader
+	// Server is what this node serves (the agent: grace, hooks, tickle
+	// ACKs); the leader loop calls it in a takeover's order (server.go).
+	// nil: the node serves nothing of its own (a witness; tests).
+	Server Server
+	// StopAtStart: a previous process of this node may have died while it
+	// served (the agent: an on_follower hook is set), so Server.Stop runs
+	// with StopStart before this node's first term. Until it succeeded
+	// the node answers that it serves; if it fails, the watchdog resets the
+	// node.
+	StopAtStart bool
+	// HookTimeout bounds Server.Serve: the watchdog is fed during the on_leader
 	// hook only until HookTimeout (+ 2 s) after it started.
 	HookTimeout time.Duration
 
-	// Fencing (serving.go). Watchdog, when set, is armed before OnLeader and
+	// Fencing (serving.go). Watchdog, when set, is armed before Server.Serve and
 	// fed only while this node may prove it may serve. FenceTimeout is the
 	// watchdog timeout of every serving node of the cluster: a new leader
 	// waits elected + lease + FenceTimeout + margin for a node it cannot
@@ -206,9 +193,9 @@ type Config struct {
 	// each failed try) reports that node off first. With neither, a new
 	// leader serves without waiting: fencing is off.
 	//
-	// ServesStorage says OnLeader serves shared storage (an on_leader
+	// ServesStorage says Server serves shared storage (an on_leader
 	// hook): the node publishes its fencing promise, records that it serves
-	// before OnLeader, and as a new leader proves every other serving node
+	// before Server.Serve, and as a new leader proves every other serving node
 	// stopped by that node's promise (promise.go). Any fence setting
 	// implies it. Without it (no hook: a plain statd replacement, the dev
 	// cluster) nobody waits for anything.
@@ -372,8 +359,8 @@ type Node struct {
 	leaseAt      atomic.Int64  // mono(): the lease's start, no later than when the quorum's acknowledgements that confirmed it were sent (leaseLoop, ackclock.go)
 	acks         *ackClock     // the raft transport, noting when acknowledged requests were sent
 	handoffs     atomic.Uint64 // leadership hand-offs made as a witness
-	standingDown atomic.Bool   // OnFollower is running after leadership ended
-	serving      atomic.Bool   // from before OnLeader until a stop succeeded (serving.go)
+	standingDown atomic.Bool   // Server.Stop is running after leadership ended
+	serving      atomic.Bool   // from before Server.Serve until a stop succeeded (serving.go)
 	stopFailed   atomic.Bool   // the last stop failed: the watchdog resets this node
 	fence        fencing
 	prom         promises // fencing promises, serving records, confirmations (promise.go)
@@ -416,7 +403,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	// Until its stop at start succeeded, a node whose previous process may
 	// have served says it serves (serving.go).
-	n.serving.Store(cfg.StopAtStart != nil)
+	n.serving.Store(cfg.StopAtStart && cfg.Server != nil)
 	n.prom.init()
 	n.placer = newPlacer(n, cfg.Services)
 	n.ctx, n.cancel = context.WithCancel(context.Background())

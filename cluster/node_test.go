@@ -17,7 +17,45 @@ import (
 	"github.com/nsmd/nsmd/internal/testutil"
 )
 
-// takeovers collects OnLeader calls so tests wait on the event itself.
+// funcServer is a Server made of funcs (nil: nothing to do) for tests.
+type funcServer struct {
+	serve func(ctx context.Context, t fsm.Takeover, state int32) error
+	stop  func(why StopReason) error
+	fault func(reason string, err error)
+}
+
+func (s *funcServer) Serve(ctx context.Context, t fsm.Takeover, state int32) error {
+	if s.serve == nil {
+		return nil
+	}
+	return s.serve(ctx, t, state)
+}
+
+func (s *funcServer) Stop(why StopReason) error {
+	if s.stop == nil {
+		return nil
+	}
+	return s.stop(why)
+}
+
+func (s *funcServer) Fault(reason string, err error) {
+	if s.fault != nil {
+		s.fault(reason, err)
+	}
+}
+
+// serverOf is cfg's funcServer, made one if it has none (tests that wrap
+// what a harness installed).
+func serverOf(cfg *Config) *funcServer {
+	if s, ok := cfg.Server.(*funcServer); ok {
+		return s
+	}
+	s := &funcServer{}
+	cfg.Server = s
+	return s
+}
+
+// takeovers collects Server.Serve calls so tests wait on the event itself.
 type takeovers struct {
 	ch chan int32
 }
@@ -45,7 +83,7 @@ func startNode(t testing.TB, dir, addr string, tk *takeovers) *Node {
 	n, err := New(testDefaults(Config{
 		NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true,
 		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
-		LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
+		LeaderLeaseTimeout: 150 * time.Millisecond, Server: &funcServer{serve: tk.onLeader},
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -242,7 +280,7 @@ func TestWALLogStoreRestartsAndDirectoriesKeepTheirStore(t *testing.T) {
 		n, err := New(testDefaults(Config{
 			NodeID: "n1", DataDir: dir, RaftBind: addr, Bootstrap: true, LogStore: store,
 			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
-			LeaderLeaseTimeout: 150 * time.Millisecond, OnLeader: tk.onLeader,
+			LeaderLeaseTimeout: 150 * time.Millisecond, Server: &funcServer{serve: tk.onLeader},
 		}))
 		if err == nil {
 			n.Start()

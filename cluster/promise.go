@@ -21,10 +21,10 @@ import (
 // it, who a new leader must prove stopped, and an operator's confirmation
 // that a node is off.
 //
-// A serving node (one whose OnLeader serves shared storage: ServesStorage,
+// A serving node (one whose Server serves shared storage: ServesStorage,
 // or any fence configured) publishes its promise in its gossip metadata
 // from its start, and — once every member applies CommandLevel 2 —
-// commits it in a serving record (fsm.ServingBegin) before its OnLeader
+// commits it in a serving record (fsm.ServingBegin) before its Server.Serve
 // runs; the record is cleared (fsm.ServingEnd) only after its stop
 // succeeded. A new leader proves stopped every node with a serving record
 // and every other serving voter, each by the node's own promise (never
@@ -80,7 +80,7 @@ func (p *promises) waitCh() <-chan struct{} {
 	return p.wake
 }
 
-// servesStorage: this node's OnLeader serves shared storage, so it has a
+// servesStorage: this node's Server serves shared storage, so it has a
 // promise to publish and a new leader must prove it stopped; and as a
 // new leader it proves every other serving node stopped before serving.
 func (n *Node) servesStorage() bool {
@@ -368,7 +368,7 @@ func (n *Node) observeServing(cmd fsm.Command) {
 	}
 }
 
-// recordServing commits this node's serving record before its OnLeader
+// recordServing commits this node's serving record before its Server.Serve
 // runs (serve), when every member applies kind 15; false when it could
 // not be committed (then the node does not serve).
 func (n *Node) recordServing(ctx context.Context) error {

@@ -251,7 +251,7 @@ func TestServingRecordsOnlyOnceEveryMemberAppliesThem(t *testing.T) {
 				// A fake watchdog device (fence/fencetest's kernel is not
 				// needed here: nothing is killed).
 				cfg.Watchdog, cfg.FenceTimeout = &machine{timeout: 2 * time.Second}, 2*time.Second
-				cfg.OnLeader = func(context.Context, fsm.Takeover, int32) error { served <- id; return nil }
+				serverOf(cfg).serve = func(context.Context, fsm.Takeover, int32) error { served <- id; return nil }
 			}, "r1", "r2", "r3")
 			var who string
 			select {

@@ -177,10 +177,10 @@ func (c *rcluster) start(i int) *Node {
 		HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
 		LeaderLeaseTimeout: 150 * time.Millisecond,
 		Now:                c.gate.now(rn.id),
-		OnLeader: func(_ context.Context, _ fsm.Takeover, state int32) error {
+		Server: &funcServer{serve: func(_ context.Context, _ fsm.Takeover, state int32) error {
 			c.takeovers <- takeoverEvent{node: rn.id, state: state, at: time.Now()}
 			return nil
-		},
+		}},
 	})
 	if len(c.nodes) == 1 {
 		cfg.Voters = nil

@@ -199,8 +199,9 @@ func newFencedClusterEach(t *testing.T, size int, timeoutOf func(id string) time
 		if ft := timeoutOf(cfg.NodeID); ft > 0 {
 			cfg.Watchdog, cfg.FenceTimeout = m, ft
 		}
-		prevLeader := cfg.OnLeader
-		cfg.OnLeader = func(ctx context.Context, tk fsm.Takeover, state int32) error {
+		srv := serverOf(cfg)
+		prevLeader := srv.serve
+		srv.serve = func(ctx context.Context, tk fsm.Takeover, state int32) error {
 			m.mu.Lock()
 			err := m.leaderErr
 			m.mu.Unlock()
@@ -212,7 +213,7 @@ func newFencedClusterEach(t *testing.T, size int, timeoutOf func(id string) time
 			}
 			return perr
 		}
-		cfg.OnFollower = func() error {
+		srv.stop = func(StopReason) error {
 			m.mu.Lock()
 			err, block, work := m.stopErr, m.stopBlock, m.onStop
 			m.mu.Unlock()
@@ -556,7 +557,13 @@ func TestARestartedNodeSaysItServesUntilItsStopAtStartSucceeded(t *testing.T) {
 	var started atomic.Bool
 	fc := newFencedCluster(t, 3, 2*time.Second, func(cfg *Config) {
 		if cfg.NodeID == "n3" {
-			cfg.StopAtStart = func() error {
+			cfg.StopAtStart = true
+			srv := serverOf(cfg)
+			stop := srv.stop
+			srv.stop = func(why StopReason) error {
+				if why != StopStart {
+					return stop(why)
+				}
 				started.Store(true)
 				<-release
 				return nil

@@ -107,7 +107,7 @@ func answerMAC(key []byte, label, node string, nonce []byte, answer bool) []byte
 
 // vipHeldAnswer is true while this node holds the VIP (the kernel's view
 // for a netlink VIP), still believes it leads (it could be about to take
-// it), is standing down (OnFollower still running) or cannot vouch for it
+// it), is standing down (Server.Stop still running) or cannot vouch for it
 // (a term of it ended before it took the VIP: vipUnsure).
 func (n *Node) vipHeldAnswer() bool {
 	return n.VIPHeld() || n.raft.State() == raft.Leader || n.standingDown.Load() || !n.vipVouchable()

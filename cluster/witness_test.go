@@ -141,14 +141,14 @@ func TestTransferLeadershipNeverPicksAWitness(t *testing.T) {
 }
 
 // A leader that lost leadership answers "still held" to a new leader's
-// VIP question until its OnFollower (the on_follower hook: unmount the
+// VIP question until its Server.Stop (the on_follower hook: unmount the
 // shared disk) has returned, so the new leader does not mount it too.
 func TestOldLeaderSaysHeldUntilOnFollowerReturned(t *testing.T) {
 	release := make(chan struct{})
 	entered := make(chan string, 4)
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		id := cfg.NodeID
-		cfg.OnFollower = func() error {
+		serverOf(cfg).stop = func(StopReason) error {
 			select {
 			case entered <- id:
 			default:
