@@ -116,7 +116,7 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	if handled, err := n.gateServing(cmd); handled { // kinds 15 and 17 (promise.go)
 		return fsm.Result{State: n.fsm.State()}, err
 	}
-	if err := n.placer.gate(cmd); err != nil { // kinds 18–20 (placer.go)
+	if err := n.placer.gate(cmd); err != nil { // kinds 18–21 (placer.go)
 		return fsm.Result{State: n.fsm.State()}, err
 	}
 	if res, lowered, err := n.lowerOnLeader(ctx, cmd); lowered {

@@ -52,7 +52,7 @@ type ServiceConfig struct {
 	Settle time.Duration
 }
 
-// placementLevel is the CommandLevel of kinds 18–20.
+// placementLevel is the CommandLevel of kinds 18–21.
 const placementLevel = 2
 
 // placer is the node's placement part: one loop (owned by the node)
@@ -145,7 +145,7 @@ func (p *placer) note(what string, err error) {
 	}
 }
 
-// levelOK: every server of the configuration applies kinds 18–20 — by
+// levelOK: every server of the configuration applies kinds 18–21 — by
 // what it advertises, or, for a server that is down, by what it last
 // advertised (membership.commandLevel).
 func (p *placer) levelOK() bool {
@@ -155,11 +155,11 @@ func (p *placer) levelOK() bool {
 	return p.n.serversLevel(true) >= placementLevel
 }
 
-// gate refuses kinds 18–20 while some member cannot apply them; they are
+// gate refuses kinds 18–21 while some member cannot apply them; they are
 // never lowered into another kind.
 func (p *placer) gate(cmd fsm.Command) error {
 	switch cmd.(type) {
-	case fsm.ServicesDeclared, fsm.ServicePlaced, fsm.ServiceForgotten:
+	case fsm.ServicesDeclared, fsm.ServicePlaced, fsm.ServiceForgotten, fsm.ServiceReleased:
 		if !p.levelOK() {
 			return errors.New("cluster: a member cannot apply service placements yet")
 		}

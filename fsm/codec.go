@@ -32,6 +32,7 @@ import (
 //	ServicesDeclared (18) = declaration
 //	ServicePlaced    (19) = placement
 //	ServiceForgotten (20) = str(service) epoch
+//	ServiceReleased  (21) = str(service) str(node) epoch
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
@@ -81,7 +82,7 @@ import (
 // commands with no older equivalent; they are proposed only once every
 // member advertises CommandLevel ≥ 2, and never lowered.
 //
-// Kinds 18–20 (where each service runs: services.go) are new commands too,
+// Kinds 18–21 (where each service runs: services.go) are new commands too,
 // CommandLevel 2, proposed only once every member advertises it.
 const (
 	entryVersion = 1

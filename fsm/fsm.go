@@ -283,7 +283,7 @@ func (f *FSM) apply(c Command, term uint64) Result {
 	case ServingBegin, ServingEnd, FenceConfirm:
 		s.applyServing(c)
 		return Result{State: s.sm}
-	case ServicesDeclared, ServicePlaced, ServiceForgotten:
+	case ServicesDeclared, ServicePlaced, ServiceForgotten, ServiceReleased:
 		return s.applyServices(c)
 	}
 	return Result{State: s.sm} // unreachable: Decode yields only the types above
@@ -570,8 +570,8 @@ func (f *FSM) Get(id MonID) (Registration, bool) {
 // applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
 // UnregisterAll with an Owner) and 13 (Takeover with Wrap); 2 adds kind
 // 14 (Register with Guarded), kinds 15–17 (ServingBegin, ServingEnd,
-// FenceConfirm: who serves, and what it promised) and kinds 18–20
-// (ServicesDeclared, ServicePlaced, ServiceForgotten: where each service
+// FenceConfirm: who serves, and what it promised) and kinds 18–21
+// (ServicesDeclared, ServicePlaced, ServiceForgotten, ServiceReleased: where each service
 // runs). A cluster proposes a level's kinds only once every member
 // advertises that level.
 const CommandLevel = 2

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Where each NFS service runs (entry kinds 18–20, CommandLevel 2). Each
+// Where each NFS service runs (entry kinds 18–21, CommandLevel 2). Each
 // node commits what its configuration declares (ServicesDeclared: every
 // service's id and the fingerprint of its whole specification); the
 // leader commits who owns each service (ServicePlaced) with an epoch one
@@ -72,20 +72,38 @@ type ServiceForgotten struct {
 	Epoch   uint64
 }
 
+// ServiceReleased records that Node, the last server that held Service
+// before its current placement (Placement.Prev), stopped it and will never
+// serve it at Epoch or below again (it recorded that on its own disk
+// first): the next owner needs no other proof of its stop, and a record
+// nobody owns may be forgotten. Applied only while Prev is Node at an
+// epoch ≤ Epoch; otherwise it changes nothing (ErrStaleEpoch).
+type ServiceReleased struct {
+	Service string
+	Node    string
+	Epoch   uint64
+}
+
 func (ServicesDeclared) isCommand() {}
+func (ServiceReleased) isCommand()  {}
 func (ServicePlaced) isCommand()    {}
 func (ServiceForgotten) isCommand() {}
 
 // Placement is a service's latest committed placement: its owner (""
 // when unplaced) from epoch Epoch on, who had it before (From), why and
-// when (the leader's clock) it moved.
+// when (the leader's clock) it moved; and Prev, the last server that held
+// the service before Node (at PrevEpoch), whose stop Node must prove
+// before it serves — kept across placements to nobody, "" once that
+// server recorded its release (ServiceReleased) or when it is Node itself.
 type Placement struct {
-	Service string
-	Node    string
-	Epoch   uint64
-	From    string
-	Reason  string
-	At      time.Time
+	Service   string
+	Node      string
+	Epoch     uint64
+	From      string
+	Reason    string
+	At        time.Time
+	Prev      string
+	PrevEpoch uint64
 }
 
 // Declaration is what one node's configuration declares, by service id.
@@ -133,7 +151,8 @@ var (
 	// declare the service, or placed a service nobody declares.
 	ErrNotDeclared = errors.New("fsm: the service is not declared there")
 	// ErrServiceInUse means a ServiceForgotten named a service that still
-	// has an owner or that a node still declares.
+	// has an owner, that a node still declares, or whose last server has
+	// not recorded its release.
 	ErrServiceInUse = errors.New("fsm: the service is still placed or declared")
 )
 
@@ -142,9 +161,10 @@ const (
 	kindServicesDeclared = 18
 	kindServicePlaced    = 19
 	kindServiceForgotten = 20
+	kindServiceReleased  = 21
 )
 
-// applyServices applies kinds 18–20; the maps are replaced, never changed
+// applyServices applies kinds 18–21; the maps are replaced, never changed
 // in place, so a view taken before keeps its own. mu is held exclusively.
 func (s *state) applyServices(c Command) Result {
 	res := Result{State: s.sm}
@@ -162,6 +182,8 @@ func (s *state) applyServices(c Command) Result {
 		err = s.place(c)
 	case ServiceForgotten:
 		err = s.forget(c)
+	case ServiceReleased:
+		err = s.release(c)
 	}
 	if err != nil {
 		res.Refused, res.Refusal = true, err
@@ -184,7 +206,24 @@ func (s *state) place(c ServicePlaced) error {
 	if !recorded && !s.declaredAnywhere(c.Service) {
 		return fmt.Errorf("%w: no node declares service %q", ErrNotDeclared, c.Service)
 	}
-	s.placed = with(s.placed, c.Service, Placement{Service: c.Service, Node: c.Node, Epoch: c.Epoch, From: c.From, Reason: c.Reason, At: c.At})
+	p := Placement{Service: c.Service, Node: c.Node, Epoch: c.Epoch, From: c.From, Reason: c.Reason, At: c.At, Prev: cur.Prev, PrevEpoch: cur.PrevEpoch}
+	if cur.Node != "" {
+		p.Prev, p.PrevEpoch = cur.Node, cur.Epoch
+	}
+	if p.Prev == p.Node {
+		p.Prev, p.PrevEpoch = "", 0 // its own stops are its own (never an epoch twice)
+	}
+	s.placed = with(s.placed, c.Service, p)
+	return nil
+}
+
+func (s *state) release(c ServiceReleased) error {
+	cur, ok := s.placed[c.Service]
+	if !ok || cur.Prev == "" || cur.Prev != c.Node || cur.PrevEpoch > c.Epoch {
+		return fmt.Errorf("%w: service %q is not waiting for %q's release at epoch %d", ErrStaleEpoch, c.Service, c.Node, c.Epoch)
+	}
+	cur.Prev, cur.PrevEpoch = "", 0
+	s.placed = with(s.placed, c.Service, cur)
 	return nil
 }
 
@@ -195,6 +234,9 @@ func (s *state) forget(c ServiceForgotten) error {
 	}
 	if cur.Node != "" {
 		return fmt.Errorf("%w: service %q is placed on %q", ErrServiceInUse, c.Service, cur.Node)
+	}
+	if cur.Prev != "" {
+		return fmt.Errorf("%w: service %q: %q has not recorded its release", ErrServiceInUse, c.Service, cur.Prev)
 	}
 	if s.declaredAnywhere(c.Service) {
 		return fmt.Errorf("%w: service %q is still declared", ErrServiceInUse, c.Service)
@@ -261,7 +303,7 @@ func (f *FSM) PlacementOf(service string) (Placement, bool) {
 	return Placement{Service: service, Epoch: f.st.epochFloor}, false
 }
 
-// servicesCommand encodes kinds 18–20 (ok false for other commands).
+// servicesCommand encodes kinds 18–21 (ok false for other commands).
 func (e *encoder) servicesCommand(c Command) (ok bool, err error) {
 	switch c := c.(type) {
 	case ServicesDeclared:
@@ -275,6 +317,18 @@ func (e *encoder) servicesCommand(c Command) (ok bool, err error) {
 	case ServiceForgotten:
 		e.b = append(e.b, kindServiceForgotten)
 		if err := e.serviceID(c.Service); err != nil {
+			return true, err
+		}
+		return true, e.epoch(c.Epoch)
+	case ServiceReleased:
+		e.b = append(e.b, kindServiceReleased)
+		if err := e.serviceID(c.Service); err != nil {
+			return true, err
+		}
+		if c.Node == "" {
+			return true, fmt.Errorf("service %q released by no node", c.Service)
+		}
+		if err := e.nodeName(c.Node); err != nil {
 			return true, err
 		}
 		return true, e.epoch(c.Epoch)
@@ -345,6 +399,28 @@ func (e *encoder) placement(p *Placement) error {
 	return e.str(p.From, MaxNameLen, "from")
 }
 
+// prev = str(prev) prevEpoch:uvarint (0 exactly when prev is empty),
+// after each placement of the snapshot's placed section.
+func (e *encoder) prev(p *Placement) error {
+	if (p.Prev == "") != (p.PrevEpoch == 0) {
+		return fmt.Errorf("previous holder %q at epoch %d", p.Prev, p.PrevEpoch)
+	}
+	if err := e.str(p.Prev, MaxNameLen, "prev"); err != nil {
+		return err
+	}
+	e.b = binary.AppendUvarint(e.b, p.PrevEpoch)
+	return nil
+}
+
+func (d *decoder) prev() (string, uint64) {
+	prev := d.str(MaxNameLen, "prev")
+	n := d.uvarint()
+	if d.err == nil && (prev == "") != (n == 0) {
+		d.fail("previous holder %q at epoch %d", prev, n)
+	}
+	return prev, n
+}
+
 func (e *encoder) serviceID(s string) error {
 	if s == "" {
 		return fmt.Errorf("empty service id")
@@ -361,7 +437,7 @@ func (e *encoder) epoch(n uint64) error {
 	return nil
 }
 
-// servicesCommand decodes kinds 18–20 (ok false for another kind).
+// servicesCommand decodes kinds 18–21 (ok false for another kind).
 func (d *decoder) servicesCommand(k byte) (Command, bool) {
 	switch k {
 	case kindServicesDeclared:
@@ -372,6 +448,8 @@ func (d *decoder) servicesCommand(k byte) (Command, bool) {
 		return ServicePlaced{Service: p.Service, Node: p.Node, Epoch: p.Epoch, Reason: p.Reason, At: p.At, From: p.From}, true
 	case kindServiceForgotten:
 		return ServiceForgotten{Service: d.serviceID(), Epoch: d.epoch()}, true
+	case kindServiceReleased:
+		return ServiceReleased{Service: d.serviceID(), Node: d.nodeName(), Epoch: d.epoch()}, true
 	}
 	return nil, false
 }
@@ -460,6 +538,9 @@ func (w *snapWriter) servicesSections(st *state) error {
 		if err := w.frame.placement(&p); err != nil {
 			return fmt.Errorf("placement of %q: %w", id, err)
 		}
+		if err := w.frame.prev(&p); err != nil {
+			return fmt.Errorf("placement of %q: %w", id, err)
+		}
 		w.maybeFlush(tagPlaced)
 	}
 	w.flush()
@@ -488,6 +569,7 @@ func (v *servicesReader) read(d *decoder, tag int, st *state) {
 			st.declared[node] = ds
 		} else {
 			p := d.placement()
+			p.Prev, p.PrevEpoch = d.prev()
 			if d.err != nil {
 				return
 			}

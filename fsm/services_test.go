@@ -15,13 +15,13 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// servicesCommand draws a kind 18–20 command over three nodes and three
+// servicesCommand draws a kind 18–21 command over three nodes and three
 // services, with small epochs so that some placements apply, for the
 // replica and restore determinism tests.
 func servicesCommand(r *rand.Rand) Command {
 	node := fmt.Sprintf("s%d", r.IntN(3))
 	svc := fmt.Sprintf("svc%d", r.IntN(3))
-	switch r.IntN(6) {
+	switch r.IntN(7) {
 	case 0, 1:
 		var ds []ServiceDecl
 		for i := range 3 {
@@ -36,6 +36,8 @@ func servicesCommand(r *rand.Rand) Command {
 		return ServicesDeclared{Node: node, Services: ds}
 	case 5:
 		return ServiceForgotten{Service: svc, Epoch: uint64(1 + r.IntN(3))}
+	case 6:
+		return ServiceReleased{Service: svc, Node: node, Epoch: uint64(1 + r.IntN(3))}
 	}
 	from := fmt.Sprintf("s%d", r.IntN(4))
 	if from == "s3" {
@@ -101,7 +103,7 @@ func TestPlacementAppliesOnlyOnTheLatestEpoch(t *testing.T) {
 		}
 	}
 	p, ok := f.PlacementOf("home")
-	if !ok || p != (Placement{Service: "home", Node: "b", Epoch: 2, From: "a", Reason: "owner_lost"}) {
+	if !ok || p != (Placement{Service: "home", Node: "b", Epoch: 2, From: "a", Reason: "owner_lost", Prev: "a", PrevEpoch: 1}) {
 		t.Fatalf("placement %+v %v", p, ok)
 	}
 	// Taken away (Node ""), and placed again from there.
@@ -173,6 +175,21 @@ func TestServiceForgottenNeverReusesAnEpoch(t *testing.T) {
 		t.Fatalf("forgotten while a declares it: %+v", r)
 	}
 	applyOK(t, f, 7, decl("a"))
+	// a held it: forgotten only once a recorded its release.
+	if r := applyOK(t, f, 8, ServiceForgotten{Service: "home", Epoch: 3})[0]; !errors.Is(r.Refusal, ErrServiceInUse) {
+		t.Fatalf("forgotten before its last server's release: %+v", r)
+	}
+	for _, c := range []ServiceReleased{{Service: "home", Node: "b", Epoch: 2}, {Service: "home", Node: "a", Epoch: 1}, {Service: "none", Node: "a", Epoch: 2}} {
+		if r := applyOK(t, f, 8, c)[0]; !errors.Is(r.Refusal, ErrStaleEpoch) {
+			t.Fatalf("%+v: %+v, want refused (not the holder, below its epoch, no record)", c, r)
+		}
+	}
+	if r := applyOK(t, f, 8, ServiceReleased{Service: "home", Node: "a", Epoch: 2})[0]; r.Refused {
+		t.Fatalf("release refused: %v", r.Refusal)
+	}
+	if p, _ := f.PlacementOf("home"); p.Prev != "" || p.PrevEpoch != 0 {
+		t.Fatalf("after the release: %+v", p)
+	}
 	if r := applyOK(t, f, 8, ServiceForgotten{Service: "home", Epoch: 3})[0]; r.Refused {
 		t.Fatalf("forget refused: %v", r.Refusal)
 	}
@@ -247,15 +264,15 @@ func TestServiceCommandsRefuseBadInput(t *testing.T) {
 	}
 }
 
-// A release that predates kinds 18–20 decodes them as an unknown kind
+// A release that predates kinds 18–21 decodes them as an unknown kind
 // and refuses the whole entry, applying nothing of it; so does this one
 // with the next kind nobody has assigned yet. That is why the cluster
 // proposes them only once every member advertises CommandLevel 2: an
 // older member would diverge, never misapply.
 func TestUnknownKindRefusesTheWholeEntry(t *testing.T) {
-	for _, k := range []byte{kindServicesDeclared, kindServicePlaced, kindServiceForgotten} {
-		if k <= kindFenceConfirm || k > 20 {
-			t.Fatalf("kind %d is not beyond the earlier releases' (≤ 17) and within the reserved 18–20", k)
+	for _, k := range []byte{kindServicesDeclared, kindServicePlaced, kindServiceForgotten, kindServiceReleased} {
+		if k <= kindFenceConfirm || k > 21 {
+			t.Fatalf("kind %d is not beyond the earlier releases' (≤ 17) and within the reserved 18–21", k)
 		}
 	}
 	reg, _ := Encode(Register{Reg: mkReg("h", lockd, "n")})
@@ -293,6 +310,7 @@ func servicesFSM(t testing.TB) *FSM {
 		ServicePlaced{Service: "scratch", Epoch: 2, From: "n2", Reason: "conflict"},
 		ServicePlaced{Service: "old", Node: "n1", Epoch: 1},
 		ServicePlaced{Service: "old", Epoch: 2, From: "n1"},
+		ServiceReleased{Service: "old", Node: "n1", Epoch: 1},
 		decl("n1", "home", "fp1"),
 		ServiceForgotten{Service: "old", Epoch: 2},
 	)
@@ -336,7 +354,7 @@ func TestSnapshotVersion5OnlyWithPlacementState(t *testing.T) {
 		t.Fatal("version 5 does not round-trip")
 	}
 	st := g.Services()
-	if len(st.Placements) != 2 || st.Placements[0].Node != "n1" || st.Placements[1] != (Placement{Service: "scratch", Epoch: 2, From: "n2", Reason: "conflict"}) ||
+	if len(st.Placements) != 2 || st.Placements[0].Node != "n1" || st.Placements[1] != (Placement{Service: "scratch", Epoch: 2, From: "n2", Reason: "conflict", Prev: "n2", PrevEpoch: 1}) ||
 		st.EpochFloor != 2 || len(st.Declarations) != 2 || len(st.Declarations[1].Services) != 2 {
 		t.Fatalf("restored %+v", st)
 	}
@@ -363,6 +381,10 @@ func TestRestoreRejectsInconsistentVersion5Streams(t *testing.T) {
 	dEmpty := []byte{1, 'c', 0}                    // a node declaring no service
 	p1 := encoder{}
 	_ = p1.placement(&Placement{Service: "x", Node: "a", Epoch: 1})
+	_ = p1.prev(&Placement{})
+	p2 := encoder{} // a previous holder without its epoch
+	_ = p2.placement(&Placement{Service: "x", Node: "a", Epoch: 2})
+	p2.b = append(p2.b, 1, 'b', 0)
 	good := newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).frame(tagPlaced, p1.b).end(0, 0, 0, 0, 0, 0, 1, 1, 0)
 	f := New(Options{})
 	if err := restoreFrom(f, good); err != nil {
@@ -374,6 +396,7 @@ func TestRestoreRejectsInconsistentVersion5Streams(t *testing.T) {
 		"nodes out of order (2 frames)": newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d2)).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 2, 0, 0),
 		"a node declaring nothing":      newStream(5).frame(tagScalars, sc).frame(tagDeclared, dEmpty).end(0, 0, 0, 0, 0, 0, 1, 0, 0),
 		"placement twice":               newStream(5).frame(tagScalars, sc).frame(tagPlaced, append(bytes.Clone(p1.b), p1.b...)).end(0, 0, 0, 0, 0, 0, 0, 2, 0),
+		"prev without its epoch":        newStream(5).frame(tagScalars, sc).frame(tagPlaced, p2.b).end(0, 0, 0, 0, 0, 0, 0, 1, 0),
 		"count mismatch":                newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 2, 0, 0),
 		"no floor":                      newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 1, 0),
 		"sections in version 4":         newStream(4).frame(tagScalars, sc).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 1, 0, 0),
@@ -390,7 +413,7 @@ func TestRestoreRejectsInconsistentVersion5Streams(t *testing.T) {
 	}
 }
 
-// svcModel is the placement state as a plain model of kinds 18–20, to
+// svcModel is the placement state as a plain model of kinds 18–21, to
 // check Apply against and to draw commands that apply.
 type svcModel struct {
 	decl   map[string]map[string]bool // node → services it declares
@@ -430,10 +453,24 @@ func (m *svcModel) apply(c Command) (refused bool) {
 		if c.Epoch != cur.Epoch+1 || c.From != cur.Node || c.Node != "" && !m.decl[c.Node][c.Service] || !ok && !m.declaredAnywhere(c.Service) {
 			return true
 		}
-		m.placed[c.Service] = Placement{Service: c.Service, Node: c.Node, Epoch: c.Epoch, From: c.From, Reason: c.Reason, At: c.At}
+		p := Placement{Service: c.Service, Node: c.Node, Epoch: c.Epoch, From: c.From, Reason: c.Reason, At: c.At, Prev: cur.Prev, PrevEpoch: cur.PrevEpoch}
+		if cur.Node != "" {
+			p.Prev, p.PrevEpoch = cur.Node, cur.Epoch
+		}
+		if p.Prev == p.Node {
+			p.Prev, p.PrevEpoch = "", 0
+		}
+		m.placed[c.Service] = p
+	case ServiceReleased:
+		cur, ok := m.placed[c.Service]
+		if !ok || cur.Prev == "" || cur.Prev != c.Node || cur.PrevEpoch > c.Epoch {
+			return true
+		}
+		cur.Prev, cur.PrevEpoch = "", 0
+		m.placed[c.Service] = cur
 	case ServiceForgotten:
 		cur, ok := m.placed[c.Service]
-		if !ok || cur.Epoch != c.Epoch || cur.Node != "" || m.declaredAnywhere(c.Service) {
+		if !ok || cur.Epoch != c.Epoch || cur.Node != "" || cur.Prev != "" || m.declaredAnywhere(c.Service) {
 			return true
 		}
 		delete(m.placed, c.Service)
@@ -450,7 +487,10 @@ func (m *svcModel) valid(r *rand.Rand) Command {
 	if !ok {
 		cur = Placement{Epoch: m.floor}
 	}
-	if ok && cur.Node == "" && !m.declaredAnywhere(svc) {
+	if ok && cur.Prev != "" && r.IntN(2) == 0 {
+		return ServiceReleased{Service: svc, Node: cur.Prev, Epoch: cur.PrevEpoch}
+	}
+	if ok && cur.Node == "" && cur.Prev == "" && !m.declaredAnywhere(svc) {
 		return ServiceForgotten{Service: svc, Epoch: cur.Epoch}
 	}
 	var to []string
@@ -469,7 +509,7 @@ func (m *svcModel) valid(r *rand.Rand) Command {
 	return ServicePlaced{Service: svc, Node: to[r.IntN(len(to))], Epoch: cur.Epoch + 1, From: cur.Node, Reason: "model"}
 }
 
-// The FSM applies kinds 18–20 as the model says, refusing exactly what
+// The FSM applies kinds 18–21 as the model says, refusing exactly what
 // the model refuses, and ends in the model's state.
 func TestServicesMatchModel(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
@@ -500,7 +540,7 @@ func TestServicesMatchModel(t *testing.T) {
 			t.Fatalf("seed %d: state %+v, model %+v floor %d", seed, st, m.placed, m.floor)
 		}
 		for _, p := range st.Placements {
-			if mp := m.placed[p.Service]; mp.Node != p.Node || mp.Epoch != p.Epoch || mp.From != p.From {
+			if mp := m.placed[p.Service]; mp.Node != p.Node || mp.Epoch != p.Epoch || mp.From != p.From || mp.Prev != p.Prev || mp.PrevEpoch != p.PrevEpoch {
 				t.Fatalf("seed %d: %+v, model %+v", seed, p, mp)
 			}
 		}

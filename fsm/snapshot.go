@@ -56,11 +56,12 @@ import (
 // floor); sections 6 and 7 may then be empty:
 //
 //	  8 declared (declaration)*                       strictly ascending by node, 1…256 services each
-//	  9 placed   placement*                           strictly ascending by service
+//	  9 placed   (placement prev)*                    strictly ascending by service
 //	trailer      … confirmed_count:u64 declared_count:u64 placed_count:u64
 //	             epoch_floor:u64 crc32c:u32
 //
-// (declaration and placement as in kinds 18 and 19, codec.go). A release
+// (declaration and placement as in kinds 18 and 19, codec.go; prev is
+// the previous holder, fsm/services.go). A release
 // that reads version 4 but not 5 refuses it (ErrVersion).
 //
 // Version 2 is version 3 without the v4 epochs, sections 4 and 5 and their
