@@ -119,6 +119,10 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	if err := n.placer.gate(cmd); err != nil { // kinds 18–21 (placer.go)
 		return fsm.Result{State: n.fsm.State()}, err
 	}
+	// A placement that takes a service from its owner stops confirming
+	// the owner's lease first (servicelease.go); refused, it confirms it
+	// again (nothing moved).
+	undo := n.leases.revokeFor(cmd)
 	if res, lowered, err := n.lowerOnLeader(ctx, cmd); lowered {
 		return res, err
 	}
@@ -132,6 +136,9 @@ func (n *Node) applyLocal(ctx context.Context, cmd fsm.Command) (fsm.Result, err
 	}
 	select {
 	case <-w.done:
+		if undo != nil && w.err == nil && w.res.Refused {
+			undo()
+		}
 		if t, ok := cmd.(fsm.Takeover); ok && w.err == nil && (t.Reason == reasonSimuCrash || t.Reason == reasonImport) {
 			n.signalCrash(w.res.State)
 		}

@@ -89,17 +89,34 @@ func (n *Node) tickWatchdog() {
 // runs, the hook's end (hookUntil, mono ns; 0: none), whichever is first.
 // It is asked before a ping and again when the ping returns
 // (fence.Watchdog.FeedWithin), so it reads only atomics.
+//
+// With services served here (servicerun.go), the earliest end of their
+// leases bounds it too: one watchdog covers everything the node serves.
 func (n *Node) proofEnd(hookUntil int64) time.Time {
-	if !n.serving.Load() || n.stopFailed.Load() || n.raft.State() != raft.Leader {
+	if n.stopFailed.Load() {
 		return time.Time{}
 	}
-	v := n.leaseAt.Load()
-	if v == 0 {
+	svcEnd, services := n.runs.proofEnd()
+	serving := n.serving.Load()
+	if !serving && !services {
 		return time.Time{}
 	}
-	end := v + int64(n.fenceLease())
-	if hookUntil != 0 {
-		end = min(end, hookUntil)
+	end := svcEnd
+	if serving {
+		v := n.leaseAt.Load()
+		if v == 0 || n.raft.State() != raft.Leader {
+			return time.Time{}
+		}
+		end = v + int64(n.fenceLease())
+		if hookUntil != 0 {
+			end = min(end, hookUntil)
+		}
+		if services {
+			end = min(end, svcEnd)
+		}
+	}
+	if end <= 0 {
+		return time.Time{}
 	}
 	return n.started.Add(time.Duration(end))
 }
@@ -157,20 +174,7 @@ func (n *Node) stopped(err error, atStart bool) {
 	if err == nil {
 		n.serving.Store(false)
 		n.stopFailed.Store(false)
-		n.stoppedRecording() // clear the serving record (promise.go)
-		if n.cfg.Watchdog != nil {
-			disarm := n.cfg.Watchdog.Disarm
-			if atStart {
-				disarm = n.cfg.Watchdog.Release
-			}
-			if derr := disarm(); derr != nil {
-				n.log.Error("cannot disarm the watchdog", "err", derr)
-			} else if n.fence.armed {
-				n.log.Info("stopped serving: watchdog disarmed")
-			}
-			n.fence.armed, n.fence.starving = false, false
-			n.metrics.watchdogArmed.Set(0)
-		}
+		n.disarmIdleLocked(atStart)
 		return
 	}
 	n.stopFailed.Store(true) // the failed hook already ran on_fault
@@ -191,4 +195,36 @@ func (n *Node) stopped(err error, atStart bool) {
 	if rerr := n.cfg.Watchdog.ResetSoon(); rerr != nil {
 		n.log.Error("cannot shorten the watchdog's timeout", "err", rerr)
 	}
+}
+
+// disarmIfIdle disarms the watchdog and clears the serving record once
+// nothing is served here any more: no term serves (serving), no service
+// runs (servicerun.go) and no stop failed.
+func (n *Node) disarmIfIdle() {
+	n.fence.mu.Lock()
+	defer n.fence.mu.Unlock()
+	n.disarmIdleLocked(false)
+}
+
+// disarmIdleLocked is disarmIfIdle with fence.mu held; atStart releases a
+// watchdog that a previous process of this node may have left running.
+func (n *Node) disarmIdleLocked(atStart bool) {
+	if n.serving.Load() || n.stopFailed.Load() || n.runs.active() {
+		return
+	}
+	n.stoppedRecording() // clear the serving record (promise.go)
+	if n.cfg.Watchdog == nil {
+		return
+	}
+	disarm := n.cfg.Watchdog.Disarm
+	if atStart {
+		disarm = n.cfg.Watchdog.Release
+	}
+	if derr := disarm(); derr != nil {
+		n.log.Error("cannot disarm the watchdog", "err", derr)
+	} else if n.fence.armed {
+		n.log.Info("stopped serving: watchdog disarmed")
+	}
+	n.fence.armed, n.fence.starving = false, false
+	n.metrics.watchdogArmed.Set(0)
 }

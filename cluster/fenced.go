@@ -37,7 +37,7 @@ func (n *Node) awaitFenced(ctx context.Context, elected time.Time) bool {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = n.fencePeer(ctx, p, elected, term)
+			results[i] = n.fencePeer(ctx, p, fenceFrom{at: elected, what: "elected", term: term}, func(ctx context.Context) (string, bool) { return n.askUntilClear(ctx, p.Node) })
 			results[i].Took = time.Since(start)
 			n.dropUnproven(p.Node)
 		}()
@@ -83,19 +83,23 @@ func (n *Node) dropUnproven(id string) {
 // when it keeps saying it serves), else by the watchdog bound p promised
 // (never shorter than this node's own). A peer that promised no watchdog,
 // or whose promise is unknown, has no bound: it waits for the others.
-func (n *Node) fencePeer(ctx context.Context, p PeerPromise, elected time.Time, term uint64) FencedPeer {
+//
+// ask asks the peer until it answers that it stopped; from is when the
+// bound starts (a new leader's election; a new owner's sight of the
+// placement: servicerun.go).
+func (n *Node) fencePeer(ctx context.Context, p PeerPromise, from fenceFrom, ask func(context.Context) (string, bool)) FencedPeer {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	peer := p.Node
 	promise := fmt.Sprintf("promise %s (%s)", p.Promise.Mode, p.Source)
 	res := make(chan FencedPeer, 4)
 	go func() { // its own answer
-		if detail, ok := n.askUntilClear(ctx, peer); ok {
+		if detail, ok := ask(ctx); ok {
 			res <- FencedPeer{Node: peer, By: "clean", Detail: detail}
 		}
 	}()
 	go func() { // an operator's word
-		if c, ok := n.awaitConfirmed(ctx, peer, term); ok {
+		if c, ok := n.awaitConfirmed(ctx, peer, from.term); ok {
 			res <- FencedPeer{Node: peer, By: "confirmed", Detail: fmt.Sprintf("confirmed off by %s at %s", c.By, c.At.Format(time.RFC3339))}
 		}
 	}()
@@ -129,13 +133,13 @@ func (n *Node) fencePeer(ctx context.Context, p PeerPromise, elected time.Time, 
 		}()
 	case bounded:
 		go func() {
-			until := elected.Add(bound)
+			until := from.at.Add(bound)
 			n.log.Info("waiting until a node that may still serve must have been reset by its watchdog", "node", peer, "until", until.Format(time.RFC3339Nano), "promise", p.Source, "bound", bound)
 			t := time.NewTimer(time.Until(until))
 			defer t.Stop()
 			select {
 			case <-t.C:
-				res <- FencedPeer{Node: peer, By: "watchdog", Detail: fmt.Sprintf("elected + %v passed (%s: lease + watchdog timeout + margin)", bound, promise)}
+				res <- FencedPeer{Node: peer, By: "watchdog", Detail: fmt.Sprintf("%s + %v passed (%s: lease + watchdog timeout + margin)", from.what, bound, promise)}
 			case <-ctx.Done():
 			}
 		}()
@@ -160,6 +164,14 @@ func (n *Node) fencePeer(ctx context.Context, p PeerPromise, elected time.Time, 
 	case <-ctx.Done():
 		return FencedPeer{Node: peer, By: "aborted", Detail: promise}
 	}
+}
+
+// fenceFrom is when a wait by a watchdog bound starts (what names it in
+// the wait's detail), and the term whose local confirmations count.
+type fenceFrom struct {
+	at   time.Time
+	what string
+	term uint64
 }
 
 // unprovenWarnAfter is how long a new leader waits for an answer from a

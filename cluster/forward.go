@@ -155,6 +155,10 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		return n.serveConns(c, res) // conns.go
 	case fwdProcSeen:
 		return n.serveSeen(c, res) // seen.go
+	case fwdProcLease:
+		return n.serveLease(c, res) // servicelease.go
+	case fwdProcService:
+		return n.serveService(c, res) // servicestop.go
 	default:
 		return oncrpc.ErrProcUnavail
 	}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
@@ -235,14 +236,19 @@ func (n *Node) stopServing() error {
 // before it says it does not serve, and a watchdog that process left
 // running is disarmed only then.
 func (n *Node) stopAtStart() {
-	if !n.cfg.StopAtStart || n.cfg.Server == nil {
+	node := n.cfg.StopAtStart && n.cfg.Server != nil
+	if !node && n.runs.srv == nil {
 		return
 	}
 	n.log.Info("stopping whatever a previous process of this node may still serve")
 	// A watchdog left running by a process that died while it served is
 	// released only after the stop (it resets the node if the stop takes
 	// longer than that process's deadline).
-	n.stopped(n.cfg.Server.Stop(StopStart), true)
+	var err error
+	if node {
+		err = n.cfg.Server.Stop(StopStart)
+	}
+	n.stopped(errors.Join(err, n.runs.stopAtStart()), true)
 }
 
 // serve runs Server.Serve as the serving node: it says it serves first, makes

@@ -145,6 +145,9 @@ type Config struct {
 	// whoever made the registration, as in the releases before guarded
 	// registrations (the negative control of the ownership tests only).
 	unguardedMonitor bool
+	// noServiceProof: a new owner serves a service without proving its
+	// last holder stopped (the negative control of the services' tests).
+	noServiceProof bool
 	// noSlowLastResort: a slow node never becomes eligible again while
 	// slow (the negative control of the last resort, in tests only).
 	noSlowLastResort bool
@@ -207,6 +210,10 @@ type Config struct {
 	// Services is what this node declares of the cluster's NFS services
 	// and how its leader places them (placer.go); zero: it declares none.
 	Services ServiceConfig
+	// ServiceServer, when set, serves the services placed on this node
+	// (servicerun.go); nil: placements are recorded and nothing is served
+	// for them here.
+	ServiceServer ServiceServer
 
 	// Runtime dependencies; nil: discard the log, a private registry,
 	// time.Now.
@@ -365,6 +372,8 @@ type Node struct {
 	fence        fencing
 	prom         promises // fencing promises, serving records, confirmations (promise.go)
 	placer       *placer  // where services run (placer.go)
+	leases       leases       // the leader's side of the services' leases (servicelease.go)
+	runs         *serviceRuns // the services served here (servicerun.go)
 	// vipUnsureUntil (unix ns): a term of this node ended before it took
 	// the VIP, so a previous holder may still have it until then; asked
 	// about the VIP, this node says "held" (cluster/vip.go).
@@ -406,6 +415,12 @@ func New(cfg Config) (*Node, error) {
 	n.serving.Store(cfg.StopAtStart && cfg.Server != nil)
 	n.prom.init()
 	n.placer = newPlacer(n, cfg.Services)
+	n.leases.n = n
+	marks, err := loadReleaseMarks(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	n.runs = newServiceRuns(n, cfg.ServiceServer, marks)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	m, err := newMetrics(cfg.Registerer, n)
 	if err != nil {
@@ -540,6 +555,10 @@ func (n *Node) Start() {
 	}
 	n.wg.Add(7)
 	go func() { defer n.wg.Done(); n.placer.loop(n.ctx) }()
+	if n.runs.srv != nil {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.runs.loop(n.ctx) }()
+	}
 	if n.cfg.Watchdog != nil {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.fenceLoop() }()
@@ -583,6 +602,7 @@ func (n *Node) stop(graceful bool) error {
 				<-ack
 			case <-n.ctx.Done():
 			}
+			n.runs.stopAll() // the services too, while raft still commits
 		}
 		if graceful && n.servesStorage() && !n.mayStillServe() {
 			// Its stop succeeded: say so before leaving, so the record
@@ -639,8 +659,9 @@ func (n *Node) observe(index uint64, cmd fsm.Command, res fsm.Result) {
 	switch cmd.(type) {
 	case fsm.ServingBegin, fsm.ServingEnd, fsm.FenceConfirm:
 		n.observeServing(cmd)
-	case fsm.ServicesDeclared, fsm.ServicePlaced, fsm.ServiceForgotten:
+	case fsm.ServicesDeclared, fsm.ServicePlaced, fsm.ServiceForgotten, fsm.ServiceReleased:
 		n.placer.wake()
+		n.runs.wake()
 	}
 	if _, ok := cmd.(fsm.Takeover); ok {
 		// This node may know the current incarnation now (Ready): wake

@@ -354,6 +354,19 @@ func (n *Node) forwardablePlacement(from netip.Addr, cmd fsm.Command) (fsm.Comma
 			return nil, true, fmt.Errorf("a declaration of %q's services must come from %q", c.Node, c.Node)
 		}
 		return c, true, nil
+	case fsm.ServingBegin, fsm.ServiceReleased:
+		// A node that serves services records that it serves, and what it
+		// released (servicerun.go): only its own.
+		node := ""
+		if b, ok := c.(fsm.ServingBegin); ok {
+			node = b.Node
+		} else {
+			node = c.(fsm.ServiceReleased).Node
+		}
+		if len(n.cfg.ClusterKey) == 0 && !n.isRaftAddrOf(node, from) {
+			return nil, true, fmt.Errorf("a %T of %q must come from %q", c, node, node)
+		}
+		return c, true, nil
 	case fsm.ServicePlaced:
 		if c.Reason != placement.ReasonOperator {
 			return nil, true, fmt.Errorf("a forwarded placement must be an operator's move, not %q", c.Reason)

@@ -384,6 +384,26 @@ func (n *Node) recordServing(ctx context.Context) error {
 	return nil
 }
 
+// recordServingAny is recordServing for a node that serves services
+// (servicerun.go): it may be a follower, which forwards the record.
+func (n *Node) recordServingAny(ctx context.Context) error {
+	if _, ok := n.fsm.ServingRecordOf(n.cfg.NodeID); ok {
+		return nil // recorded already (its promise is fixed for the process)
+	}
+	if n.raft.State() == raft.Leader {
+		return n.recordServing(ctx)
+	}
+	if !n.servesStorage() || !n.recordsOK() {
+		return nil
+	}
+	n.prom.recMu.Lock()
+	defer n.prom.recMu.Unlock()
+	if _, err := n.apply(ctx, fsm.ServingBegin{Node: n.cfg.NodeID, NSMAddr: n.cfg.NSMAddr, Promise: n.ownPromise(), At: n.cfg.Now().UTC()}); err != nil {
+		return fmt.Errorf("record that this node serves: %w", err)
+	}
+	return nil
+}
+
 // recordsOK: kinds 15–17 may be proposed — every server of the
 // configuration advertises CommandLevel 2 in gossip (a static cluster,
 // which has no gossip to say so, only in tests that say every member
@@ -430,7 +450,7 @@ func (n *Node) clearServingRecord(ctx context.Context) bool {
 	if _, ok := n.fsm.ServingRecordOf(n.cfg.NodeID); !ok {
 		return true
 	}
-	if n.serving.Load() || n.stopFailed.Load() || n.standingDown.Load() {
+	if n.serving.Load() || n.stopFailed.Load() || n.standingDown.Load() || n.runs.active() {
 		return false
 	}
 	end := fsm.ServingEnd{Node: n.cfg.NodeID, At: n.cfg.Now().UTC()}

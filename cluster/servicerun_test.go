@@ -1,0 +1,342 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
+)
+
+// svcSpan is one node serving one service, from..until (open: until zero,
+// or the node's host crashed and serves until its watchdog resets it).
+type svcSpan struct {
+	node        string
+	epoch       uint64
+	from, until time.Time
+}
+
+// svcHosts stands in for what the nodes' kernels serve per service: a
+// ServiceServer per node whose spans a crashed host keeps until its
+// watchdog resets it (the machine of serving_test.go), as a real kernel
+// keeps nfsd and the mount after nsmd died.
+type svcHosts struct {
+	machines map[string]*machine // set before the nodes start
+	mu       sync.Mutex
+	spans map[string][]*svcSpan // by service
+}
+
+type hostServer struct {
+	h    *svcHosts
+	node string
+}
+
+func (s hostServer) ServeService(_ context.Context, service string, epoch uint64) error {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	if s.h.crashed(s.node) {
+		return nil
+	}
+	for _, sp := range s.h.spans[service] {
+		if sp.node == s.node && sp.until.IsZero() {
+			return nil // already up (a retried start)
+		}
+	}
+	s.h.spans[service] = append(s.h.spans[service], &svcSpan{node: s.node, epoch: epoch, from: time.Now()})
+	return nil
+}
+
+func (s hostServer) StopService(service string, _ uint64) error {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	if s.h.crashed(s.node) {
+		return nil
+	}
+	for _, sp := range s.h.spans[service] {
+		if sp.node == s.node && sp.until.IsZero() {
+			sp.until = time.Now()
+		}
+	}
+	return nil
+}
+
+func (h *svcHosts) crashed(node string) bool {
+	m := h.machines[node]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.checkLocked()
+	return m.crashed
+}
+
+// endOf is when sp ends: its stop, or its host's reset (a zero time: it
+// serves still, or forever when no watchdog resets a crashed host).
+func (h *svcHosts) endOf(sp *svcSpan) time.Time {
+	if !sp.until.IsZero() {
+		return sp.until
+	}
+	m := h.machines[sp.node]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.checkLocked()
+	if m.crashed && m.armed {
+		return m.deadline
+	}
+	return time.Time{}
+}
+
+// owners is "service=node …" of the spans open now (serving).
+func (h *svcHosts) owners() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	now := time.Now()
+	for svc, spans := range h.spans {
+		for _, sp := range spans {
+			if end := h.endOf(sp); end.IsZero() || end.After(now) {
+				out = append(out, svc+"="+sp.node)
+			}
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
+}
+
+// overlaps lists every time two nodes served one service at once.
+func (h *svcHosts) overlaps() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	far := time.Now().Add(time.Hour)
+	var out []string
+	for svc, spans := range h.spans {
+		for i, a := range spans {
+			for _, b := range spans[i+1:] {
+				if a.node == b.node {
+					continue
+				}
+				ae, be := h.endOf(a), h.endOf(b)
+				if ae.IsZero() {
+					ae = far
+				}
+				if be.IsZero() {
+					be = far
+				}
+				if a.from.Before(be) && b.from.Before(ae) {
+					out = append(out, fmt.Sprintf("%s: %s@%d %v–%v and %s@%d %v–%v", svc,
+						a.node, a.epoch, a.from.Format("15:04:05.000"), ae.Format("15:04:05.000"),
+						b.node, b.epoch, b.from.Format("15:04:05.000"), be.Format("15:04:05.000")))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// spansOf is how many times service was started.
+func (h *svcHosts) spansOf(service string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.spans[service])
+}
+
+// newServicesCluster is a fenced cluster of size servers, each declaring
+// services a, b and c and serving them on svcHosts; ds says who is down
+// for placement.
+// proofOf is how the node that serves service now proved its last holder
+// stopped.
+func proofOf(fc *fencedCluster, service string) FencedPeer {
+	for _, tn := range fc.nodes {
+		if !tn.alive {
+			continue
+		}
+		for _, r := range tn.n.Services().Runs() {
+			if r.Service == service && r.Phase == "serving" {
+				return r.Proof
+			}
+		}
+	}
+	return FencedPeer{}
+}
+
+func newServicesCluster(t *testing.T, size int, fenceTimeout time.Duration, tune func(*Config)) (*fencedCluster, *svcHosts, *downSet) {
+	decl := []fsm.ServiceDecl{{ID: "a", Fingerprint: "fa"}, {ID: "b", Fingerprint: "fb"}, {ID: "c", Fingerprint: "fc"}}
+	ds := &downSet{down: map[string]bool{}}
+	h := &svcHosts{spans: map[string][]*svcSpan{}, machines: map[string]*machine{}}
+	fc := newFencedCluster(t, size, fenceTimeout, func(cfg *Config) {
+		cfg.Services = ServiceConfig{Declared: decl, Settle: 10 * time.Second}
+		cfg.memberHealthy = ds.healthy
+		cfg.ServiceServer = hostServer{h: h, node: cfg.NodeID}
+		h.mu.Lock() // the nodes started before read it
+		h.machines[cfg.NodeID] = cfg.Watchdog.(*machine)
+		h.mu.Unlock()
+		if tune != nil {
+			tune(cfg)
+		}
+	})
+	return fc, h, ds
+}
+
+// waitOnePerServer waits until each service runs on exactly one server,
+// a different one each, and returns service → node.
+func waitOnePerServer(t *testing.T, h *svcHosts) map[string]string {
+	t.Helper()
+	var owners map[string]string
+	testutil.WaitForSeen(t, 20*time.Second, "each service served by one server, one per server", func() (bool, string) {
+		o := h.owners()
+		owners = map[string]string{}
+		nodes := map[string]bool{}
+		for _, kv := range strings.Fields(o) {
+			svc, node, _ := strings.Cut(kv, "=")
+			if _, twice := owners[svc]; twice {
+				return false, o
+			}
+			owners[svc] = node
+			nodes[node] = true
+		}
+		return len(owners) == 3 && len(nodes) == 3, o
+	})
+	return owners
+}
+
+// Three servers, three services: each is served by the server it is
+// placed on. A follower that owns one is killed (its host keeps serving
+// until its watchdog resets it): its service alone moves, and the new
+// owner starts it only after the dead one's watchdog must have reset it;
+// the other two are never stopped; never two servers serve one service.
+func TestServicesServedByTheirOwnersAndAKilledOwnersMovesAfterItsWatchdog(t *testing.T) {
+	fc, h, ds := newServicesCluster(t, 3, 2*time.Second, nil)
+	owners := waitOnePerServer(t, h)
+	li, _ := fc.leader(10 * time.Second)
+	var victim, moved string
+	for svc, node := range owners {
+		if node != fc.nodes[li].id {
+			victim, moved = node, svc
+			break
+		}
+	}
+	ds.set(victim, true)
+	fc.killNode(indexOf(fc.tcluster, victim))
+	reset := fc.machines[victim]
+	testutil.WaitForSeen(t, 30*time.Second, moved+" served again elsewhere", func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, moved+"=") && !strings.Contains(o, moved+"="+victim), o
+	})
+	if o := h.overlaps(); len(o) > 0 {
+		t.Fatalf("two servers served one service at once: %v", o)
+	}
+	if p := proofOf(fc, moved); p.By != "watchdog" || p.Node != victim {
+		t.Errorf("the killed owner proven stopped by %+v, want its watchdog bound", p)
+	}
+	reset.mu.Lock()
+	armed := reset.armed
+	reset.mu.Unlock()
+	if !armed {
+		t.Fatal("the killed owner's watchdog was not armed: nothing fenced it")
+	}
+	for svc := range owners {
+		if svc != moved && h.spansOf(svc) != 1 {
+			t.Errorf("%s was restarted (%d starts) when %s's owner died", svc, h.spansOf(svc), moved)
+		}
+	}
+}
+
+// The negative control: a successor that does not prove the last holder
+// stopped (noServiceProof) starts the killed owner's service while that
+// host still serves it. The check above sees it.
+func TestServicesWithoutTheHoldersProofOverlap(t *testing.T) {
+	fc, h, ds := newServicesCluster(t, 3, 4*time.Second, func(cfg *Config) { cfg.noServiceProof = true })
+	owners := waitOnePerServer(t, h)
+	li, _ := fc.leader(10 * time.Second)
+	var victim, moved string
+	for svc, node := range owners {
+		if node != fc.nodes[li].id {
+			victim, moved = node, svc
+			break
+		}
+	}
+	ds.set(victim, true)
+	fc.killNode(indexOf(fc.tcluster, victim))
+	testutil.WaitForSeen(t, 30*time.Second, moved+" served again elsewhere", func() (bool, string) {
+		o := h.owners()
+		return len(h.overlaps()) > 0, o
+	})
+}
+
+// An operator's move of one service waits only for that service's stop:
+// the new owner asks the old one, which answers once it stopped — well
+// before the old owner's watchdog bound (30 s here) — and nothing else
+// moves.
+func TestPlannedServiceMoveWaitsOnlyForThatServicesStop(t *testing.T) {
+	fc, h, _ := newServicesCluster(t, 3, 30*time.Second, nil)
+	owners := waitOnePerServer(t, h)
+	_, ld := fc.leader(10 * time.Second)
+	svc := "a"
+	from := owners[svc]
+	to := ""
+	for _, tn := range fc.nodes {
+		if tn.id != from {
+			to = tn.id
+			break
+		}
+	}
+	if err := ld.n.Services().Move(context.Background(), svc, to); err != nil {
+		t.Fatalf("move %s to %s: %v", svc, to, err)
+	}
+	testutil.WaitForSeen(t, 10*time.Second, svc+" served on "+to, func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, svc+"="+to) && !strings.Contains(o, svc+"="+from), o
+	})
+	if o := h.overlaps(); len(o) > 0 {
+		t.Fatalf("two servers served one service at once: %v", o)
+	}
+	for s := range owners {
+		if s != svc && h.spansOf(s) != 1 {
+			t.Errorf("%s was restarted (%d starts) by the move of %s", s, h.spansOf(s), svc)
+		}
+	}
+	if p := proofOf(fc, svc); p.By != "clean" || p.Node != from {
+		t.Errorf("the old owner proven stopped by %+v, want its own answer", p)
+	}
+	// The old owner released the epoch: its record no longer waits for it.
+	testutil.WaitForSeen(t, 10*time.Second, "the release recorded", func() (bool, string) {
+		p, _ := ld.n.fsm.PlacementOf(svc)
+		return p.Prev == "", fmt.Sprintf("%+v", p)
+	})
+}
+
+// A service owner cut off from the cluster (the leader, partitioned: its
+// lease on its own services lapses) keeps them through a short lapse, then
+// stops them itself before its watchdog would reset it; its service is
+// served again elsewhere once it is proven stopped, never beside it.
+func TestCutOffOwnerStopsItsServicesAndIsNeverServedBeside(t *testing.T) {
+	fc, h, ds := newServicesCluster(t, 3, 4*time.Second, nil)
+	owners := waitOnePerServer(t, h)
+	li, ld := fc.leader(10 * time.Second)
+	var moved string
+	for svc, node := range owners {
+		if node == ld.id {
+			moved = svc
+		}
+	}
+	ds.set(ld.id, true)
+	fc.partition(li)
+	testutil.WaitForSeen(t, 30*time.Second, moved+" served again elsewhere", func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, moved+"=") && !strings.Contains(o, moved+"="+ld.id), o
+	})
+	if o := h.overlaps(); len(o) > 0 {
+		t.Fatalf("two servers served one service at once: %v", o)
+	}
+	t.Logf("the cut-off owner proven stopped by %+v", proofOf(fc, moved))
+	m := fc.machines[ld.id]
+	m.mu.Lock()
+	crashed := m.crashed
+	m.mu.Unlock()
+	if crashed {
+		t.Log("the cut-off owner was reset by its watchdog (its stop did not finish in time)")
+	}
+}

@@ -1,0 +1,211 @@
+package cluster
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/oncrpc"
+)
+
+// A service's stop, proven (DESIGN.md, "Saying 'not serving' is a
+// promise"): an owner answers the SERVICE question no only once it does
+// not serve the service at that epoch or below and has recorded, fsynced
+// in its data directory, that it never will again (releaseMarks); it
+// never starts an epoch at or below its mark.
+
+// fwdProcService: serviceArgs → servingRes, whether this node serves the
+// service at the epoch or below (or may: it has not finished its stop at
+// start, a stop failed, it cannot record its promise). With a cluster key
+// the answer carries an HMAC over the asker's nonce, the node, the
+// service, the epoch and the answer.
+const fwdProcService uint32 = 8
+
+// releaseMarks is, by service, the highest epoch this node promised never
+// to serve again, kept in DataDir/services-released.json.
+type releaseMarks struct {
+	path string
+	mu   sync.Mutex
+	m    map[string]uint64
+}
+
+func loadReleaseMarks(dir string) (*releaseMarks, error) {
+	r := &releaseMarks{path: filepath.Join(dir, "services-released.json"), m: map[string]uint64{}}
+	b, err := os.ReadFile(r.path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return r, nil
+	case err != nil:
+		return nil, fmt.Errorf("cluster: read the services' release marks: %w", err)
+	}
+	if err := json.Unmarshal(b, &r.m); err != nil {
+		return nil, fmt.Errorf("cluster: %s: %w", r.path, err)
+	}
+	return r, nil
+}
+
+// mark is the epoch at or below which this node never serves service.
+func (r *releaseMarks) mark(service string) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[service]
+}
+
+// raise records, durably, that this node never serves service at epoch
+// or below again; it returns once the file and its directory are synced.
+func (r *releaseMarks) raise(service string, epoch uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m[service] >= epoch {
+		return nil
+	}
+	next := make(map[string]uint64, len(r.m)+1)
+	for k, v := range r.m {
+		next[k] = v
+	}
+	next[service] = epoch
+	b, err := json.Marshal(next)
+	if err != nil {
+		return err
+	}
+	if err := writeSynced(r.path, b); err != nil {
+		return fmt.Errorf("cluster: record the release of %s at epoch %d: %w", service, epoch, err)
+	}
+	r.m = next
+	return nil
+}
+
+// writeSynced replaces path with b: a synced temporary file renamed over
+// it, then the directory synced.
+func writeSynced(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// serviceArgs is SERVICE's argument.
+type serviceArgs struct {
+	Nonce   []byte
+	Service string
+	Epoch   uint64
+}
+
+func (a *serviceArgs) MarshalXDR(w *oncrpc.Writer) {
+	w.Opaque(a.Nonce)
+	w.String(a.Service)
+	w.Uint64(a.Epoch)
+}
+
+func (a *serviceArgs) UnmarshalXDR(r *oncrpc.Reader) error {
+	a.Nonce = r.Opaque(servingMaxNonceLen)
+	a.Service = r.String(fsm.MaxServiceIDLen)
+	a.Epoch = r.Uint64()
+	return r.Done()
+}
+
+// serviceMAC authenticates node's SERVICE answer to the asker's nonce.
+func serviceMAC(key []byte, node string, a *serviceArgs, serving bool) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("nsmd-service-v1"))
+	m.Write(appendLP(nil, []byte(node)))
+	m.Write(appendLP(nil, a.Nonce))
+	m.Write(appendLP(nil, []byte(a.Service)))
+	var b [9]byte
+	binary.BigEndian.PutUint64(b[:8], a.Epoch)
+	if serving {
+		b[8] = 1
+	}
+	m.Write(b[:])
+	return m.Sum(nil)
+}
+
+// serveService answers SERVICE.
+func (n *Node) serveService(c *oncrpc.Call, res *oncrpc.Writer) error {
+	var args serviceArgs
+	if err := args.UnmarshalXDR(c.Args); err != nil || len(args.Nonce) < servingNonceLen || args.Service == "" || args.Epoch == 0 {
+		return fmt.Errorf("%w: service: want a nonce of %d…%d bytes, a service and an epoch", oncrpc.ErrGarbageArgs, servingNonceLen, servingMaxNonceLen)
+	}
+	out := servingRes{Serving: n.runs.serves(args.Service, args.Epoch)}
+	if len(n.cfg.ClusterKey) > 0 {
+		out.MAC = serviceMAC(n.cfg.ClusterKey, n.cfg.NodeID, &args, out.Serving)
+	}
+	out.MarshalXDR(res)
+	return nil
+}
+
+// askService asks peer whether it serves service at epoch or below.
+func (n *Node) askService(ctx context.Context, peer, service string, epoch uint64) (bool, error) {
+	addr := n.peerNSMAddr(peer)
+	if addr == "" {
+		return false, fmt.Errorf("no NSM address known for %s", peer)
+	}
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := oncrpc.Dial(dctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 500 * time.Millisecond})
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	args := serviceArgs{Nonce: make([]byte, servingNonceLen), Service: service, Epoch: epoch}
+	if _, err := rand.Read(args.Nonce); err != nil {
+		return false, fmt.Errorf("cluster: service nonce: %w", err)
+	}
+	var res servingRes
+	if err := c.Call(dctx, ForwardProgram.Prog, ForwardProgram.Vers, fwdProcService, &args, &res); err != nil {
+		return false, err
+	}
+	if len(n.cfg.ClusterKey) > 0 && !hmac.Equal(res.MAC, serviceMAC(n.cfg.ClusterKey, peer, &args, res.Serving)) {
+		return false, fmt.Errorf("%w: %s at %s", errServingUnproven, peer, addr)
+	}
+	return res.Serving, nil
+}
+
+// askServiceUntilClear asks peer every 100 ms until it answers that it
+// does not serve service at epoch or below (true), or ctx ends (false).
+func (n *Node) askServiceUntilClear(ctx context.Context, peer, service string, epoch uint64) (string, bool) {
+	for {
+		serving, err := n.askService(ctx, peer, service, epoch)
+		if err == nil && !serving {
+			return fmt.Sprintf("answered: not serving %s at epoch %d or below", service, epoch), true
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return "", false
+		}
+	}
+}
