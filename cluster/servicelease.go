@@ -267,6 +267,14 @@ func (n *Node) serveLease(c *oncrpc.Call, res *oncrpc.Writer) error {
 // the leader for this question.
 var errLeaseUnproven = errors.New("cluster: the lease answer is not authenticated")
 
+// verifyLease checks leader's answer to args (with a cluster key: its MAC).
+func verifyLease(key []byte, leader string, args *leaseArgs, res *leaseRes) error {
+	if len(key) > 0 && !hmac.Equal(res.MAC, leaseMAC(key, leader, args.Nonce, res.Status, res.RestNS, res.OK)) {
+		return fmt.Errorf("%w: from %s", errLeaseUnproven, leader)
+	}
+	return nil
+}
+
 // askLease asks the leader (itself when it leads) about items; asked is
 // when the question was put, on this node's monotonic clock: a pair that
 // holds is leased until asked + rest.
@@ -300,8 +308,8 @@ func (n *Node) askLease(ctx context.Context, items []leaseItem) (ok []bool, aske
 		n.fwd.drop(c)
 		return nil, asked, 0, fmt.Errorf("cluster: ask leader %s for a lease: %w", id, err)
 	}
-	if len(n.cfg.ClusterKey) > 0 && !hmac.Equal(res.MAC, leaseMAC(n.cfg.ClusterKey, id, args.Nonce, res.Status, res.RestNS, res.OK)) {
-		return nil, asked, 0, fmt.Errorf("%w: from %s", errLeaseUnproven, id)
+	if err := verifyLease(n.cfg.ClusterKey, id, &args, &res); err != nil {
+		return nil, asked, 0, err
 	}
 	switch res.Status {
 	case fwdOK:
