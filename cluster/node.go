@@ -370,8 +370,8 @@ type Node struct {
 	serving      atomic.Bool   // from before Server.Serve until a stop succeeded (serving.go)
 	stopFailed   atomic.Bool   // the last stop failed: the watchdog resets this node
 	fence        fencing
-	prom         promises // fencing promises, serving records, confirmations (promise.go)
-	placer       *placer  // where services run (placer.go)
+	prom         promises     // fencing promises, serving records, confirmations (promise.go)
+	placer       *placer      // where services run (placer.go)
 	leases       leases       // the leader's side of the services' leases (servicelease.go)
 	runs         *serviceRuns // the services served here (servicerun.go)
 	// vipUnsureUntil (unix ns): a term of this node ended before it took

@@ -390,7 +390,9 @@ func (r *serviceRuns) proveHolderStopped(ctx context.Context, run *svcRun, seen 
 	}
 	holder, epoch := p.Prev, p.PrevEpoch
 	res := n.fencePeer(ctx, n.peerPromise(holder), fenceFrom{at: seen, what: "placement seen", term: n.raft.CurrentTerm()},
-		func(ctx context.Context) (string, bool) { return n.askServiceUntilClear(ctx, holder, run.service, epoch) })
+		func(ctx context.Context) (string, bool) {
+			return n.askServiceUntilClear(ctx, holder, run.service, epoch)
+		})
 	if ctx.Err() != nil {
 		return false
 	}

@@ -28,7 +28,7 @@ type svcSpan struct {
 type svcHosts struct {
 	machines map[string]*machine // set before the nodes start
 	mu       sync.Mutex
-	spans map[string][]*svcSpan // by service
+	spans    map[string][]*svcSpan // by service
 }
 
 type hostServer struct {
