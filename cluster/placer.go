@@ -336,6 +336,36 @@ func (s Services) Move(ctx context.Context, service, to string) error {
 	return err
 }
 
+// planRestart is a new epoch of service on node, its owner, which serves it
+// anew (placement.ReasonRestarted: it released or restarted the epoch it
+// had), decided on this node's view.
+func (p *placer) planRestart(service, node string) (fsm.ServicePlaced, error) {
+	cur, ok := p.n.fsm.PlacementOf(service)
+	if !ok || cur.Node == "" || cur.Node != node {
+		return fsm.ServicePlaced{}, fmt.Errorf("cluster: service %q is not placed on %q (it is on %q at epoch %d)", service, node, cur.Node, cur.Epoch)
+	}
+	return fsm.ServicePlaced{Service: service, Node: node, Epoch: cur.Epoch + 1, From: node, Reason: placement.ReasonRestarted, At: p.n.cfg.Now().UTC()}, nil
+}
+
+// restart asks for a new epoch of service on this node, its owner at
+// epoch: committed on the leader, forwarded to it from a follower (and
+// planned again there).
+func (p *placer) restart(ctx context.Context, service string, epoch uint64) error {
+	n := p.n
+	c, err := p.planRestart(service, n.cfg.NodeID)
+	if err != nil {
+		return err
+	}
+	if c.Epoch != epoch+1 {
+		return nil // placed anew meanwhile
+	}
+	if n.raft.State() == raft.Leader {
+		return p.commitPlaced(ctx, c)
+	}
+	_, err = n.apply(ctx, c)
+	return err
+}
+
 func (p *placer) commitPlaced(ctx context.Context, c fsm.ServicePlaced) error {
 	return p.commit(ctx, placement.Move{Service: c.Service, From: c.From, To: c.Node, Epoch: c.Epoch, Reason: c.Reason})
 }
@@ -368,8 +398,16 @@ func (n *Node) forwardablePlacement(from netip.Addr, cmd fsm.Command) (fsm.Comma
 		}
 		return c, true, nil
 	case fsm.ServicePlaced:
+		if c.Reason == placement.ReasonRestarted {
+			// Its owner serves it anew: only the owner asks, for itself.
+			if len(n.cfg.ClusterKey) == 0 && !n.isRaftAddrOf(c.Node, from) {
+				return nil, true, fmt.Errorf("a new epoch of %q on %q must come from %q", c.Service, c.Node, c.Node)
+			}
+			pc, err := n.placer.planRestart(c.Service, c.Node)
+			return pc, true, err
+		}
 		if c.Reason != placement.ReasonOperator {
-			return nil, true, fmt.Errorf("a forwarded placement must be an operator's move, not %q", c.Reason)
+			return nil, true, fmt.Errorf("a forwarded placement must be an operator's move or a restart, not %q", c.Reason)
 		}
 		pc, err := n.placer.plan(c.Service, c.Node)
 		return pc, true, err

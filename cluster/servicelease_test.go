@@ -183,7 +183,13 @@ func TestReleaseMarksAreDurableAndRaisedOnlyUpwards(t *testing.T) {
 	if r.serves("b", 7) || again.mark("b") != 7 {
 		t.Fatalf("answering not serving did not record the mark first: b at %d", again.mark("b"))
 	}
-	if len(again.m) != 2 {
-		t.Fatalf("marks %v", again.m)
+	if len(again.m.Released) != 2 || len(again.m.Started) != 0 {
+		t.Fatalf("marks %+v", again.m)
+	}
+	if err := again.raiseStarted("a", 6); err != nil {
+		t.Fatal(err)
+	}
+	if third, err := loadReleaseMarks(dir); err != nil || third.started("a") != 6 || third.mark("a") != 5 {
+		t.Fatalf("after a reload: %+v, %v", third, err)
 	}
 }

@@ -108,8 +108,9 @@ type serviceRuns struct {
 	// then the node answers that it serves every service).
 	clean atomic.Bool
 
-	mu   sync.Mutex
-	runs map[string]*svcRun
+	mu    sync.Mutex
+	runs  map[string]*svcRun
+	asked map[string]int64 // service → when a new epoch was last asked (mono)
 }
 
 func newServiceRuns(n *Node, srv ServiceServer, marks *releaseMarks) *serviceRuns {
@@ -193,7 +194,14 @@ func (r *serviceRuns) reconcile(ctx context.Context) {
 		}
 	}
 	for id, epoch := range mine {
-		if _, running := r.runs[id]; running || epoch <= r.marks.mark(id) {
+		if _, running := r.runs[id]; running {
+			continue
+		}
+		if epoch <= r.marks.mark(id) || epoch <= r.marks.started(id) {
+			// This node released that epoch, or a process of it started it
+			// (what it served was stopped since): it serves the service
+			// again only at a new epoch, which it asks the leader for.
+			r.askRestartLocked(ctx, id, epoch)
 			continue
 		}
 		run := &svcRun{service: id, epoch: epoch, stop: make(chan struct{}), done: make(chan struct{})}
@@ -219,6 +227,31 @@ func (r *serviceRuns) stopLocked(run *svcRun, why string) {
 		run.why = why
 		close(run.stop)
 	}
+}
+
+// askRestartLocked asks, at most every second per service, for a new
+// epoch of a service placed here at epoch (placement.ReasonRestarted;
+// the leader plans it again on its own state: placer.planRestart). It
+// runs in its own goroutine: mu is held.
+func (r *serviceRuns) askRestartLocked(ctx context.Context, service string, epoch uint64) {
+	now := r.n.mono()
+	if r.asked == nil {
+		r.asked = map[string]int64{}
+	}
+	if last, ok := r.asked[service]; ok && now-last < int64(time.Second) {
+		return
+	}
+	r.asked[service] = now
+	n := r.n
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := n.placer.restart(cctx, service, epoch); err != nil {
+			n.log.Debug("a new epoch of a service not granted yet", "service", service, "epoch", epoch, "err", err)
+		}
+	}()
 }
 
 // renew asks the leader for every run's lease and records what holds.
@@ -331,6 +364,9 @@ func (r *serviceRuns) start(ctx context.Context, run *svcRun) error {
 	}
 	run.phase, run.hookUntil = runStarting, n.mono()+int64(n.cfg.HookTimeout+2*time.Second)
 	r.mu.Unlock()
+	if err := r.marks.raiseStarted(run.service, run.epoch); err != nil {
+		return err
+	}
 	if err := n.armWatchdog(); err != nil {
 		return err
 	}

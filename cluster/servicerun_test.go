@@ -11,6 +11,7 @@ import (
 
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/placement"
 )
 
 // svcSpan is one node serving one service, from..until (open: until zero,
@@ -338,5 +339,44 @@ func TestCutOffOwnerStopsItsServicesAndIsNeverServedBeside(t *testing.T) {
 	m.mu.Unlock()
 	if crashed {
 		t.Log("the cut-off owner was reset by its watchdog (its stop did not finish in time)")
+	}
+}
+
+// An owner whose process restarts (its host still serves what the dead
+// process started) stops its services at start and serves each again only
+// at a new epoch it asks the leader for (placement.ReasonRestarted), so
+// what its clients see is a new state, never the old one again.
+func TestARestartedOwnerServesItsServiceAgainAtANewEpoch(t *testing.T) {
+	fc, h, _ := newServicesCluster(t, 3, 2*time.Second, nil)
+	owners := waitOnePerServer(t, h)
+	li, _ := fc.leader(10 * time.Second)
+	var owner, svc string
+	for s, node := range owners {
+		if node != fc.nodes[li].id {
+			owner, svc = node, s
+			break
+		}
+	}
+	i := indexOf(fc.tcluster, owner)
+	before, _ := fc.nodes[li].n.fsm.PlacementOf(svc)
+	fc.kill(i) // the process only: its host keeps serving
+	fc.start(i)
+	testutil.WaitForSeen(t, 20*time.Second, svc+" served again on "+owner+" at a new epoch", func() (bool, string) {
+		p, _ := fc.nodes[i].n.fsm.PlacementOf(svc)
+		for _, r := range fc.nodes[i].n.Services().Runs() {
+			if r.Service == svc && r.Phase == "serving" {
+				return r.Epoch > before.Epoch && p.Node == owner && p.Reason == placement.ReasonRestarted, fmt.Sprintf("run %+v, placement %+v", r, p)
+			}
+		}
+		return false, fmt.Sprintf("placement %+v, runs %+v", p, fc.nodes[i].n.Services().Runs())
+	})
+	h.mu.Lock()
+	spans := h.spans[svc]
+	h.mu.Unlock()
+	if len(spans) != 2 || spans[0].until.IsZero() || spans[1].epoch <= spans[0].epoch {
+		t.Fatalf("spans of %s: %+v %+v, want the first stopped at start and a second at a higher epoch", svc, spans[0], spans[len(spans)-1])
+	}
+	if o := h.overlaps(); len(o) > 0 {
+		t.Fatalf("two servers served one service at once: %v", o)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -31,22 +32,30 @@ import (
 // service, the epoch and the answer.
 const fwdProcService uint32 = 8
 
-// releaseMarks is, by service, the highest epoch this node promised never
-// to serve again, kept in DataDir/services-released.json.
+// releaseMarks are this node's durable marks per service, kept in
+// DataDir/services.json: Released, the highest epoch it promised never to
+// serve again; Started, the highest epoch a process of it started (a later
+// process never serves that epoch again: what it served was stopped at its
+// start, so its clients must hear of a new state — a new epoch).
 type releaseMarks struct {
 	path string
 	mu   sync.Mutex
-	m    map[string]uint64
+	m    marksFile
+}
+
+type marksFile struct {
+	Released map[string]uint64 `json:"released,omitempty"`
+	Started  map[string]uint64 `json:"started,omitempty"`
 }
 
 func loadReleaseMarks(dir string) (*releaseMarks, error) {
-	r := &releaseMarks{path: filepath.Join(dir, "services-released.json"), m: map[string]uint64{}}
+	r := &releaseMarks{path: filepath.Join(dir, "services.json")}
 	b, err := os.ReadFile(r.path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return r, nil
 	case err != nil:
-		return nil, fmt.Errorf("cluster: read the services' release marks: %w", err)
+		return nil, fmt.Errorf("cluster: read the services' marks: %w", err)
 	}
 	if err := json.Unmarshal(b, &r.m); err != nil {
 		return nil, fmt.Errorf("cluster: %s: %w", r.path, err)
@@ -58,28 +67,52 @@ func loadReleaseMarks(dir string) (*releaseMarks, error) {
 func (r *releaseMarks) mark(service string) uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.m[service]
+	return r.m.Released[service]
+}
+
+// started is the highest epoch of service a process of this node started.
+func (r *releaseMarks) started(service string) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m.Started[service]
 }
 
 // raise records, durably, that this node never serves service at epoch
 // or below again; it returns once the file and its directory are synced.
 func (r *releaseMarks) raise(service string, epoch uint64) error {
+	return r.set(service, epoch, false)
+}
+
+// raiseStarted records, durably, that this node starts service at epoch.
+func (r *releaseMarks) raiseStarted(service string, epoch uint64) error {
+	return r.set(service, epoch, true)
+}
+
+func (r *releaseMarks) set(service string, epoch uint64, started bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.m[service] >= epoch {
+	cur, what := r.m.Released, "release"
+	if started {
+		cur, what = r.m.Started, "start"
+	}
+	if cur[service] >= epoch {
 		return nil
 	}
-	next := make(map[string]uint64, len(r.m)+1)
-	for k, v := range r.m {
-		next[k] = v
+	next := marksFile{Released: maps.Clone(r.m.Released), Started: maps.Clone(r.m.Started)}
+	m := &next.Released
+	if started {
+		m = &next.Started
 	}
-	next[service] = epoch
+	if *m == nil {
+		*m = map[string]uint64{}
+	}
+	(*m)[service] = epoch
 	b, err := json.Marshal(next)
 	if err != nil {
 		return err
 	}
 	if err := writeSynced(r.path, b); err != nil {
-		return fmt.Errorf("cluster: record the release of %s at epoch %d: %w", service, epoch, err)
+		return fmt.Errorf("cluster: record the %s of %s at epoch %d: %w", what, service, epoch, err)
 	}
 	r.m = next
 	return nil

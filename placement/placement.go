@@ -80,6 +80,7 @@ const (
 	ReasonUndeclared = "undeclared"         // no member declares it any more
 	ReasonFailback   = "failback"           // a more preferred server is eligible (Policy.Failback)
 	ReasonOperator   = "operator"           // PlanMove
+	ReasonRestarted  = "restarted"          // its owner serves it anew: a new epoch on the same server
 )
 
 // Hold is a service that should move or be placed but is not, and why
