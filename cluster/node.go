@@ -22,7 +22,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -443,69 +442,25 @@ func New(cfg Config) (*Node, error) {
 		store.Close()
 		return nil, fmt.Errorf("cluster: open snapshot store: %w", err)
 	}
-	trans := cfg.Transport
-	if trans == nil {
-		addr, err := net.ResolveTCPAddr("tcp", cfg.RaftBind)
-		if err != nil {
-			store.Close()
-			return nil, fmt.Errorf("cluster: raft address: %w", err)
-		}
-		if cfg.RaftTLS != nil {
-			trans, err = newTLSTransport(cfg.RaftBind, addr, cfg.RaftTLS, cfg.TLSRefusals, cfg.RaftHandshakesPerHost, hl.Named("transport"))
-		} else {
-			trans, err = raft.NewTCPTransportWithConfig(cfg.RaftBind, addr, &raft.NetworkTransportConfig{
-				MaxPool: 4, Timeout: 5 * time.Second, Logger: hl.Named("transport"), MaxRPCsInFlight: raftMaxRPCsInFlight,
-			})
-		}
-		if err != nil {
-			store.Close()
-			return nil, fmt.Errorf("cluster: raft transport on %s: %w", cfg.RaftBind, err)
-		}
+	trans, err := openTransport(cfg, hl)
+	if err != nil {
+		store.Close()
+		return nil, err
 	}
 	n.acks, trans = newAckClock(trans, n.mono)
 	n.trans = trans
 
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(cfg.NodeID)
-	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
-	rc.CommitTimeout = 5 * time.Millisecond
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
-	rc.TrailingLogs = cfg.TrailingLogs
-	rc.MaxAppendEntries = 256
-	rc.NotifyCh = n.leaderCh
-	rc.Logger = hl
-	rc.NoLegacyTelemetry = true
+	rc := raftConfig(cfg, n.leaderCh, hl)
 	if err := raft.ValidateConfig(rc); err != nil {
 		n.closeStores()
 		return nil, fmt.Errorf("cluster: raft config: %w", err)
 	}
 
 	n.disk = newDiskHealth(n, cfg.DataDir)
-	var logStore raft.LogStore = store
-	kind, why, err := resolveLogStore(cfg.DataDir, cfg.LogStore, store)
+	logs, err := n.openLogs(store, hl)
 	if err != nil {
 		n.closeStores()
 		return nil, err
-	}
-	n.cfg.LogStore = kind
-	n.log.Info("raft log store", "store", kind, "why", why)
-	if kind == LogStoreWAL {
-		if n.wal, err = openWAL(cfg.DataDir, hl.Named("wal")); err != nil {
-			n.closeStores()
-			return nil, err
-		}
-		logStore = n.wal
-	}
-	logs, err := raft.NewLogCache(1024, guardedLogs{LogStore: logStore, d: n.disk})
-	if err != nil {
-		n.closeStores()
-		return nil, fmt.Errorf("cluster: log cache: %w", err)
-	}
-	if n.bootIndex, err = logStore.LastIndex(); err != nil {
-		n.closeStores()
-		return nil, fmt.Errorf("cluster: read last index: %w", err)
 	}
 	existing, err := raft.HasExistingState(logs, store, snaps)
 	if err != nil {
