@@ -159,6 +159,8 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		return n.serveLease(c, res) // servicelease.go
 	case fwdProcService:
 		return n.serveService(c, res) // servicestop.go
+	case fwdProcRelease:
+		return n.serveRelease(ctx, c, res) // servicerelease.go
 	default:
 		return oncrpc.ErrProcUnavail
 	}
@@ -213,6 +215,9 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 	var r fsm.Result
 	if t, ok := cmds[0].(fsm.Takeover); ok {
 		cmds[0] = n.lowerTakeover(t)
+	}
+	if pc, ok := cmds[0].(fsm.ServicePlaced); ok {
+		n.placer.releaseFirst(ctx, pc) // an operator's move (servicerelease.go)
 	}
 	if isOwned(cmds[0]) && !n.ownerCommandsOK() {
 		// The sender saw every member apply owner commands, this leader

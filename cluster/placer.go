@@ -65,6 +65,7 @@ type placer struct {
 	mu          sync.Mutex
 	leadingFrom time.Time // when this node's current leadership was first seen
 	lastErr     string
+	releasing   map[string]bool // services an operator's move asks their owner to release (servicerelease.go)
 }
 
 func newPlacer(n *Node, cfg ServiceConfig) *placer {
@@ -322,6 +323,7 @@ func (s Services) Move(ctx context.Context, service, to string) error {
 		if err != nil {
 			return err
 		}
+		s.p.releaseFirst(ctx, c)
 		return s.p.commitPlaced(ctx, c)
 	}
 	// Checked on this node's view first (its refusal is placement's typed
@@ -340,6 +342,12 @@ func (s Services) Move(ctx context.Context, service, to string) error {
 // anew (placement.ReasonRestarted: it released or restarted the epoch it
 // had), decided on this node's view.
 func (p *placer) planRestart(service, node string) (fsm.ServicePlaced, error) {
+	p.mu.Lock()
+	releasing := p.releasing[service]
+	p.mu.Unlock()
+	if releasing {
+		return fsm.ServicePlaced{}, fmt.Errorf("cluster: service %q is being moved by an operator", service)
+	}
 	cur, ok := p.n.fsm.PlacementOf(service)
 	if !ok || cur.Node == "" || cur.Node != node {
 		return fsm.ServicePlaced{}, fmt.Errorf("cluster: service %q is not placed on %q (it is on %q at epoch %d)", service, node, cur.Node, cur.Epoch)

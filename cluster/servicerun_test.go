@@ -27,8 +27,9 @@ type svcSpan struct {
 // watchdog resets it (the machine of serving_test.go), as a real kernel
 // keeps nfsd and the mount after nsmd died.
 type svcHosts struct {
-	machines map[string]*machine // set before the nodes start
-	mu       sync.Mutex
+	machines  map[string]*machine // set before the nodes start
+	stopDelay time.Duration       // how long a stop takes (set before the stop)
+	mu        sync.Mutex
 	spans    map[string][]*svcSpan // by service
 }
 
@@ -53,6 +54,10 @@ func (s hostServer) ServeService(_ context.Context, service string, epoch uint64
 }
 
 func (s hostServer) StopService(service string, _ uint64) error {
+	s.h.mu.Lock()
+	d := s.h.stopDelay
+	s.h.mu.Unlock()
+	time.Sleep(d) // the hook's work (an unmount) takes that long
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
 	if s.h.crashed(s.node) {
@@ -268,12 +273,16 @@ func TestServicesWithoutTheHoldersProofOverlap(t *testing.T) {
 }
 
 // An operator's move of one service waits only for that service's stop:
-// the new owner asks the old one, which answers once it stopped — well
-// before the old owner's watchdog bound (30 s here) — and nothing else
-// moves.
+// the leader asks the owner to release it first, the owner stops it (1 s
+// here) while its lease still holds — its watchdog is never starved for
+// it — and the new owner, asking, is answered at once, well before the
+// old owner's watchdog bound (30 s here); nothing else moves.
 func TestPlannedServiceMoveWaitsOnlyForThatServicesStop(t *testing.T) {
 	fc, h, _ := newServicesCluster(t, 3, 30*time.Second, nil)
 	owners := waitOnePerServer(t, h)
+	h.mu.Lock()
+	h.stopDelay = time.Second
+	h.mu.Unlock()
 	_, ld := fc.leader(10 * time.Second)
 	svc := "a"
 	from := owners[svc]
@@ -284,6 +293,10 @@ func TestPlannedServiceMoveWaitsOnlyForThatServicesStop(t *testing.T) {
 			break
 		}
 	}
+	m := fc.machines[from]
+	m.mu.Lock()
+	starves := m.starves
+	m.mu.Unlock()
 	if err := ld.n.Services().Move(context.Background(), svc, to); err != nil {
 		t.Fatalf("move %s to %s: %v", svc, to, err)
 	}
@@ -301,6 +314,12 @@ func TestPlannedServiceMoveWaitsOnlyForThatServicesStop(t *testing.T) {
 	}
 	if p := proofOf(fc, svc); p.By != "clean" || p.Node != from {
 		t.Errorf("the old owner proven stopped by %+v, want its own answer", p)
+	}
+	m.mu.Lock()
+	starved := m.starves - starves
+	m.mu.Unlock()
+	if starved > 0 {
+		t.Errorf("the old owner's watchdog was starved %d times while it stopped the service for a planned move", starved)
 	}
 	// The old owner released the epoch: its record no longer waits for it.
 	testutil.WaitForSeen(t, 10*time.Second, "the release recorded", func() (bool, string) {
