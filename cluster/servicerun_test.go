@@ -30,7 +30,7 @@ type svcHosts struct {
 	machines  map[string]*machine // set before the nodes start
 	stopDelay time.Duration       // how long a stop takes (set before the stop)
 	mu        sync.Mutex
-	spans    map[string][]*svcSpan // by service
+	spans     map[string][]*svcSpan // by service
 }
 
 type hostServer struct {
