@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
@@ -85,18 +84,7 @@ func TestForgedServiceAnswersAreNotBelieved(t *testing.T) {
 		{"control: n1's own", with(same, "n1", key), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := oncrpc.NewServer(oncrpc.Programs{ForwardProgram: serviceForger{tc.mac}}, oncrpc.ServerConfig{})
-			go srv.ServeTCP(ln)
-			defer func() {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				srv.Shutdown(ctx)
-			}()
-			asker := &Node{cfg: Config{NodeID: "n3", PeerNSMAddrs: map[string]string{"n1": ln.Addr().String()}, ClusterKey: key}}
+			asker := &Node{cfg: Config{NodeID: "n3", PeerNSMAddrs: map[string]string{"n1": startPeer(t, serviceForger{tc.mac})}, ClusterKey: key}}
 			serving, err := asker.askService(context.Background(), "n1", "a", 5)
 			switch {
 			case tc.believe && (err != nil || serving):

@@ -143,11 +143,7 @@ func (p *placer) releaseFirst(ctx context.Context, c fsm.ServicePlaced) bool {
 
 // askRelease asks peer to release service at epoch (RELEASE).
 func (n *Node) askRelease(ctx context.Context, peer, service string, epoch uint64) (bool, error) {
-	addr := n.peerNSMAddr(peer)
-	if addr == "" {
-		return false, fmt.Errorf("no NSM address known for %s", peer)
-	}
-	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: time.Until(deadlineOr(ctx, time.Minute))})
+	c, addr, err := n.dialPeer(ctx, peer, time.Until(deadlineOr(ctx, time.Minute)))
 	if err != nil {
 		return false, err
 	}

@@ -200,13 +200,9 @@ func (n *Node) serveService(c *oncrpc.Call, res *oncrpc.Writer) error {
 
 // askService asks peer whether it serves service at epoch or below.
 func (n *Node) askService(ctx context.Context, peer, service string, epoch uint64) (bool, error) {
-	addr := n.peerNSMAddr(peer)
-	if addr == "" {
-		return false, fmt.Errorf("no NSM address known for %s", peer)
-	}
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	c, err := oncrpc.Dial(dctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 500 * time.Millisecond})
+	c, addr, err := n.dialPeer(dctx, peer, 500*time.Millisecond)
 	if err != nil {
 		return false, err
 	}
@@ -228,17 +224,6 @@ func (n *Node) askService(ctx context.Context, peer, service string, epoch uint6
 // askServiceUntilClear asks peer every 100 ms until it answers that it
 // does not serve service at epoch or below (true), or ctx ends (false).
 func (n *Node) askServiceUntilClear(ctx context.Context, peer, service string, epoch uint64) (string, bool) {
-	for {
-		serving, err := n.askService(ctx, peer, service, epoch)
-		if err == nil && !serving {
-			return fmt.Sprintf("answered: not serving %s at epoch %d or below", service, epoch), true
-		}
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return "", false
-		}
-	}
+	return askUntil(ctx, fmt.Sprintf("answered: not serving %s at epoch %d or below", service, epoch),
+		func() (bool, error) { return n.askService(ctx, peer, service, epoch) })
 }

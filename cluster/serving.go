@@ -213,10 +213,16 @@ func (n *Node) peerUnreachable(ctx context.Context, peer string) bool {
 // askUntilClear asks peer whether it serves every 100 ms until it answers
 // no (true) or ctx ends (false).
 func (n *Node) askUntilClear(ctx context.Context, peer string) (string, bool) {
+	return askUntil(ctx, "answered: not serving", func() (bool, error) { return n.askServing(ctx, peer) })
+}
+
+// askUntil asks every 100 ms until ask answers not serving (true, with
+// detail) or ctx ends (false).
+func askUntil(ctx context.Context, detail string, ask func() (bool, error)) (string, bool) {
 	for {
-		serving, err := n.askServing(ctx, peer)
+		serving, err := ask()
 		if err == nil && !serving {
-			return "answered: not serving", true
+			return detail, true
 		}
 		t := time.NewTimer(100 * time.Millisecond)
 		select {
@@ -228,15 +234,22 @@ func (n *Node) askUntilClear(ctx context.Context, peer string) (string, bool) {
 	}
 }
 
-// askServing asks peer's forward program whether it serves (or might).
-func (n *Node) askServing(ctx context.Context, peer string) (bool, error) {
+// dialPeer dials peer's forward program (its NSM address); each call on
+// the client may take timeout.
+func (n *Node) dialPeer(ctx context.Context, peer string, timeout time.Duration) (*oncrpc.Client, string, error) {
 	addr := n.peerNSMAddr(peer)
 	if addr == "" {
-		return false, fmt.Errorf("no NSM address known for %s", peer)
+		return nil, "", fmt.Errorf("no NSM address known for %s", peer)
 	}
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: timeout})
+	return c, addr, err
+}
+
+// askServing asks peer's forward program whether it serves (or might).
+func (n *Node) askServing(ctx context.Context, peer string) (bool, error) {
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	c, err := oncrpc.Dial(dctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: 500 * time.Millisecond})
+	c, addr, err := n.dialPeer(dctx, peer, 500*time.Millisecond)
 	if err != nil {
 		return false, err
 	}

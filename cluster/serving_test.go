@@ -679,6 +679,24 @@ func (f forgingPeer) ServeRPC(_ context.Context, c *oncrpc.Call, res *oncrpc.Wri
 	return nil
 }
 
+// startPeer serves the forward program with h on a loopback port until
+// the test ends, and returns its address.
+func startPeer(t *testing.T, h oncrpc.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := oncrpc.NewServer(oncrpc.Programs{ForwardProgram: h}, oncrpc.ServerConfig{})
+	go srv.ServeTCP(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return ln.Addr().String()
+}
+
 // TestForgedNotServingAnswersAreNotBelieved: a new leader starts serving
 // once the old server answers that it does not serve, so that answer must
 // come from that node, now. Whoever can reach the asker's TCP connection
@@ -703,18 +721,7 @@ func TestForgedNotServingAnswersAreNotBelieved(t *testing.T) {
 		{"control: n1's own", func(nonce []byte) []byte { return servingMAC(key, "n1", nonce, false) }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := oncrpc.NewServer(oncrpc.Programs{ForwardProgram: forgingPeer{tc.mac}}, oncrpc.ServerConfig{})
-			go srv.ServeTCP(ln)
-			defer func() {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				srv.Shutdown(ctx)
-			}()
-			asker := &Node{cfg: Config{NodeID: "n3", PeerNSMAddrs: map[string]string{"n1": ln.Addr().String()}, ClusterKey: key}}
+			asker := &Node{cfg: Config{NodeID: "n3", PeerNSMAddrs: map[string]string{"n1": startPeer(t, forgingPeer{tc.mac})}, ClusterKey: key}}
 			serving, err := asker.askServing(context.Background(), "n1")
 			switch {
 			case tc.believe && (err != nil || serving):
