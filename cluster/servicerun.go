@@ -110,7 +110,7 @@ type serviceRuns struct {
 
 	mu    sync.Mutex
 	runs  map[string]*svcRun
-	asked map[string]int64 // service → when a new epoch was last asked (mono)
+	asked map[string]int64 // what → when it was last written (onceASecondLocked, mono)
 }
 
 func newServiceRuns(n *Node, srv ServiceServer, marks *releaseMarks) *serviceRuns {
@@ -174,17 +174,17 @@ func (r *serviceRuns) reconcile(ctx context.Context) {
 	}
 	st := n.fsm.Services()
 	mine := map[string]uint64{}
+	now := n.mono()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, p := range st.Placements {
 		if p.Node == n.cfg.NodeID {
 			mine[p.Service] = p.Epoch
 		}
 		if p.Prev == n.cfg.NodeID {
-			r.forwardRelease(ctx, p)
+			r.onceASecondLocked(ctx, "release "+p.Service, func(ctx context.Context) error { return r.forwardRelease(ctx, p) })
 		}
 	}
-	now := n.mono()
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	for id, run := range r.runs {
 		switch {
 		case mine[id] != run.epoch:
@@ -201,7 +201,7 @@ func (r *serviceRuns) reconcile(ctx context.Context) {
 			// This node released that epoch, or a process of it started it
 			// (what it served was stopped since): it serves the service
 			// again only at a new epoch, which it asks the leader for.
-			r.askRestartLocked(ctx, id, epoch)
+			r.onceASecondLocked(ctx, "restart "+id, func(ctx context.Context) error { return n.placer.restart(ctx, id, epoch) })
 			continue
 		}
 		run := &svcRun{service: id, epoch: epoch, stop: make(chan struct{}), done: make(chan struct{})}
@@ -229,27 +229,27 @@ func (r *serviceRuns) stopLocked(run *svcRun, why string) {
 	}
 }
 
-// askRestartLocked asks, at most every second per service, for a new
-// epoch of a service placed here at epoch (placement.ReasonRestarted;
-// the leader plans it again on its own state: placer.planRestart). It
-// runs in its own goroutine: mu is held.
-func (r *serviceRuns) askRestartLocked(ctx context.Context, service string, epoch uint64) {
+// onceASecondLocked runs write (a write to the leader: a new epoch of a
+// service placed here, placement.ReasonRestarted, planned again by the
+// leader; or the release of one) in its own goroutine, at most once a
+// second per what, so that the loop never waits for the leader. mu is held.
+func (r *serviceRuns) onceASecondLocked(ctx context.Context, what string, write func(context.Context) error) {
 	now := r.n.mono()
 	if r.asked == nil {
 		r.asked = map[string]int64{}
 	}
-	if last, ok := r.asked[service]; ok && now-last < int64(time.Second) {
+	if last, ok := r.asked[what]; ok && now-last < int64(time.Second) {
 		return
 	}
-	r.asked[service] = now
+	r.asked[what] = now
 	n := r.n
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if err := n.placer.restart(cctx, service, epoch); err != nil {
-			n.log.Debug("a new epoch of a service not granted yet", "service", service, "epoch", epoch, "err", err)
+		if err := write(cctx); err != nil {
+			n.log.Debug("a service's write to the leader not done yet; retrying", "what", what, "err", err)
 		}
 	}()
 }
@@ -462,29 +462,25 @@ func (r *serviceRuns) awaitLease(ctx context.Context, run *svcRun) bool {
 // forwardRelease commits that this node released p's service, once its
 // mark covers the epoch the record waits for and no run of it at or below
 // that epoch remains.
-func (r *serviceRuns) forwardRelease(ctx context.Context, p fsm.Placement) {
+func (r *serviceRuns) forwardRelease(ctx context.Context, p fsm.Placement) error {
 	if r.marks.mark(p.Service) < p.PrevEpoch || !r.clean.Load() {
-		return
+		return nil
 	}
 	r.mu.Lock()
 	run, running := r.runs[p.Service]
 	busy := running && run.epoch <= p.PrevEpoch && run.phase != runProving
 	r.mu.Unlock()
 	if busy {
-		return
+		return nil
 	}
 	c := fsm.ServiceReleased{Service: p.Service, Node: r.n.cfg.NodeID, Epoch: p.PrevEpoch}
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
 	var err error
 	if r.n.raft.State() == raft.Leader {
-		_, err = r.n.applyLocal(cctx, c)
+		_, err = r.n.applyLocal(ctx, c)
 	} else {
-		_, err = r.n.apply(cctx, c)
+		_, err = r.n.apply(ctx, c)
 	}
-	if err != nil {
-		r.n.log.Debug("the release of a service is not recorded yet", "service", p.Service, "err", err)
-	}
+	return err
 }
 
 // serves answers SERVICE: true while a run of service at epoch or below
