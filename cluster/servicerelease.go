@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -55,7 +56,7 @@ func (a *releaseArgs) macInput() []byte {
 	b := []byte("\x00release\x00")
 	b = appendLP(b, a.Nonce)
 	b = appendLP(b, []byte(a.Service))
-	return append(b, byte(a.Epoch>>56), byte(a.Epoch>>48), byte(a.Epoch>>40), byte(a.Epoch>>32), byte(a.Epoch>>24), byte(a.Epoch>>16), byte(a.Epoch>>8), byte(a.Epoch))
+	return binary.BigEndian.AppendUint64(b, a.Epoch)
 }
 
 // releaseAnswerKey is the label of RELEASE's answer MAC: a SERVICE answer
