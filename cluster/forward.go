@@ -251,6 +251,10 @@ func (n *Node) forwardable(cmd fsm.Command) (fsm.Command, error) {
 	switch c := cmd.(type) {
 	case fsm.Register, fsm.Unregister, fsm.UnregisterAll, fsm.PeerRebooted:
 		return cmd, nil
+	case fsm.Scoped:
+		// A service's owner is any member: it forwards its service's NSM
+		// writes and its NFSv4 tracking commands (serviceregistry.go).
+		return cmd, nil
 	case fsm.ServingEnd, fsm.FenceConfirm:
 		// A node that stopped clears its serving record; an operator's
 		// confirmation taken on another member (promise.go).

@@ -156,11 +156,11 @@ func (p *placer) levelOK() bool {
 	return p.n.serversLevel(true) >= placementLevel
 }
 
-// gate refuses kinds 18–21 while some member cannot apply them; they are
+// gate refuses kinds 18–22 while some member cannot apply them; they are
 // never lowered into another kind.
 func (p *placer) gate(cmd fsm.Command) error {
 	switch cmd.(type) {
-	case fsm.ServicesDeclared, fsm.ServicePlaced, fsm.ServiceForgotten, fsm.ServiceReleased:
+	case fsm.ServicesDeclared, fsm.ServicePlaced, fsm.ServiceForgotten, fsm.ServiceReleased, fsm.Scoped:
 		if !p.levelOK() {
 			return errors.New("cluster: a member cannot apply service placements yet")
 		}

@@ -510,6 +510,19 @@ func (r *serviceRuns) serves(service string, epoch uint64) bool {
 	return false
 }
 
+// leasedEpoch is the epoch of service's run on this node while it starts
+// or serves under a lease that holds now.
+func (r *serviceRuns) leasedEpoch(service string) (uint64, bool) {
+	now := r.n.mono()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	run, ok := r.runs[service]
+	if !ok || (run.phase != runStarting && run.phase != runServing) || run.leaseEnd <= now {
+		return 0, false
+	}
+	return run.epoch, true
+}
+
 // active reports whether any run has started its service (the watchdog
 // stays armed and the serving record stays).
 func (r *serviceRuns) active() bool {

@@ -83,7 +83,9 @@ import (
 // member advertises CommandLevel ≥ 2, and never lowered.
 //
 // Kinds 18–21 (where each service runs: services.go) are new commands too,
-// CommandLevel 2, proposed only once every member advertises it.
+// CommandLevel 2, proposed only once every member advertises it. So is
+// kind 22 (Scoped: scope.go), whose body is a service id and then one of
+// kinds 1–3, 5–12 and 14 as a command of its own.
 const (
 	entryVersion = 1
 
@@ -277,6 +279,9 @@ func (e *encoder) command(c Command) error {
 			return err
 		}
 		if ok, err := e.servicesCommand(c); ok {
+			return err
+		}
+		if ok, err := e.scopedCommand(c); ok {
 			return err
 		}
 		return fmt.Errorf("unknown command type %T", c)
@@ -551,6 +556,9 @@ func (d *decoder) command() Command {
 		}
 		if c, ok := d.servicesCommand(k); ok {
 			return c
+		}
+		if k == kindScoped {
+			return d.scopedCommand()
 		}
 		if d.err == nil {
 			d.fail("unknown command kind %d", k)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -41,27 +40,18 @@ type FSM struct {
 	names   *strTable // shared MyName/Node strings; Apply/Restore only
 }
 
-// state is the replicated state, plus the derived address index.
+// state is the replicated state, plus the derived address index. The
+// embedded scope holds the registrations and NFSv4 records of the node's
+// own service (the cluster without services:); scopes those of each
+// service (scope.go).
 type state struct {
-	regs   *btree.BTreeG[rec]     // by MonID
-	seen   *btree.BTreeG[seenRec] // by MonName; only monitored hosts
-	byAddr *btree.BTreeG[addrRef] // (address, MonName) → refs; derived, not snapshotted
-	hosts  int                    // distinct MonNames in regs
-	sm     int32
-	grace  time.Time
-	last   Takeover
+	scope
+	sm    int32
+	grace time.Time
+	last  Takeover
 	// lastTerm is the raft term of the log entry that carried last (0
 	// before the first Takeover, or after a version-1 snapshot).
 	lastTerm uint64
-
-	// NFSv4 client tracking (nfsdcld's database): the records of the
-	// current epoch and of the recovery epoch, by name. v4Current ≥ 1;
-	// v4Recovery is 0 (not in grace, v4rec empty) or v4Current-1.
-	v4cur      *btree.BTreeG[v4Rec]
-	v4rec      *btree.BTreeG[v4Rec]
-	v4Current  uint64
-	v4Recovery uint64
-	v4Both     int // names in both v4cur and v4rec; derived, not snapshotted
 
 	// Who may serve, and the operators' confirmations that a node is off
 	// (serving.go); replaced, never changed in place; nil when empty.
@@ -75,18 +65,14 @@ type state struct {
 	declared   map[string][]ServiceDecl
 	placed     map[string]Placement
 	epochFloor uint64
+
+	// scopes are the services' registrations and NFSv4 records (scope.go),
+	// by service id; nil when none. A view's clone copies the map and
+	// clones each scope.
+	scopes map[string]*scope
 }
 
-func newState() state {
-	return state{
-		regs:      btree.NewG(btreeDegree, lessRec),
-		seen:      btree.NewG(btreeDegree, lessSeen),
-		byAddr:    btree.NewG(btreeDegree, lessAddrRef),
-		v4cur:     newV4Tree(),
-		v4rec:     newV4Tree(),
-		v4Current: 1,
-	}
-}
+func newState() state { return state{scope: newScope()} }
 
 func newV4Tree() *btree.BTreeG[v4Rec] { return btree.NewG(btreeDegree, lessV4) }
 
@@ -160,10 +146,10 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 	k := 0
 	for i, c := range cmds {
 		if c == nil { // a Register, decoded in stored form
-			if guarded[k] && !f.st.mayStore(&regs[k]) {
+			if guarded[k] && !f.st.mayStore(&regs[k], f.st.last.Node) {
 				res[i] = Result{State: f.st.sm, Refused: true}
 			} else {
-				f.store(regs[k])
+				f.st.store(regs[k])
 				res[i] = Result{State: f.st.sm}
 			}
 			k++
@@ -191,36 +177,6 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 func (f *FSM) apply(c Command, term uint64) Result {
 	s := &f.st
 	switch c := c.(type) {
-	case Register:
-		if c.Guarded && !s.mayRegister(&c.Reg) {
-			return Result{State: s.sm, Refused: true}
-		}
-		f.register(&c.Reg)
-		return Result{State: s.sm}
-	case Unregister:
-		n := 0
-		if r, ok := s.regs.Get(keyOf(c.ID)); ok && c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
-			if old, ok := s.regs.Delete(r); ok {
-				s.dropped(old)
-				n = 1
-			}
-		}
-		return Result{State: s.sm, Removed: n}
-	case UnregisterAll:
-		var gone []rec
-		s.regs.Ascend(func(r rec) bool {
-			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc &&
-				c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
-				gone = append(gone, r)
-			}
-			return true
-		})
-		for _, r := range gone {
-			if old, ok := s.regs.Delete(r); ok {
-				s.dropped(old)
-			}
-		}
-		return Result{State: s.sm, Removed: len(gone)}
 	case Takeover:
 		s.sm = nextState(s.sm, c.MinState, c.Wrap)
 		s.grace = c.GraceUntil
@@ -229,94 +185,17 @@ func (f *FSM) apply(c Command, term uint64) Result {
 		s.lastTerm = term
 		s.unconfirm(c.Node) // it may serve again: an operator's "off" no longer holds
 		return Result{State: s.sm}
-	case PeerRebooted:
-		matched := s.match(c.MonName, ipOf(c.From))
-		accepted := false
-		for i, r := range matched {
-			if i > 0 && matched[i-1].monName == r.monName {
-				continue
-			}
-			if old, ok := s.seen.Get(seenRec{name: r.monName}); !ok || old.state != c.State {
-				accepted = true
-				s.seen.ReplaceOrInsert(seenRec{name: r.monName, state: c.State})
-			}
-		}
-		res := Result{State: s.sm, Accepted: accepted}
-		if accepted {
-			res.Matched = make([]Registration, len(matched))
-			for i := range matched {
-				res.Matched[i] = matched[i].registration()
-			}
-		}
-		return res
-	case ClientCreate:
-		s.v4Put(v4Rec{name: c.Name, princ: c.PrincHash})
-		return Result{State: s.sm}
-	case ClientRemove:
-		n := 0
-		if _, ok := s.v4cur.Delete(v4Rec{name: c.Name}); ok {
-			n = 1
-			if s.v4rec.Has(v4Rec{name: c.Name}) {
-				s.v4Both--
-			}
-		}
-		return Result{State: s.sm, Removed: n}
-	case ClientCheck:
-		if s.v4Recovery == 0 {
-			s.graceStart()
-		}
-		r, ok := s.v4rec.Get(v4Rec{name: c.Name})
-		if ok {
-			s.v4Put(r)
-		}
-		return Result{State: s.sm, Accepted: ok}
-	case GraceStart:
-		return Result{State: s.sm, Removed: s.graceStart()}
-	case GraceDone:
-		if s.v4Recovery == 0 {
-			s.graceStart()
-		}
-		s.v4rec = newV4Tree()
-		s.v4Recovery = 0
-		s.v4Both = 0
-		return Result{State: s.sm}
 	case ServingBegin, ServingEnd, FenceConfirm:
 		s.applyServing(c)
 		return Result{State: s.sm}
 	case ServicesDeclared, ServicePlaced, ServiceForgotten, ServiceReleased:
 		return s.applyServices(c)
+	case Scoped:
+		return f.applyScoped(c)
 	}
-	return Result{State: s.sm} // unreachable: Decode yields only the types above
-}
-
-// v4Put inserts or replaces a current-epoch client record.
-func (s *state) v4Put(r v4Rec) {
-	if _, replaced := s.v4cur.ReplaceOrInsert(r); !replaced && s.v4rec.Has(r) {
-		s.v4Both++
-	}
-}
-
-// graceStart applies a GraceStart and returns the number of current-epoch
-// records it discarded. At the top of the uint64 range the current epoch
-// stays at math.MaxUint64 (recovery becomes math.MaxUint64-1, keeping
-// recovery = current-1); only a crafted snapshot gets there.
-func (s *state) graceStart() int {
-	s.v4Both = 0
-	if s.v4Recovery == 0 {
-		if s.v4Current == math.MaxUint64 {
-			s.v4Recovery = s.v4Current - 1
-		} else {
-			s.v4Recovery = s.v4Current
-			s.v4Current++
-		}
-		s.v4rec, s.v4cur = s.v4cur, newV4Tree()
-		return 0
-	}
-	n := s.v4cur.Len()
-	if n > 0 {
-		s.v4cur = newV4Tree()
-	}
-	return n
+	res := f.applyIn(&s.scope, c, s.last.Node)
+	res.State = s.sm
+	return res
 }
 
 // nextState is the smallest odd number greater than cur and ≥ min. At the
@@ -345,130 +224,19 @@ func nextState(cur, minState int32, wrap bool) int32 {
 	return int32(w)
 }
 
-// register adds or replaces a registration; mu is held exclusively.
-func (f *FSM) register(g *Registration) {
-	r := recOf(g)
-	r.myName = f.names.internString(r.myName)
-	r.node = f.names.internString(r.node)
-	f.store(r)
-}
-
-// store adds or replaces r, whose MyName and Node are interned; mu is held
-// exclusively.
-func (f *FSM) store(r rec) {
-	s := &f.st
-	first, known := s.firstOf(r.monName)
-	if known {
-		r.monName = first.monName // share the host's name string
-	}
-	old, replaced := s.regs.ReplaceOrInsert(r)
-	if replaced {
-		s.unref(&old)
-	} else if !known {
-		s.hosts++
-	}
-	s.ref(&r)
-}
-
-// firstOf returns the first registration of host name.
-func (s *state) firstOf(name string) (rec, bool) {
-	var out rec
-	found := false
-	s.regs.AscendGreaterOrEqual(rec{monName: name}, func(r rec) bool {
-		found = r.monName == name
-		out = r
-		return false
-	})
-	return out, found
-}
-
-// dropped updates the indexes after r left regs: its addresses, and the
-// host's last-seen state once the host is no longer monitored.
-func (s *state) dropped(r rec) {
-	s.unref(&r)
-	if _, ok := s.firstOf(r.monName); !ok {
-		s.hosts--
-		s.seen.Delete(seenRec{name: r.monName})
-	}
-}
-
-func (s *state) ref(r *rec) {
-	eachAddr(r.addrs, func(p ip) bool {
-		k := addrRef{a: p, name: r.monName, refs: 1}
-		if old, ok := s.byAddr.ReplaceOrInsert(k); ok { // rare: count it
-			k.refs += old.refs
-			s.byAddr.ReplaceOrInsert(k)
-		}
-		return true
-	})
-}
-
-func (s *state) unref(r *rec) {
-	eachAddr(r.addrs, func(p ip) bool {
-		k, ok := s.byAddr.Get(addrRef{a: p, name: r.monName})
-		if !ok {
-			return true // cannot happen: every ref was counted
-		}
-		if k.refs--; k.refs <= 0 {
-			s.byAddr.Delete(k)
-		} else {
-			s.byAddr.ReplaceOrInsert(k)
-		}
-		return true
-	})
-}
-
-// match returns, in MonID order, the registrations whose MonName is name
-// or whose Addrs contain from (rpc.statd matches SM_NOTIFY by name or by
-// the sender's address).
-func (s *state) match(name string, from ip) []rec {
-	hosts := []string{name}
-	if from.n != 0 {
-		s.byAddr.AscendGreaterOrEqual(addrRef{a: from}, func(k addrRef) bool {
-			if k.a != from {
-				return false
-			}
-			hosts = append(hosts, k.name)
-			return true
-		})
-		slices.Sort(hosts)
-		hosts = slices.Compact(hosts)
-	}
-	var out []rec
-	for _, h := range hosts {
-		s.regs.AscendGreaterOrEqual(rec{monName: h}, func(r rec) bool {
-			if r.monName != h {
-				return false
-			}
-			if h == name || (from.n != 0 && hasAddr(r.addrs, from)) {
-				out = append(out, r)
-			}
-			return true
-		})
-	}
-	return out
-}
-
-// wouldAccept mirrors the PeerRebooted rule without changing anything.
-func (s *state) wouldAccept(name string, from ip, st int32) bool {
-	matched := s.match(name, from)
-	for _, r := range matched {
-		if old, ok := s.seen.Get(seenRec{name: r.monName}); !ok || old.state != st {
-			return true
-		}
-	}
-	return false
-}
-
-// clone returns an immutable copy-on-write view of the replicated state;
-// mu is held exclusively (BTreeG.Clone mutates the source tree).
+// clone returns an immutable copy-on-write view of the replicated state,
+// without the address indexes (derived; readers of a view never use
+// them); mu is held exclusively (BTreeG.Clone mutates the source tree).
 func (s *state) clone() state {
 	c := *s
-	c.regs = s.regs.Clone()
-	c.seen = s.seen.Clone()
-	c.byAddr = nil
-	c.v4cur = s.v4cur.Clone()
-	c.v4rec = s.v4rec.Clone()
+	c.scope = s.scope.clone(false)
+	if s.scopes != nil {
+		c.scopes = make(map[string]*scope, len(s.scopes))
+		for id, sc := range s.scopes {
+			x := sc.clone(false)
+			c.scopes[id] = &x
+		}
+	}
 	return c
 }
 
@@ -533,20 +301,6 @@ func (f *FSM) Incarnation() (state int32, takeoverTerm uint64) {
 	return f.st.sm, f.st.lastTerm
 }
 
-// Len returns the number of registrations.
-func (f *FSM) Len() int {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.st.regs.Len()
-}
-
-// Hosts returns the number of distinct monitored hosts (MonNames).
-func (f *FSM) Hosts() int {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.st.hosts
-}
-
 // AppliedIndex returns the index of the last log entry applied, or of the
 // snapshot last restored.
 func (f *FSM) AppliedIndex() uint64 {
@@ -555,230 +309,65 @@ func (f *FSM) AppliedIndex() uint64 {
 	return f.applied
 }
 
-// Get returns the registration with this MonID.
-func (f *FSM) Get(id MonID) (Registration, bool) {
-	f.mu.RLock()
-	r, ok := f.st.regs.Get(keyOf(id))
-	f.mu.RUnlock()
-	if !ok {
-		return Registration{}, false
-	}
-	return r.registration(), true
-}
-
 // CommandLevel is the newest optional set of entry kinds this build
 // applies: 0 is kinds 1–10; 1 adds kinds 11 and 12 (Unregister and
 // UnregisterAll with an Owner) and 13 (Takeover with Wrap); 2 adds kind
 // 14 (Register with Guarded), kinds 15–17 (ServingBegin, ServingEnd,
 // FenceConfirm: who serves, and what it promised) and kinds 18–21
 // (ServicesDeclared, ServicePlaced, ServiceForgotten, ServiceReleased: where each service
-// runs). A cluster proposes a level's kinds only once every member
+// runs) and kind 22 (Scoped: one service's own registrations and NFSv4
+// records). A cluster proposes a level's kinds only once every member
 // advertises that level.
 const CommandLevel = 2
 
-// MayRegister reports whether a guarded Register of g would add or
-// replace g's registration if applied now (Register.Guarded), on this
-// node's state. A proposer that cannot use kind 14 yet checks this and
-// then commits an unguarded Register (kind 1), or refuses.
-func (f *FSM) MayRegister(g Registration) bool {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.st.mayRegister(&g)
-}
+// The node-level scope's reads (Scope("") has them all).
 
-// mayRegister is the guard of Register.Guarded; mu is held.
-func (s *state) mayRegister(g *Registration) bool {
-	r := keyOf(g.ID)
-	r.node = g.Node
-	cb := ipOf(g.Callback)
-	r.cb, r.cbLen = cb.a, cb.n
-	return s.mayStore(&r)
-}
+// Len returns the number of registrations.
+func (f *FSM) Len() int { return f.Scope("").Len() }
 
-// mayStore is mayRegister on a registration in its stored form (its key,
-// node and callback); mu is held.
-func (s *state) mayStore(r *rec) bool {
-	old, ok := s.regs.Get(*r)
-	if !ok {
-		return true
-	}
-	oldCB, cb := ip{a: old.cb, n: old.cbLen}, ip{a: r.cb, n: r.cbLen}
-	if r.node == "" && cb.n == 0 { // no lock manager named: it owns only what names none
-		return old.node == "" && oldCB.n == 0
-	}
-	if (Owner{Node: r.node, Callback: cb.addr()}).owns(old.node, oldCB) {
-		return true
-	}
-	// The serving node's lockd re-monitors a host that a lockd of an
-	// earlier serving node registered: it holds the clients' locks now.
-	return r.node != "" && r.node == s.last.Node && cb.addr().IsLoopback() && oldCB.addr().IsLoopback()
-}
+// Hosts returns the number of distinct monitored hosts (MonNames).
+func (f *FSM) Hosts() int { return f.Scope("").Hosts() }
 
-// Owned returns the MonIDs of the registrations that c, an Unregister or
-// UnregisterAll, would remove if applied now (its MonID, or its lock
-// manager's registrations, that its Owner owns), in MonID order; nil for
-// other commands. A proposer that cannot use kinds 11 and 12 yet removes
-// these one by one with owner-less Unregisters instead.
-func (f *FSM) Owned(c Command) []MonID {
-	var ids []MonID
-	switch c := c.(type) {
-	case Unregister:
-		f.mu.RLock()
-		r, ok := f.st.regs.Get(keyOf(c.ID))
-		f.mu.RUnlock()
-		if ok && c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
-			ids = append(ids, c.ID)
-		}
-	case UnregisterAll:
-		f.mu.Lock() // Clone mutates the source tree
-		regs := f.st.regs.Clone()
-		f.mu.Unlock()
-		regs.Ascend(func(r rec) bool {
-			if r.myName == c.My.MyName && r.prog == c.My.Prog && r.vers == c.My.Vers && r.proc == c.My.Proc &&
-				c.Owner.owns(r.node, ip{a: r.cb, n: r.cbLen}) {
-				ids = append(ids, MonID{MonName: r.monName, My: c.My})
-			}
-			return true
-		})
-	}
-	return ids
-}
+// Get returns the registration with this MonID.
+func (f *FSM) Get(id MonID) (Registration, bool) { return f.Scope("").Get(id) }
 
-// Registrations returns up to limit registrations in MonID order strictly
-// after `after` (zero MonID = from the start), only those whose MonName
-// equals monName when monName != "". limit ≤ 0 means no limit.
+// MayRegister is Scope("").MayRegister.
+func (f *FSM) MayRegister(g Registration) bool { return f.Scope("").MayRegister(g) }
+
+// Owned is Scope("").Owned.
+func (f *FSM) Owned(c Command) []MonID { return f.Scope("").Owned(c) }
+
+// Registrations is Scope("").Registrations.
 func (f *FSM) Registrations(after MonID, limit int, monName string) []Registration {
-	start := keyOf(after)
-	skip := after != (MonID{})
-	if monName != "" {
-		if monName < after.MonName {
-			return nil
-		}
-		if monName > after.MonName {
-			start, skip = rec{monName: monName}, false
-		}
-	}
-	var out []Registration
-	walk := func(t *btree.BTreeG[rec]) {
-		t.AscendGreaterOrEqual(start, func(r rec) bool {
-			if skip && !lessRec(start, r) {
-				return true
-			}
-			if monName != "" && r.monName != monName {
-				return false
-			}
-			out = append(out, r.registration())
-			return limit <= 0 || len(out) < limit
-		})
-	}
-	if limit > 0 && limit <= 4096 {
-		f.mu.RLock()
-		walk(f.st.regs)
-		f.mu.RUnlock()
-	} else {
-		v, _ := f.view() // long walk: don't hold up Apply
-		walk(v.regs)
-	}
-	return out
+	return f.Scope("").Registrations(after, limit, monName)
 }
 
-// Targets returns every distinct monitored host (by MonName), sorted, each
-// with the union of its registrations' Addrs (deduplicated, sorted).
-func (f *FSM) Targets() []Target {
-	v, _ := f.view()
-	out := make([]Target, 0, v.hosts)
-	var ps []ip
-	flush := func(name string) {
-		out = append(out, Target{MonName: name, Addrs: sortedAddrs(ps)})
-		ps = ps[:0]
-	}
-	cur, have := "", false
-	v.regs.Ascend(func(r rec) bool {
-		if have && r.monName != cur {
-			flush(cur)
-		}
-		cur, have = r.monName, true
-		eachAddr(r.addrs, func(p ip) bool { ps = append(ps, p); return true })
-		return true
-	})
-	if have {
-		flush(cur)
-	}
-	return out
-}
+// Targets is Scope("").Targets.
+func (f *FSM) Targets() []Target { return f.Scope("").Targets() }
 
-// WouldAccept reports whether a PeerRebooted with these fields would be
-// accepted now (a cheap local pre-check before committing).
+// WouldAccept is Scope("").WouldAccept.
 func (f *FSM) WouldAccept(monName string, from netip.Addr, state int32) bool {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.st.wouldAccept(monName, ipOf(from), state)
+	return f.Scope("").WouldAccept(monName, from, state)
 }
 
-// SenderIsHost reports whether from is one of the addresses monName's
-// registrations were resolved to: an SM_NOTIFY naming monName that comes
-// from the host itself, not merely from any host (a local read).
+// SenderIsHost is Scope("").SenderIsHost.
 func (f *FSM) SenderIsHost(monName string, from netip.Addr) bool {
-	a := ipOf(from)
-	if a.n == 0 {
-		return false
-	}
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	_, ok := f.st.byAddr.Get(addrRef{a: a, name: monName})
-	return ok
+	return f.Scope("").SenderIsHost(monName, from)
 }
 
-// LastSeen is the last state recorded from a monitored host.
-func (f *FSM) LastSeen(monName string) (int32, bool) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	r, ok := f.st.seen.Get(seenRec{name: monName})
-	return r.state, ok
-}
+// LastSeen is Scope("").LastSeen.
+func (f *FSM) LastSeen(monName string) (int32, bool) { return f.Scope("").LastSeen(monName) }
 
-// Epochs returns the NFSv4 client-tracking epochs: current (≥ 1) and
-// recovery, which is 0 when not in grace and current-1 during a grace
-// period (between a GraceStart and its GraceDone).
-func (f *FSM) Epochs() (current, recovery uint64) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.st.v4Current, f.st.v4Recovery
-}
+// Epochs is Scope("").Epochs.
+func (f *FSM) Epochs() (current, recovery uint64) { return f.Scope("").Epochs() }
 
-// V4Clients returns the NFSv4 client records of the current epoch, or of
-// the recovery epoch when recovery is true (none when not in grace),
-// sorted by name. It walks a copy-on-write clone without holding the lock.
-func (f *FSM) V4Clients(recovery bool) []V4Client {
-	f.mu.Lock() // Clone mutates the source tree
-	t := f.st.v4cur
-	if recovery {
-		t = f.st.v4rec
-	}
-	t = t.Clone()
-	f.mu.Unlock()
-	out := make([]V4Client, 0, t.Len())
-	t.Ascend(func(r v4Rec) bool {
-		out = append(out, V4Client{Name: r.name, PrincHash: r.princ})
-		return true
-	})
-	return out
-}
+// V4Clients is Scope("").V4Clients.
+func (f *FSM) V4Clients(recovery bool) []V4Client { return f.Scope("").V4Clients(recovery) }
 
-// V4Counts returns the number of NFSv4 client records of the current and
-// of the recovery epoch, and how many names are in both (the clients that
-// reclaimed, or were created again, during the grace period).
-func (f *FSM) V4Counts() (current, recovery, reclaimed int) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.st.v4cur.Len(), f.st.v4rec.Len(), f.st.v4Both
-}
+// V4Counts is Scope("").V4Counts.
+func (f *FSM) V4Counts() (current, recovery, reclaimed int) { return f.Scope("").V4Counts() }
 
-// HasV4Client reports whether the current epoch and the recovery epoch
-// hold a record for this client name.
+// HasV4Client is Scope("").HasV4Client.
 func (f *FSM) HasV4Client(name string) (inCurrent, inRecovery bool) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	k := v4Rec{name: name}
-	return f.st.v4cur.Has(k), f.st.v4rec.Has(k)
+	return f.Scope("").HasV4Client(name)
 }

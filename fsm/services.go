@@ -243,6 +243,7 @@ func (s *state) forget(c ServiceForgotten) error {
 	}
 	s.placed = without(s.placed, c.Service)
 	s.epochFloor = max(s.epochFloor, cur.Epoch)
+	s.dropScope(c.Service) // its lock managers and clients are gone with it
 	return nil
 }
 

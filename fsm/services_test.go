@@ -385,20 +385,20 @@ func TestRestoreRejectsInconsistentVersion5Streams(t *testing.T) {
 	p2 := encoder{} // a previous holder without its epoch
 	_ = p2.placement(&Placement{Service: "x", Node: "a", Epoch: 2})
 	p2.b = append(p2.b, 1, 'b', 0)
-	good := newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).frame(tagPlaced, p1.b).end(0, 0, 0, 0, 0, 0, 1, 1, 0)
+	good := newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).frame(tagPlaced, p1.b).end(0, 0, 0, 0, 0, 0, 1, 1, 0, 0)
 	f := New(Options{})
 	if err := restoreFrom(f, good); err != nil {
 		t.Fatalf("control: the well-formed stream: %v", err)
 	}
 	for name, b := range map[string][]byte{
-		"no placement state":            newStream(5).frame(tagScalars, sc).end(0, 0, 0, 0, 0, 0, 0, 0, 0),
-		"nodes out of order":            newStream(5).frame(tagScalars, sc).frame(tagDeclared, append(body(d2), body(d1)...)).end(0, 0, 0, 0, 0, 0, 2, 0, 0),
-		"nodes out of order (2 frames)": newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d2)).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 2, 0, 0),
-		"a node declaring nothing":      newStream(5).frame(tagScalars, sc).frame(tagDeclared, dEmpty).end(0, 0, 0, 0, 0, 0, 1, 0, 0),
-		"placement twice":               newStream(5).frame(tagScalars, sc).frame(tagPlaced, append(bytes.Clone(p1.b), p1.b...)).end(0, 0, 0, 0, 0, 0, 0, 2, 0),
-		"prev without its epoch":        newStream(5).frame(tagScalars, sc).frame(tagPlaced, p2.b).end(0, 0, 0, 0, 0, 0, 0, 1, 0),
-		"count mismatch":                newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 2, 0, 0),
-		"no floor":                      newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 1, 0),
+		"no placement state":            newStream(5).frame(tagScalars, sc).end(0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+		"nodes out of order":            newStream(5).frame(tagScalars, sc).frame(tagDeclared, append(body(d2), body(d1)...)).end(0, 0, 0, 0, 0, 0, 2, 0, 0, 0),
+		"nodes out of order (2 frames)": newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d2)).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 2, 0, 0, 0),
+		"a node declaring nothing":      newStream(5).frame(tagScalars, sc).frame(tagDeclared, dEmpty).end(0, 0, 0, 0, 0, 0, 1, 0, 0, 0),
+		"placement twice":               newStream(5).frame(tagScalars, sc).frame(tagPlaced, append(bytes.Clone(p1.b), p1.b...)).end(0, 0, 0, 0, 0, 0, 0, 2, 0, 0),
+		"prev without its epoch":        newStream(5).frame(tagScalars, sc).frame(tagPlaced, p2.b).end(0, 0, 0, 0, 0, 0, 0, 1, 0, 0),
+		"count mismatch":                newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 2, 0, 0, 0),
+		"no floor":                      newStream(5).frame(tagScalars, sc).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 1, 0, 0),
 		"sections in version 4":         newStream(4).frame(tagScalars, sc).frame(tagDeclared, body(d1)).end(0, 0, 0, 0, 0, 0, 1, 0, 0),
 	} {
 		g := New(Options{})

@@ -50,15 +50,16 @@ import (
 // (servingrec as in kind 15, codec.go). An older release refuses version 4
 // (ErrVersion): it never restores a state it would not know.
 //
-// Version 5 is version 4 with two more sections, their trailer counts
+// Version 5 is version 4 with three more sections, their trailer counts
 // and the placement epoch floor, written only when the state has
 // placement state (a declaration, a placement record or a non-zero
 // floor); sections 6 and 7 may then be empty:
 //
 //	  8 declared (declaration)*                       strictly ascending by node, 1…256 services each
 //	  9 placed   (placement prev)*                    strictly ascending by service
+//	 10 scopes   the services' own registrations and NFSv4 records (scopesnap.go)
 //	trailer      … confirmed_count:u64 declared_count:u64 placed_count:u64
-//	             epoch_floor:u64 crc32c:u32
+//	             epoch_floor:u64 scope_items:u64 crc32c:u32
 //
 // (declaration and placement as in kinds 18 and 19, codec.go; prev is
 // the previous holder, fsm/services.go). A release
@@ -85,6 +86,7 @@ const (
 	tagConfirm  = 7
 	tagDeclared = 8
 	tagPlaced   = 9
+	// tagScopes = 10: scopesnap.go
 
 	frameTarget = 64 << 10 // flush a frame once it holds this much
 	maxFrame    = 1 << 20  // the reader's cap on one frame
@@ -244,6 +246,11 @@ func writeSnapshot(out io.Writer, st *state, index uint64) error {
 		tr = binary.BigEndian.AppendUint64(tr, uint64(len(st.declared)))
 		tr = binary.BigEndian.AppendUint64(tr, uint64(len(st.placed)))
 		tr = binary.BigEndian.AppendUint64(tr, st.epochFloor)
+		items, err := w.scopesSection(st)
+		if err != nil {
+			return err
+		}
+		tr = binary.BigEndian.AppendUint64(tr, items)
 	}
 	w.write(tr) // end frame (length 0) and counts
 	crc := binary.BigEndian.AppendUint32(nil, w.crc)
@@ -412,7 +419,7 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	lastTag := tagV4Rec
 	switch version {
 	case snapVersion5:
-		lastTag = tagPlaced
+		lastTag = tagScopes
 	case snapVersion4:
 		lastTag = tagConfirm
 	case snapVersion:
@@ -434,6 +441,7 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	v4 := [2]v4Reader{{t: bulk[v4Rec]{t: st.v4cur}}, {t: bulk[v4Rec]{t: st.v4rec}}}
 	var sv servingReader
 	var sr servicesReader
+	var scr scopesReader
 	section := 0
 	for {
 		lb, err := r.read(4)
@@ -518,6 +526,8 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 			sv.read(&d, tag, &st)
 		case tagDeclared, tagPlaced:
 			sr.read(&d, tag, &st)
+		case tagScopes:
+			scr.read(&d, &st, names)
 		}
 		if d.err != nil {
 			return state{}, 0, corrupt("section %d: %v", tag, d.err)
@@ -566,6 +576,16 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 		st.epochFloor = binary.BigEndian.Uint64(fl)
 		if !st.hasServices() {
 			return state{}, 0, corrupt("version %d without placement state", version)
+		}
+		ni, err := r.read(8)
+		if err != nil {
+			return state{}, 0, err
+		}
+		if n := binary.BigEndian.Uint64(ni); n != scr.n {
+			return state{}, 0, corrupt("trailer counts %d scope items, read %d", n, scr.n)
+		}
+		if bad := scr.finish(&st); bad != "" {
+			return state{}, 0, corrupt("%s", bad)
 		}
 	}
 	want := r.crc
