@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/service"
 	"github.com/nsmd/nsmd/vip"
 )
@@ -50,17 +50,11 @@ const (
 	roomReasonStartOfProcess = "start-of-process" // epoch 0: whatever a previous process left
 )
 
-// serviceState is a service's NSM state at epoch: 2·epoch+1, the
-// sm_state of its SM_NOTIFY and of its hooks' NSMD_SM_STATE. Odd, as a
-// statd's state is while it runs, and new at every epoch, so its clients
-// see a new state after every move or restart. Clamped to the largest
-// odd int32 (an epoch beyond 2^30-1, never reached in practice).
-func serviceState(epoch uint64) int32 {
-	if epoch >= (math.MaxInt32-1)/2 {
-		return math.MaxInt32
-	}
-	return int32(2*epoch + 1)
-}
+// serviceState is a service's NSM state at epoch, 2·epoch+1 (odd, new at
+// every epoch, clamped at the top of int32): the sm_state of its
+// registrations' scope and its SM_NOTIFY (fsm.ServiceSMState, the one
+// definition) and its hooks' NSMD_SM_STATE.
+func serviceState(epoch uint64) int32 { return fsm.ServiceSMState(epoch) }
 
 // roomConfig is what a serviceRoom needs of the node.
 type roomConfig struct {
