@@ -36,6 +36,7 @@ import (
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
+	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
 	"github.com/nsmd/nsmd/tickle"
@@ -105,6 +106,7 @@ type Agent struct {
 	v4cancel   context.CancelFunc
 	netlinkVIP *vip.Netlink // closed (address dropped) on shutdown
 	tickle     *tickler     // nil without tickling (tickle.go)
+	svcNSM     *serviceNSMs // the NSM of the services this node serves (servicensm.go)
 	sec        security
 	connEvents *prometheus.CounterVec
 	readsHeld  *prometheus.CounterVec
@@ -112,10 +114,9 @@ type Agent struct {
 	// rooms serves the services placed on this node (serviceroom.go):
 	// nil unless serveServices and services: are set.
 	rooms *serviceRoom
-	// serveServices plugs rooms into the cluster (its ServiceServer).
-	// Off for now: a service's address and hooks must not serve before
-	// the service's own NSM state (its registrations, its SM_NOTIFY) is
-	// served with them, or its lock clients could lose their locks.
+	// serveServices plugs rooms into the cluster (its ServiceServer),
+	// each service's room with its NSM (servicensm.go). Off in this
+	// release: with services:, no service is served by itself yet.
 	serveServices bool
 
 	wg sync.WaitGroup
@@ -128,6 +129,7 @@ func (a *Agent) Kill() {
 	a.tickle.stop()
 	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
 	a.rooms.kill()
+	a.svcNSM.closeAll()
 	if a.stopDeliver != nil {
 		a.stopDeliver()
 	}
@@ -291,7 +293,8 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if err != nil {
 		return a, err
 	}
-	a.progs = oncrpc.Programs{nsm.Program: svc, cluster.ForwardProgram: a.node}
+	a.svcNSM = newServiceNSMs(a)
+	a.progs = oncrpc.Programs{nsm.Program: nsmRouter{node: svc, services: a.svcNSM}, cluster.ForwardProgram: a.node}
 	a.server = oncrpc.NewServer(a.progs, a.serverConfig())
 	a.serve(a.server, tcpLn, udpConn)
 
@@ -326,6 +329,10 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 // not block): the lock-manager callbacks it calls for, and the grace
 // keeper's view of clients coming back.
 func (a *Agent) applied(ev cluster.Applied) {
+	if sc, ok := ev.Cmd.(fsm.Scoped); ok {
+		a.svcNSM.applied(sc, ev)
+		return
+	}
 	a.deliver.Applied(a.cfg.NodeID, ev.Cmd, ev.Result, ev.Replay)
 	a.v4.grace.Observe(ev.Index, ev.Cmd, ev.Result)
 }
@@ -522,6 +529,7 @@ func (a *Agent) Close() error {
 	if a.node != nil {
 		errs = append(errs, a.node.Close())
 	}
+	a.svcNSM.closeAll() // after the node: its runs' stops ran
 	if a.stopDeliver != nil {
 		a.stopDeliver() // nothing is applied after the node closed
 	}

@@ -15,7 +15,9 @@ import (
 // it). Without a VIP (a single node, or one statd per node) every node
 // takes what is sent to it, with its own budgets.
 func notifyOn(cfg config.Config) func(local netip.Addr) bool {
-	if cfg.Witness {
+	if cfg.Witness || len(cfg.Services) > 0 {
+		// With services: clients mount the services' addresses, and each
+		// service's own NSM takes what is sent there (servicensm.go).
 		return func(netip.Addr) bool { return false }
 	}
 	vip := cfg.VIPAddr()

@@ -73,8 +73,12 @@ type roomConfig struct {
 	// hooks is the node's runner: each service's runner has its scripts,
 	// environment and metrics (hookRunner.forService).
 	hooks *hookRunner
-	log   *slog.Logger
-	reg   prometheus.Registerer // nsmd_vip_*{service} of netlink addresses; nil: none
+	// nsm, when set, is the services' NSM side (servicensm.go), told each
+	// step; in vip_mode loopback its listener is what answers on a
+	// service's address (serve is then unset).
+	nsm roomNSM
+	log *slog.Logger
+	reg prometheus.Registerer // nsmd_vip_*{service} of netlink addresses; nil: none
 }
 
 // roomConfigOf is the room configuration of cfg's services.
@@ -83,13 +87,39 @@ func roomConfigOf(cfg config.Config, hooks *hookRunner, log *slog.Logger, reg pr
 		lifetime: cfg.Timing().VIPLifetime, hooks: hooks, log: log.With("component", "services"), reg: reg}
 }
 
-// buildServiceRoom is the room of a's services. In vip_mode loopback a
-// held service address serves the node's NSM programs (as the loopback
-// VIP does); each service's own NSM state replaces them there.
+// roomNSM is a service's NSM side, told each step of its start and stop.
+type roomNSM interface {
+	// open serves the service's NSM on its address, just taken.
+	open(spec service.Spec) error
+	// announce starts its SM_NOTIFY at epoch once on_leader ran; the
+	// fan-out ends with ctx (the run).
+	announce(ctx context.Context, id string, epoch uint64)
+	// stopping: its stop begins (its lock manager's unmonitors no longer
+	// count).
+	stopping(id string)
+	// close ends its NSM once the address is dropped.
+	close(id string) error
+}
+
+// agentRoomNSM is the agent's serviceNSMs as a roomNSM (looked up at each
+// call: the room is built before it).
+type agentRoomNSM struct{ a *Agent }
+
+func (n agentRoomNSM) open(spec service.Spec) error {
+	_, err := n.a.svcNSM.open(spec)
+	return err
+}
+func (n agentRoomNSM) announce(ctx context.Context, id string, epoch uint64) {
+	n.a.svcNSM.announce(ctx, id, epoch)
+}
+func (n agentRoomNSM) stopping(id string)    { n.a.svcNSM.stopping(id) }
+func (n agentRoomNSM) close(id string) error { return n.a.svcNSM.close(id) }
+
+// buildServiceRoom is the room of a's services, with their NSM
+// (servicensm.go).
 func (a *Agent) buildServiceRoom() *serviceRoom {
 	c := roomConfigOf(a.cfg, a.hooks, a.log, a.reg)
-	c.nsmPort = a.nsmPort
-	c.serve = func(_ service.Spec, addr string) (vip.Server, error) { return a.serveVIP(addr) }
+	c.nsm = agentRoomNSM{a}
 	return newServiceRoom(c)
 }
 
@@ -167,11 +197,12 @@ func (r *serviceRoom) room(id string) (*svcRoom, error) {
 	return s, nil
 }
 
-// ServeService takes the service's address, then runs its on_leader hook
-// with the service's environment, and returns once the hook has run
-// (bounded by hook_timeout), or when ctx ends first. A failed step is
-// returned (the cluster stops the service again and retries; on_fault
-// has run); what it took stays until StopService.
+// ServeService takes the service's address and opens its NSM there, then
+// runs its on_leader hook with the service's environment, then starts its
+// SM_NOTIFY, and returns once the hook has run (bounded by hook_timeout),
+// or when ctx ends first. A failed step is returned (the cluster stops
+// the service again and retries; on_fault has run); what it took stays
+// until StopService.
 //
 // The address before the hook, as the node's own takeover holds the VIP
 // before on_leader: what the hook starts (nfsd, lockd, exports in the
@@ -196,6 +227,13 @@ func (r *serviceRoom) ServeService(ctx context.Context, id string, epoch uint64)
 		r.fault(s, env, err)
 		return err
 	}
+	if r.cfg.nsm != nil {
+		if err := r.cfg.nsm.open(s.spec); err != nil {
+			s.setPhase(epoch, roomFailed)
+			r.fault(s, env, err)
+			return err
+		}
+	}
 	select {
 	case err = <-s.hooks.run(ctx, hookEventLeader, env):
 	case <-ctx.Done(): // the run must stop: StopService follows, its hook queued behind this one
@@ -206,12 +244,18 @@ func (r *serviceRoom) ServeService(ctx context.Context, id string, epoch uint64)
 		s.setPhase(epoch, roomFailed)
 		return fmt.Errorf("service %s: on_leader hook: %w", id, err)
 	}
+	if r.cfg.nsm != nil {
+		// After on_leader, as the node's own SM_NOTIFY: the clients told
+		// to reclaim find nfsd and lockd up.
+		r.cfg.nsm.announce(ctx, id, epoch)
+	}
 	s.setPhase(epoch, roomServing)
 	return nil
 }
 
-// StopService runs the service's on_follower hook, then drops its
-// address, and returns once both are done (the hook bounded by
+// StopService tells the service's NSM its stop begins, runs its
+// on_follower hook, then drops its address and closes its NSM, and
+// returns once all are done (the hook bounded by
 // hook_timeout, after a start hook still running). The reverse of the
 // start: what the hook stops may be bound to the address. Whether the
 // address goes before or after the hook does not matter to the next
@@ -231,6 +275,9 @@ func (r *serviceRoom) StopService(id string, epoch uint64) error {
 		reason = roomReasonStartOfProcess
 	}
 	env := r.env(s, epoch, reason)
+	if r.cfg.nsm != nil {
+		r.cfg.nsm.stopping(id)
+	}
 	var errs []error
 	if err := <-s.hooks.run(context.Background(), hookEventFollower, env); err != nil {
 		errs = append(errs, fmt.Errorf("service %s: on_follower hook (%s): %w", id, reason, err))
@@ -238,6 +285,11 @@ func (r *serviceRoom) StopService(id string, epoch uint64) error {
 	if err := r.drop(s, epoch == 0); err != nil {
 		r.fault(s, env, err)
 		errs = append(errs, err)
+	}
+	if r.cfg.nsm != nil {
+		if err := r.cfg.nsm.close(id); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		s.setPhase(epoch, roomFailed)
@@ -258,10 +310,10 @@ func (r *serviceRoom) env(s *svcRoom, epoch uint64, reason string) hookEnv {
 
 // fault runs on_fault with the service's environment for a step of its
 // start or stop that is not a hook (a failed hook's on_fault has run
-// already), without waiting for it.
+// already) and returns once it has run, as after a failed hook.
 func (r *serviceRoom) fault(s *svcRoom, env hookEnv, err error) {
 	env.Reason = err.Error()
-	s.hooks.run(context.Background(), hookEventFault, env)
+	<-s.hooks.run(context.Background(), hookEventFault, env)
 }
 
 // address is s's floating address, made on first use (nil in vip_mode
@@ -288,7 +340,7 @@ func (r *serviceRoom) address(s *svcRoom) (cluster.FloatingAddr, error) {
 		s.addr = v
 	case config.VIPLoopback:
 		if r.cfg.serve == nil {
-			return nil, fmt.Errorf("service %s: loopback address: nothing to serve on it", spec.ID)
+			return nil, nil // the service's NSM listener is what answers there (roomConfig.nsm)
 		}
 		s.addr = vip.NewLoopback(vip.LoopbackConfig{
 			Addr:   net.JoinHostPort(spec.Address.Addr().String(), strconv.Itoa(r.cfg.nsmPort)),

@@ -160,6 +160,28 @@ func (rh *roomHarness) answers(spec service.Spec) bool {
 	return true
 }
 
+// nsmRecorder stands in for the services' NSM side (servicensm.go,
+// which needs a running cluster node: the e2e services drill runs it):
+// it logs each step to the harness's log, in order with the hooks and
+// the address; open fails for the service failOpen.
+type nsmRecorder struct {
+	log      string
+	failOpen string
+}
+
+func (n nsmRecorder) open(spec service.Spec) error {
+	appendLine(n.log, spec.ID+" nsm open")
+	if spec.ID == n.failOpen {
+		return fmt.Errorf("service %s: listen for NSM on its address: address in use", spec.ID)
+	}
+	return nil
+}
+func (n nsmRecorder) announce(_ context.Context, id string, epoch uint64) {
+	appendLine(n.log, fmt.Sprintf("%s nsm announce %d", id, epoch))
+}
+func (n nsmRecorder) stopping(id string)    { appendLine(n.log, id+" nsm stopping") }
+func (n nsmRecorder) close(id string) error { appendLine(n.log, id+" nsm close"); return nil }
+
 func loopbackSpec(id, addr string) service.Spec {
 	return service.Spec{ID: id, Address: netip.MustParsePrefix(addr), Interface: "lo", Mount: "/srv/" + id, ExportClients: []string{"10.0.0.0/24"}}
 }
@@ -181,6 +203,7 @@ func TestServiceStateIsOddAndNewAtEveryEpoch(t *testing.T) {
 func TestServiceRoomStartAndStopEnvironmentAndOrder(t *testing.T) {
 	home := loopbackSpec("home", "127.77.0.1/32")
 	rh := newRoomHarness(t, []service.Spec{home, loopbackSpec("scratch", "127.77.0.2/32")}, nil)
+	rh.room.cfg.nsm = nsmRecorder{log: rh.logPath()}
 	if st := rh.statusOf(t, "home"); st.Phase != roomStopped || st.AddressHeld || st.LastHook != nil {
 		t.Fatalf("status before anything ran: %+v", st)
 	}
@@ -237,9 +260,9 @@ func TestServiceRoomStartAndStopEnvironmentAndOrder(t *testing.T) {
 		t.Errorf("on_follower environment: %v", env)
 	}
 	wantLog := []string{
-		"home_follower_begin", "home_follower_end", // the stop at start
-		"127.77.0.1_address_up", "home_leader_begin", "home_leader_end",
-		"home_follower_begin", "home_follower_end", "127.77.0.1_address_down",
+		"home_nsm_stopping", "home_follower_begin", "home_follower_end", "home_nsm_close", // the stop at start
+		"127.77.0.1_address_up", "home_nsm_open", "home_leader_begin", "home_leader_end", "home_nsm_announce_3",
+		"home_nsm_stopping", "home_follower_begin", "home_follower_end", "127.77.0.1_address_down", "home_nsm_close",
 	}
 	if got := rh.lines(t); strings.Join(got, " ") != strings.Join(wantLog, " ") {
 		t.Errorf("order:\n got %v\nwant %v", got, wantLog)
@@ -405,6 +428,27 @@ func TestServiceRoomFailedHooks(t *testing.T) {
 	if rh.answers(home) || rh.statusOf(t, "home").AddressHeld {
 		t.Fatal("the address is still held after the stop of a failed start")
 	}
+
+	t.Run("NSM not opened", func(t *testing.T) {
+		rh := newRoomHarness(t, []service.Spec{home}, nil)
+		rh.room.cfg.nsm = nsmRecorder{log: rh.logPath(), failOpen: "home"}
+		if err := rh.room.ServeService(context.Background(), "home", 6); err == nil || !strings.Contains(err.Error(), "address in use") {
+			t.Fatalf("ServeService whose NSM cannot open: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(rh.dir, "home.leader.env")); err == nil {
+			t.Error("on_leader ran although the service's NSM did not open")
+		}
+		if f := rh.env(t, "home", "fault"); f["NSMD_SERVICE"] != "home" || !strings.Contains(f["NSMD_REASON"], "address in use") {
+			t.Errorf("on_fault: %v", f)
+		}
+		if err := rh.room.StopService("home", 6); err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(rh.lines(t), " ")
+		if want := "127.77.0.21_address_up home_nsm_open home_fault_begin home_fault_end home_nsm_stopping home_follower_begin home_follower_end 127.77.0.21_address_down home_nsm_close"; got != want {
+			t.Errorf("order:\n got %s\nwant %s", got, want)
+		}
+	})
 
 	t.Run("failed stop", func(t *testing.T) {
 		rh := newRoomHarness(t, []service.Spec{home}, func(c *config.Config, dir string) {

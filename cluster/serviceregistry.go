@@ -76,6 +76,10 @@ func (r ServiceRegistry) Monitored(monName string) bool {
 	return len(r.scope().Registrations(fsm.MonID{}, 1, monName)) > 0
 }
 
+// Targets is every distinct host the service's registrations name, with
+// their addresses: whom its SM_NOTIFY goes to.
+func (r ServiceRegistry) Targets() []fsm.Target { return r.scope().Targets() }
+
 // SenderIsHost is Registry.SenderIsHost on the service's registrations.
 func (r ServiceRegistry) SenderIsHost(monName string, from netip.Addr) bool {
 	return r.scope().SenderIsHost(monName, from)

@@ -133,6 +133,9 @@ type clusterSpec struct {
 	slowDisks bool
 	// extraArgs, when set, adds agent flags per node (hooks, fencing).
 	extraArgs func(n *nsmNode) []string
+	// noVIP runs without a VIP (--vip-mode none): services: carry their
+	// own addresses.
+	noVIP bool
 }
 
 // startCluster is the default setup: three fake client hosts, nsmd's
@@ -148,6 +151,9 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 	c := &e2eCluster{spec: spec, vipMode: "netlink", vip: netip.MustParseAddr(vipString), acked: make(map[string]ackedMon)}
 	if m := os.Getenv("NSMD_E2E_VIP_MODE"); m != "" {
 		c.vipMode = m
+	}
+	if spec.noVIP {
+		c.vipMode = "none"
 	}
 	c.top = newTopology(t, clusterNodes, spec.clients)
 	logDir := t.TempDir()

@@ -1,0 +1,258 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/nsm"
+	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/service"
+)
+
+// serviceNSMs is the NSM side of the services this node serves (with
+// services:): for each, an NSM service over that service's own scope
+// (cluster.ServiceRegistry: its registrations, its last-seen states, its
+// sm_state 2·epoch+1), reached on the service's address, and the SM_NOTIFY
+// fan-out to its monitored hosts, from that address with that state,
+// after each start. Calls are routed by the address they arrived on
+// (nsmRouter): a call to a service's address is that service's, anything
+// else the node's own. The room that serves a service (its address, its
+// hooks) opens its NSM once the address is held and closes it after the
+// stop.
+type serviceNSMs struct {
+	a *Agent
+
+	mu     sync.Mutex
+	byID   map[string]*serviceNSM
+	byAddr map[netip.Addr]*serviceNSM
+}
+
+// serviceNSM is one served service's NSM.
+type serviceNSM struct {
+	id       string
+	addr     netip.Addr
+	svc      *nsm.Service
+	notifier *nsm.Notifier
+	// serving: the service runs here and its lock manager's unmonitors
+	// count; false once its stop began (lockd unmonitors every host as
+	// nfsd stops, and those hosts' locks move with the service).
+	serving atomic.Bool
+	srv     *oncrpc.Server // its own listener when the node's does not cover the address; nil otherwise
+
+	mu     sync.Mutex
+	cancel context.CancelFunc // the running fan-out's
+	wg     sync.WaitGroup     // the fan-out goroutine
+}
+
+func newServiceNSMs(a *Agent) *serviceNSMs {
+	return &serviceNSMs{a: a, byID: map[string]*serviceNSM{}, byAddr: map[netip.Addr]*serviceNSM{}}
+}
+
+// open starts service sp's NSM on its address, which this node holds
+// now. Opening one that is open returns it as it is.
+func (s *serviceNSMs) open(sp service.Spec) (*serviceNSM, error) {
+	a := s.a
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.byID[sp.ID]; m != nil {
+		m.serving.Store(true)
+		return m, nil
+	}
+	addr := sp.Address.Addr().Unmap()
+	m := &serviceNSM{id: sp.ID, addr: addr}
+	m.serving.Store(true)
+	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.PrefixFrom(addr, addr.BitLen())}
+	var err error
+	m.svc, err = nsm.NewService(a.node.Services().Registry(sp.ID), nsm.Config{
+		NodeID:  a.cfg.NodeID,
+		Trusted: a.cfg.TrustedPrefixes(),
+		// A lock manager on this server reaches its service's NSM from the
+		// service's own address: a packet from a remote host with a source
+		// address local here is dropped by the kernel as a martian.
+		LoopbackTrusted:    local,
+		Logger:             a.log.With("service", sp.ID),
+		Metrics:            a.nsmm,
+		MaxRegistrations:   a.cfg.MaxRegistrations,
+		NotifyBurst:        a.cfg.NotifyBurst,
+		NotifyEvery:        a.cfg.NotifyEvery,
+		MonUnprivBurst:     a.cfg.MonUnprivBurst,
+		MonUnprivEvery:     a.cfg.MonUnprivEvery,
+		NotifyStrictSender: a.cfg.NotifyStrictSender,
+		NotifyOn:           func(local netip.Addr) bool { return local.Unmap() == addr },
+		UnmonCounts:        m.serving.Load,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("service %s: NSM: %w", sp.ID, err)
+	}
+	if m.notifier, err = nsm.NewNotifier(nsm.NotifierConfig{
+		Name: addr.String(), Source: addr, Window: a.cfg.NotifyWindow, PmapPort: a.cfg.PmapPort,
+		Metrics: a.nsmm, Logger: a.log.With("service", sp.ID),
+	}); err != nil {
+		return nil, fmt.Errorf("service %s: notifier: %w", sp.ID, err)
+	}
+	if !a.nsmCovers(addr) {
+		ln, pc, err := listenBoth(net.JoinHostPort(addr.String(), strconv.Itoa(a.nsmPort)))
+		if err != nil {
+			return nil, fmt.Errorf("service %s: listen for NSM on its address: %w", sp.ID, err)
+		}
+		m.srv = oncrpc.NewServer(a.progs, a.serverConfig())
+		a.serve(m.srv, ln, pc)
+	}
+	s.byID[sp.ID], s.byAddr[addr] = m, m
+	return m, nil
+}
+
+// nsmCovers reports whether the node's own NSM listener takes calls sent
+// to addr (it listens on every address).
+func (a *Agent) nsmCovers(addr netip.Addr) bool {
+	if a.nsmTCP == nil {
+		return false
+	}
+	l, ok := a.nsmTCP.Addr().(*net.TCPAddr)
+	return ok && (l.IP.IsUnspecified() || netip.AddrFrom16([16]byte(l.IP.To16())).Unmap() == addr)
+}
+
+// announce starts the SM_NOTIFY fan-out of service id at epoch to every
+// host its registrations name, with its state, from its address; it runs
+// until ctx ends (the run stops), the window ends or every host answered.
+func (s *serviceNSMs) announce(ctx context.Context, id string, epoch uint64) {
+	s.mu.Lock()
+	m := s.byID[id]
+	s.mu.Unlock()
+	if m == nil {
+		return
+	}
+	state := fsm.ServiceSMState(epoch)
+	targets := s.a.node.Services().Registry(id).Targets()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cancel != nil {
+		m.cancel()
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	m.cancel = cancel
+	log := s.a.log.With("service", id)
+	log.Info("notifying the service's monitored hosts", "hosts", len(targets), "sm_state", state, "from", m.addr)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer cancel()
+		sum := m.notifier.Run(fctx, state, targets)
+		log.Info("service notify finished", "summary", sum)
+	}()
+}
+
+// stopping marks service id's stop begun: from now on its lock manager's
+// unmonitors remove nothing.
+func (s *serviceNSMs) stopping(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.byID[id]; m != nil {
+		m.serving.Store(false)
+	}
+}
+
+// close ends service id's NSM: its fan-out and, if it had one, its own
+// listener. Calls to its address then reach the node's NSM, which takes
+// no SM_NOTIFY with services: (notifyOn).
+func (s *serviceNSMs) close(id string) error {
+	s.mu.Lock()
+	m := s.byID[id]
+	delete(s.byID, id)
+	if m != nil {
+		delete(s.byAddr, m.addr)
+	}
+	s.mu.Unlock()
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	if m.cancel != nil {
+		m.cancel()
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+	if m.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := m.srv.Shutdown(ctx); err != nil && !errors.Is(err, oncrpc.ErrClosed) {
+			return fmt.Errorf("service %s: close its NSM listener: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// closeAll closes every service's NSM (the agent's shutdown).
+func (s *serviceNSMs) closeAll() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.byID))
+	for id := range s.byID {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	for _, id := range ids {
+		s.close(id)
+	}
+}
+
+// route is the NSM service of the service whose address local is, if
+// this node serves it.
+func (s *serviceNSMs) route(local netip.Addr) *nsm.Service {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.byAddr[local.Unmap()]; m != nil {
+		return m.svc
+	}
+	return nil
+}
+
+// applied delivers the lock-manager callbacks of a service's accepted
+// SM_NOTIFY: every matching registration of the service, whichever
+// node's lockd made it, is called back by the node that serves the
+// service now — its lock manager holds the service's locks.
+func (s *serviceNSMs) applied(sc fsm.Scoped, ev cluster.Applied) {
+	pr, ok := sc.Cmd.(fsm.PeerRebooted)
+	if !ok || !ev.Result.Accepted || ev.Replay {
+		return
+	}
+	s.mu.Lock()
+	m := s.byID[sc.Service]
+	s.mu.Unlock()
+	if m == nil || !m.serving.Load() {
+		return
+	}
+	for _, reg := range ev.Result.Matched {
+		if !s.a.deliver.Enqueue(nsm.Callback{Reg: reg, MonName: reg.ID.MonName, State: pr.State, From: pr.From}) {
+			s.a.log.Warn("callback queue full; callback dropped", "service", sc.Service, "mon_name", reg.ID.MonName)
+		}
+	}
+}
+
+// nsmRouter is the handler of the NSM program: a call that arrived on a
+// served service's address goes to that service's NSM, any other to the
+// node's own.
+type nsmRouter struct {
+	node     *nsm.Service
+	services *serviceNSMs
+}
+
+func (r nsmRouter) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
+	if c.Local.IsValid() {
+		if svc := r.services.route(c.Local.Addr()); svc != nil {
+			return svc.ServeRPC(ctx, c, res)
+		}
+	}
+	return r.node.ServeRPC(ctx, c, res)
+}

@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/nsm"
+)
+
+// The services drill's three services: id → address on the bridge, and
+// the server each prefers (so that each starts on its own server).
+var drillServices = []struct{ id, addr, prefer string }{
+	{"a", topoNet + ".101", "n1"},
+	{"b", topoNet + ".102", "n2"},
+	{"c", topoNet + ".103", "n3"},
+}
+
+// TestServicesEveryServerServesAndAKillMovesOneService: three agents in
+// their own network namespaces, three services (services:, each with its
+// own address on eth0, a hook per service, no watchdog, a fence agent
+// that stands in for a power switch). At start each server serves one
+// service: its address answers NSM, and each client host monitors itself
+// at one service's address. SIGKILL of the server of a moves a alone:
+// its new server sends SM_NOTIFY from a's address with a's new state
+// (2·epoch+1) to a's client, and b's and c's clients hear nothing; b and
+// c are never stopped. `nsmd move a --to n1` brings a back to the
+// restarted n1, with a newer state again; the status API shows where each
+// service runs.
+func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
+	if why := canNetns(); why != "" {
+		t.Skip(why)
+	}
+	dir := t.TempDir()
+	hook := filepath.Join(dir, "hook")
+	agent := filepath.Join(dir, "fence-agent")
+	var yaml strings.Builder
+	yaml.WriteString("services:\n")
+	for _, s := range drillServices {
+		fmt.Fprintf(&yaml, "  - id: %s\n    address: %s/%d\n    interface: eth0\n    prefer: [%s]\n", s.id, s.addr, topoBits, s.prefer)
+	}
+	conf := filepath.Join(dir, "nsmd.yaml")
+	for path, body := range map[string]string{
+		// Each node's hook records what it was asked, per node.
+		hook: "#!/bin/sh\necho \"$NSMD_NODE_ID $NSMD_ROLE $NSMD_REASON $NSMD_SERVICE $NSMD_SERVICE_EPOCH $NSMD_SM_STATE\" >> " + dir + "/hooks.log\nexit 0\n",
+		// A stand-in for a power switch: it says the node is off without
+		// touching it (the test kills it itself).
+		agent: "#!/bin/sh\ncat >/dev/null\nexit 0\n",
+		conf:  yaml.String(),
+	} {
+		if err := os.WriteFile(path, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := startClusterWith(t, clusterSpec{clients: 3, fakeClients: true, noVIP: true, extraArgs: func(n *nsmNode) []string {
+		return []string{"--config", conf, "--on-leader", hook, "--on-follower", hook, "--fence-watchdog", "off",
+			"--fence-agent", agent, "--fence-nodes", "n1:plug=n1,n2:plug=n2,n3:plug=n3", "--nfsv4-tracking", "off",
+			"--service-settle", "20s"}
+	}})
+	c.settle(t, 60*time.Second, 1)
+
+	owners := waitServices(t, c, map[string]string{"a": "n1", "b": "n2", "c": "n3"}, 90*time.Second)
+	// Each client host monitors itself at one service: c1 at a, c2 at b,
+	// c3 at c. The answer comes from the service's own NSM, with its state.
+	for i, s := range drillServices {
+		cl := c.clients[i]
+		var l clientLine
+		testutil.WaitForSeen(t, 30*time.Second, cl.host.name+" monitored at service "+s.id, func() (bool, string) {
+			var err error
+			l, err = cl.do(clientCmd{Op: "mon", Addr: s.addr, MyName: cl.myName}, 10*time.Second)
+			if err != nil {
+				return false, err.Error()
+			}
+			return nsm.Res(l.Res) == nsm.StatSucc, fmt.Sprintf("res %d state %d", l.Res, l.State)
+		})
+		if want := fsm.ServiceSMState(owners[s.id].Epoch); l.State != want {
+			t.Fatalf("SM_MON at service %s answered state %d, want the service's %d", s.id, l.State, want)
+		}
+	}
+	noticesBefore := func() []int {
+		var n []int
+		for _, cl := range c.clients {
+			n = append(n, len(cl.Notices()))
+		}
+		return n
+	}
+	before := noticesBefore()
+
+	// SIGKILL of a's server: a alone moves.
+	n1 := c.nodes[0]
+	if !n1.kill(syscall.SIGKILL, 10*time.Second) {
+		t.Fatal("n1 did not die")
+	}
+	moved := waitServicesFrom(t, c, c.nodes[1], func(st map[string]admin.ServiceStatus) bool {
+		return st["a"].Owner != "" && st["a"].Owner != "n1" && st["a"].Epoch > owners["a"].Epoch
+	}, 90*time.Second)
+	wantState := fsm.ServiceSMState(moved["a"].Epoch)
+	checkServiceNotified(t, c.clients[0], drillServices[0].addr, wantState, 60*time.Second)
+	for _, s := range []string{"b", "c"} {
+		if moved[s].Owner != owners[s].Owner || moved[s].Epoch != owners[s].Epoch {
+			t.Errorf("service %s moved (%s@%d → %s@%d) when a's server died", s, owners[s].Owner, owners[s].Epoch, moved[s].Owner, moved[s].Epoch)
+		}
+	}
+	for i, cl := range c.clients[1:] {
+		if got := len(cl.Notices()); got != before[i+1] {
+			t.Errorf("%s (a client of %s) was notified when a moved: %+v", cl.host.name, drillServices[i+1].id, cl.Notices())
+		}
+	}
+
+	// n1 comes back (as systemd would start it); the planned move brings a
+	// back to it.
+	n1.start(t)
+	c.settle(t, 60*time.Second, 1)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", c.top.hosts[0].ns, nsmdBin, "move", "a", "--to", "n1",
+		"--admin", c.nodes[1].admin}, c.pki.cliArgs()...)...)
+	testutil.WaitForSeen(t, 60*time.Second, "nsmd move a --to n1 accepted", func() (bool, string) {
+		out, err := cmd.CombinedOutput()
+		cmd = exec.Command(cmd.Path, cmd.Args[1:]...)
+		return err == nil, string(out)
+	})
+	back := waitServicesFrom(t, c, c.nodes[2], func(st map[string]admin.ServiceStatus) bool {
+		return st["a"].Owner == "n1" && st["a"].Epoch > moved["a"].Epoch
+	}, 60*time.Second)
+	checkServiceNotified(t, c.clients[0], drillServices[0].addr, fsm.ServiceSMState(back["a"].Epoch), 60*time.Second)
+	if m := back["a"].LastMove; m == nil || m.To != "n1" || m.From != moved["a"].Owner {
+		t.Errorf("a's last move %+v, want from %s to n1", m, moved["a"].Owner)
+	}
+	for i, cl := range c.clients[1:] {
+		if got := len(cl.Notices()); got != before[i+1] {
+			t.Errorf("%s (a client of %s) was notified by a's moves: %+v", cl.host.name, drillServices[i+1].id, cl.Notices())
+		}
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "hooks.log"))
+	for _, s := range []string{"b", "c"} {
+		if strings.Count(string(log), " start "+s+" ") != 1 {
+			t.Errorf("service %s started more than once:\n%s", s, log)
+		}
+	}
+	t.Logf("hooks:\n%s", log)
+}
+
+// waitServices waits until every service runs on the server want names,
+// as every running node sees it, and returns the services by id.
+func waitServices(t *testing.T, c *e2eCluster, want map[string]string, timeout time.Duration) map[string]admin.ServiceStatus {
+	t.Helper()
+	return waitServicesFrom(t, c, c.nodes[0], func(st map[string]admin.ServiceStatus) bool {
+		for id, node := range want {
+			if st[id].Owner != node || st[id].State != admin.ServicePlaced {
+				return false
+			}
+		}
+		return true
+	}, timeout)
+}
+
+// waitServicesFrom polls GET /v1/services on node n until ok holds.
+func waitServicesFrom(t *testing.T, c *e2eCluster, n *nsmNode, ok func(map[string]admin.ServiceStatus) bool, timeout time.Duration) map[string]admin.ServiceStatus {
+	t.Helper()
+	var st map[string]admin.ServiceStatus
+	testutil.WaitForSeen(t, timeout, "services as wanted, seen from "+n.id, func() (bool, string) {
+		var list []admin.ServiceStatus
+		if err := n.get("/v1/services", &list); err != nil {
+			return false, err.Error()
+		}
+		st = map[string]admin.ServiceStatus{}
+		var desc []string
+		for _, s := range list {
+			st[s.ID] = s
+			desc = append(desc, fmt.Sprintf("%s=%s@%d(%s)", s.ID, s.Owner, s.Epoch, s.State))
+		}
+		slices.Sort(desc)
+		return ok(st), strings.Join(desc, " ")
+	})
+	return st
+}
+
+// checkServiceNotified waits until client host cl received SM_NOTIFY with
+// state from the service address addr.
+func checkServiceNotified(t *testing.T, cl *clientHost, addr string, state int32, timeout time.Duration) {
+	t.Helper()
+	want := netip.MustParseAddr(addr)
+	testutil.WaitForSeen(t, timeout, fmt.Sprintf("%s notified with state %d from %s", cl.host.name, state, addr), func() (bool, string) {
+		ns := cl.Notices()
+		for _, n := range ns {
+			if n.from.Addr() == want && n.state == state {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%+v", ns)
+	})
+}
+
