@@ -111,6 +111,14 @@ type Agent struct {
 	connEvents *prometheus.CounterVec
 	readsHeld  *prometheus.CounterVec
 
+	// rooms serves the services placed on this node (serviceroom.go):
+	// nil unless serveServices and services: are set.
+	rooms *serviceRoom
+	// serveServices plugs rooms into the cluster (its ServiceServer),
+	// each service's room with its NSM (servicensm.go). Off in this
+	// release: with services:, no service is served by itself yet.
+	serveServices bool
+
 	wg sync.WaitGroup
 }
 
@@ -120,6 +128,7 @@ type Agent struct {
 func (a *Agent) Kill() {
 	a.tickle.stop()
 	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
+	a.rooms.kill()
 	a.svcNSM.closeAll()
 	if a.stopDeliver != nil {
 		a.stopDeliver()
@@ -252,6 +261,10 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	ccfg.ClusterKey, ccfg.Gossip.Key = key, key
 	if ccfg.VIP, err = a.floatingAddr(); err != nil {
 		return a, err
+	}
+	if a.serveServices && len(cfg.Services) > 0 {
+		a.rooms = a.buildServiceRoom()
+		ccfg.ServiceServer = a.rooms
 	}
 	if err := a.fencing(&ccfg); err != nil {
 		return a, err
@@ -521,6 +534,8 @@ func (a *Agent) Close() error {
 		a.stopDeliver() // nothing is applied after the node closed
 	}
 	a.hooks.stop() // after node.Close: the on_follower hook of a shutdown still runs
+	// After node.Close too, which stopped every service.
+	errs = append(errs, a.rooms.close())
 	if a.v4cancel != nil {
 		// After the hooks: the on_follower hook stops nfsd, whose last
 		// upcalls (refused: no longer leading) still get their answers.

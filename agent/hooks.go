@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/service"
 )
 
 // Hook events: the leader loop's transitions and faults.
@@ -51,8 +53,11 @@ type hookEnv struct {
 	NodeID  string
 	VIP     string
 	SMState int32
-	Role    string // leader | follower | candidate
+	Role    string // leader | follower | candidate | service
 	Reason  string
+	// Extra is passed after everything else (a service's NSMD_SERVICE_*
+	// and NSMD_SERVICE_EPOCH; a later value of a name wins).
+	Extra []string
 }
 
 type hookJob struct {
@@ -101,6 +106,10 @@ type hookRunner struct {
 	fixedEnv []string
 	// onStart, when set, is told when a script starts (set before start).
 	onStart func(event string, state int32, at time.Time)
+	// onDone, when set, is told each queued hook's result once it ran
+	// (nil: it succeeded; after the on_fault its failure ran), before
+	// the hook's channel yields it (set before start).
+	onDone func(event string, env hookEnv, err error)
 
 	runs     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
@@ -156,6 +165,30 @@ func newHookRunner(cfg config.Config, log *slog.Logger, reg prometheus.Registere
 
 func hookName(event string) string { return hookNamePrefix + event }
 
+// forService is a runner of its own for one service's hooks (serviceroom.go):
+// the node's scripts, timeout, fixed environment and metrics (the same
+// series: nsmd_hook_runs_total{hook,result}), its own queue, owner
+// goroutine and last failure, so that one service's slow hook never
+// delays another's. NSMD_VIP is the service's address. Call it after
+// the node's fixedEnv is complete; start and stop it like the node's.
+func (h *hookRunner) forService(spec service.Spec) *hookRunner {
+	if h == nil {
+		return nil
+	}
+	return &hookRunner{
+		log:      h.log.With("service", spec.ID),
+		nodeID:   h.nodeID,
+		vip:      spec.Address.String(),
+		scripts:  h.scripts,
+		timeout:  h.timeout,
+		fixedEnv: slices.Clone(h.fixedEnv),
+		runs:     h.runs,
+		duration: h.duration,
+		wake:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+}
+
 // start launches the owner goroutine. Cancelling ctx kills a running script
 // and drops whatever is queued; stop is the orderly end.
 func (h *hookRunner) start(ctx context.Context) {
@@ -184,7 +217,11 @@ func (h *hookRunner) start(ctx context.Context) {
 			if !ok {
 				return
 			}
-			job.finish(h.exec(ctx, job))
+			err := h.exec(ctx, job)
+			if h.onDone != nil {
+				h.onDone(job.event, job.env, err)
+			}
+			job.finish(err)
 		}
 	}()
 }
@@ -361,6 +398,7 @@ func (h *hookRunner) execScript(ctx context.Context, job hookJob) (string, error
 		"NSMD_REASON="+job.env.Reason,
 	)
 	cmd.Env = append(cmd.Env, h.fixedEnv...)
+	cmd.Env = append(cmd.Env, job.env.Extra...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error {
 		// The script and everything it started: the group has its pid.

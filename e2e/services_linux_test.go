@@ -199,4 +199,3 @@ func checkServiceNotified(t *testing.T, cl *clientHost, addr string, state int32
 		return false, fmt.Sprintf("%+v", ns)
 	})
 }
-

@@ -304,6 +304,28 @@ func (v *Netlink) releaseLocked() error {
 	return nil
 }
 
+// Drop ends a hold as Release does and also deletes every copy of the
+// address on the interface that this Netlink does not hold: one that an
+// earlier process left there (bound to the interface, an address outlives
+// a killed holder by its lifetime; added by hand, for ever). No copy
+// there is no error. After Close it does what Close did: nothing.
+func (v *Netlink) Drop() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	err := v.releaseLocked()
+	if v.closed {
+		return err
+	}
+	stale, rerr := v.link.remove()
+	if rerr != nil {
+		return errors.Join(err, fmt.Errorf("vip: delete %s from %s: %w", v.cfg.Prefix, v.cfg.Interface, rerr))
+	}
+	if stale {
+		v.log.Warn("removed a copy of the VIP this process did not hold (left by an earlier run)")
+	}
+	return err
+}
+
 // Abandon stops renewing without deleting the address, as a crashed
 // process would: the kernel drops it when its lifetime runs out. For
 // simulated crashes (in-process kills, drills); Release after it is a

@@ -475,6 +475,52 @@ func TestNetlinkVIPRemovesStale(t *testing.T) {
 	}
 }
 
+// Drop deletes a copy of the address that appeared after NewNetlink and
+// that this Netlink never held (a previous process's, found only when a
+// service's stop at start asks); Release, which deletes only its own
+// hold, leaves it (the control). Absent, it is no error.
+func TestNetlinkVIPDropRemovesACopyItDoesNotHold(t *testing.T) {
+	if inVIPNetns(t) == "" {
+		return
+	}
+	vip := netip.MustParseAddr("10.77.9.100")
+	v := newTestVIP(t, "10.77.9.100/24", 2*time.Second, 0)
+	if err := v.Drop(); err != nil {
+		t.Fatalf("Drop with no copy anywhere: %v", err)
+	}
+	runIP(t, "addr", "add", "10.77.9.100/32", "dev", vipDev)
+	if err := v.Release(); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if _, ok := addrOnDev(t, vipDev, vip); !ok {
+		t.Fatal("control: Release removed a copy it did not hold; this test no longer shows what Drop adds")
+	}
+	if err := v.Drop(); err != nil {
+		t.Fatalf("Drop: %v", err)
+	}
+	if a, ok := addrOnDev(t, vipDev, vip); ok {
+		t.Fatalf("the copy %+v is still there after Drop", a)
+	}
+	if err := v.Acquire(context.Background()); err != nil {
+		t.Fatalf("Acquire after Drop: %v", err)
+	}
+	if err := v.Drop(); err != nil {
+		t.Fatalf("Drop of a hold: %v", err)
+	}
+	if _, ok := addrOnDev(t, vipDev, vip); ok || v.Held() {
+		t.Fatal("the held address is still there after Drop")
+	}
+	if _, ok := addrOnDev(t, vipDev, netip.MustParseAddr("10.77.9.1")); !ok {
+		t.Fatal("the interface's own address went too")
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Drop(); err != nil {
+		t.Fatalf("Drop after Close: %v", err)
+	}
+}
+
 func TestNetlinkVIPAnnouncesARP(t *testing.T) {
 	peer := inVIPNetns(t)
 	if peer == "" {
