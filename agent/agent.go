@@ -111,13 +111,9 @@ type Agent struct {
 	connEvents *prometheus.CounterVec
 	readsHeld  *prometheus.CounterVec
 
-	// rooms serves the services placed on this node (serviceroom.go):
-	// nil unless serveServices and services: are set.
+	// rooms serves the services placed on this node (serviceroom.go),
+	// each with its NSM (servicensm.go): nil without services:.
 	rooms *serviceRoom
-	// serveServices plugs rooms into the cluster (its ServiceServer),
-	// each service's room with its NSM (servicensm.go). Off in this
-	// release: with services:, no service is served by itself yet.
-	serveServices bool
 
 	wg sync.WaitGroup
 }
@@ -262,7 +258,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if ccfg.VIP, err = a.floatingAddr(); err != nil {
 		return a, err
 	}
-	if a.serveServices && len(cfg.Services) > 0 {
+	if len(cfg.Services) > 0 && !cfg.Witness {
 		a.rooms = a.buildServiceRoom()
 		ccfg.ServiceServer = a.rooms
 	}
@@ -346,7 +342,7 @@ func (a *Agent) floatingAddr() (cluster.FloatingAddr, error) {
 	if len(a.cfg.Services) > 0 {
 		// The services carry their own addresses (vip is refused with
 		// services:); the node's leadership holds none.
-		a.log.Warn("services: this release places each service on a server and records it (nsmd services), and does not serve a service by itself yet: no service address is taken, no hook runs for a service", "services", len(a.cfg.Services))
+		a.log.Info("services: each service is served by the server it is placed on, on its own address; raft leadership serves none", "services", len(a.cfg.Services))
 		return nil, nil
 	}
 	switch a.cfg.VIPMode {

@@ -34,6 +34,12 @@ var _ cluster.Server = takeover{}
 // while nfsd is down retries its reclaim (hard mounts retry forever).
 func (tk takeover) Serve(ctx context.Context, t fsm.Takeover, state int32) error {
 	a := tk.a
+	if len(a.cfg.Services) > 0 {
+		// With services: each service is served by its own server
+		// (serviceroom.go); raft leadership serves nothing by itself.
+		a.log.Info("leading (raft only: with services:, leadership serves no service)", "sm_state", state)
+		return nil
+	}
 	a.log.Info("leading", "sm_state", state, "grace_until", t.GraceUntil, "vip_held", a.node.VIPHeld())
 	start := time.Now()
 	a.v4.grace.Takeover(state)
@@ -90,6 +96,9 @@ func (a *Agent) announce(ctx context.Context, state int32) {
 // while it served left the storage mounted and nfsd running.
 func (tk takeover) Stop(why cluster.StopReason) error {
 	a := tk.a
+	if len(a.cfg.Services) > 0 {
+		return nil // leadership served nothing (Serve); each service stops in its room
+	}
 	if why == cluster.StopLeadershipLost {
 		a.log.Info("following")
 	}
@@ -104,5 +113,8 @@ func (tk takeover) Stop(why cluster.StopReason) error {
 func (tk takeover) Fault(reason string, err error) {
 	a := tk.a
 	a.log.Error("fault", "reason", reason, "err", err)
+	if reason == cluster.FaultServiceStart || reason == cluster.FaultServiceStop {
+		return // the service's room ran on_fault, with the service's environment
+	}
 	a.hooks.fault(a.node.RaftStatus().Role, a.node.View().State(), reason, err)
 }

@@ -42,6 +42,12 @@ type ServiceServer interface {
 	StopService(service string, epoch uint64) error
 }
 
+// The reasons of Server.Fault for a service's failed start or stop.
+const (
+	FaultServiceStart = "service_start"
+	FaultServiceStop  = "service_stop"
+)
+
 // runPhase is where a run is.
 type runPhase int
 
@@ -321,7 +327,7 @@ func (r *serviceRuns) run(run *svcRun, seen time.Time) {
 		}
 		if ctx.Err() == nil {
 			n.log.Error("a service did not start: stopping it again, then retrying", "service", run.service, "epoch", run.epoch, "err", err)
-			n.fault("service_start", fmt.Errorf("%s: %w", run.service, err))
+			n.fault(FaultServiceStart, fmt.Errorf("%s: %w", run.service, err))
 		}
 		if !r.stopRun(run, false) || ctx.Err() != nil {
 			end()
@@ -390,7 +396,7 @@ func (r *serviceRuns) stopRun(run *svcRun, final bool) bool {
 	r.setPhase(run, runStopping, 0)
 	n.log.Info("stopping a service", "service", run.service, "epoch", run.epoch, "why", run.why)
 	if err := r.srv.StopService(run.service, run.epoch); err != nil {
-		n.fault("service_stop", fmt.Errorf("%s: %w", run.service, err))
+		n.fault(FaultServiceStop, fmt.Errorf("%s: %w", run.service, err))
 		n.stoppedServing(fmt.Errorf("stop service %s: %w", run.service, err))
 		return false
 	}

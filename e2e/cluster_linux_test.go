@@ -133,8 +133,8 @@ type clusterSpec struct {
 	slowDisks bool
 	// extraArgs, when set, adds agent flags per node (hooks, fencing).
 	extraArgs func(n *nsmNode) []string
-	// noVIP runs without a VIP (--vip-mode none): services: carry their
-	// own addresses.
+	// noVIP runs without a VIP: services: carry their own addresses
+	// (vip_mode netlink: taken on the interface each service names).
 	noVIP bool
 }
 
@@ -153,7 +153,7 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 		c.vipMode = m
 	}
 	if spec.noVIP {
-		c.vipMode = "none"
+		c.vipMode = "none" // no VIP checks
 	}
 	c.top = newTopology(t, clusterNodes, spec.clients)
 	logDir := t.TempDir()
@@ -295,6 +295,9 @@ func (n *nsmNode) agentArgs() []string {
 	}
 	if n.c.spec.extraArgs != nil {
 		args = append(args, n.c.spec.extraArgs(n)...)
+	}
+	if n.c.spec.noVIP {
+		return append(args, "--vip-mode", "netlink")
 	}
 	if n.c.vipMode == "none" {
 		return append(args, "--vip-mode", "none")
