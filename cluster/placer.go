@@ -65,7 +65,11 @@ type placer struct {
 	mu          sync.Mutex
 	leadingFrom time.Time // when this node's current leadership was first seen
 	lastErr     string
-	releasing   map[string]bool // services an operator's move asks their owner to release (servicerelease.go)
+	releasing   map[string]bool // services whose owner is asked to release them before a move (servicerelease.go)
+	// moving are the services of a decided move that waits for its owner's
+	// release in a goroutine of its own (moveReleasingFirst); wg owns them.
+	moving map[string]bool
+	wg     sync.WaitGroup
 }
 
 func newPlacer(n *Node, cfg ServiceConfig) *placer {
@@ -85,6 +89,7 @@ func (p *placer) wake() {
 func (p *placer) loop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	defer p.wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -127,6 +132,10 @@ func (p *placer) once(ctx context.Context) {
 	in.Policy.Settling = p.settling(in, since)
 	d := placement.Decide(in)
 	for _, m := range d.Moves {
+		if p.movingAway(m) {
+			p.moveReleasingFirst(ctx, m)
+			continue
+		}
 		if err := p.commit(ctx, m); err != nil {
 			p.note("place "+m.Service, err)
 			return // decide again on what is committed now

@@ -397,3 +397,68 @@ func TestARestartedOwnerServesItsServiceAgainAtANewEpoch(t *testing.T) {
 		t.Fatalf("two servers served one service at once: %v", o)
 	}
 }
+
+// A failback takes a service from a live owner, as an operator's move
+// does, so it releases first too: the owner stops the service while its
+// lease holds (its watchdog is never starved for it) and the preferred
+// server, asking, is answered at once — long before the owner's 30 s
+// watchdog bound. The placer's loop does not wait for the stop meanwhile.
+func TestFailbackReleasesFirst(t *testing.T) {
+	fc, h, ds := newServicesCluster(t, 3, 30*time.Second, func(cfg *Config) {
+		cfg.Services.Declared = []fsm.ServiceDecl{
+			{ID: "a", Fingerprint: "fa", Prefer: []string{"n1"}},
+			{ID: "b", Fingerprint: "fb", Prefer: []string{"n2"}},
+			{ID: "c", Fingerprint: "fc", Prefer: []string{"n3"}},
+		}
+		cfg.Services.Failback = true
+	})
+	testutil.WaitForSeen(t, 20*time.Second, "a on n1, b on n2, c on n3", func() (bool, string) {
+		o := h.owners()
+		return o == "a=n1 b=n2 c=n3", o
+	})
+	// n1 looks unhealthy to the leader (another node: a leader judges
+	// its own health by its disk): a moves away as from a lost server (no
+	// release: its owner is not asked).
+	if _, ld := fc.leader(10 * time.Second); ld.id == "n1" {
+		if err := ld.n.TransferLeadership("n2"); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, 10*time.Second, "n2 leads", func() bool { _, l := fc.leader(10 * time.Second); return l.id == "n2" })
+	}
+	ds.set("n1", true)
+	testutil.WaitForSeen(t, 60*time.Second, "a served elsewhere", func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, "a=") && !strings.Contains(o, "a=n1"), o
+	})
+	var holder string
+	for _, kv := range strings.Fields(h.owners()) {
+		if svc, node, _ := strings.Cut(kv, "="); svc == "a" {
+			holder = node
+		}
+	}
+	h.mu.Lock()
+	h.stopDelay = time.Second
+	h.mu.Unlock()
+	m := fc.machines[holder]
+	m.mu.Lock()
+	starves := m.starves
+	m.mu.Unlock()
+	// n1 is healthy again: a fails back to it, released first by holder.
+	ds.set("n1", false)
+	testutil.WaitForSeen(t, 20*time.Second, "a back on n1", func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, "a=n1") && !strings.Contains(o, "a="+holder), o
+	})
+	if o := h.overlaps(); len(o) > 0 {
+		t.Fatalf("two servers served one service at once: %v", o)
+	}
+	if p := proofOf(fc, "a"); p.By != "clean" || p.Node != holder {
+		t.Errorf("the failback's old owner proven stopped by %+v, want its own answer", p)
+	}
+	m.mu.Lock()
+	starved := m.starves - starves
+	m.mu.Unlock()
+	if starved > 0 {
+		t.Errorf("%s's watchdog was starved %d times while it stopped a for a failback", holder, starved)
+	}
+}
