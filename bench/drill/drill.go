@@ -81,9 +81,9 @@ type Options struct {
 	// Admins are admin API addresses (host:port or URL). Nodes not listed
 	// are found from /v1/members: their nsm_addr host with each listed
 	// admin port is probed (nsmd dev: node i's admin is 127.0.0.i:PORT).
-	Admins  []string
-	VIP     string // host:port of NSM on the VIP; "" = status.vip + the leader's NSM port
-	Fault   string // FaultTransfer | FaultKill | FaultKillCmd | FaultNSMDKill | FaultNSMDHang | FaultPartition | FaultFreeze
+	Admins []string
+	VIP    string // host:port of NSM on the VIP; "" = status.vip + the leader's NSM port
+	Fault  string // FaultTransfer | FaultKill | FaultKillCmd | FaultNSMDKill | FaultNSMDHang | FaultPartition | FaultFreeze
 	// Service, when set, drills that service (service.go): the fault hits
 	// the server it runs on (transfer: a planned move of the service to
 	// another server), and the milestones are the service's.
@@ -214,17 +214,17 @@ type Stat struct {
 }
 
 type Report struct {
-	Date   time.Time  `json:"date"`
-	Fault  string     `json:"fault"`
+	Date  time.Time `json:"date"`
+	Fault string    `json:"fault"`
 	// Service is the drilled service ("": a leader drill); then VIP is the
 	// service's NSM address, and each run's leaders are its servers.
-	Service string `json:"service,omitempty"`
-	VIP    string     `json:"vip"`
-	Nodes  []Node     `json:"nodes"`
-	Asked  int        `json:"runs_asked"`
-	PollMS float64    `json:"poll_ms"` // each time includes up to one interval
-	Runs   []Failover `json:"runs"`
-	Stats  []Stat     `json:"stats,omitempty"`
+	Service string     `json:"service,omitempty"`
+	VIP     string     `json:"vip"`
+	Nodes   []Node     `json:"nodes"`
+	Asked   int        `json:"runs_asked"`
+	PollMS  float64    `json:"poll_ms"` // each time includes up to one interval
+	Runs    []Failover `json:"runs"`
+	Stats   []Stat     `json:"stats,omitempty"`
 	// StepStats: the new leaders' takeover steps over the runs (StepStats).
 	StepStats []Stat `json:"step_stats,omitempty"`
 	Stopped   string `json:"stopped,omitempty"` // why fewer runs than asked
