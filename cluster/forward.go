@@ -16,8 +16,8 @@ import (
 
 	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/nsmd/nsmd/fsm"
-	"github.com/nsmd/nsmd/placement"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/placement"
 )
 
 // ForwardProgram is nsmd's private ONC RPC program (in the user-defined
@@ -171,6 +171,8 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		return n.serveService(c, res) // servicestop.go
 	case fwdProcRelease:
 		return n.serveRelease(ctx, c, res) // servicerelease.go
+	case fwdProcSvcConns:
+		return n.serveSvcConns(c, res) // svcconns.go
 	default:
 		return oncrpc.ErrProcUnavail
 	}
