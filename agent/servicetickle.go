@@ -22,9 +22,16 @@ import (
 )
 
 // unsupportedRetry is how long a server that answered SVCCONNS with
-// PROC_UNAVAIL (an older release) is not asked again: an upgrade of it
-// is found within that.
+// PROC_UNAVAIL (an older release) is not asked again, unless gossip says
+// it runs another version since (it was upgraded and restarted).
 const unsupportedRetry = 5 * time.Minute
+
+// unsupported is a server's PROC_UNAVAIL to SVCCONNS: when, and the
+// version gossip said it ran then.
+type unsupported struct {
+	at      time.Time
+	version string
+}
 
 // serviceTickler is the tickler with services: (DESIGN.md, "Tickle
 // ACKs"): the clients' connections of a service are on its address, on
@@ -59,7 +66,7 @@ type serviceTickler struct {
 
 	mu          sync.Mutex
 	last        map[string]svcSample // by service: the last sample held
-	unsupported map[string]time.Time // server → when it answered PROC_UNAVAIL
+	unsupported map[string]unsupported // server → its PROC_UNAVAIL
 	overLogged  map[string]bool      // "over tickle_max_conns" logged for the service, not cleared since
 	stopped     bool                 // stop ran: no new sends
 	sampleErr   errOnce
@@ -77,7 +84,7 @@ func newServiceTickler(cfg config.Config, log *slog.Logger, reg prometheus.Regis
 	t := &serviceTickler{
 		log: log.With("component", "tickle"), self: cfg.NodeID, procRoot: procRoot, sendFn: send,
 		max: cfg.TickleMaxConns, addrs: map[string]netip.Addr{},
-		last: map[string]svcSample{}, unsupported: map[string]time.Time{}, overLogged: map[string]bool{},
+		last: map[string]svcSample{}, unsupported: map[string]unsupported{}, overLogged: map[string]bool{},
 		svcKnown: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "nsmd_tickle_service_connections",
 			Help: "Client connections on the service's address this node knows: its own last sample while it serves the service, else the last one fetched from the server that serves it (what it tickles if it takes the service over from that server).",
@@ -213,13 +220,14 @@ func (t *serviceTickler) fetch() {
 	owner := map[string]string{} // service → its server, of this node's services
 	servers := map[string]bool{}
 	now := time.Now()
+	versions := t.versions()
 	t.mu.Lock()
 	for _, p := range t.node.Load().Services().View().State.Placements {
 		if _, ours := t.addrs[p.Service]; !ours || p.Node == "" {
 			continue
 		}
 		owner[p.Service] = p.Node
-		if at, ok := t.unsupported[p.Node]; ok && now.Sub(at) < unsupportedRetry {
+		if u, ok := t.unsupported[p.Node]; ok && now.Sub(u.at) < unsupportedRetry && u.version == versions[p.Node] {
 			continue
 		}
 		if p.Node != t.self {
@@ -238,6 +246,15 @@ func (t *serviceTickler) fetch() {
 	wg.Wait()
 }
 
+// versions are the members' versions, as gossip says, by node id.
+func (t *serviceTickler) versions() map[string]string {
+	out := map[string]string{}
+	for _, m := range t.node.Load().Members() {
+		out[m.ID] = m.Version
+	}
+	return out
+}
+
 // fetchFrom asks server srv for its samples and keeps those of this
 // node's services that srv serves (owner: service → server).
 func (t *serviceTickler) fetchFrom(srv string, owner map[string]string) {
@@ -246,8 +263,9 @@ func (t *serviceTickler) fetchFrom(srv string, owner map[string]string) {
 	m, err := t.node.Load().Hints().ServerServiceConns(ctx, srv, t.max)
 	switch {
 	case errors.Is(err, cluster.ErrServiceConnsUnsupported):
+		version := t.versions()[srv]
 		t.mu.Lock()
-		t.unsupported[srv] = time.Now()
+		t.unsupported[srv] = unsupported{at: time.Now(), version: version}
 		t.mu.Unlock()
 		t.log.Info("a server runs a release that does not share its services' connections: not asking it again for a while", "server", srv, "retry_after", unsupportedRetry)
 		return
