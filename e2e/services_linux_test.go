@@ -155,7 +155,8 @@ func waitServices(t *testing.T, c *e2eCluster, want map[string]string, timeout t
 	t.Helper()
 	return waitServicesFrom(t, c, c.nodes[0], func(st map[string]admin.ServiceStatus) bool {
 		for id, node := range want {
-			if st[id].Owner != node || st[id].State != admin.ServicePlaced {
+			// placed as the others see it, serving as its owner does.
+			if st[id].Owner != node || st[id].State != admin.ServicePlaced && st[id].State != admin.ServiceServing {
 				return false
 			}
 		}
