@@ -176,6 +176,25 @@ func TestServicesShowWhatEachServerDoes(t *testing.T) {
 		}
 	}
 	checkServing(owners)
+	// Every nsmd_service_* name the rules and the dashboard use is
+	// exported by this cluster (the check of the other names runs on a
+	// cluster without services: TestDashboardAndRulesUseOnlyExportedMetrics).
+	exported := map[string]bool{}
+	for _, m := range serviceMetrics(t, d) {
+		for series := range m {
+			n, _, _ := strings.Cut(series, "{")
+			exported[n] = true
+		}
+	}
+	used := serviceMetricNames(t)
+	if len(used) < 4 {
+		t.Errorf("the rules and dashboard use only %v of the services' metrics", used)
+	}
+	for _, n := range used {
+		if !exported[n] {
+			t.Errorf("the rules or the dashboard use %s, which no node of a cluster with services exports", n)
+		}
+	}
 
 	// The planned move of home to a server that does not serve it.
 	from := owners["home"]
