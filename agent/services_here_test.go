@@ -228,3 +228,108 @@ func TestServicesShowWhatEachServerDoes(t *testing.T) {
 	owners["home"] = to
 	checkServing(owners)
 }
+
+// TestServiceWaitingForProofIsNotServing: when a service's server dies
+// and promised no fence (fence_watchdog off, no agent), its new server
+// waits for an operator's confirmation: meanwhile it reports the service
+// placed, not serving, with a run in phase proving and no proof, and no
+// live node exports nsmd_service_serving 1 for it (what
+// NsmdServiceNotServed fires on); the other service is still served.
+func TestServiceWaitingForProofIsNotServing(t *testing.T) {
+	killServiceOwnerUnfenced(t)
+}
+
+// TestServiceServedOnceAnOperatorConfirmsItsServerOff: after the wait
+// above, an operator's confirmation that the dead server is off lets the
+// new server serve the service, and it says so: proven stopped by
+// confirmed.
+func TestServiceServedOnceAnOperatorConfirmsItsServerOff(t *testing.T) {
+	t.Skip("known: with a member down the cluster keeps an operator's confirmation on the raft leader for its term " +
+		"(recordsOK counts a dead server as level 0: cluster/promise.go, membership.commandLevel), so a new owner " +
+		"that is not the leader never sees it and waits on; unskip once the confirmation reaches every member")
+	next, svc, victimID := killServiceOwnerUnfenced(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := next.Node().ConfirmOff(ctx, victimID, "test"); err != nil {
+		t.Fatalf("confirm %s off: %v", victimID, err)
+	}
+	testutil.WaitForSeen(t, 30*time.Second, svc+" served by "+next.Config().NodeID, func() (bool, string) {
+		s := serviceOf(next, svc)
+		return s.State == admin.ServiceServing, fmt.Sprintf("%s run %+v (leader %v)", s.State, s.Run, next.Node().IsLeader())
+	})
+	if p := serviceOf(next, svc).Run.Proof; p == nil || p.Node != victimID || p.By != "confirmed" {
+		t.Errorf("%s on %s: proof %+v, want %s confirmed off", svc, next.Config().NodeID, p, victimID)
+	}
+}
+
+// killServiceOwnerUnfenced kills the server of one service of a
+// servingDev (one that does not lead), waits until the service's new
+// server waits for proof that it stopped, and checks what the live nodes
+// report meanwhile. It returns the new server, the service and the dead
+// server's id.
+func killServiceOwnerUnfenced(t *testing.T) (*agent.Agent, string, string) {
+	t.Helper()
+	d := servingDev(t)
+	var victim *agent.Agent
+	var svc, other string
+	testutil.WaitForSeen(t, 40*time.Second, "both services served, one on a follower", func() (bool, string) {
+		victim, svc, other = nil, "", ""
+		var seen []string
+		for _, id := range []string{"home", "proj"} {
+			s := serviceOf(d.Agents()[0], id)
+			owner := agentByID(d, s.Owner)
+			if owner == nil || serviceOf(owner, id).State != admin.ServiceServing {
+				return false, id + " not served yet"
+			}
+			seen = append(seen, id+" on "+s.Owner)
+			if victim == nil && !owner.Node().IsLeader() {
+				victim, svc = owner, id
+			} else {
+				other = id
+			}
+		}
+		return victim != nil && other != "", strings.Join(seen, ", ")
+	})
+	victimID, otherOwner := victim.Config().NodeID, serviceOf(d.Agents()[0], other).Owner
+	victim.Kill()
+	var live []*agent.Agent
+	for _, a := range d.Agents() {
+		if a != victim {
+			live = append(live, a)
+		}
+	}
+	var next *agent.Agent
+	testutil.WaitForSeen(t, 40*time.Second, svc+" placed anew, its new server waiting for proof", func() (bool, string) {
+		s := serviceOf(live[0], svc)
+		next = agentByID(d, s.Owner)
+		if next == nil || next == victim {
+			return false, "owner " + s.Owner
+		}
+		r := serviceOf(next, svc).Run
+		return r != nil && r.Phase == admin.RunProving, fmt.Sprintf("on %s: run %+v", s.Owner, r)
+	})
+	s := serviceOf(next, svc)
+	if s.State != admin.ServicePlaced || s.Run.Proof != nil || s.Run.Epoch != s.Epoch {
+		t.Errorf("%s on %s while it waits for proof: state %s run %+v, want placed, proving at epoch %d, no proof", svc, next.Config().NodeID, s.State, s.Run, s.Epoch)
+	}
+	sum := 0.0
+	for _, a := range live {
+		m := scrapeSeriesNames(t, http.DefaultClient, a)
+		sum += m[`nsmd_service_serving{service="`+svc+`"}`]
+		if m[`nsmd_service_state{service="`+svc+`",state="placed"}`] != 1 {
+			t.Errorf("%s: nsmd_service_state placed of %s is not 1 while its new server waits", a.Config().NodeID, svc)
+		}
+	}
+	// Nothing proves the dead server stopped: the run is still proving
+	// after the scrapes (so they read a run that waits).
+	if r := serviceOf(next, svc).Run; r == nil || r.Phase != admin.RunProving {
+		t.Fatalf("%s's run left proving with nothing to prove the dead server stopped: %+v", svc, r)
+	}
+	if sum != 0 {
+		t.Errorf("nsmd_service_serving of %s sums to %v on the live nodes while nobody serves it", svc, sum)
+	}
+	if o := agentByID(d, otherOwner); o == victim || serviceOf(o, other).State != admin.ServiceServing {
+		t.Errorf("%s is no longer served by %s", other, otherOwner)
+	}
+	return next, svc, victimID
+}
