@@ -244,9 +244,6 @@ func TestServiceWaitingForProofIsNotServing(t *testing.T) {
 // new server serve the service, and it says so: proven stopped by
 // confirmed.
 func TestServiceServedOnceAnOperatorConfirmsItsServerOff(t *testing.T) {
-	t.Skip("known: with a member down the cluster keeps an operator's confirmation on the raft leader for its term " +
-		"(recordsOK counts a dead server as level 0: cluster/promise.go, membership.commandLevel), so a new owner " +
-		"that is not the leader never sees it and waits on; unskip once the confirmation reaches every member")
 	next, svc, victimID := killServiceOwnerUnfenced(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
