@@ -592,6 +592,7 @@ func (sc *svcCluster) checkMoves(t reporter, before, final map[string]admin.Serv
 type reporter interface {
 	Helper()
 	Errorf(format string, args ...any)
+	Logf(format string, args ...any)
 }
 
 // recorder collects what a check reports (negative controls).
@@ -600,7 +601,8 @@ type recorder struct {
 	errs []string
 }
 
-func (r *recorder) Helper() {}
+func (r *recorder) Helper()             {}
+func (r *recorder) Logf(string, ...any) {}
 func (r *recorder) Errorf(format string, args ...any) {
 	r.mu.Lock()
 	r.errs = append(r.errs, fmt.Sprintf(format, args...))
