@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/placement"
 	"github.com/nsmd/nsmd/service"
 )
@@ -95,8 +96,8 @@ func (a *Agent) moveService(ctx context.Context, id, to string) error {
 	switch {
 	case errors.Is(err, placement.ErrUnknownService):
 		return fmt.Errorf("%w: %v", admin.ErrUnknownService, err)
-	case errors.Is(err, placement.ErrUnknownServer), errors.Is(err, placement.ErrWitness), errors.Is(err, placement.ErrNotDeclared),
-		errors.Is(err, placement.ErrConflict), errors.Is(err, placement.ErrUnhealthy), errors.Is(err, placement.ErrAlreadyThere):
+	case placement.IsRefusal(err), errors.Is(err, cluster.ErrRejected):
+		// ErrRejected: the leader's own view refused it (a follower asked).
 		return fmt.Errorf("%w: %v", admin.ErrBadRequest, err)
 	}
 	return err

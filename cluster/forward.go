@@ -16,6 +16,7 @@ import (
 
 	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/nsmd/nsmd/fsm"
+	"github.com/nsmd/nsmd/placement"
 	"github.com/nsmd/nsmd/oncrpc"
 )
 
@@ -58,6 +59,11 @@ const (
 	// refused: fsm.ErrOwnedElsewhere). Only a release that proposes guarded
 	// registrations forwards one, so only such a release gets it.
 	fwdRefused uint32 = 4
+	// fwdRejected: the leader refused a forwarded request by its rule
+	// (an operator's move of a service that its own view does not allow:
+	// placement's typed refusals), with why. Only a release that forwards
+	// operator moves gets it.
+	fwdRejected uint32 = 5
 )
 
 const (
@@ -77,6 +83,10 @@ var (
 	// ErrForwardDenied means the leader refused a forwarded write
 	// (authentication failed).
 	ErrForwardDenied = errors.New("cluster: forwarded write denied")
+	// ErrRejected means the leader refused a forwarded request by its own
+	// rule (an operator's move its view does not allow); the error says
+	// why. Retrying the same request is refused again.
+	ErrRejected = errors.New("cluster: the leader refused the request")
 )
 
 // fwdArgs is APPLY's argument: one fsm-encoded command, the sender's
@@ -200,6 +210,9 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 		return fwdRes{Status: fwdFailed, Err: fmt.Sprintf("%s: %v", fwdUndecodable, err)}
 	}
 	if pc, ok, perr := n.forwardablePlacement(from, cmds[0]); ok {
+		if placement.IsRefusal(perr) {
+			return fwdRes{Status: fwdRejected, Err: perr.Error()}
+		}
 		cmds[0], err = pc, perr
 	} else {
 		cmds[0], err = n.forwardable(cmds[0])
@@ -443,6 +456,8 @@ func (n *Node) forward(ctx context.Context, addr string, cmd fsm.Command) (int32
 	case fwdRefused:
 		n.metrics.forwarded.WithLabelValues("ok").Inc()
 		return res.State, fmt.Errorf("cluster: leader %s: %w", addr, fsm.ErrOwnedElsewhere)
+	case fwdRejected:
+		return 0, fmt.Errorf("%w: leader %s: %s", ErrRejected, addr, res.Err)
 	case fwdFailed:
 		if strings.HasPrefix(res.Err, fwdUndecodable) {
 			return 0, fmt.Errorf("%w: leader %s: %s", errRefusedKind, addr, res.Err)

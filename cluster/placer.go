@@ -52,6 +52,63 @@ type ServiceConfig struct {
 	Settle time.Duration
 }
 
+// withdrawAfter failed starts in a row of one service, a server hands it
+// on: it leaves the service out of its declaration for withdrawFor, so
+// the leader moves it (placement.ReasonIneligible, released first) to
+// another server that declares it, or, with none, takes it away; then it
+// declares it again, and the service stays where it runs (no flapping).
+const (
+	withdrawAfter = 3
+	withdrawFor   = 5 * time.Minute
+)
+
+// withdraw leaves service out of this node's declaration until until.
+func (p *placer) withdraw(service string, until time.Time) {
+	p.mu.Lock()
+	if p.withdrawn == nil {
+		p.withdrawn = map[string]time.Time{}
+	}
+	p.withdrawn[service] = until
+	p.mu.Unlock()
+	p.wake()
+}
+
+// declared is what this node declares now: its configuration's
+// services but those it withdrew (withdraw) until a time still ahead.
+func (p *placer) declared() []fsm.ServiceDecl {
+	now := p.n.cfg.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.withdrawn) == 0 {
+		return p.cfg.Declared
+	}
+	var out []fsm.ServiceDecl
+	for _, d := range p.cfg.Declared {
+		if until, ok := p.withdrawn[d.ID]; ok && now.Before(until) {
+			continue
+		}
+		delete(p.withdrawn, d.ID)
+		out = append(out, d)
+	}
+	return out
+}
+
+// Withdrawn lists the services this node leaves out of its declaration
+// now, each with when it declares it again.
+func (s Services) Withdrawn() map[string]time.Time {
+	p := s.p
+	now := p.n.cfg.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]time.Time{}
+	for id, until := range p.withdrawn {
+		if now.Before(until) {
+			out[id] = until
+		}
+	}
+	return out
+}
+
 // placementLevel is the CommandLevel of kinds 18–21.
 const placementLevel = 2
 
@@ -65,7 +122,15 @@ type placer struct {
 	mu          sync.Mutex
 	leadingFrom time.Time // when this node's current leadership was first seen
 	lastErr     string
-	releasing   map[string]bool // services an operator's move asks their owner to release (servicerelease.go)
+	releasing   map[string]bool // services whose owner is asked to release them before a move (servicerelease.go)
+	// moving are the services of a decided move that waits for its owner's
+	// release in a goroutine of its own (moveReleasingFirst); wg owns them.
+	moving map[string]bool
+	wg     sync.WaitGroup
+	// withdrawn are services this node leaves out of its declaration
+	// until then: it failed to start them (servicerun.go), so the leader
+	// hands them to another server that declares them.
+	withdrawn map[string]time.Time
 }
 
 func newPlacer(n *Node, cfg ServiceConfig) *placer {
@@ -85,6 +150,7 @@ func (p *placer) wake() {
 func (p *placer) loop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	defer p.wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -127,6 +193,10 @@ func (p *placer) once(ctx context.Context) {
 	in.Policy.Settling = p.settling(in, since)
 	d := placement.Decide(in)
 	for _, m := range d.Moves {
+		if p.movingAway(m) {
+			p.moveReleasingFirst(ctx, m)
+			continue
+		}
 		if err := p.commit(ctx, m); err != nil {
 			p.note("place "+m.Service, err)
 			return // decide again on what is committed now
@@ -173,7 +243,7 @@ func (p *placer) gate(cmd fsm.Command) error {
 // declared).
 func (p *placer) declare(ctx context.Context) error {
 	n := p.n
-	want := p.cfg.Declared
+	want := p.declared()
 	st := n.fsm.Services()
 	var have []fsm.ServiceDecl
 	known := false

@@ -178,3 +178,39 @@ func TestServicesWaitForEveryMemberToApplyPlacement(t *testing.T) {
 		t.Errorf("a move while a member cannot apply placements was accepted")
 	}
 }
+
+// An operator's move asked on a follower is planned again by the leader;
+// when the leader's view refuses it (here: the target is unhealthy to the
+// leader only), the follower gets ErrRejected with the reason at once,
+// not a write retried until the hold timeout.
+func TestFollowersMoveRefusedByTheLeaderIsRejectedAtOnce(t *testing.T) {
+	views := map[string]*downSet{"n1": {down: map[string]bool{}}, "n2": {down: map[string]bool{}}, "n3": {down: map[string]bool{}}}
+	fc, h, _ := newServicesCluster(t, 3, 4*time.Second, func(cfg *Config) { cfg.memberHealthy = views[cfg.NodeID].healthy })
+	owners := waitOnePerServer(t, h)
+	_, ld := fc.leader(10 * time.Second)
+	var asker, target string
+	for _, tn := range fc.nodes {
+		switch {
+		case tn.id == ld.id:
+		case asker == "":
+			asker = tn.id
+		default:
+			target = tn.id
+		}
+	}
+	views[ld.id].set(target, true)
+	var svc string
+	for s, node := range owners {
+		if node == asker {
+			svc = s
+		}
+	}
+	start := time.Now()
+	err := nodeByID(fc, asker).Services().Move(context.Background(), svc, target)
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "not healthy") {
+		t.Fatalf("move of %s to %s asked on %s: %v, want ErrRejected saying why", svc, target, asker, err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the refusal took %v", took)
+	}
+}

@@ -109,12 +109,66 @@ func (r *serviceRuns) release(ctx context.Context, service string, epoch uint64)
 	return r.serves(service, epoch)
 }
 
-// releaseFirst asks c's current owner to release the service before an
-// operator's move c is committed: true when it answered that it released
-// it. The leader's restart of that service waits meanwhile (planRestart).
+// releasesFirst reports whether a move for reason takes a service from
+// an owner that is alive: an operator's move, a failback, an owner that
+// no longer declares the service, a service nobody declares. A move from
+// a lost owner (placement.ReasonLost) asks nobody.
+func releasesFirst(reason string) bool {
+	switch reason {
+	case placement.ReasonOperator, placement.ReasonFailback, placement.ReasonIneligible, placement.ReasonUndeclared:
+		return true
+	}
+	return false
+}
+
+// movingAway reports whether m is a decided move that releases first
+// (releasesFirst) from another node than this leader's own loop can ask
+// without waiting: every such move does, in moveReleasingFirst.
+func (p *placer) movingAway(m placement.Move) bool {
+	return releasesFirst(m.Reason) && m.From != "" && m.From != m.To && m.Epoch >= 2
+}
+
+// moveReleasingFirst commits a decided move m in a goroutine of its own,
+// after its owner released the service (releaseFirst), so the placer's
+// loop never waits for an owner's stop; the loop skips the service until
+// then. The move is committed as decided: if another placement of the
+// service was committed meanwhile, it is refused, and the loop decides
+// again.
+func (p *placer) moveReleasingFirst(ctx context.Context, m placement.Move) {
+	p.mu.Lock()
+	if p.moving[m.Service] {
+		p.mu.Unlock()
+		return
+	}
+	if p.moving == nil {
+		p.moving = map[string]bool{}
+	}
+	p.moving[m.Service] = true
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer func() {
+			p.mu.Lock()
+			delete(p.moving, m.Service)
+			p.mu.Unlock()
+			p.wake()
+		}()
+		c := fsm.ServicePlaced{Service: m.Service, Node: m.To, Epoch: m.Epoch, Reason: m.Reason, From: m.From}
+		p.releaseFirst(ctx, c)
+		if err := p.commit(ctx, m); err != nil {
+			p.note("place "+m.Service, err)
+		}
+	}()
+}
+
+// releaseFirst asks c's current owner to release the service before a
+// move c that takes it from a live owner is committed (releasesFirst):
+// true when it answered that it released it. The leader's restart of
+// that service waits meanwhile (planRestart).
 func (p *placer) releaseFirst(ctx context.Context, c fsm.ServicePlaced) bool {
 	n := p.n
-	if c.Reason != placement.ReasonOperator || c.From == "" || c.From == c.Node || c.Epoch < 2 {
+	if !releasesFirst(c.Reason) || c.From == "" || c.From == c.Node || c.Epoch < 2 {
 		return false
 	}
 	p.mu.Lock()

@@ -317,7 +317,7 @@ func (r *serviceRuns) run(run *svcRun, seen time.Time) {
 		end() // nothing started
 		return
 	}
-	for {
+	for failed := 1; ; failed++ {
 		err := r.start(ctx, run)
 		if err == nil {
 			break
@@ -326,8 +326,12 @@ func (r *serviceRuns) run(run *svcRun, seen time.Time) {
 			return // the process ends as a crash would: what runs stays
 		}
 		if ctx.Err() == nil {
-			n.log.Error("a service did not start: stopping it again, then retrying", "service", run.service, "epoch", run.epoch, "err", err)
+			n.log.Error("a service did not start: stopping it again, then retrying", "service", run.service, "epoch", run.epoch, "err", err, "failed", failed)
 			n.fault(FaultServiceStart, fmt.Errorf("%s: %w", run.service, err))
+			if failed == withdrawAfter {
+				n.log.Error("a service failed to start several times here: handing it to another server that declares it", "service", run.service, "failed", failed, "declared_again_in", withdrawFor)
+				n.placer.withdraw(run.service, n.cfg.Now().Add(withdrawFor))
+			}
 		}
 		if !r.stopRun(run, false) || ctx.Err() != nil {
 			end()

@@ -30,6 +30,8 @@ type svcHosts struct {
 	machines  map[string]*machine // set before the nodes start
 	stopDelay time.Duration       // how long a stop takes (set before the stop)
 	mu        sync.Mutex
+	failStart map[string]bool // "node/service": its start fails (a hook that cannot mount)
+	starts    map[string]int  // "node/service": starts tried
 	spans     map[string][]*svcSpan // by service
 }
 
@@ -43,6 +45,13 @@ func (s hostServer) ServeService(_ context.Context, service string, epoch uint64
 	defer s.h.mu.Unlock()
 	if s.h.crashed(s.node) {
 		return nil
+	}
+	if s.h.starts == nil {
+		s.h.starts = map[string]int{}
+	}
+	s.h.starts[s.node+"/"+service]++
+	if s.h.failStart[s.node+"/"+service] {
+		return fmt.Errorf("mount of %s failed on %s", service, s.node)
 	}
 	for _, sp := range s.h.spans[service] {
 		if sp.node == s.node && sp.until.IsZero() {
@@ -396,4 +405,128 @@ func TestARestartedOwnerServesItsServiceAgainAtANewEpoch(t *testing.T) {
 	if o := h.overlaps(); len(o) > 0 {
 		t.Fatalf("two servers served one service at once: %v", o)
 	}
+}
+
+// A failback takes a service from a live owner, as an operator's move
+// does, so it releases first too: the owner stops the service while its
+// lease holds (its watchdog is never starved for it) and the preferred
+// server, asking, is answered at once — long before the owner's 30 s
+// watchdog bound. The placer's loop does not wait for the stop meanwhile.
+func TestFailbackReleasesFirst(t *testing.T) {
+	fc, h, ds := newServicesCluster(t, 3, 30*time.Second, func(cfg *Config) {
+		cfg.Services.Declared = []fsm.ServiceDecl{
+			{ID: "a", Fingerprint: "fa", Prefer: []string{"n1"}},
+			{ID: "b", Fingerprint: "fb", Prefer: []string{"n2"}},
+			{ID: "c", Fingerprint: "fc", Prefer: []string{"n3"}},
+		}
+		cfg.Services.Failback = true
+	})
+	testutil.WaitForSeen(t, 20*time.Second, "a on n1, b on n2, c on n3", func() (bool, string) {
+		o := h.owners()
+		return o == "a=n1 b=n2 c=n3", o
+	})
+	// n1 looks unhealthy to the leader (another node: a leader judges
+	// its own health by its disk): a moves away as from a lost server (no
+	// release: its owner is not asked).
+	if _, ld := fc.leader(10 * time.Second); ld.id == "n1" {
+		if err := ld.n.TransferLeadership("n2"); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, 10*time.Second, "n2 leads", func() bool { _, l := fc.leader(10 * time.Second); return l.id == "n2" })
+	}
+	ds.set("n1", true)
+	testutil.WaitForSeen(t, 60*time.Second, "a served elsewhere", func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, "a=") && !strings.Contains(o, "a=n1"), o
+	})
+	var holder string
+	for _, kv := range strings.Fields(h.owners()) {
+		if svc, node, _ := strings.Cut(kv, "="); svc == "a" {
+			holder = node
+		}
+	}
+	h.mu.Lock()
+	h.stopDelay = time.Second
+	h.mu.Unlock()
+	m := fc.machines[holder]
+	m.mu.Lock()
+	starves := m.starves
+	m.mu.Unlock()
+	// n1 is healthy again: a fails back to it, released first by holder.
+	ds.set("n1", false)
+	testutil.WaitForSeen(t, 20*time.Second, "a back on n1", func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, "a=n1") && !strings.Contains(o, "a="+holder), o
+	})
+	if o := h.overlaps(); len(o) > 0 {
+		t.Fatalf("two servers served one service at once: %v", o)
+	}
+	if p := proofOf(fc, "a"); p.By != "clean" || p.Node != holder {
+		t.Errorf("the failback's old owner proven stopped by %+v, want its own answer", p)
+	}
+	m.mu.Lock()
+	starved := m.starves - starves
+	m.mu.Unlock()
+	if starved > 0 {
+		t.Errorf("%s's watchdog was starved %d times while it stopped a for a failback", holder, starved)
+	}
+}
+
+// A server whose start of a service keeps failing hands it on: after
+// withdrawAfter failed starts it leaves the service out of its
+// declaration, and the leader moves it to another server, which serves
+// it. (Checked to fail when the server never withdraws: the service
+// stays on the failing server, retried forever.)
+func TestAServiceThatFailsToStartMovesToAnotherServer(t *testing.T) {
+	fc, h, _ := newServicesCluster(t, 3, 4*time.Second, nil)
+	owners := waitOnePerServer(t, h)
+	// a's owner cannot start it any more: restart it there (a new epoch
+	// on the same server, as after a release) by failing its next starts.
+	bad := owners["a"]
+	h.mu.Lock()
+	h.failStart = map[string]bool{bad + "/a": true}
+	h.mu.Unlock()
+	_, ld := fc.leader(10 * time.Second)
+	var other string
+	for _, tn := range fc.nodes {
+		if tn.id != bad {
+			other = tn.id
+			break
+		}
+	}
+	// Move a to other and back to bad: bad's starts fail from then on.
+	for _, to := range []string{other, bad} {
+		if err := ld.n.Services().Move(context.Background(), "a", to); err != nil {
+			t.Fatalf("move a to %s: %v", to, err)
+		}
+		testutil.WaitForSeen(t, 20*time.Second, "a placed on "+to, func() (bool, string) {
+			p, _ := ld.n.fsm.PlacementOf("a")
+			return p.Node == to, fmt.Sprintf("%+v", p)
+		})
+	}
+	testutil.WaitForSeen(t, 60*time.Second, "a served by a server other than "+bad, func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, "a=") && !strings.Contains(o, "a="+bad), o
+	})
+	h.mu.Lock()
+	tried := h.starts[bad+"/a"]
+	h.mu.Unlock()
+	if tried < withdrawAfter {
+		t.Errorf("%s tried a %d times before handing it on, want %d", bad, tried, withdrawAfter)
+	}
+	if w := nodeByID(fc, bad).Services().Withdrawn(); w["a"].IsZero() {
+		t.Errorf("%s does not say it withdrew a: %v", bad, w)
+	}
+	if o := h.overlaps(); len(o) > 0 {
+		t.Fatalf("two servers served one service at once: %v", o)
+	}
+}
+
+func nodeByID(fc *fencedCluster, id string) *Node {
+	for _, tn := range fc.nodes {
+		if tn.id == id {
+			return tn.n
+		}
+	}
+	return nil
 }

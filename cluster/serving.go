@@ -80,7 +80,7 @@ type FenceStatus struct {
 	Watchdog   bool // this node arms a watchdog when it serves
 	Agent      bool // a fence agent fences other nodes
 	Timeout    time.Duration
-	Serving    bool       // from before on_leader until on_follower succeeded
+	Serving    bool       // from before on_leader until on_follower succeeded, or while a service placed here is started (servicerun.go)
 	Armed      bool       // the watchdog is armed now
 	Starving   bool       // armed, but not fed for lack of proof
 	LastFeed   time.Time  // zero: never
@@ -187,13 +187,15 @@ func (n *Node) serveServing(c *oncrpc.Call, res *oncrpc.Writer) error {
 // from that node for this question (a forgery, a replay, another key).
 var errServingUnproven = errors.New("cluster: the serving answer is not authenticated")
 
-// FenceStatus reports this node's fencing state.
+// FenceStatus reports this node's fencing state. Serving is true while
+// the node serves storage as the leader or any service placed on it.
 func (n *Node) FenceStatus() FenceStatus {
+	serving := n.serving.Load() || (n.runs != nil && n.runs.active()) // before fence.mu: the runs' lock is taken under it elsewhere
 	n.fence.mu.Lock()
 	defer n.fence.mu.Unlock()
 	s := FenceStatus{
 		Watchdog: n.cfg.Watchdog != nil, Agent: n.cfg.FenceAgent != nil, Timeout: n.cfg.FenceTimeout,
-		Serving: n.serving.Load(), Armed: n.fence.armed, Starving: n.fence.starving, LastFeed: n.fence.lastFeed,
+		Serving: serving, Armed: n.fence.armed, Starving: n.fence.starving, LastFeed: n.fence.lastFeed,
 		StopFailed: n.stopFailed.Load(), Waiting: n.fence.waiting,
 	}
 	if n.fence.lastWait != nil {

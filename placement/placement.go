@@ -118,6 +118,16 @@ var (
 	ErrAlreadyThere = errors.New("placement: the service runs there already")
 )
 
+// IsRefusal reports whether err is one of PlanMove's refusals above.
+func IsRefusal(err error) bool {
+	for _, e := range []error{ErrUnknownService, ErrUnknownServer, ErrWitness, ErrNotDeclared, ErrConflict, ErrUnhealthy, ErrAlreadyThere} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // view is an Input indexed for one decision.
 type view struct {
 	in      Input

@@ -81,9 +81,13 @@ type Options struct {
 	// Admins are admin API addresses (host:port or URL). Nodes not listed
 	// are found from /v1/members: their nsm_addr host with each listed
 	// admin port is probed (nsmd dev: node i's admin is 127.0.0.i:PORT).
-	Admins  []string
-	VIP     string // host:port of NSM on the VIP; "" = status.vip + the leader's NSM port
-	Fault   string // FaultTransfer | FaultKill | FaultKillCmd | FaultNSMDKill | FaultNSMDHang | FaultPartition | FaultFreeze
+	Admins []string
+	VIP    string // host:port of NSM on the VIP; "" = status.vip + the leader's NSM port
+	Fault  string // FaultTransfer | FaultKill | FaultKillCmd | FaultNSMDKill | FaultNSMDHang | FaultPartition | FaultFreeze
+	// Service, when set, drills that service (service.go): the fault hits
+	// the server it runs on (transfer: a planned move of the service to
+	// another server), and the milestones are the service's.
+	Service string
 	KillCmd string
 	// Node says how node-level faults reach the leader's machine.
 	Node    NodeOptions
@@ -120,6 +124,9 @@ type Failover struct {
 	NewState   int32       `json:"new_sm_state,omitempty"`
 	Milestones []Milestone `json:"milestones"`
 	FaultNote  string      `json:"fault_note,omitempty"` // e.g. the fault call's answer was lost
+	// AlsoMoved: a service drill's other services that moved in the run
+	// ("b n1→n2"; marked when they were not on the faulted server).
+	AlsoMoved []string `json:"also_moved,omitempty"`
 	// Grace is how the new leader's kernel grace periods ended (absent
 	// when the run failed before; each manager "not running" on nodes
 	// without kernel nfsd, like nsmd dev).
@@ -207,14 +214,17 @@ type Stat struct {
 }
 
 type Report struct {
-	Date   time.Time  `json:"date"`
-	Fault  string     `json:"fault"`
-	VIP    string     `json:"vip"`
-	Nodes  []Node     `json:"nodes"`
-	Asked  int        `json:"runs_asked"`
-	PollMS float64    `json:"poll_ms"` // each time includes up to one interval
-	Runs   []Failover `json:"runs"`
-	Stats  []Stat     `json:"stats,omitempty"`
+	Date  time.Time `json:"date"`
+	Fault string    `json:"fault"`
+	// Service is the drilled service ("": a leader drill); then VIP is the
+	// service's NSM address, and each run's leaders are its servers.
+	Service string     `json:"service,omitempty"`
+	VIP     string     `json:"vip"`
+	Nodes   []Node     `json:"nodes"`
+	Asked   int        `json:"runs_asked"`
+	PollMS  float64    `json:"poll_ms"` // each time includes up to one interval
+	Runs    []Failover `json:"runs"`
+	Stats   []Stat     `json:"stats,omitempty"`
 	// StepStats: the new leaders' takeover steps over the runs (StepStats).
 	StepStats []Stat `json:"step_stats,omitempty"`
 	Stopped   string `json:"stopped,omitempty"` // why fewer runs than asked
@@ -300,7 +310,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Date: time.Now().UTC(), Fault: o.Fault, Nodes: d.nodes, Asked: o.Runs, PollMS: float64(o.Poll.Microseconds()) / 1000,
-		FaultDetail: d.faultDetail()}
+		FaultDetail: d.faultDetail(), Service: o.Service}
+	if o.Service != "" {
+		return d.runServices(ctx, rep)
+	}
 	for i := 1; i <= o.Runs; i++ {
 		leader, err := d.waitHealthy(ctx, i)
 		var stop *stopError
@@ -1049,7 +1062,13 @@ func FormatDuration(d time.Duration) string {
 // that reached it.
 func Stats(runs []Failover) []Stat {
 	var out []Stat
-	for i, def := range MilestoneDefs() {
+	defs := MilestoneDefs()
+	if len(runs) > 0 && len(runs[0].Milestones) == MilestoneCount {
+		for i, m := range runs[0].Milestones { // a service drill's are its own
+			defs[i] = MilestoneDef{m.Name, m.Label}
+		}
+	}
+	for i, def := range defs {
 		var v []float64
 		for _, r := range runs {
 			if i < len(r.Milestones) && r.Milestones[i].Reached {
@@ -1129,12 +1148,19 @@ func Print(w io.Writer, rep *Report) error {
 	for _, n := range rep.Nodes {
 		ids = append(ids, n.ID)
 	}
-	fmt.Fprintf(w, "\ndrill: %s, %d of %d runs, VIP %s, nodes %s, polling every %s\n", FaultLabel(rep.Fault), len(rep.Runs), rep.Asked, rep.VIP, strings.Join(ids, " "), FormatMS(rep.PollMS))
+	where, who := "VIP "+rep.VIP, "leader"
+	if rep.Service != "" {
+		where, who = "service "+rep.Service+" at "+rep.VIP, "server"
+	}
+	fmt.Fprintf(w, "\ndrill: %s, %d of %d runs, %s, nodes %s, polling every %s\n", FaultLabel(rep.Fault), len(rep.Runs), rep.Asked, where, strings.Join(ids, " "), FormatMS(rep.PollMS))
 	if rep.FaultDetail != "" {
 		fmt.Fprintf(w, "fault: %s\n", rep.FaultDetail)
 	}
 	for _, r := range rep.Runs {
-		fmt.Fprintf(w, "run %d at %s: leader %s -> %s, sm_state %d -> %d", r.Run, r.FaultAt.Local().Format("15:04:05"), r.OldLeader, dash(r.NewLeader), r.OldState, r.NewState)
+		fmt.Fprintf(w, "run %d at %s: %s %s -> %s, sm_state %d -> %d", r.Run, r.FaultAt.Local().Format("15:04:05"), who, r.OldLeader, dash(r.NewLeader), r.OldState, r.NewState)
+		if len(r.AlsoMoved) > 0 {
+			fmt.Fprintf(w, "; also moved: %s", strings.Join(r.AlsoMoved, ", "))
+		}
 		if r.Err != "" {
 			fmt.Fprintf(w, "  FAILED: %s", r.Err)
 		}
@@ -1150,7 +1176,7 @@ func Print(w io.Writer, rep *Report) error {
 			fmt.Fprintf(tw, "RUN %d\t", r.Run)
 		}
 		fmt.Fprintln(tw)
-		for i, def := range MilestoneDefs() {
+		for i, def := range rep.Defs() {
 			fmt.Fprintf(tw, "%s\t", def.Label)
 			for _, r := range rep.Runs {
 				if m := r.Milestones[i]; m.Reached {

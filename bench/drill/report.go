@@ -52,7 +52,7 @@ func WriteReport(w io.Writer, rep *Report) error {
 		R        *Report
 		Defs     [MilestoneCount]MilestoneDef
 		Timeline template.HTML
-	}{rep, MilestoneDefs(), template.HTML(TimelineSVG(rep))})
+	}{rep, rep.Defs(), template.HTML(TimelineSVG(rep))})
 }
 
 // Colors: one per milestone.
@@ -89,7 +89,7 @@ func TimelineSVG(rep *Report) string {
 		bottom = 30.0
 	)
 	colors := Colors()
-	defs := MilestoneDefs()
+	defs := rep.Defs()
 	maxMS := 0.0
 	for _, r := range rep.Runs {
 		for _, m := range r.Milestones {

@@ -54,6 +54,14 @@ After each run the report says how the new leader had the old one proven
 stopped (its fence.last_wait: clean, agent or watchdog, and when) and
 whether the old server was reset, restarted or kept running.
 
+--service S drills one service of a cluster with services: the fault hits
+the server S runs on instead of the leader (transfer: a planned move of S to
+another server that declares it, POST /v1/services/move), and the drill times
+1. S placed anew (a new epoch), 2. S's address answering NSM NULL, 3. SM_STAT
+there returning S's new state (2 × epoch + 1), 4. its new server reporting it
+serving. Each run also lists the other services that moved, marking those that
+were not on the faulted server (a move of one service must not move others).
+
 --admin takes one or more admin addresses (comma separated). Nodes not given
 are found from /v1/members by probing their NSM host with the given admin
 ports, which finds every node of nsmd dev from one address; otherwise list
@@ -103,6 +111,7 @@ says so.`,
 	f.BoolVar(&kill, "kill", false, "crash the leader (POST /v1/drill/crash; needs drill_crash: true) instead of a planned transfer")
 	f.StringVar(&killCmd, "kill-cmd", "", "shell command that kills the leader (env NSMD_LEADER_ID, NSMD_LEADER_ADMIN)")
 	f.IntVar(&o.Runs, "runs", 1, "number of failovers")
+	f.StringVar(&o.Service, "service", "", "drill this service (services:): fault the server it runs on and time the service's move")
 	f.DurationVar(&o.Timeout, "timeout", 30*time.Second, "per run: how long to wait for every milestone (and for health between runs)")
 	f.DurationVar(&o.Poll, "poll", 20*time.Millisecond, "polling interval")
 	f.StringVar(&report, "report", "", "write a self-contained HTML report to this file")
