@@ -16,8 +16,8 @@ import (
 
 	"github.com/nsmd/nsmd/cluster/pki"
 	"github.com/nsmd/nsmd/fsm"
-	"github.com/nsmd/nsmd/placement"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/placement"
 )
 
 // ForwardProgram is nsmd's private ONC RPC program (in the user-defined

@@ -30,8 +30,8 @@ type svcHosts struct {
 	machines  map[string]*machine // set before the nodes start
 	stopDelay time.Duration       // how long a stop takes (set before the stop)
 	mu        sync.Mutex
-	failStart map[string]bool // "node/service": its start fails (a hook that cannot mount)
-	starts    map[string]int  // "node/service": starts tried
+	failStart map[string]bool       // "node/service": its start fails (a hook that cannot mount)
+	starts    map[string]int        // "node/service": starts tried
 	spans     map[string][]*svcSpan // by service
 }
 
