@@ -104,8 +104,9 @@ const overviewRows = 50
 //
 //	GET  /v1/status, /v1/members, /v1/services, /v1/overview, /healthz,
 //	     /readyz, /metrics
-//	     (/v1/status and /v1/overview show client names and the last hook
-//	     failure's output to privileged callers only: Status.ForReader)
+//	     (/v1/status, /v1/services and /v1/overview show client names
+//	     and a failed hook's output to privileged callers only:
+//	     Status.ForReader, ServicesForReader)
 //	GET  /v1/registrations, /v1/nfsv4/clients          (privileged)
 //	POST /v1/leadership/transfer, /v1/services/move, /v1/fence/confirm,
 //	     /v1/drill/crash, /v1/import (privileged)
@@ -283,7 +284,7 @@ func (h *handler) overview(privileged bool) Overview {
 		Now:     time.Now().UTC(),
 	}
 	if svcs, err := h.s.Services(); err == nil && len(svcs) > 0 {
-		o.Services = svcs
+		o.Services = ServicesForReader(svcs, privileged)
 	}
 	if t := h.s.LastTakeover(); !t.At.IsZero() {
 		o.LastTakeover = &TakeoverJSON{Node: t.Node, Reason: t.Reason, At: t.At.UTC(), GraceUntil: t.GraceUntil.UTC()}

@@ -12,10 +12,12 @@ import (
 
 // A service's state (ServiceStatus.State).
 const (
-	// ServiceServing: placed on its owner, which serves it.
+	// ServiceServing: placed on its owner, which serves it: what the
+	// owner answers while its run of the service serves (Run).
 	ServiceServing = "serving"
-	// ServicePlaced: placed on its owner, which does not serve it by
-	// itself yet: the raft leader serves the cluster's one service.
+	// ServicePlaced: placed on its owner. The owner answers it while its
+	// run has not served yet (Run says how far it is); every other node
+	// answers it whatever the owner does (only the owner knows).
 	ServicePlaced = "placed"
 	// ServiceMoving: placed on a new owner that does not serve it yet (it
 	// waits for the old one to stop, or runs its hook).
@@ -35,7 +37,8 @@ func ServiceStates() []string {
 
 // ServiceStatus is one NFS service as the cluster sees it: an element of
 // GET /v1/services and of the status page's overview. It names no client,
-// so every reader gets all of it.
+// so every reader gets all of it but a failed hook's output
+// (ServicesForReader).
 type ServiceStatus struct {
 	ID string `json:"id"`
 	// Address is the floating address with its prefix length (10.0.0.50/24).
@@ -56,6 +59,105 @@ type ServiceStatus struct {
 	// they agree).
 	Conflict string       `json:"conflict"`
 	LastMove *ServiceMove `json:"last_move,omitempty"`
+	// Run is the answering node's run of the service: present on the
+	// node that proves its previous server stopped, starts, serves or
+	// stops it, absent elsewhere.
+	Run *ServiceRun `json:"run,omitempty"`
+	// Local is what the answering node holds of the service (its
+	// address, its hooks' last results): present on a server that has
+	// started or stopped it since nsmd started (every server stops each
+	// service it declares once at start).
+	Local *ServiceLocal `json:"local,omitempty"`
+}
+
+// The phases of a run (ServiceRun.Phase).
+const (
+	// RunProving: the server that held the service before is not proven
+	// stopped yet; nothing of it is started here.
+	RunProving = "proving"
+	// RunStarting: its address is taken and its start hook runs.
+	RunStarting = "starting"
+	// RunServing: it is served here, under a lease from the leader.
+	RunServing = "serving"
+	// RunStopping: its stop hook runs; its address goes after it.
+	RunStopping = "stopping"
+)
+
+// ServiceRun is a node's run of a service: from the placement that names
+// the node until the service's stop there succeeded.
+type ServiceRun struct {
+	// Node is the node that runs it (the node that answered).
+	Node  string `json:"node"`
+	Phase string `json:"phase"` // RunProving, RunStarting, RunServing, RunStopping
+	// Epoch is the placement's epoch the run serves.
+	Epoch uint64 `json:"epoch"`
+	// LeaseSeconds is how long the run's lease from the leader holds
+	// still (0: lapsed, or none yet).
+	LeaseSeconds float64 `json:"lease_seconds"`
+	// Proof is how the server that held the service before was proven
+	// stopped (nil: there was none to prove, or it is not proven yet).
+	Proof *ServiceProof `json:"proof,omitempty"`
+}
+
+// ServiceProof says how a service's previous server was proven stopped
+// before a new one started it.
+type ServiceProof struct {
+	Node string `json:"node"`
+	// By is clean (it answered that it stopped), confirmed (an
+	// operator's nsmd fence confirm), agent (the fence agent reported it
+	// off) or watchdog (its watchdog must have reset it by now).
+	By      string  `json:"by"`
+	Seconds float64 `json:"seconds"` // how long the wait took
+	Detail  string  `json:"detail,omitempty"`
+}
+
+// ServiceLocal is what one server holds of a service.
+type ServiceLocal struct {
+	// Node is the server (the node that answered).
+	Node string `json:"node"`
+	// Phase is stopped, starting, serving, stopping or failed (a start
+	// or stop did not complete: it may be partly up until a stop
+	// succeeds).
+	Phase string `json:"phase"`
+	// Epoch is the epoch of its last start or stop here (0: the stop at
+	// nsmd's start).
+	Epoch uint64 `json:"epoch"`
+	// AddressHeld: the service's floating address is on this server.
+	AddressHeld bool         `json:"address_held"`
+	LastHook    *ServiceHook `json:"last_hook,omitempty"`
+	// LastFailure is the service's last hook run here that failed
+	// (on_fault included); its output only to an operator
+	// (ServicesForReader).
+	LastFailure *HookFailure `json:"last_failure,omitempty"`
+}
+
+// ServiceHook is a service's last start or stop hook run on a server.
+type ServiceHook struct {
+	Hook   string    `json:"hook"`   // on_leader, on_follower
+	Reason string    `json:"reason"` // start, stop, start-of-process
+	Epoch  uint64    `json:"epoch"`
+	Err    string    `json:"error"` // "": it succeeded
+	At     time.Time `json:"at"`
+}
+
+// ServicesForReader is list as a reader may see it: a hook's output (in
+// Local.LastFailure) only to an operator (privileged), as in
+// Status.ForReader; the rest to everyone.
+func ServicesForReader(list []ServiceStatus, privileged bool) []ServiceStatus {
+	if privileged {
+		return list
+	}
+	out := make([]ServiceStatus, len(list))
+	for i, s := range list {
+		if l := s.Local; l != nil && l.LastFailure != nil && l.LastFailure.Output != "" {
+			local, f := *l, *l.LastFailure
+			f.Output = ""
+			local.LastFailure = &f
+			s.Local = &local
+		}
+		out[i] = s
+	}
+	return out
 }
 
 // ServiceMove is a service's last move.
@@ -93,7 +195,7 @@ func (h *handler) services(w http.ResponseWriter, r *http.Request) {
 	if list == nil {
 		list = []ServiceStatus{}
 	}
-	writeJSON(w, list)
+	writeJSON(w, ServicesForReader(list, h.c.Guard.Authorized(r)))
 }
 
 // moveService serves POST /v1/services/move?service=S&to=N (privileged).

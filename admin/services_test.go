@@ -63,6 +63,48 @@ func TestServicesListIsForEveryReader(t *testing.T) {
 	}
 }
 
+// A service's failed hook output (local.last_failure.output) is an
+// operator's, in GET /v1/services and in the overview, as the node's own
+// last hook failure in /v1/status; the rest of the run and local details
+// are everyone's, and the store's list is not changed for the next
+// reader.
+func TestServicesHookOutputOnlyToOperators(t *testing.T) {
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	f := newFakeStore()
+	f.services = exampleServices()
+	f.services[0].Run = &ServiceRun{Node: "nfs1", Phase: RunServing, Epoch: 4, LeaseSeconds: 2.5, Proof: &ServiceProof{Node: "nfs2", By: "clean"}}
+	f.services[0].Local = &ServiceLocal{Node: "nfs1", Phase: "serving", Epoch: 4, AddressHeld: true,
+		LastHook:    &ServiceHook{Hook: "on_leader", Reason: "start", Epoch: 4, At: at},
+		LastFailure: &HookFailure{Hook: "on_follower", Event: "follower", Reason: "stop", At: at, Err: "exit status 32", Output: "umount: /srv/home: target is busy"}}
+	srv, tokFile, _ := serve(t, f, false)
+	ctx := context.Background()
+	anon := &Client{Addr: srv.URL}
+	op := &Client{Addr: srv.URL, Auth: Auth{TokenFile: tokFile}}
+	for _, c := range []struct {
+		name       string
+		cl         *Client
+		wantOutput string
+	}{{"reader", anon, ""}, {"operator", op, "umount: /srv/home: target is busy"}, {"reader again", anon, ""}} {
+		list, err := c.cl.Services(ctx)
+		if err != nil || len(list) != 2 || list[0].Local == nil || list[0].Local.LastFailure == nil || list[0].Run == nil {
+			t.Fatalf("%s: %+v %v", c.name, list, err)
+		}
+		if got := list[0].Local.LastFailure.Output; got != c.wantOutput {
+			t.Errorf("%s: GET /v1/services hook output %q, want %q", c.name, got, c.wantOutput)
+		}
+		if l := list[0].Local; l.LastFailure.Err != "exit status 32" || !l.AddressHeld || l.LastHook == nil || *list[0].Run.Proof != (ServiceProof{Node: "nfs2", By: "clean"}) {
+			t.Errorf("%s: details lost: run %+v local %+v", c.name, list[0].Run, l)
+		}
+		var o Overview
+		if _, err := c.cl.Get(ctx, "/v1/overview", &o); err != nil || len(o.Services) != 2 || o.Services[0].Local == nil {
+			t.Fatalf("%s: overview %+v %v", c.name, o.Services, err)
+		}
+		if got := o.Services[0].Local.LastFailure.Output; got != c.wantOutput {
+			t.Errorf("%s: overview hook output %q, want %q", c.name, got, c.wantOutput)
+		}
+	}
+}
+
 // POST /v1/services/move is privileged (as a leadership transfer), needs
 // both parameters, and maps the store's errors to their statuses.
 func TestMoveServiceIsPrivilegedAndChecked(t *testing.T) {

@@ -89,3 +89,28 @@ func graceJSON(g *grace.Status, lastSeen func(name string) (time.Time, bool)) *a
 		LastActivity: g.LastActivity,
 	}
 }
+
+// serviceRunJSON is node's run of a service (cluster.ServiceRun) as
+// GET /v1/services's "run"; a lapsed lease reads 0.
+func serviceRunJSON(node string, r cluster.ServiceRun) *admin.ServiceRun {
+	out := &admin.ServiceRun{Node: node, Phase: r.Phase, Epoch: r.Epoch,
+		LeaseSeconds: max(r.LeaseLeft, 0).Round(time.Millisecond).Seconds()}
+	if p := r.Proof; p.By != "" {
+		out.Proof = &admin.ServiceProof{Node: p.Node, By: p.By, Seconds: p.Took.Round(time.Millisecond).Seconds(), Detail: p.Detail}
+	}
+	return out
+}
+
+// serviceLocalJSON is what node's service room holds of a service as
+// GET /v1/services's "local".
+func serviceLocalJSON(node string, st serviceRoomStatus) *admin.ServiceLocal {
+	out := &admin.ServiceLocal{Node: node, Phase: st.Phase, Epoch: st.Epoch, AddressHeld: st.AddressHeld}
+	if h := st.LastHook; h != nil {
+		out.LastHook = &admin.ServiceHook{Hook: h.Hook, Reason: h.Reason, Epoch: h.Epoch, Err: h.Err, At: h.At}
+	}
+	if f := st.LastFailure; f != nil {
+		c := *f
+		out.LastFailure = &c
+	}
+	return out
+}

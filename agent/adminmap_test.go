@@ -109,6 +109,12 @@ func TestAdminMappingCarriesEveryField(t *testing.T) {
 		{"pipe", pipeJSON(filled[cld.Status]())},
 		{"grace", graceJSON(new(filled[grace.Status]()), func(string) (time.Time, bool) { return time.Unix(5, 0), true })},
 		{"timeline", admin.TimelineOf(fullTimeline(time.Unix(1, 0)))},
+		{"service run", serviceRunJSON("n1", func() cluster.ServiceRun {
+			r := filled[cluster.ServiceRun]()
+			r.LeaseLeft, r.Proof.Took = 2*time.Second, time.Second // fill's 3ns round to 0 ms
+			return r
+		}())},
+		{"service local", serviceLocalJSON("n1", filled[serviceRoomStatus]())},
 	} {
 		z := zeroFields(reflect.ValueOf(c.out), c.name)
 		// Only NFSv4 clients are dated (no NLM equivalent of a lease).
@@ -174,7 +180,12 @@ func wireOfEveryPart() map[string]any {
 		"services": []admin.ServiceStatus{
 			{ID: "home", Address: "10.0.0.50/24", Owner: "nfs1", Epoch: 4, State: admin.ServiceServing, Fingerprint: "832063574c84a0fe",
 				DeclaredBy: map[string]string{"nfs1": "832063574c84a0fe", "nfs2": "832063574c84a0fe", "w": "832063574c84a0fe"},
-				LastMove:   &admin.ServiceMove{From: "nfs2", To: "nfs1", Reason: "planned", At: at, Epoch: 4}},
+				LastMove:   &admin.ServiceMove{From: "nfs2", To: "nfs1", Reason: "planned", At: at, Epoch: 4},
+				// What the node that serves it (nfs1) adds.
+				Run: serviceRunJSON("nfs1", cluster.ServiceRun{Service: "home", Epoch: 4, Phase: "serving", LeaseLeft: 2345678 * time.Microsecond,
+					Proof: cluster.FencedPeer{Node: "nfs2", By: "clean", Took: 120 * time.Millisecond, Detail: "it answered that it stopped epoch 3"}}),
+				Local: serviceLocalJSON("nfs1", serviceRoomStatus{Service: "home", Epoch: 4, Phase: roomServing, AddressHeld: true,
+					LastHook: &roomHookResult{Hook: "on_leader", Reason: "start", Epoch: 4, At: at}})},
 			{ID: "projects", Address: "10.0.0.52/24", Owner: "nfs2", Epoch: 2, State: admin.ServiceMoving, Fingerprint: "0123456789abcdef",
 				DeclaredBy: map[string]string{"nfs1": "0123456789abcdef", "nfs2": "0123456789abcdef"},
 				LastMove:   &admin.ServiceMove{To: "nfs2", Reason: "placed", At: at, Epoch: 2}},
@@ -185,6 +196,16 @@ func wireOfEveryPart() map[string]any {
 				Conflict:   service.Disagreement("scratch", map[string]string{"nfs1": "1111111111111111", "nfs2": "2222222222222222", "w": ""})},
 		},
 		"service_move": admin.ServiceMoveResult{Result: "moved", Service: "home", To: "nfs2"},
+		// A server whose stop of a service failed, as a reader who is not
+		// an operator sees it: the hook's output is left out.
+		"services_stop_failed_for_reader": admin.ServicesForReader([]admin.ServiceStatus{
+			{ID: "projects", Address: "10.0.0.52/24", Owner: "nfs2", Epoch: 3, State: admin.ServicePlaced, Fingerprint: "0123456789abcdef",
+				DeclaredBy: map[string]string{"nfs1": "0123456789abcdef", "nfs2": "0123456789abcdef"},
+				Run:        serviceRunJSON("nfs1", cluster.ServiceRun{Service: "projects", Epoch: 2, Phase: "stopping", LeaseLeft: -time.Second}),
+				Local: serviceLocalJSON("nfs1", serviceRoomStatus{Service: "projects", Epoch: 2, Phase: roomFailed,
+					LastHook:    &roomHookResult{Hook: "on_follower", Reason: "stop", Epoch: 2, Err: "exit status 32", At: at},
+					LastFailure: &admin.HookFailure{Hook: "on_follower", Event: "follower", Reason: "stop", At: at, Err: "exit status 32", Output: "umount: /srv/projects: target is busy"}})},
+		}, false),
 	}
 }
 

@@ -94,6 +94,13 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 		{"stop-failed leader check", "and on (job, instance) nsmd_is_leader == 0", "and on (job, instance) nsmd_is_leader >= 0"},
 		{"registrations cap threshold", "0.8 * nsmd_registrations_max", "1.8 * nsmd_registrations_max"},
 		{"backlog on any node", "nsmd_notify_targets{state=\"pending\"} > 0 and on (job, instance) nsmd_is_leader == 1", "nsmd_notify_targets{state=\"pending\"} > 0"},
+		{"service not served: serving threshold", "max by (job, cluster, service) (nsmd_service_serving) == 1\n        for: 2m", "max by (job, cluster, service) (nsmd_service_serving) == 0\n        for: 2m"},
+		{"service not served: the owner's view only", "(nsmd_service_state{state=~\"placed|serving\"}) == 1", "(nsmd_service_state{state=\"serving\"}) == 1"},
+		{"service served twice: for", "(nsmd_service_serving) > 1\n        for: 1m", "(nsmd_service_serving) > 1\n        for: 0s"},
+		{"service served twice: summed across services", "sum by (job, cluster, service) (nsmd_service_serving) > 1", "sum by (job, cluster) (nsmd_service_serving) > 1"},
+		{"service conflict for", "(nsmd_service_state{state=\"conflict\"}) == 1\n        for: 5m", "(nsmd_service_state{state=\"conflict\"}) == 1\n        for: 1m"},
+		{"service unplaced: declared by no server", "(nsmd_service_declared_servers) > 0", "(nsmd_service_declared_servers) >= 0"},
+		{"service notify backlog for", "nsmd_service_notify_targets{state=\"pending\"} > 0\n        for: 20m", "nsmd_service_notify_targets{state=\"pending\"} > 0\n        for: 5m"},
 	} {
 		if !strings.Contains(string(rules), m.old) {
 			t.Fatalf("mutation %q: %q not in the rules", m.what, m.old)
@@ -296,6 +303,37 @@ func unknownMetrics(exprs []string, exported, records map[string]bool) []string 
 	return bad
 }
 
+// withoutServiceMetrics is bad (unknownMetrics' answer) without the
+// services' metrics.
+func withoutServiceMetrics(bad []string) []string {
+	var out []string
+	for _, b := range bad {
+		if !strings.HasPrefix(b, "nsmd_service_") {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// serviceMetricNames is every nsmd_service_* name the rules and the
+// dashboard use.
+func serviceMetricNames(t *testing.T) []string {
+	t.Helper()
+	exprs, _ := loadRules(t)
+	exprs = append(exprs, loadDashboard(t).exprs...)
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range exprs {
+		for _, n := range metricNames(e) {
+			if strings.HasPrefix(n, "nsmd_service_") && !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
 // scrapeSeriesNames reads an agent's /metrics and returns the series names.
 func scrapeSeriesNames(t *testing.T, hc *http.Client, a *agent.Agent) map[string]float64 {
 	t.Helper()
@@ -412,10 +450,13 @@ func TestDashboardAndRulesUseOnlyExportedMetrics(t *testing.T) {
 			names[n] = true
 		}
 	}
-	if bad := unknownMetrics(d.exprs, names, records); len(bad) > 0 {
+	// The services' metrics (nsmd_service_*) exist only with services:;
+	// TestServicesShowWhatEachServerDoes checks them on a cluster that
+	// serves services.
+	if bad := withoutServiceMetrics(unknownMetrics(d.exprs, names, records)); len(bad) > 0 {
 		t.Errorf("the dashboard uses metrics no node exports:\n  %s", strings.Join(bad, "\n  "))
 	}
-	if bad := unknownMetrics(ruleExprs, names, records); len(bad) > 0 {
+	if bad := withoutServiceMetrics(unknownMetrics(ruleExprs, names, records)); len(bad) > 0 {
 		t.Errorf("the rules use metrics no node exports:\n  %s", strings.Join(bad, "\n  "))
 	}
 	// Every panel draws from the cluster: a dashboard without the asked-for
@@ -429,7 +470,7 @@ func TestDashboardAndRulesUseOnlyExportedMetrics(t *testing.T) {
 	for _, n := range []string{"nsmd_vip_held", "nsmd_is_leader", "nsmd_takeovers_total", "nsmd_failover_duration_seconds",
 		"nsmd_grace_active", "nsmd_notify_targets", "nsmd_rpc_requests_total", "nsmd_rpc_duration_seconds",
 		"nsmd_apply_duration_seconds", "nsmd_disk_write_duration_seconds", "nsmd_registrations", "nsmd_sm_state",
-		"nsmd_tls_handshake_failures_total", "nsmd_tls_cert_expiry_timestamp_seconds"} {
+		"nsmd_tls_handshake_failures_total", "nsmd_tls_cert_expiry_timestamp_seconds", "nsmd_service_serving", "nsmd_service_epoch"} {
 		if !used[n] {
 			t.Errorf("no dashboard panel shows %s", n)
 		}

@@ -7,8 +7,6 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/nsmd/nsmd/admin"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/placement"
@@ -17,8 +15,27 @@ import (
 
 // services is where the cluster's NFS services run as this node sees
 // them (GET /v1/services, the status page): every service this node's
-// configuration or any member declares, or that has a placement record.
+// configuration or any member declares, or that has a placement record;
+// with this node's run of each (run) and what its room holds (local).
+// The owner says serving while its run of the current epoch serves.
 func (a *Agent) services() []admin.ServiceStatus {
+	out, _ := a.servicesHere()
+	return out
+}
+
+// servicesHere is services, and this node's runs of them by id.
+func (a *Agent) servicesHere() ([]admin.ServiceStatus, map[string]cluster.ServiceRun) {
+	me := a.cfg.NodeID
+	runs := map[string]cluster.ServiceRun{}
+	for _, r := range a.node.Services().Runs() {
+		runs[r.Service] = r
+	}
+	rooms := map[string]serviceRoomStatus{}
+	for _, st := range a.rooms.status() {
+		if st.Phase != roomStopped || st.LastHook != nil || st.LastFailure != nil || st.AddressHeld {
+			rooms[st.Service] = st
+		}
+	}
 	v := a.node.Services().View()
 	own := map[string]service.Spec{}
 	for _, sp := range a.cfg.Services {
@@ -78,10 +95,19 @@ func (a *Agent) services() []admin.ServiceStatus {
 			st.State = admin.ServiceUnplaced
 		default:
 			st.State = admin.ServicePlaced
+			if r, ok := runs[id]; ok && p.Node == me && r.Epoch == p.Epoch && r.Phase == admin.RunServing {
+				st.State = admin.ServiceServing
+			}
+		}
+		if r, ok := runs[id]; ok {
+			st.Run = serviceRunJSON(me, r)
+		}
+		if r, ok := rooms[id]; ok {
+			st.Local = serviceLocalJSON(me, r)
 		}
 		out = append(out, st)
 	}
-	return out
+	return out, runs
 }
 
 // moveService is an operator's move of service to node `to`.
@@ -101,42 +127,4 @@ func (a *Agent) moveService(ctx context.Context, id, to string) error {
 		return fmt.Errorf("%w: %v", admin.ErrBadRequest, err)
 	}
 	return err
-}
-
-// servicesCollector exports each service's placement as this node sees
-// it: nsmd_service_epoch, nsmd_service_owned (1 on the node it is placed
-// on), nsmd_service_state (1 for the state it is in).
-type servicesCollector struct{ a *Agent }
-
-var (
-	svcEpochDesc = prometheus.NewDesc("nsmd_service_epoch", "The service's placement epoch: it rises at every move of the service.", []string{"service"}, nil)
-	svcOwnedDesc = prometheus.NewDesc("nsmd_service_owned", "1 on the node the service is placed on, 0 elsewhere.", []string{"service"}, nil)
-	svcStateDesc = prometheus.NewDesc("nsmd_service_state", "1 for the service's state (placed, unplaced, conflict, …), 0 for the others.", []string{"service", "state"}, nil)
-)
-
-func (c servicesCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- svcEpochDesc
-	ch <- svcOwnedDesc
-	ch <- svcStateDesc
-}
-
-func (c servicesCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.a.node == nil {
-		return
-	}
-	for _, s := range c.a.services() {
-		ch <- prometheus.MustNewConstMetric(svcEpochDesc, prometheus.GaugeValue, float64(s.Epoch), s.ID)
-		owned := 0.0
-		if s.Owner == c.a.cfg.NodeID {
-			owned = 1
-		}
-		ch <- prometheus.MustNewConstMetric(svcOwnedDesc, prometheus.GaugeValue, owned, s.ID)
-		for _, st := range admin.ServiceStates() {
-			v := 0.0
-			if st == s.State {
-				v = 1
-			}
-			ch <- prometheus.MustNewConstMetric(svcStateDesc, prometheus.GaugeValue, v, s.ID, st)
-		}
-	}
 }

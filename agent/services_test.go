@@ -54,7 +54,7 @@ func TestServicesSpreadOverTheServersAndMoveOneAtATime(t *testing.T) {
 	owners := func(a *agent.Agent) map[string]string {
 		m := map[string]string{}
 		for _, s := range a.Services() {
-			if s.State == admin.ServicePlaced {
+			if s.State == admin.ServicePlaced || s.State == admin.ServiceServing {
 				m[s.ID] = s.Owner
 			}
 		}

@@ -96,8 +96,10 @@ func renderPage(t *testing.T, node string, o admin.Overview) pageServices {
 }
 
 // TestStatusPageListsServices: the status page shows a Services section
-// with one row per service (where it runs, its epoch and state, the last
-// move, how the servers' specs differ) when the overview has services,
+// with one row per service (where it runs, its epoch and state, what this
+// node does with it: its run's phase, epoch and lease, the previous
+// server's proof, the address, the last hook; the last move, how the
+// servers' specs differ) when the overview has services,
 // and no section without them. It runs the page's own script under node
 // (skipped where node is not installed).
 func TestStatusPageListsServices(t *testing.T) {
@@ -118,15 +120,24 @@ func TestStatusPageListsServices(t *testing.T) {
 	o.Services = []admin.ServiceStatus{
 		{ID: "home", Address: "10.0.0.50/24", Owner: "nfs1", Epoch: 4, State: admin.ServiceServing,
 			DeclaredBy: map[string]string{"nfs1": "aa", "nfs2": "aa"},
-			LastMove:   &admin.ServiceMove{From: "nfs2", To: "nfs1", Reason: "planned", At: at, Epoch: 4}},
+			LastMove:   &admin.ServiceMove{From: "nfs2", To: "nfs1", Reason: "planned", At: at, Epoch: 4},
+			Run:        &admin.ServiceRun{Node: "nfs1", Phase: admin.RunServing, Epoch: 4, LeaseSeconds: 2.345, Proof: &admin.ServiceProof{Node: "nfs2", By: "clean"}},
+			Local: &admin.ServiceLocal{Node: "nfs1", Phase: "serving", Epoch: 4, AddressHeld: true,
+				LastHook: &admin.ServiceHook{Hook: "on_leader", Reason: "start", Epoch: 4, At: at}}},
+		{ID: "proj", Address: "10.0.0.52/24", Owner: "nfs2", Epoch: 2, State: admin.ServicePlaced,
+			Local: &admin.ServiceLocal{Node: "nfs1", Phase: "failed", Epoch: 1,
+				LastHook: &admin.ServiceHook{Hook: "on_follower", Reason: "stop", Epoch: 1, Err: "exit status 32", At: at}}},
 		{ID: "scratch", Address: "10.0.0.51/24", State: admin.ServiceConflict,
 			DeclaredBy: map[string]string{"nfs2": "bb", "nfs1": "aa", "w": ""},
 			Conflict:   "nfs2's spec of scratch differs from nfs1's"},
 	}
 	p := renderPage(t, node, o)
 	want := [][]string{
-		{"home", "10.0.0.50/24", "nfs1", "4", "serving", "nfs2 → nfs1 (planned) at 2025-01-02 03:04:05Z, epoch 4", ""},
-		{"scratch", "10.0.0.51/24", "–", "0", "conflict", "", "nfs2's spec of scratch differs from nfs1's · nfs1 aa, nfs2 bb, w does not declare it"},
+		{"home", "10.0.0.50/24", "nfs1", "4", "serving",
+			"serving at epoch 4 · lease 2.3 s · nfs2 proven stopped (clean) · address held · on_leader start ok at 2025-01-02 03:04:05Z",
+			"nfs2 → nfs1 (planned) at 2025-01-02 03:04:05Z, epoch 4", ""},
+		{"proj", "10.0.0.52/24", "nfs2", "2", "placed", "failed · address not held · on_follower stop FAILED: exit status 32 at 2025-01-02 03:04:05Z", "", ""},
+		{"scratch", "10.0.0.51/24", "–", "0", "conflict", "", "", "nfs2's spec of scratch differs from nfs1's · nfs1 aa, nfs2 bb, w does not declare it"},
 	}
 	if p.Hidden || !reflect.DeepEqual(p.Rows, want) {
 		t.Fatalf("services: hidden=%v rows\n%q\nwant\n%q", p.Hidden, p.Rows, want)

@@ -61,8 +61,9 @@ const (
 	fwdRefused uint32 = 4
 	// fwdRejected: the leader refused a forwarded request by its rule
 	// (an operator's move of a service that its own view does not allow:
-	// placement's typed refusals), with why. Only a release that forwards
-	// operator moves gets it.
+	// placement's typed refusals; a placement or a service's write the
+	// state refused: fsm.Result.Refusal), with why. Only a release that
+	// forwards these gets it.
 	fwdRejected uint32 = 5
 )
 
@@ -248,6 +249,11 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 		return fwdRes{Status: fwdFailed, Err: err.Error()}
 	}
 	n.metrics.forwarded.WithLabelValues("served").Inc()
+	if r.Refused && r.Refusal != nil {
+		// A placement or a service's write refused by its rule: the
+		// reason goes back (fwdRefused says "owned elsewhere").
+		return fwdRes{Status: fwdRejected, State: r.State, Err: r.Refusal.Error()}
+	}
 	if r.Refused {
 		return fwdRes{Status: fwdRefused, State: r.State}
 	}

@@ -326,13 +326,18 @@ func (n *Node) ConfirmOff(ctx context.Context, node, by string) error {
 // gateServing is applyLocal's check of kinds 15 and 17: while some member
 // cannot apply them (recordsOK false), a ServingBegin is refused and an
 // operator's confirmation is kept by this leader for its current term
-// instead of committed. handled is false for every other command, and
+// instead of committed — a confirmation only while some member, up or
+// down, last advertised a lower level. handled is false for every other command, and
 // for these when they may be committed.
 func (n *Node) gateServing(cmd fsm.Command) (handled bool, err error) {
 	switch c := cmd.(type) {
 	case fsm.FenceConfirm:
 		n.log.Warn("an operator confirmed a node off", "node", c.Node, "by", c.By)
-		if n.recordsOK() {
+		// A confirmation is about a node that is down, so a member that is
+		// down counts by the level it last advertised (as placements do):
+		// committed, it reaches every node, the new server of a service
+		// the confirmed node held among them.
+		if n.recordsOK() || (n.member != nil && n.serversLevel(true) >= promiseLevel) {
 			return false, nil
 		}
 		n.keepConfirmation(c)

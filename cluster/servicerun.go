@@ -221,10 +221,23 @@ func (r *serviceRuns) reconcile(ctx context.Context) {
 // (while the watchdog starves) before it stops: a leader election must not
 // stop every service of the cluster, and a node cut off for longer stops
 // them itself, before its watchdog would reset it. Half the watchdog
-// timeout, never less than two fence leases.
+// timeout, never less than two fence leases. Without a watchdog there is
+// no reset to outrun — a successor serves only once this node answered
+// that it stopped, a fence agent powered it off or an operator confirmed
+// it (the promise of nothing is no proof) — so the grace covers elections
+// with room: noWatchdogLapseElections of them.
 func (r *serviceRuns) lapseGrace() time.Duration {
-	return max(r.n.cfg.FenceTimeout/2, 2*r.n.fenceLease())
+	g := max(r.n.cfg.FenceTimeout/2, 2*r.n.fenceLease())
+	if r.n.cfg.Watchdog == nil {
+		g = max(g, noWatchdogLapseElections*(r.n.cfg.HeartbeatTimeout+r.n.cfg.ElectionTimeout))
+	}
+	return g
 }
+
+// noWatchdogLapseElections: without a watchdog a run rides out the lapse
+// of this many elections (each a heartbeat timeout to notice the leader
+// gone and an election timeout to elect) before it stops its service.
+const noWatchdogLapseElections = 4
 
 func (r *serviceRuns) stopLocked(run *svcRun, why string) {
 	select {

@@ -530,3 +530,48 @@ func nodeByID(fc *fencedCluster, id string) *Node {
 	}
 	return nil
 }
+
+// Without a watchdog (a fence agent fences), the services of the servers
+// that stay up ride out the election that follows the leader's death:
+// only the dead leader's own service moves (proven stopped by the agent),
+// the others are never restarted. (In-memory elections are quicker than
+// the grace of the watchdog case; the checked fault schedules, e2e, are
+// what show a lapse there restarting every service.)
+func TestLeadersDeathRestartsNoOtherServiceWithoutAWatchdog(t *testing.T) {
+	var fc *fencedCluster
+	fc, h, ds := newServicesCluster(t, 3, 2*time.Second, func(cfg *Config) {
+		cfg.Watchdog, cfg.FenceTimeout = nil, 0
+		// Raft's timings as the default profile's: an election outlasts
+		// two fence leases.
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
+		cfg.FenceAgent = func(ctx context.Context, node string, _ func(int, error)) error {
+			m := fc.machines[node] // the stand-in powers the machine off now
+			m.mu.Lock()
+			m.armed, m.deadline = true, time.Now()
+			m.mu.Unlock()
+			return nil
+		}
+	})
+	owners := waitOnePerServer(t, h)
+	li, ld := fc.leader(10 * time.Second)
+	var moved string
+	for svc, node := range owners {
+		if node == ld.id {
+			moved = svc
+		}
+	}
+	ds.set(ld.id, true)
+	fc.killNode(li)
+	testutil.WaitForSeen(t, 30*time.Second, moved+" served again elsewhere", func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, moved+"=") && !strings.Contains(o, moved+"="+ld.id), o
+	})
+	if o := h.overlaps(); len(o) > 0 {
+		t.Fatalf("two servers served one service at once: %v", o)
+	}
+	for svc := range owners {
+		if svc != moved && h.spansOf(svc) != 1 {
+			t.Errorf("%s was restarted (%d starts) when the leader died", svc, h.spansOf(svc))
+		}
+	}
+}

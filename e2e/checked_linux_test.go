@@ -30,7 +30,9 @@ import (
 // nsmmodel_test.go) against the final registration table. One seed in four
 // (seed % 4 == 3: 5 of the default 20) runs on the HA pair's topology
 // instead: two servers and a witness (n3, --witness), whose witness is
-// killed, stopped, cut off or given a slow disk as well.
+// killed, stopped, cut off or given a slow disk as well. Another one in
+// four (seed % 4 == 1) runs on three servers with three services and no
+// VIP (svcsched_linux_test.go says what those schedules check).
 //
 // Per schedule: 4–12 workers send SM_MON / SM_UNMON / SM_UNMON_ALL /
 // SM_STAT, half through the VIP from the client hosts, half as a lock
@@ -71,7 +73,7 @@ func TestCheckedFaultSchedules(t *testing.T) {
 	t.Logf("seeds %d..%d", seed, seed+uint64(count)-1)
 
 	sum := newScheduleSummary()
-	for _, topo := range []string{topoThree, topoWitness} {
+	for _, topo := range []string{topoThree, topoWitness, topoServices} {
 		var seeds []int // schedule numbers (0-based) on this topology
 		for i := range count {
 			if scheduleTopology(seed+uint64(i)) == topo {
@@ -84,6 +86,12 @@ func TestCheckedFaultSchedules(t *testing.T) {
 		// Each topology in a subtest of its own: its namespaces, nodes
 		// and mounts are gone before the next one is built.
 		t.Run(topo, func(t *testing.T) {
+			if topo == topoServices {
+				sc := startServicesCluster(t)
+				runTopologySeeds(t, topo, seed, seeds, sum, func(t *testing.T, s uint64) { runServicesSchedule(t, sc, s, sum) })
+				t.Run("negative-controls", sc.negativeControls)
+				return
+			}
 			// The workers that play lockd call from unprivileged ports (a
 			// new connection per call: more than the privileged range
 			// holds), so the bound on new hosts from local users is off.
@@ -97,19 +105,7 @@ func TestCheckedFaultSchedules(t *testing.T) {
 			// every client host is monitored throughout, so each must
 			// hear of every new state.
 			c.monAll(t, leader, "init")
-			for _, i := range seeds {
-				s := seed + uint64(i)
-				ok := t.Run(fmt.Sprintf("%02d-seed-%d", i+1, s), func(t *testing.T) {
-					runCheckedSchedule(t, c, s, sum)
-				})
-				sum.mu.Lock()
-				sum.topos[topo]++
-				sum.mu.Unlock()
-				if !ok {
-					t.Logf("replay: NSMD_E2E_SEED=%d NSMD_E2E_SCHEDULES=1 make e2e E2E_RUN=TestCheckedFaultSchedules", s)
-					sum.failed = append(sum.failed, s)
-				}
-			}
+			runTopologySeeds(t, topo, seed, seeds, sum, func(t *testing.T, s uint64) { runCheckedSchedule(t, c, s, sum) })
 		})
 	}
 	table := sum.table(count, seed)
@@ -121,17 +117,42 @@ func TestCheckedFaultSchedules(t *testing.T) {
 	}
 }
 
+// runTopologySeeds runs the schedules of seeds (schedule numbers from
+// seed) on topology topo, one subtest each, and counts them.
+func runTopologySeeds(t *testing.T, topo string, seed uint64, seeds []int, sum *scheduleSummary, run func(*testing.T, uint64)) {
+	for _, i := range seeds {
+		s := seed + uint64(i)
+		ok := t.Run(fmt.Sprintf("%02d-seed-%d", i+1, s), func(t *testing.T) { run(t, s) })
+		sum.mu.Lock()
+		sum.topos[topo]++
+		if !ok {
+			sum.topoFailed[topo]++
+			sum.failed = append(sum.failed, s)
+		}
+		sum.mu.Unlock()
+		if !ok {
+			t.Logf("replay: NSMD_E2E_SEED=%d NSMD_E2E_SCHEDULES=1 make e2e E2E_RUN=TestCheckedFaultSchedules", s)
+		}
+	}
+}
+
 // The topologies of the schedules.
 const (
-	topoThree   = "three-nodes"
-	topoWitness = "two-servers-witness"
+	topoThree    = "three-nodes"
+	topoWitness  = "two-servers-witness"
+	topoServices = "three-servers-services"
 )
 
 // scheduleTopology is the topology seed runs on: one seed in four on two
-// servers and a witness.
+// servers and a witness, one in four on three servers with three services
+// (of the default run, seeds 1, 5, 9, 13 and 17, which ran on three nodes
+// before services existed).
 func scheduleTopology(seed uint64) string {
-	if seed%4 == 3 {
+	switch seed % 4 {
+	case 3:
 		return topoWitness
+	case 1:
+		return topoServices
 	}
 	return topoThree
 }
@@ -169,19 +190,23 @@ var myNames = []string{"chk-a.e2e", "chk-b.e2e", "chk-c.e2e", "chk-d.e2e", "chk-
 
 // scheduleSummary counts what the schedules did.
 type scheduleSummary struct {
-	mu        sync.Mutex
-	schedules int
-	ops       map[string]int // "SM_MON ok" / "SM_MON unknown" ...
-	faults    map[string]int
-	topos     map[string]int
-	anomalies int
-	falseSlow int // slow-disk verdicts in schedules with no slow-disk fault
-	failed    []uint64
-	took      []time.Duration
+	mu         sync.Mutex
+	schedules  int
+	ops        map[string]int // "SM_MON ok" / "SM_MON unknown" ...
+	faults     map[string]int
+	topos      map[string]int
+	topoFailed map[string]int
+	anomalies  int
+	falseSlow  int // slow-disk verdicts in schedules with no slow-disk fault
+	// lapseRestarts: services restarted on an unhit server whose lease
+	// lapsed during a leader election (svcsched_linux_test.go, checkMoves)
+	lapseRestarts int
+	failed        []uint64
+	took          []time.Duration
 }
 
 func newScheduleSummary() *scheduleSummary {
-	return &scheduleSummary{ops: map[string]int{}, faults: map[string]int{}, topos: map[string]int{}}
+	return &scheduleSummary{ops: map[string]int{}, faults: map[string]int{}, topos: map[string]int{}, topoFailed: map[string]int{}}
 }
 
 func (s *scheduleSummary) table(count int, seed uint64) string {
@@ -203,9 +228,12 @@ func (s *scheduleSummary) table(count int, seed uint64) string {
 	}
 	fmt.Fprintf(&b, "| %d | %d | %d | %d | %v |\n\n", count, count-len(s.failed), total, s.anomalies, med.Round(100*time.Millisecond))
 	fmt.Fprintf(&b, "slow-disk verdicts in schedules without a slow-disk fault: %d\n\n", s.falseSlow)
-	fmt.Fprintf(&b, "| topology | schedules |\n|---|---|\n")
+	if s.topos[topoServices] > 0 {
+		fmt.Fprintf(&b, "services restarted on a server no fault hit, their lease lapsed in a leader election: %d\n\n", s.lapseRestarts)
+	}
+	fmt.Fprintf(&b, "| topology | schedules | passed |\n|---|---|---|\n")
 	for _, k := range sortedKeys(s.topos) {
-		fmt.Fprintf(&b, "| %s | %d |\n", k, s.topos[k])
+		fmt.Fprintf(&b, "| %s | %d | %d |\n", k, s.topos[k], s.topos[k]-s.topoFailed[k])
 	}
 	fmt.Fprintf(&b, "\n| operation | outcome | count |\n|---|---|---|\n")
 	for _, k := range sortedKeys(s.ops) {
@@ -329,7 +357,7 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	time.Sleep(time.Duration(300+rng.IntN(500)) * time.Millisecond) // load before the first fault
 	for _, f := range plan {
 		d := time.Duration(1000+rng.IntN(2000)) * time.Millisecond
-		desc := c.inject(t, f, d, rng)
+		desc, _ := c.inject(t, f, d, rng)
 		t.Logf("fault %s: %s", f, desc)
 		sum.mu.Lock()
 		sum.faults[f]++
@@ -659,8 +687,11 @@ func finalTables(leader *nsmNode, monLabels []string) ([][monNames]string, error
 	return tables, nil
 }
 
-// inject runs one fault for about d and heals it; it returns what it did.
-func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *rand.Rand) string {
+// inject runs one fault for about d and heals it; it returns what it did
+// and the node it hit (nil: none, as loss on the client links or a planned
+// transfer). A node that a fence agent powered off meanwhile (the services
+// topology's stand-in kills it) is left down: restore starts it again.
+func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *rand.Rand) (string, *nsmNode) {
 	t.Helper()
 	leader, st := c.restore(t)
 	var followers []*nsmNode
@@ -694,7 +725,7 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 		}
 		time.Sleep(d) // the fault lasts d
 		n.start(t)
-		return fmt.Sprintf("SIGKILL %s (sm_state %d), restarted after %v", n.id, st.SMState, d)
+		return fmt.Sprintf("SIGKILL %s (sm_state %d), restarted after %v", n.id, st.SMState, d), n
 	case "stop-leader":
 		// Longer than the VIP's lifetime, so the address expires on the
 		// stopped node while the others elect a new leader.
@@ -703,10 +734,10 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 			t.Fatal(err)
 		}
 		time.Sleep(pause)
-		if err := leader.signal(syscall.SIGCONT); err != nil {
+		if err := leader.signal(syscall.SIGCONT); err != nil && !errors.Is(err, os.ErrProcessDone) {
 			t.Fatal(err)
 		}
-		return fmt.Sprintf("SIGSTOP %s for %v", leader.id, pause)
+		return fmt.Sprintf("SIGSTOP %s for %v", leader.id, pause), leader
 	case "stop-witness":
 		if err := witness.signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
@@ -715,7 +746,7 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 		if err := witness.signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
-		return fmt.Sprintf("SIGSTOP witness %s for %v", witness.id, d)
+		return fmt.Sprintf("SIGSTOP witness %s for %v", witness.id, d), witness
 	case "cut-leader", "cut-follower", "cut-witness":
 		n := pick(role)
 		var peers []*netHost
@@ -725,21 +756,21 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 		tool, heal := cut(t, n.host, peers)
 		time.Sleep(d)
 		heal()
-		return fmt.Sprintf("cut %s off from the other nodes (%s) for %v", n.id, tool, d)
+		return fmt.Sprintf("cut %s off from the other nodes (%s) for %v", n.id, tool, d), n
 	case "loss-clients":
 		tool, heal := addLoss(t, c.top, c.top.hosts, 20)
 		time.Sleep(d)
 		heal()
-		return fmt.Sprintf("20%% loss on the client links (%s) for %v", tool, d)
+		return fmt.Sprintf("20%% loss on the client links (%s) for %v", tool, d), nil
 	case "transfer":
 		out, err := nsCmd(leader.host.ns, nsmdBin, append([]string{"transfer-leadership", "--admin", leader.admin, "--json"}, c.pki.cliArgs()...)...)
 		if err != nil {
 			// raft gives up a transfer whose target does not catch up
 			// within an election timeout (a follower just healed from a
 			// cut): the leader stays, which the checks cover as well.
-			return fmt.Sprintf("transfer-leadership from %s refused: %v %s", leader.id, err, out)
+			return fmt.Sprintf("transfer-leadership from %s refused: %v %s", leader.id, err, out), nil
 		}
-		return "transfer-leadership from " + leader.id
+		return "transfer-leadership from " + leader.id, nil
 	case "disk-full-leader", "disk-full-follower":
 		n := leader
 		if kind == "disk-full-follower" {
@@ -751,12 +782,13 @@ func (c *e2eCluster) inject(t *testing.T, kind string, d time.Duration, rng *ran
 		}
 		time.Sleep(d)
 		free()
-		return fmt.Sprintf("%s's data directory full for %v", n.id, d)
+		return fmt.Sprintf("%s's data directory full for %v", n.id, d), n
 	case "slow-disk-leader", "slow-disk-follower", "slow-disk-witness":
-		return c.slowDiskFault(t, pick(role), d, rng)
+		n := pick(role)
+		return c.slowDiskFault(t, n, d, rng), n
 	}
 	t.Fatalf("unknown fault %q", kind)
-	return ""
+	return "", nil
 }
 
 // logMarks are the nodes' log sizes now.
@@ -843,6 +875,10 @@ func (c *e2eCluster) slowDiskFault(t *testing.T, n *nsmNode, d time.Duration, rn
 		return desc + " (under twice the threshold: no verdict required)"
 	}
 	switch {
+	case lastErr != nil && !n.running():
+		// Powered off by a fence agent (the services topology's stand-in):
+		// a verdict of a node that is gone says nothing.
+		return desc + "; fenced (powered off) during the fault"
 	case lastErr != nil:
 		t.Errorf("slow disk: %s's status at the end of the fault: %v", n.id, lastErr)
 	case !last.Disk.Slow:

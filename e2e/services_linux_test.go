@@ -106,6 +106,19 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 	}, 90*time.Second)
 	wantState := fsm.ServiceSMState(moved["a"].Epoch)
 	checkServiceNotified(t, c.clients[0], drillServices[0].addr, wantState, 60*time.Second)
+	// a's new server says it serves a, and how it had n1 proven stopped:
+	// the fence agent's off (n1 promised no watchdog).
+	for _, n := range c.nodes {
+		if n.id != moved["a"].Owner {
+			continue
+		}
+		st := waitServicesFrom(t, c, n, func(st map[string]admin.ServiceStatus) bool {
+			return st["a"].State == admin.ServiceServing && st["a"].Run != nil
+		}, 30*time.Second)
+		if r := st["a"].Run; r.Node != n.id || r.Epoch != moved["a"].Epoch || r.LeaseSeconds <= 0 || r.Proof == nil || r.Proof.Node != "n1" || r.Proof.By != "agent" {
+			t.Errorf("a on its new server %s: run %+v (proof %+v), want serving at epoch %d, n1 fenced by the agent", n.id, r, r.Proof, moved["a"].Epoch)
+		}
+	}
 	for _, s := range []string{"b", "c"} {
 		if moved[s].Owner != owners[s].Owner || moved[s].Epoch != owners[s].Epoch {
 			t.Errorf("service %s moved (%s@%d → %s@%d) when a's server died", s, owners[s].Owner, owners[s].Epoch, moved[s].Owner, moved[s].Epoch)
@@ -155,7 +168,8 @@ func waitServices(t *testing.T, c *e2eCluster, want map[string]string, timeout t
 	t.Helper()
 	return waitServicesFrom(t, c, c.nodes[0], func(st map[string]admin.ServiceStatus) bool {
 		for id, node := range want {
-			if st[id].Owner != node || st[id].State != admin.ServicePlaced {
+			// placed as the others see it, serving as its owner does.
+			if st[id].Owner != node || st[id].State != admin.ServicePlaced && st[id].State != admin.ServiceServing {
 				return false
 			}
 		}

@@ -190,8 +190,28 @@
       if (conflict && v.declared_by) {
         conflict += ' · ' + Object.keys(v.declared_by).sort().map((n) => n + ' ' + (v.declared_by[n] || 'does not declare it')).join(', ');
       }
-      return row(v.id, v.address, v.owner || '–', v.epoch, el('td', 'state-' + v.state, v.state), move, conflict);
+      return row(v.id, v.address, v.owner || '–', v.epoch, el('td', 'state-' + v.state, v.state), here(v), move, conflict);
     }));
+  }
+
+  // here is what this node does with service v: its run (phase, epoch,
+  // lease left, how the previous server was proven stopped) and what it
+  // holds (the address, the last hook); empty when it has none of it.
+  function here(v) {
+    const parts = [];
+    const r = v.run;
+    if (r) {
+      parts.push(r.phase + ' at epoch ' + r.epoch, 'lease ' + Number(r.lease_seconds).toFixed(1) + ' s');
+      if (r.proof) parts.push(r.proof.node + ' proven stopped (' + r.proof.by + ')');
+    }
+    const l = v.local;
+    if (l) {
+      if (!r) parts.push(l.phase);
+      parts.push(l.address_held ? 'address held' : 'address not held');
+      const h = l.last_hook;
+      if (h) parts.push(h.hook + ' ' + h.reason + (h.error ? ' FAILED: ' + h.error : ' ok') + ' at ' + fmtTime(h.at));
+    }
+    return el('td', r ? 'run-' + r.phase : '', parts.join(' · '));
   }
 
   function setConn(ok, err) {

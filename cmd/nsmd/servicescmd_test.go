@@ -76,9 +76,30 @@ scratch  10.0.0.51/24  -      0      conflict nfs2's spec of scratch differs fro
 	if normalize(out) != normalize(want) {
 		t.Fatalf("nsmd services:\n%s\nwant:\n%s", out, want)
 	}
+	// The node that runs a service adds what it does with it, below the
+	// same table.
+	st.list[0].Run = &admin.ServiceRun{Node: "nfs1", Phase: admin.RunServing, Epoch: 4, LeaseSeconds: 2.345,
+		Proof: &admin.ServiceProof{Node: "nfs2", By: "clean", Seconds: 0.12}}
+	st.list[0].Local = &admin.ServiceLocal{Node: "nfs1", Phase: "serving", Epoch: 4, AddressHeld: true,
+		LastHook: &admin.ServiceHook{Hook: "on_leader", Reason: "start", Epoch: 4, At: at}}
+	st.list[1].Local = &admin.ServiceLocal{Node: "nfs1", Phase: "failed",
+		LastHook: &admin.ServiceHook{Hook: "on_follower", Reason: "start-of-process", Err: "exit status 32", At: at}}
+	out, err = runCLI(t, "services", "--admin", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want += `
+on this node (nfs1):
+SERVICE  RUN      EPOCH  LEASE  PREVIOUS SERVER                 ADDRESS   LAST HOOK
+home     serving  4      2.3s   nfs2 stopped (clean, 0.1s)      held      on_leader start (epoch 4) ok at 2025-01-02T03:04:05Z
+scratch  failed   -      -      -                               not held  on_follower start-of-process (epoch 0) FAILED: exit status 32 at 2025-01-02T03:04:05Z
+`
+	if normalize(out) != normalize(want) {
+		t.Fatalf("nsmd services on the serving node:\n%s\nwant:\n%s", out, want)
+	}
 	out, err = runCLI(t, "services", "--admin", addr, "--json")
 	var list []admin.ServiceStatus
-	if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list) != 2 || list[0].LastMove == nil {
+	if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list) != 2 || list[0].LastMove == nil || list[0].Run == nil || list[1].Local == nil {
 		t.Fatalf("nsmd services --json: %v\n%s", err, out)
 	}
 
