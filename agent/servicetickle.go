@@ -65,10 +65,10 @@ type serviceTickler struct {
 	wg     sync.WaitGroup // the loop and the takeovers' sends
 
 	mu          sync.Mutex
-	last        map[string]svcSample // by service: the last sample held
+	last        map[string]svcSample   // by service: the last sample held
 	unsupported map[string]unsupported // server → its PROC_UNAVAIL
-	overLogged  map[string]bool      // "over tickle_max_conns" logged for the service, not cleared since
-	stopped     bool                 // stop ran: no new sends
+	overLogged  map[string]bool        // "over tickle_max_conns" logged for the service, not cleared since
+	stopped     bool                   // stop ran: no new sends
 	sampleErr   errOnce
 }
 
