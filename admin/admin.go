@@ -39,6 +39,10 @@ type Store interface {
 	// starting after the given one (the zero MonID: from the first); only
 	// those of monName when it is set.
 	Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration
+	// ServiceRegistrations is Registrations of one service's own
+	// registrations (with services:); an error wrapping ErrUnknownService
+	// when the cluster knows no such service.
+	ServiceRegistrations(service string, after fsm.MonID, limit int, monName string) ([]fsm.Registration, error)
 	// NFSv4Clients is the NFSv4 client-tracking table.
 	NFSv4Clients() V4ClientPage
 	// LastTakeover is the cluster's last committed takeover (zero: none).
@@ -185,7 +189,16 @@ func (h *handler) registrations(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	regs := h.s.Registrations(after, limit+1, q.Get("mon_name"))
+	var regs []fsm.Registration
+	if svc := q.Get("service"); svc != "" {
+		var err error
+		if regs, err = h.s.ServiceRegistrations(svc, after, limit+1, q.Get("mon_name")); err != nil {
+			httpError(w, http.StatusNotFound, "registrations of service %q: %v", svc, err)
+			return
+		}
+	} else {
+		regs = h.s.Registrations(after, limit+1, q.Get("mon_name"))
+	}
 	page := RegistrationPage{Registrations: []RegistrationJSON{}}
 	if len(regs) > limit {
 		regs = regs[:limit]

@@ -59,6 +59,13 @@ func (f *fakeStore) Members() []Member {
 	return []Member{{ID: "n1", State: "alive", Suffrage: "Voter", Leader: true, Role: "leader"}}
 }
 
+func (f *fakeStore) ServiceRegistrations(service string, after fsm.MonID, limit int, monName string) ([]fsm.Registration, error) {
+	if service != "home" {
+		return nil, fmt.Errorf("%w %q", ErrUnknownService, service)
+	}
+	return f.Registrations(after, limit, monName), nil
+}
+
 func (f *fakeStore) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -584,5 +591,26 @@ func TestFenceSummarySaysAPauseIsNotCovered(t *testing.T) {
 	f = Fence{Mode: "watchdog+agent", Hypervisor: "cpuinfo hypervisor flag"}
 	if got := f.Summary(); strings.Contains(got, "PAUSE") {
 		t.Errorf("control: with a fence agent, Summary = %q", got)
+	}
+}
+
+// GET /v1/registrations?service=S lists that service's registrations; an
+// unknown service is 404, and without service the node's own are listed.
+func TestRegistrationsOfAService(t *testing.T) {
+	f := newFakeStore()
+	f.regs[fsm.MonID{MonName: "c1"}] = fsm.Registration{ID: fsm.MonID{MonName: "c1"}}
+	srv, tokFile, _ := serve(t, f, false)
+	tok, _ := os.ReadFile(tokFile)
+	for q, want := range map[string]int{"service=home": 200, "service=nope": 404, "": 200} {
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/registrations?"+q, nil)
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("?%s: %d, want %d", q, resp.StatusCode, want)
+		}
 	}
 }

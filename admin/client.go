@@ -182,7 +182,16 @@ func (c *Client) Registrations(ctx context.Context, limit int, monName, after st
 
 // RegistrationsQuery is the query string of GET /v1/registrations.
 func RegistrationsQuery(limit int, monName, after string) string {
+	return ServiceRegistrationsQuery("", limit, monName, after)
+}
+
+// ServiceRegistrationsQuery is RegistrationsQuery of one service's own
+// registrations ("": the node's).
+func ServiceRegistrationsQuery(service string, limit int, monName, after string) string {
 	q := url.Values{}
+	if service != "" {
+		q.Set("service", service)
+	}
 	q.Set("limit", fmt.Sprint(limit))
 	if monName != "" {
 		q.Set("mon_name", monName)

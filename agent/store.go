@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -89,6 +90,14 @@ func (s adminStore) Members() []admin.Member {
 
 func (s adminStore) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
 	return s.a.node.View().Registrations(after, limit, monName)
+}
+
+// ServiceRegistrations are one service's own registrations (its scope).
+func (s adminStore) ServiceRegistrations(service string, after fsm.MonID, limit int, monName string) ([]fsm.Registration, error) {
+	if !slices.ContainsFunc(s.a.node.Services().View().State.Placements, func(p fsm.Placement) bool { return p.Service == service }) {
+		return nil, fmt.Errorf("%w %q: the cluster has no placement record of it", admin.ErrUnknownService, service)
+	}
+	return s.a.node.Services().Registry(service).Registrations(after, limit, monName), nil
 }
 
 func (s adminStore) NFSv4Clients() admin.V4ClientPage { return s.a.v4.clients() }

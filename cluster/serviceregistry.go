@@ -76,6 +76,11 @@ func (r ServiceRegistry) Monitored(monName string) bool {
 	return len(r.scope().Registrations(fsm.MonID{}, 1, monName)) > 0
 }
 
+// Registrations is View.Registrations of the service's own registrations.
+func (r ServiceRegistry) Registrations(after fsm.MonID, limit int, monName string) []fsm.Registration {
+	return r.scope().Registrations(after, limit, monName)
+}
+
 // Targets is every distinct host the service's registrations name, with
 // their addresses: whom its SM_NOTIFY goes to.
 func (r ServiceRegistry) Targets() []fsm.Target { return r.scope().Targets() }

@@ -153,6 +153,24 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 			t.Errorf("%s (a client of %s) was notified by a's moves: %+v", cl.host.name, drillServices[i+1].id, cl.Notices())
 		}
 	}
+	// The acknowledged SM_MONs are the services' own: a's holds c1's and
+	// not c2's, on every node, after both moves; the node's own holds none.
+	for _, n := range c.nodes {
+		var a, own admin.RegistrationPage
+		if err := n.get("/v1/registrations?service=a", &a); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.get("/v1/registrations", &own); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, r := range a.Registrations {
+			names = append(names, r.MonName)
+		}
+		if !slices.Equal(names, []string{c.clients[0].host.ip.String()}) || len(own.Registrations) != 0 {
+			t.Errorf("%s: service a's registrations %v (want only %s's), the node's own %d", n.id, names, c.clients[0].host.name, len(own.Registrations))
+		}
+	}
 	log, _ := os.ReadFile(filepath.Join(dir, "hooks.log"))
 	for _, s := range []string{"b", "c"} {
 		if strings.Count(string(log), " start "+s+" ") != 1 {

@@ -159,9 +159,8 @@ func historyDir() string {
 // final state; one that did not move sent no newer state.
 //
 // A service restarted on its own unhit server because its lease lapsed
-// there (its server's log says so) while the cluster elected a leader is
-// the known exception below (lapsed: service id → true): it is an error
-// only with NSMD_E2E_SERVICES_STRICT=1, and counted in the summary.
+// there (its server's log says so: lapsed, service id → true) is an error
+// like any other move, said so, and counted in the summary.
 func (sc *svcCluster) checkMoves(t reporter, before, final map[string]admin.ServiceStatus, hit map[string][]string, lapsed map[string]bool) (lapseRestarts int) {
 	t.Helper()
 	for _, s := range drillServices {
@@ -186,18 +185,14 @@ func (sc *svcCluster) checkMoves(t reporter, before, final map[string]admin.Serv
 			// what it serves (DESIGN.md, "Serving a service on any
 			// server") and starts it again at a new epoch, where it was.
 			t.Logf("service %s restarted on its server %s (epoch %d → %d), which no fault hit: two servers were hit (%v)", s.id, f.Owner, b.Epoch, f.Epoch, hit)
-		case len(hit[b.Owner]) == 0 && f.Owner == b.Owner && lapsed[s.id] && !servicesStrict():
-			// Known: with fence_watchdog off a server keeps serving only
-			// two fence leases (600 ms) past its lease's end, less than a
-			// leader election takes (2–3 heartbeat timeouts, then the
-			// takeover), so a fault of the leader alone restarts the
-			// services of the servers it did not hit.
-			lapseRestarts++
-			t.Logf("KNOWN PRODUCT ISSUE: service %s restarted on its server %s (epoch %d → %d), which no fault hit: its lease lapsed during a leader election (faults hit %v; NSMD_E2E_SERVICES_STRICT=1 makes this an error)",
-				s.id, f.Owner, b.Epoch, f.Epoch, hit)
 		case len(hit[b.Owner]) == 0:
-			t.Errorf("service %s moved (%s@%d → %s@%d) though no fault hit its server %s (faults hit %v): a fault of one node moves only its services",
-				s.id, b.Owner, b.Epoch, f.Owner, f.Epoch, b.Owner, hit)
+			why := ""
+			if lapsed[s.id] {
+				lapseRestarts++
+				why = " (its server's lease lapsed: an election outlasted the grace of a run without a watchdog)"
+			}
+			t.Errorf("service %s moved (%s@%d → %s@%d) though no fault hit its server %s (faults hit %v)%s: a fault of one node moves only its services",
+				s.id, b.Owner, b.Epoch, f.Owner, f.Epoch, b.Owner, hit, why)
 		}
 		for _, cl := range sc.clients {
 			if why := waitServiceNotified(cl, s.addr, fsm.ServiceSMState(f.Epoch), 30*time.Second); why != "" {
@@ -207,10 +202,6 @@ func (sc *svcCluster) checkMoves(t reporter, before, final map[string]admin.Serv
 	}
 	return lapseRestarts
 }
-
-// servicesStrict: NSMD_E2E_SERVICES_STRICT=1 fails a restart of an unhit
-// server's service after a lapsed lease (see checkMoves).
-func servicesStrict() bool { return os.Getenv("NSMD_E2E_SERVICES_STRICT") == "1" }
 
 // leaseLapses says which services' servers (before) logged, since marks,
 // that they stopped the service at its epoch because its lease lapsed.

@@ -136,7 +136,7 @@ func clientsCmd() *cobra.Command {
 
 func registrationsCmd() *cobra.Command {
 	var c adminClient
-	var monName string
+	var monName, service string
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "registrations",
@@ -144,7 +144,7 @@ func registrationsCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var page admin.RegistrationPage
-			if printed, err := c.show(cmd, "/v1/registrations?"+admin.RegistrationsQuery(limit, monName, ""), &page); printed || err != nil {
+			if printed, err := c.show(cmd, "/v1/registrations?"+admin.ServiceRegistrationsQuery(service, limit, monName, ""), &page); printed || err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -160,6 +160,7 @@ func registrationsCmd() *cobra.Command {
 	}
 	c.flags(cmd)
 	cmd.Flags().StringVar(&monName, "mon-name", "", "only registrations of this monitored host")
+	cmd.Flags().StringVar(&service, "service", "", "the registrations of this service (services:) instead of the node's own")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many rows")
 	return cmd
 }
