@@ -306,8 +306,33 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Service != "" {
 		return d.runServices(ctx, rep)
 	}
-	for i := 1; i <= o.Runs; i++ {
-		leader, err := d.waitHealthy(ctx, i)
+	var leader Node
+	prepare := func(ctx context.Context, i int) error {
+		var err error
+		if leader, err = d.waitHealthy(ctx, i); err != nil || i > 1 {
+			return err
+		}
+		if err := d.findVIP(ctx, leader); err != nil {
+			return err
+		}
+		rep.VIP = d.vip
+		return nil
+	}
+	if err := d.runAll(ctx, rep, prepare, func(ctx context.Context, i int) (Failover, error) { return d.run(ctx, i, leader) }); err != nil {
+		return nil, err
+	}
+	rep.Stats = Stats(rep.Runs)
+	rep.StepStats = StepStats(rep.Runs)
+	return rep, nil
+}
+
+// runAll makes rep's runs: before run i, prepare waits for the cluster
+// to be ready for it (an error: the drill stops, "before run i"; on the
+// first run it is the drill's error), then run makes it. It stops early
+// when the context ends.
+func (d *runner) runAll(ctx context.Context, rep *Report, prepare func(context.Context, int) error, run func(context.Context, int) (Failover, error)) error {
+	for i := 1; i <= d.o.Runs; i++ {
+		err := prepare(ctx, i)
 		var stop *stopError
 		if errors.As(err, &stop) {
 			rep.Stopped = stop.reason
@@ -316,34 +341,26 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		if err != nil {
 			if i == 1 {
-				return nil, err
+				return err
 			}
 			rep.Stopped = fmt.Sprintf("before run %d: %v", i, err)
 			break
 		}
-		if i == 1 {
-			if err := d.findVIP(ctx, leader); err != nil {
-				return nil, err
-			}
-			rep.VIP = d.vip
-		}
-		run, err := d.run(ctx, i, leader)
+		r, err := run(ctx, i)
 		if err != nil {
 			if i == 1 {
-				return nil, err
+				return err
 			}
 			rep.Stopped = fmt.Sprintf("run %d: %v", i, err)
 			break
 		}
-		rep.Runs = append(rep.Runs, run)
+		rep.Runs = append(rep.Runs, r)
 		if ctx.Err() != nil {
 			rep.Stopped = "interrupted"
 			break
 		}
 	}
-	rep.Stats = Stats(rep.Runs)
-	rep.StepStats = StepStats(rep.Runs)
-	return rep, nil
+	return nil
 }
 
 // stopError ends a drill early for a reason the operator should read.
