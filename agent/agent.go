@@ -272,20 +272,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	if err != nil {
 		return a, err
 	}
-	svc, err := nsm.NewService(a.node.Registry(), nsm.Config{
-		NodeID:             cfg.NodeID,
-		Trusted:            cfg.TrustedPrefixes(),
-		Logger:             log,
-		Metrics:            a.nsmm,
-		MaxRegistrations:   cfg.MaxRegistrations,
-		NotifyBurst:        cfg.NotifyBurst,
-		NotifyEvery:        cfg.NotifyEvery,
-		MonUnprivBurst:     cfg.MonUnprivBurst,
-		MonUnprivEvery:     cfg.MonUnprivEvery,
-		NotifyStrictSender: cfg.NotifyStrictSender,
-		NotifyOn:           notifyOn(cfg),
-		UnmonCounts:        a.unmonCounts,
-	})
+	svc, err := a.nodeNSM()
 	if err != nil {
 		return a, err
 	}
@@ -319,6 +306,27 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	log.Info("nsmd node started", "cluster_id", cfg.ClusterID, "version", build.Gossip(), "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode,
 		"tls", a.sec.tls != nil, "insecure", len(a.sec.exposures) > 0)
 	return a, nil
+}
+
+// nodeNSM is the node's own NSM service: the node-level registrations
+// (the cluster without services:, and what is sent to no service's
+// address).
+func (a *Agent) nodeNSM() (*nsm.Service, error) {
+	cfg := a.cfg
+	return nsm.NewService(a.node.Registry(), nsm.Config{
+		NodeID:             cfg.NodeID,
+		Trusted:            cfg.TrustedPrefixes(),
+		Logger:             a.log,
+		Metrics:            a.nsmm,
+		MaxRegistrations:   cfg.MaxRegistrations,
+		NotifyBurst:        cfg.NotifyBurst,
+		NotifyEvery:        cfg.NotifyEvery,
+		MonUnprivBurst:     cfg.MonUnprivBurst,
+		MonUnprivEvery:     cfg.MonUnprivEvery,
+		NotifyStrictSender: cfg.NotifyStrictSender,
+		NotifyOn:           notifyOn(cfg),
+		UnmonCounts:        a.unmonCounts,
+	})
 }
 
 // applied sees every command applied here (a cluster.Subscriber: it must

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
+	"github.com/nsmd/nsmd/bench/drill"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/nsm"
@@ -176,6 +178,27 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 		if strings.Count(string(log), " start "+s+" ") != 1 {
 			t.Errorf("service %s started more than once:\n%s", s, log)
 		}
+	}
+	// The operator's drill of one service: a planned move of b, timed; it
+	// moves nothing else.
+	var admins []string
+	for _, n := range c.nodes {
+		admins = append(admins, n.admin)
+	}
+	out, err := exec.Command("ip", append([]string{"netns", "exec", c.top.hosts[0].ns, nsmdBin, "drill", "--service", "b",
+		"--admin", strings.Join(admins, ","), "--json", "--timeout", "40s"}, c.pki.cliArgs()...)...).Output()
+	if err != nil {
+		t.Fatalf("nsmd drill --service b: %v\n%s", err, out)
+	}
+	var rep drill.Report
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("drill report: %v\n%s", err, out)
+	}
+	if len(rep.Runs) != 1 || !rep.Runs[0].Complete() || rep.Service != "b" || len(rep.Runs[0].AlsoMoved) > 0 ||
+		rep.Runs[0].NewState != rep.Runs[0].OldState+2 {
+		t.Errorf("nsmd drill --service b: %s", out)
+	} else {
+		t.Logf("nsmd drill --service b: %s → %s, milestones %+v", rep.Runs[0].OldLeader, rep.Runs[0].NewLeader, rep.Runs[0].Milestones)
 	}
 	t.Logf("hooks:\n%s", log)
 }

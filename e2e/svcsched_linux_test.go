@@ -239,7 +239,7 @@ func (sc *svcCluster) served(want map[string]string) (map[string]admin.ServiceSt
 		owner := sc.node(cur.Owner)
 		desc := fmt.Sprintf("%s on %q@%d (%s)", s.id, cur.Owner, cur.Epoch, cur.State)
 		switch {
-		case owner == nil || !owner.serving() || cur.State != admin.ServicePlaced:
+		case owner == nil || !owner.serving() || (cur.State != admin.ServicePlaced && cur.State != admin.ServiceServing):
 			return st, false, desc
 		case want != nil && cur.Owner != want[s.id]:
 			return st, false, desc + ", want on " + want[s.id]

@@ -405,15 +405,12 @@ func (in *inserter) finish() {
 
 func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	r := &snapReader{r: bufio.NewReaderSize(rc, 64<<10), tab: crc32.MakeTable(crc32.Castagnoli)}
-	corrupt := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrCorruptSnapshot, fmt.Sprintf(format, args...))
-	}
 	hdr, err := r.read(len(snapMagic) + 1)
 	if err != nil {
 		return state{}, 0, err
 	}
 	if string(hdr[:len(snapMagic)]) != snapMagic {
-		return state{}, 0, corrupt("bad magic %q", hdr[:len(snapMagic)])
+		return state{}, 0, corruptf("bad magic %q", hdr[:len(snapMagic)])
 	}
 	version := hdr[len(snapMagic)]
 	lastTag := tagV4Rec
@@ -431,13 +428,8 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 
 	st := newState()
 	var index uint64
-	seen := bulk[seenRec]{t: st.seen}
-	regs := startInserter(st.regs)
-	defer regs.finish() // on error paths; a no-op after the explicit call
-	var refs []addrRef
-	var prevSeen seenRec
-	var prevReg rec
-	nSeen, nRegs := 0, 0
+	base := baseReader{seen: bulk[seenRec]{t: st.seen}, regs: startInserter(st.regs)}
+	defer base.regs.finish() // on error paths; a no-op after the explicit call
 	v4 := [2]v4Reader{{t: bulk[v4Rec]{t: st.v4cur}}, {t: bulk[v4Rec]{t: st.v4rec}}}
 	var sv servingReader
 	var sr servicesReader
@@ -453,7 +445,7 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 			break
 		}
 		if n > maxFrame {
-			return state{}, 0, corrupt("frame of %d bytes (max %d)", n, maxFrame)
+			return state{}, 0, corruptf("frame of %d bytes (max %d)", n, maxFrame)
 		}
 		p, err := r.read(int(n))
 		if err != nil {
@@ -461,62 +453,17 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 		}
 		tag := int(p[0])
 		if tag < section || (section == 0) != (tag == tagScalars) || tag > lastTag {
-			return state{}, 0, corrupt("frame tag %d after section %d", tag, section)
+			return state{}, 0, corruptf("frame tag %d after section %d", tag, section)
 		}
 		section = tag
 		d := decoder{b: p[1:]}
 		switch tag {
 		case tagScalars:
-			st.sm = d.i32()
-			if d.err == nil && st.sm < 0 {
-				d.fail("sm_state %d (Apply never makes one below 0)", st.sm)
-			}
-			st.grace = d.time()
-			st.last = d.takeover()
-			index = d.uvarint()
-			if version >= snapVersion2 {
-				st.lastTerm = d.uvarint()
-			}
-			if version >= snapVersion {
-				st.v4Current, st.v4Recovery = d.uvarint(), d.uvarint()
-				if d.err == nil && (st.v4Current == 0 || st.v4Recovery != 0 && st.v4Recovery != st.v4Current-1) {
-					d.fail("v4 epochs current %d, recovery %d (want current ≥ 1, recovery 0 or current-1)", st.v4Current, st.v4Recovery)
-				}
-			}
-			if d.err == nil && len(d.b) != 0 {
-				d.fail("%d trailing bytes", len(d.b))
-			}
+			index = d.scalars(&st, version)
 		case tagSeen:
-			for len(d.b) > 0 && d.err == nil {
-				s := seenRec{name: d.str(MaxNameLen, "mon_name"), state: d.i32()}
-				if d.err == nil && nSeen > 0 && !lessSeen(prevSeen, s) {
-					d.fail("last-seen entries out of order at %q", s.name)
-				}
-				if d.err == nil {
-					seen.add(s)
-					prevSeen = s
-					nSeen++
-				}
-			}
+			base.readSeen(&d)
 		case tagRegs:
-			for len(d.b) > 0 && d.err == nil {
-				x := d.rec(names)
-				if d.err == nil && nRegs > 0 && !lessRec(prevReg, x) {
-					d.fail("registrations out of order at %q", x.monName)
-				}
-				if d.err == nil {
-					regs.add(x)
-					eachAddr(x.addrs, func(p ip) bool {
-						refs = append(refs, addrRef{a: p, name: x.monName, refs: 1})
-						return true
-					})
-					if nRegs == 0 || x.monName != prevReg.monName {
-						st.hosts++
-					}
-					prevReg = x
-					nRegs++
-				}
-			}
+			base.readRegs(&d, names, &st)
 		case tagV4Cur, tagV4Rec:
 			if tag == tagV4Rec && st.v4Recovery == 0 && len(d.b) > 0 {
 				d.fail("recovery-epoch client records while not in grace")
@@ -530,27 +477,67 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 			scr.read(&d, &st, names)
 		}
 		if d.err != nil {
-			return state{}, 0, corrupt("section %d: %v", tag, d.err)
+			return state{}, 0, corruptf("section %d: %v", tag, d.err)
 		}
 	}
 	if section == 0 {
-		return state{}, 0, corrupt("no scalars section")
+		return state{}, 0, corruptf("no scalars section")
 	}
-	seen.flush()
+	base.seen.flush()
 	v4[0].t.flush()
 	v4[1].t.flush()
 
+	if err := r.trailer(version, &st, []int{base.nSeen, base.nRegs, v4[0].n, v4[1].n}, &scr); err != nil {
+		return state{}, 0, err
+	}
+	want := r.crc
+	cb, err := r.read(4)
+	if err != nil {
+		return state{}, 0, err
+	}
+	if got := binary.BigEndian.Uint32(cb); got != want {
+		return state{}, 0, corruptf("checksum %08x, computed %08x", got, want)
+	}
+	if _, err := r.r.ReadByte(); err == nil {
+		return state{}, 0, corruptf("trailing bytes after the trailer")
+	} else if !errors.Is(err, io.EOF) {
+		return state{}, 0, fmt.Errorf("read snapshot: %w", err)
+	}
+
+	st.byAddr = buildAddrIndex(base.refs) // while the inserter catches up
+	base.refs = nil
+	base.regs.finish()
+
+	var bad error
+	st.seen.Ascend(func(s seenRec) bool {
+		if _, ok := st.firstOf(s.name); !ok {
+			bad = corruptf("last-seen state for unmonitored host %q", s.name)
+		}
+		return bad == nil
+	})
+	if bad != nil {
+		return state{}, 0, bad
+	}
+	st.v4Both = countBoth(st.v4cur, st.v4rec)
+	return st, index, nil
+}
+
+// trailer reads the counts of a snapshot of version after its end frame
+// (base: the last-seen entries, registrations and the two epochs' client
+// records read; the others are st's) and, in version 5, the epoch floor
+// and the scope items, and checks them against what was read.
+func (r *snapReader) trailer(version byte, st *state, counts4 []int, scr *scopesReader) error {
 	type count struct {
 		what string
 		n    int
 	}
-	counts := []count{{"last-seen entries", nSeen}, {"registrations", nRegs}}
+	counts := []count{{"last-seen entries", counts4[0]}, {"registrations", counts4[1]}}
 	if version >= snapVersion {
-		counts = append(counts, count{"current-epoch client records", v4[0].n}, count{"recovery-epoch client records", v4[1].n})
+		counts = append(counts, count{"current-epoch client records", counts4[2]}, count{"recovery-epoch client records", counts4[3]})
 	}
 	if version == snapVersion4 {
 		if len(st.serving) == 0 && len(st.confirmed) == 0 {
-			return state{}, 0, corrupt("version %d without serving records or confirmations", version)
+			return corruptf("version %d without serving records or confirmations", version)
 		}
 	}
 	if version >= snapVersion4 {
@@ -561,63 +548,109 @@ func readSnapshot(rc io.Reader, names *strTable) (state, uint64, error) {
 	}
 	tr, err := r.read(8 * len(counts))
 	if err != nil {
-		return state{}, 0, err
+		return err
 	}
 	for i, c := range counts {
 		if n := binary.BigEndian.Uint64(tr[8*i:]); n != uint64(c.n) {
-			return state{}, 0, corrupt("trailer counts %d %s, read %d", n, c.what, c.n)
+			return corruptf("trailer counts %d %s, read %d", n, c.what, c.n)
 		}
 	}
 	if version == snapVersion5 {
 		fl, err := r.read(8)
 		if err != nil {
-			return state{}, 0, err
+			return err
 		}
 		st.epochFloor = binary.BigEndian.Uint64(fl)
 		if !st.hasServices() {
-			return state{}, 0, corrupt("version %d without placement state", version)
+			return corruptf("version %d without placement state", version)
 		}
 		ni, err := r.read(8)
 		if err != nil {
-			return state{}, 0, err
+			return err
 		}
 		if n := binary.BigEndian.Uint64(ni); n != scr.n {
-			return state{}, 0, corrupt("trailer counts %d scope items, read %d", n, scr.n)
+			return corruptf("trailer counts %d scope items, read %d", n, scr.n)
 		}
-		if bad := scr.finish(&st); bad != "" {
-			return state{}, 0, corrupt("%s", bad)
+		if bad := scr.finish(st); bad != "" {
+			return corruptf("%s", bad)
 		}
 	}
-	want := r.crc
-	cb, err := r.read(4)
-	if err != nil {
-		return state{}, 0, err
-	}
-	if got := binary.BigEndian.Uint32(cb); got != want {
-		return state{}, 0, corrupt("checksum %08x, computed %08x", got, want)
-	}
-	if _, err := r.r.ReadByte(); err == nil {
-		return state{}, 0, corrupt("trailing bytes after the trailer")
-	} else if !errors.Is(err, io.EOF) {
-		return state{}, 0, fmt.Errorf("read snapshot: %w", err)
-	}
+	return nil
+}
 
-	st.byAddr = buildAddrIndex(refs) // while the inserter catches up
-	refs = nil
-	regs.finish()
+func corruptf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorruptSnapshot, fmt.Sprintf(format, args...))
+}
 
-	var bad error
-	st.seen.Ascend(func(s seenRec) bool {
-		if _, ok := st.firstOf(s.name); !ok {
-			bad = corrupt("last-seen state for unmonitored host %q", s.name)
-		}
-		return bad == nil
-	})
-	if bad != nil {
-		return state{}, 0, bad
+// scalars reads the scalars section of a snapshot of version into st
+// and returns the applied index it names.
+func (d *decoder) scalars(st *state, version byte) (index uint64) {
+	st.sm = d.i32()
+	if d.err == nil && st.sm < 0 {
+		d.fail("sm_state %d (Apply never makes one below 0)", st.sm)
 	}
-	st.v4Both = countBoth(st.v4cur, st.v4rec)
-	return st, index, nil
+	st.grace = d.time()
+	st.last = d.takeover()
+	index = d.uvarint()
+	if version >= snapVersion2 {
+		st.lastTerm = d.uvarint()
+	}
+	if version >= snapVersion {
+		st.v4Current, st.v4Recovery = d.uvarint(), d.uvarint()
+		if d.err == nil && (st.v4Current == 0 || st.v4Recovery != 0 && st.v4Recovery != st.v4Current-1) {
+			d.fail("v4 epochs current %d, recovery %d (want current ≥ 1, recovery 0 or current-1)", st.v4Current, st.v4Recovery)
+		}
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	return index
+}
+
+// baseReader reads the last-seen and registration sections of a
+// snapshot, checking the order across their frames.
+type baseReader struct {
+	seen         bulk[seenRec]
+	regs         *inserter
+	refs         []addrRef
+	prevSeen     seenRec
+	prevReg      rec
+	nSeen, nRegs int
+}
+
+func (b *baseReader) readSeen(d *decoder) {
+	for len(d.b) > 0 && d.err == nil {
+		s := seenRec{name: d.str(MaxNameLen, "mon_name"), state: d.i32()}
+		if d.err == nil && b.nSeen > 0 && !lessSeen(b.prevSeen, s) {
+			d.fail("last-seen entries out of order at %q", s.name)
+		}
+		if d.err == nil {
+			b.seen.add(s)
+			b.prevSeen = s
+			b.nSeen++
+		}
+	}
+}
+
+func (b *baseReader) readRegs(d *decoder, names *strTable, st *state) {
+	for len(d.b) > 0 && d.err == nil {
+		x := d.rec(names)
+		if d.err == nil && b.nRegs > 0 && !lessRec(b.prevReg, x) {
+			d.fail("registrations out of order at %q", x.monName)
+		}
+		if d.err == nil {
+			b.regs.add(x)
+			eachAddr(x.addrs, func(p ip) bool {
+				b.refs = append(b.refs, addrRef{a: p, name: x.monName, refs: 1})
+				return true
+			})
+			if b.nRegs == 0 || x.monName != b.prevReg.monName {
+				st.hosts++
+			}
+			b.prevReg = x
+			b.nRegs++
+		}
+	}
 }
 
 // v4Reader reads one section of client records into a B-tree, checking

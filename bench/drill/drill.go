@@ -19,25 +19,17 @@ package drill
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nsmd/nsmd/admin"
-	"github.com/nsmd/nsmd/nsm"
-	"github.com/nsmd/nsmd/oncrpc"
 	"github.com/nsmd/nsmd/timeline"
 )
 
@@ -314,8 +306,33 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Service != "" {
 		return d.runServices(ctx, rep)
 	}
-	for i := 1; i <= o.Runs; i++ {
-		leader, err := d.waitHealthy(ctx, i)
+	var leader Node
+	prepare := func(ctx context.Context, i int) error {
+		var err error
+		if leader, err = d.waitHealthy(ctx, i); err != nil || i > 1 {
+			return err
+		}
+		if err := d.findVIP(ctx, leader); err != nil {
+			return err
+		}
+		rep.VIP = d.vip
+		return nil
+	}
+	if err := d.runAll(ctx, rep, prepare, func(ctx context.Context, i int) (Failover, error) { return d.run(ctx, i, leader) }); err != nil {
+		return nil, err
+	}
+	rep.Stats = Stats(rep.Runs)
+	rep.StepStats = StepStats(rep.Runs)
+	return rep, nil
+}
+
+// runAll makes rep's runs: before run i, prepare waits for the cluster
+// to be ready for it (an error: the drill stops, "before run i"; on the
+// first run it is the drill's error), then run makes it. It stops early
+// when the context ends.
+func (d *runner) runAll(ctx context.Context, rep *Report, prepare func(context.Context, int) error, run func(context.Context, int) (Failover, error)) error {
+	for i := 1; i <= d.o.Runs; i++ {
+		err := prepare(ctx, i)
 		var stop *stopError
 		if errors.As(err, &stop) {
 			rep.Stopped = stop.reason
@@ -324,34 +341,26 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		if err != nil {
 			if i == 1 {
-				return nil, err
+				return err
 			}
 			rep.Stopped = fmt.Sprintf("before run %d: %v", i, err)
 			break
 		}
-		if i == 1 {
-			if err := d.findVIP(ctx, leader); err != nil {
-				return nil, err
-			}
-			rep.VIP = d.vip
-		}
-		run, err := d.run(ctx, i, leader)
+		r, err := run(ctx, i)
 		if err != nil {
 			if i == 1 {
-				return nil, err
+				return err
 			}
 			rep.Stopped = fmt.Sprintf("run %d: %v", i, err)
 			break
 		}
-		rep.Runs = append(rep.Runs, run)
+		rep.Runs = append(rep.Runs, r)
 		if ctx.Err() != nil {
 			rep.Stopped = "interrupted"
 			break
 		}
 	}
-	rep.Stats = Stats(rep.Runs)
-	rep.StepStats = StepStats(rep.Runs)
-	return rep, nil
+	return nil
 }
 
 // stopError ends a drill early for a reason the operator should read.
@@ -359,357 +368,7 @@ type stopError struct{ reason string }
 
 func (s *stopError) Error() string { return s.reason }
 
-// hostPort is an admin address without scheme (host:port, or the URL as
-// given when it has a path).
-func hostPort(addr string) string {
-	_, rest, ok := strings.Cut(addr, "://")
-	if !ok {
-		return strings.TrimRight(addr, "/")
-	}
-	return strings.TrimRight(rest, "/")
-}
-
-// call is one admin API request bounded by timeout; out may be nil.
-func (d *runner) call(ctx context.Context, method, adm, path string, timeout time.Duration, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, d.o.Auth.URL(adm)+path, nil)
-	if err == nil {
-		err = d.o.Auth.Authorize(req)
-	}
-	if err != nil {
-		return fmt.Errorf("admin API %s: %w", adm, err)
-	}
-	resp, err := d.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("admin API %s: %w", adm, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return fmt.Errorf("admin API %s: read %s: %w", adm, path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		var e admin.ErrorBody
-		if json.Unmarshal(body, &e) == nil && e.Error != "" {
-			return &httpError{fmt.Sprintf("%s %s on %s: %s", method, path, adm, e.Error)}
-		}
-		return &httpError{fmt.Sprintf("%s %s on %s: %s", method, path, adm, resp.Status)}
-	}
-	if out != nil {
-		if err := json.Unmarshal(body, out); err != nil {
-			return fmt.Errorf("admin API %s: decode %s: %w", adm, path, err)
-		}
-	}
-	return nil
-}
-
-// httpError is an answer the node gave (not a lost connection).
-type httpError struct{ msg string }
-
 func (e *httpError) Error() string { return e.msg }
-
-// discover learns the nodes: the given admin addresses, then the members
-// they report, whose admin API is probed at their NSM (or raft) host with
-// each given admin port.
-func (d *runner) discover(ctx context.Context) error {
-	byID := map[string]*Node{}
-	var order []string
-	var ports []string
-	var members []admin.Member
-	var errs []error
-	for _, adm := range d.o.Admins {
-		var s admin.Status
-		if err := d.call(ctx, "GET", adm, "/v1/status", 3*time.Second, &s); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if s.Process != nil && s.Process.InProcess {
-			d.inProcess = true
-		}
-		if _, ok := byID[s.NodeID]; !ok {
-			byID[s.NodeID] = &Node{ID: s.NodeID, Admin: hostPort(adm), NSMAddr: s.NSMAddr}
-			order = append(order, s.NodeID)
-		}
-		if u := hostPort(adm); !strings.Contains(u, "/") {
-			if _, p, err := net.SplitHostPort(u); err == nil && !slices.Contains(ports, p) {
-				ports = append(ports, p)
-			}
-		}
-		if members == nil {
-			if err := d.call(ctx, "GET", adm, "/v1/members", 3*time.Second, &members); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	if len(byID) == 0 {
-		return fmt.Errorf("drill: no admin API answered: %w", errors.Join(errs...))
-	}
-	d.members = members
-	for _, m := range members {
-		n, ok := byID[m.ID]
-		if !ok {
-			n = &Node{ID: m.ID, NSMAddr: m.NSMAddr}
-			byID[m.ID] = n
-			order = append(order, m.ID)
-			n.Admin = d.probeAdmin(ctx, m, ports)
-		}
-		n.Voter = m.Suffrage == "Voter"
-		if n.NSMAddr == "" {
-			n.NSMAddr = m.NSMAddr
-		}
-	}
-	for _, id := range order {
-		n := byID[id]
-		d.nodes = append(d.nodes, *n)
-		if n.Voter {
-			d.voters++
-		}
-	}
-	if members == nil { // an old node without /v1/members: all given nodes vote
-		d.voters = len(d.nodes)
-		for i := range d.nodes {
-			d.nodes[i].Voter = true
-		}
-	}
-	if len(d.nodes) < 2 {
-		return fmt.Errorf("drill: only one node known (%s); a failover needs two or more", d.nodes[0].ID)
-	}
-	return nil
-}
-
-// probeAdmin looks for member m's admin API at its hosts with the given
-// ports; "" if none answers as m.
-func (d *runner) probeAdmin(ctx context.Context, m admin.Member, ports []string) string {
-	var hosts []string
-	for _, a := range []string{m.NSMAddr, m.RaftAddr, m.GossipAddr} {
-		if h, _, err := net.SplitHostPort(a); err == nil && h != "" && !slices.Contains(hosts, h) {
-			if ip, err := netip.ParseAddr(h); err == nil && ip.IsUnspecified() {
-				continue
-			}
-			hosts = append(hosts, h)
-		}
-	}
-	for _, h := range hosts {
-		for _, p := range ports {
-			addr := net.JoinHostPort(h, p)
-			var s admin.Status
-			if d.call(ctx, "GET", addr, "/v1/status", time.Second, &s) == nil && s.NodeID == m.ID {
-				return addr
-			}
-		}
-	}
-	return ""
-}
-
-type answer struct {
-	node Node
-	s    admin.Status
-	err  error
-	at   time.Time
-}
-
-// statuses asks every node with a known admin API (except skip) for its
-// status in parallel. With stop set it returns as soon as stop accepts an
-// answer (the other requests are cancelled and waited for).
-func (d *runner) statuses(ctx context.Context, skip string, stop func(admin.Status) bool) []answer {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ch := make(chan answer, len(d.nodes))
-	var wg sync.WaitGroup
-	n := 0
-	for _, node := range d.nodes {
-		if node.Admin == "" || node.ID == skip {
-			continue
-		}
-		n++
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var s admin.Status
-			err := d.call(ctx, "GET", node.Admin, "/v1/status", statusTimeout, &s)
-			ch <- answer{node: node, s: s, err: err, at: time.Now()}
-		}()
-	}
-	var out []answer
-	for range n {
-		a := <-ch
-		out = append(out, a)
-		if a.err != nil && ctx.Err() == nil && d.unanswered != nil {
-			d.unanswered[a.node.ID] = true
-		}
-		if a.err == nil && stop != nil && stop(a.s) {
-			break
-		}
-	}
-	cancel()
-	wg.Wait()
-	return out
-}
-
-// waitHealthy waits (up to the timeout) for one agreed leader that holds
-// the VIP, and for killed nodes to come back — or, if one does not, for
-// enough voters to survive another leader kill. It returns the leader.
-func (d *runner) waitHealthy(ctx context.Context, run int) (Node, error) {
-	deadline := time.Now().Add(d.o.Timeout)
-	var why string
-	for {
-		answers := d.statuses(ctx, "", nil)
-		leader, ok, reason := d.healthy(answers)
-		why = reason
-		if ok {
-			if len(d.down) > 0 {
-				var ids []string
-				for id := range d.down {
-					ids = append(ids, id)
-				}
-				slices.Sort(ids)
-				d.progressf("run %d: %s not back; %d of %d voters up, enough to lose another leader\n", run, strings.Join(ids, ", "), d.votersUp(), d.voters)
-			}
-			return leader, nil
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return Node{}, ctx.Err()
-		case <-time.After(healthPoll):
-		}
-	}
-	if len(d.down) > 0 && run > 1 {
-		var ids []string
-		for id := range d.down {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
-		return Node{}, &stopError{fmt.Sprintf(
-			"stopping after run %d: killed node %s did not come back within %v (nothing restarted it: nsmd dev does after --restart-after, a real node needs its supervisor), and killing another leader would leave %d of %d voters: no quorum",
-			run-1, strings.Join(ids, ", "), d.o.Timeout, d.votersUp()-1, d.voters)}
-	}
-	return Node{}, fmt.Errorf("drill: cluster not healthy within %v: %s", d.o.Timeout, why)
-}
-
-// votersUp counts voters not known to be down.
-func (d *runner) votersUp() int {
-	n := 0
-	for _, node := range d.nodes {
-		if node.Voter && !d.down[node.ID] {
-			n++
-		}
-	}
-	return n
-}
-
-// healthy judges one round of status answers.
-func (d *runner) healthy(answers []answer) (Node, bool, string) {
-	var leaders []answer
-	ids := map[string]bool{}
-	for _, a := range answers {
-		if a.err != nil {
-			continue
-		}
-		delete(d.down, a.node.ID) // came back
-		ids[a.s.LeaderID] = true
-		if a.s.Role == "leader" {
-			leaders = append(leaders, a)
-		}
-	}
-	switch {
-	case len(leaders) == 0:
-		return Node{}, false, "no node reports role=leader"
-	case len(leaders) > 1:
-		return Node{}, false, fmt.Sprintf("%d nodes report role=leader", len(leaders))
-	case len(ids) > 1:
-		return Node{}, false, "nodes disagree on the leader"
-	}
-	l := leaders[0]
-	if l.s.VIP != "" && !l.s.VIPHeld {
-		return Node{}, false, fmt.Sprintf("leader %s does not hold the VIP yet", l.node.ID)
-	}
-	// Every node that answers has caught up: a node just restarted that
-	// is still behind the leader's log cannot win the next election, and
-	// killing the leader then tests a degraded cluster, not a failover.
-	for _, a := range answers {
-		if a.err == nil && a.s.AppliedIndex < l.s.AppliedIndex {
-			return Node{}, false, fmt.Sprintf("%s has applied index %d, the leader %d: catching up", a.node.ID, a.s.AppliedIndex, l.s.AppliedIndex)
-		}
-	}
-	if len(d.down) > 0 && d.votersUp()-1 <= d.voters/2 {
-		return Node{}, false, "waiting for a killed node to come back"
-	}
-	return l.node, true, ""
-}
-
-// findVIP settles the VIP's NSM address and checks that it answers.
-func (d *runner) findVIP(ctx context.Context, leader Node) error {
-	if d.o.VIP == "" {
-		var s admin.Status
-		if err := d.call(ctx, "GET", leader.Admin, "/v1/status", 3*time.Second, &s); err != nil {
-			return err
-		}
-		if s.VIP == "" {
-			return errors.New("drill: the cluster has no VIP (vip_mode none?); pass --vip HOST:PORT")
-		}
-		host := s.VIP
-		if p, err := netip.ParsePrefix(s.VIP); err == nil {
-			host = p.Addr().String()
-		}
-		_, port, err := net.SplitHostPort(s.NSMAddr)
-		if err != nil {
-			return fmt.Errorf("drill: leader's nsm_addr %q: %w", s.NSMAddr, err)
-		}
-		d.o.VIP = net.JoinHostPort(host, port)
-	}
-	d.vip = d.o.VIP
-	// A new holder may need a moment (a drill right after a failover):
-	// retry up to the timeout before giving up.
-	deadline := time.Now().Add(d.o.Timeout)
-	for {
-		_, err := vipStat(ctx, d.vip)
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("drill: the VIP %s does not answer SM_STAT before the drill (use --vip): %w", d.vip, err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(healthPoll):
-		}
-	}
-}
-
-func vipDial(ctx context.Context, addr string) (*oncrpc.Client, error) {
-	return oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "udp", Addr: addr, Timeout: rpcTimeout, Retransmit: rpcRetransmit})
-}
-
-// vipNull calls NSM NULL on addr over UDP.
-func vipNull(ctx context.Context, addr string) error {
-	c, err := vipDial(ctx, addr)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcNull, oncrpc.Void{}, nil)
-}
-
-// vipStat calls SM_STAT on addr over UDP and returns the state.
-func vipStat(ctx context.Context, addr string) (int32, error) {
-	c, err := vipDial(ctx, addr)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	var res nsm.SMStatRes
-	if err := c.Call(ctx, nsm.Program.Prog, nsm.Program.Vers, nsm.ProcStat, &nsm.SMName{MonName: "nsmd-drill"}, &res); err != nil {
-		return 0, err
-	}
-	if res.Res != nsm.StatSucc {
-		return 0, fmt.Errorf("SM_STAT: %s", res.Res)
-	}
-	return res.State, nil
-}
 
 type faultResult struct {
 	err        error
@@ -977,23 +636,6 @@ func (d *runner) takeoverSteps(ctx context.Context, r *Failover) {
 	}
 }
 
-// graceLine describes how a run's kernel grace periods ended.
-func graceLine(r Failover) string {
-	var parts []string
-	for _, g := range r.Grace {
-		name := map[string]string{"nlm": "lockd", "nfsv4": "nfsd"}[g.Manager]
-		switch {
-		case !g.Running:
-			parts = append(parts, name+" not running")
-		case g.AfterMS > 0:
-			parts = append(parts, fmt.Sprintf("%s ended %s after the fault (%s)", name, FormatMS(g.AfterMS), g.Reason))
-		default:
-			parts = append(parts, name+" "+g.Reason)
-		}
-	}
-	return strings.Join(parts, ", ")
-}
-
 // notifyDone: the leader's fan-out for the new state has settled every
 // host it started with.
 func notifyDone(s admin.Status, newState int32) bool {
@@ -1030,219 +672,4 @@ func (d *runner) progressf(format string, a ...any) {
 	if d.o.Progress != nil {
 		fmt.Fprintf(d.o.Progress, format, a...)
 	}
-}
-
-func FaultLabel(f string) string {
-	switch f {
-	case FaultKill:
-		return "crash (POST /v1/drill/crash)"
-	case FaultKillCmd:
-		return "kill command"
-	case FaultNSMDKill:
-		return "kill -9 of nsmd"
-	case FaultNSMDHang:
-		return "nsmd hung (SIGSTOP)"
-	case FaultPartition:
-		return "cluster links cut"
-	case FaultFreeze:
-		return "machine frozen"
-	}
-	return "planned leadership transfer"
-}
-
-// FormatDuration prints a duration at millisecond resolution (µs below 10 ms).
-func FormatDuration(d time.Duration) string {
-	if d < 10*time.Millisecond {
-		return d.Round(10 * time.Microsecond).String()
-	}
-	return d.Round(time.Millisecond).String()
-}
-
-// Stats is min/p50/p90/max (nearest rank) per milestone over the runs
-// that reached it.
-func Stats(runs []Failover) []Stat {
-	var out []Stat
-	defs := MilestoneDefs()
-	if len(runs) > 0 && len(runs[0].Milestones) == MilestoneCount {
-		for i, m := range runs[0].Milestones { // a service drill's are its own
-			defs[i] = MilestoneDef{m.Name, m.Label}
-		}
-	}
-	for i, def := range defs {
-		var v []float64
-		for _, r := range runs {
-			if i < len(r.Milestones) && r.Milestones[i].Reached {
-				v = append(v, r.Milestones[i].AfterMS)
-			}
-		}
-		st := Stat{Name: def.Name, Label: def.Label, N: len(v)}
-		if len(v) > 0 {
-			slices.Sort(v)
-			st.MinMS, st.P50MS, st.P90MS, st.MaxMS = v[0], Percentile(v, 0.5), Percentile(v, 0.9), v[len(v)-1]
-		}
-		out = append(out, st)
-	}
-	return out
-}
-
-// StepStats is min/p50/p90/max per takeover step over the runs that
-// recorded it, in StepDefs order, then steps the table does not know (a
-// newer node's) by name; steps no run recorded are left out.
-func StepStats(runs []Failover) []Stat {
-	defs := StepDefs()
-	known := map[string]bool{}
-	for _, d := range defs {
-		known[d.Name] = true
-	}
-	var more []MilestoneDef
-	for _, r := range runs {
-		for _, s := range r.Steps {
-			if !known[s.Name] {
-				known[s.Name] = true
-				more = append(more, MilestoneDef{s.Name, s.Label})
-			}
-		}
-	}
-	slices.SortFunc(more, func(a, b MilestoneDef) int { return strings.Compare(a.Name, b.Name) })
-	var out []Stat
-	for _, def := range append(defs, more...) {
-		var v []float64
-		for _, r := range runs {
-			if ms, ok := stepAfter(r, def.Name); ok {
-				v = append(v, ms)
-			}
-		}
-		if len(v) == 0 {
-			continue
-		}
-		slices.Sort(v)
-		out = append(out, Stat{Name: def.Name, Label: def.Label, N: len(v),
-			MinMS: v[0], P50MS: Percentile(v, 0.5), P90MS: Percentile(v, 0.9), MaxMS: v[len(v)-1]})
-	}
-	return out
-}
-
-// stepAfter is when run r's step name happened (ms after the fault).
-func stepAfter(r Failover, name string) (float64, bool) {
-	for _, s := range r.Steps {
-		if s.Name == name {
-			return s.AfterMS, true
-		}
-	}
-	return 0, false
-}
-
-func Percentile(sorted []float64, q float64) float64 {
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
-func FormatMS(ms float64) string {
-	return FormatDuration(time.Duration(ms * float64(time.Millisecond)))
-}
-
-// Print writes the summary: cluster, each run, the milestone table
-// and, for several runs, the distribution.
-func Print(w io.Writer, rep *Report) error {
-	var ids []string
-	for _, n := range rep.Nodes {
-		ids = append(ids, n.ID)
-	}
-	where, who := "VIP "+rep.VIP, "leader"
-	if rep.Service != "" {
-		where, who = "service "+rep.Service+" at "+rep.VIP, "server"
-	}
-	fmt.Fprintf(w, "\ndrill: %s, %d of %d runs, %s, nodes %s, polling every %s\n", FaultLabel(rep.Fault), len(rep.Runs), rep.Asked, where, strings.Join(ids, " "), FormatMS(rep.PollMS))
-	if rep.FaultDetail != "" {
-		fmt.Fprintf(w, "fault: %s\n", rep.FaultDetail)
-	}
-	for _, r := range rep.Runs {
-		fmt.Fprintf(w, "run %d at %s: %s %s -> %s, sm_state %d -> %d", r.Run, r.FaultAt.Local().Format("15:04:05"), who, r.OldLeader, dash(r.NewLeader), r.OldState, r.NewState)
-		if len(r.AlsoMoved) > 0 {
-			fmt.Fprintf(w, "; also moved: %s", strings.Join(r.AlsoMoved, ", "))
-		}
-		if r.Err != "" {
-			fmt.Fprintf(w, "  FAILED: %s", r.Err)
-		}
-		if len(r.Grace) > 0 {
-			fmt.Fprintf(w, "; kernel grace: %s", graceLine(r))
-		}
-		fmt.Fprintln(w)
-	}
-	if len(rep.Runs) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprint(tw, "MILESTONE (since the fault)\t")
-		for _, r := range rep.Runs {
-			fmt.Fprintf(tw, "RUN %d\t", r.Run)
-		}
-		fmt.Fprintln(tw)
-		for i, def := range rep.Defs() {
-			fmt.Fprintf(tw, "%s\t", def.Label)
-			for _, r := range rep.Runs {
-				if m := r.Milestones[i]; m.Reached {
-					fmt.Fprintf(tw, "%s\t", FormatDuration(m.After))
-				} else {
-					fmt.Fprint(tw, "-\t")
-				}
-			}
-			fmt.Fprintln(tw)
-		}
-		fmt.Fprintln(w)
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	if steps := StepStats(rep.Runs); len(steps) > 0 {
-		fmt.Fprintln(w)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprint(tw, "NEW LEADER'S STEP (since the fault)\t")
-		for _, r := range rep.Runs {
-			fmt.Fprintf(tw, "RUN %d\t", r.Run)
-		}
-		fmt.Fprintln(tw)
-		for _, st := range steps {
-			fmt.Fprintf(tw, "%s\t", st.Label)
-			for _, r := range rep.Runs {
-				if ms, ok := stepAfter(r, st.Name); ok {
-					fmt.Fprintf(tw, "%s\t", FormatMS(ms))
-				} else {
-					fmt.Fprint(tw, "-\t")
-				}
-			}
-			fmt.Fprintln(tw)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	if len(rep.Runs) > 1 {
-		fmt.Fprintln(w)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "MILESTONE\tRUNS\tMIN\tP50\tP90\tMAX\t")
-		for _, st := range rep.Stats {
-			if st.N == 0 {
-				fmt.Fprintf(tw, "%s\t0\t-\t-\t-\t-\t\n", st.Label)
-				continue
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", st.Label, st.N, FormatMS(st.MinMS), FormatMS(st.P50MS), FormatMS(st.P90MS), FormatMS(st.MaxMS))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	if err := printFence(w, rep); err != nil {
-		return err
-	}
-	if rep.Stopped != "" {
-		fmt.Fprintf(w, "\nstopped early: %s\n", rep.Stopped)
-	}
-	return nil
-}
-
-// dash is s, or "-" when empty.
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }

@@ -319,35 +319,17 @@ func alsoMoved(id, faulted string, before, after map[string]admin.ServiceStatus)
 
 // runServices runs a service drill's runs into rep.
 func (d *runner) runServices(ctx context.Context, rep *Report) (*Report, error) {
-	for i := 1; i <= d.o.Runs; i++ {
-		s, owner, all, err := d.waitService(ctx, i)
-		var stop *stopError
-		if errors.As(err, &stop) {
-			rep.Stopped = stop.reason
-			d.progressf("%s\n", stop.reason)
-			break
-		}
-		if err != nil {
-			if i == 1 {
-				return nil, err
-			}
-			rep.Stopped = fmt.Sprintf("before run %d: %v", i, err)
-			break
-		}
+	var s admin.ServiceStatus
+	var owner Node
+	var all map[string]admin.ServiceStatus
+	prepare := func(ctx context.Context, i int) error {
+		var err error
+		s, owner, all, err = d.waitService(ctx, i)
 		rep.VIP = d.vip
-		run, err := d.runService(ctx, i, s, owner, all)
-		if err != nil {
-			if i == 1 {
-				return nil, err
-			}
-			rep.Stopped = fmt.Sprintf("run %d: %v", i, err)
-			break
-		}
-		rep.Runs = append(rep.Runs, run)
-		if ctx.Err() != nil {
-			rep.Stopped = "interrupted"
-			break
-		}
+		return err
+	}
+	if err := d.runAll(ctx, rep, prepare, func(ctx context.Context, i int) (Failover, error) { return d.runService(ctx, i, s, owner, all) }); err != nil {
+		return nil, err
 	}
 	rep.Stats = Stats(rep.Runs)
 	return rep, nil
