@@ -77,8 +77,11 @@ type roomConfig struct {
 	// step; in vip_mode loopback its listener is what answers on a
 	// service's address (serve is then unset).
 	nsm roomNSM
-	log *slog.Logger
-	reg prometheus.Registerer // nsmd_vip_*{service} of netlink addresses; nil: none
+	// tickle, when set, tickles the previous server's connections of a
+	// service just started (servicetickle.go).
+	tickle func(ctx context.Context, id string, epoch uint64)
+	log    *slog.Logger
+	reg    prometheus.Registerer // nsmd_vip_*{service} of netlink addresses; nil: none
 }
 
 // roomConfigOf is the room configuration of cfg's services.
@@ -120,6 +123,7 @@ func (n agentRoomNSM) close(id string) error { return n.a.svcNSM.close(id) }
 func (a *Agent) buildServiceRoom() *serviceRoom {
 	c := roomConfigOf(a.cfg, a.hooks, a.log, a.reg)
 	c.nsm = agentRoomNSM{a}
+	c.tickle = a.tickle.serviceStarted
 	return newServiceRoom(c)
 }
 
@@ -248,6 +252,9 @@ func (r *serviceRoom) ServeService(ctx context.Context, id string, epoch uint64)
 		// After on_leader, as the node's own SM_NOTIFY: the clients told
 		// to reclaim find nfsd and lockd up.
 		r.cfg.nsm.announce(ctx, id, epoch)
+	}
+	if r.cfg.tickle != nil {
+		r.cfg.tickle(ctx, id, epoch) // alongside SM_NOTIFY: the previous server's clients reconnect at once
 	}
 	s.setPhase(epoch, roomServing)
 	return nil

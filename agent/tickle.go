@@ -40,9 +40,10 @@ type tickler struct {
 	max      int
 	send     tickle.SendConfig
 	sendFn   sendFunc
-
-	sent, sends prometheus.Counter
-	known, over prometheus.Gauge
+	tickleMetrics
+	// svc, with services:, is the services' tickling (servicetickle.go):
+	// then this tickler only hands over to it (leadership serves nothing).
+	svc *serviceTickler
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -63,6 +64,7 @@ type sendFunc func(context.Context, []tickle.Conn, tickle.SendConfig) (int, erro
 // newTickler returns the tickler of cfg, nil when there is none (tickle
 // off, no netlink VIP, a witness). tune (Options.TuneTickle) gives a
 // test's procfs root and sender, and then a loopback VIP tickles too.
+// With services: it is the services' tickler (newServiceTickler).
 func newTickler(cfg config.Config, log *slog.Logger, reg prometheus.Registerer, tune func(string) (string, func(context.Context, []tickle.Conn, tickle.SendConfig) (int, error))) (*tickler, error) {
 	procRoot, send := "/proc", sendFunc(tickle.Send)
 	vipOK := cfg.VIPMode == config.VIPNetlink
@@ -75,38 +77,66 @@ func newTickler(cfg config.Config, log *slog.Logger, reg prometheus.Registerer, 
 	if cfg.Tickle != config.TickleOn || !vipOK || cfg.Witness {
 		return nil, nil
 	}
+	if len(cfg.Services) > 0 {
+		svc, err := newServiceTickler(cfg, log, reg, procRoot, send)
+		if err != nil {
+			return nil, err
+		}
+		return &tickler{svc: svc}, nil
+	}
 	t := &tickler{
 		log: log.With("component", "tickle"), self: cfg.NodeID, procRoot: procRoot, sendFn: send,
 		vip: cfg.VIPAddr().Unmap(), max: cfg.TickleMaxConns,
-		sent: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "nsmd_tickle_acks_sent_total",
-			Help: "Tickle ACKs sent, after taking the VIP over, to the clients of the connections the previous holder had on it (each is reset and reconnects at once).",
-		}),
-		sends: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "nsmd_tickle_takeovers_total",
-			Help: "Takeovers after which this node tickled the previous VIP holder's connections.",
-		}),
-		known: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "nsmd_tickle_connections",
-			Help: "Client connections on the VIP this node knows: its own last sample while it holds the VIP, else the leader's last list (what it tickles if it takes over).",
-		}),
-		over: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "nsmd_tickle_connections_over_limit",
-			Help: "Connections on the VIP beyond tickle_max_conns in the last sample or list: not tickled at a takeover (they reconnect by their own timers).",
-		}),
 	}
-	for _, c := range []prometheus.Collector{t.sent, t.sends, t.known, t.over} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	var err error
+	if t.tickleMetrics, err = newTickleMetrics(reg); err != nil {
+		return nil, err
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t, nil
 }
 
+// tickleMetrics are the tickle series of a node, the VIP's or the sum of
+// its services'.
+type tickleMetrics struct {
+	sent, sends prometheus.Counter
+	known, over prometheus.Gauge
+}
+
+func newTickleMetrics(reg prometheus.Registerer) (tickleMetrics, error) {
+	m := tickleMetrics{
+		sent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_tickle_acks_sent_total",
+			Help: "Tickle ACKs sent, after taking the VIP (or a service's address) over, to the clients of the connections the previous holder had on it (each is reset and reconnects at once).",
+		}),
+		sends: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nsmd_tickle_takeovers_total",
+			Help: "Takeovers (of the VIP, or of a service) after which this node tickled the previous holder's connections.",
+		}),
+		known: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nsmd_tickle_connections",
+			Help: "Client connections on the VIP this node knows: its own last sample while it holds the VIP, else the leader's last list (what it tickles if it takes over). With services: the sum over the services.",
+		}),
+		over: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nsmd_tickle_connections_over_limit",
+			Help: "Connections on the VIP beyond tickle_max_conns in the last sample or list: not tickled at a takeover (they reconnect by their own timers). With services: the sum over the services.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.sent, m.sends, m.known, m.over} {
+		if err := reg.Register(c); err != nil {
+			return m, err
+		}
+	}
+	return m, nil
+}
+
 // start runs the sampling and fetching loop until stop.
 func (t *tickler) start(node *cluster.Node) {
 	if t == nil {
+		return
+	}
+	if t.svc != nil {
+		t.svc.start(node)
 		return
 	}
 	t.node = node
@@ -131,6 +161,10 @@ func (t *tickler) stop() {
 	if t == nil {
 		return
 	}
+	if t.svc != nil {
+		t.svc.stop()
+		return
+	}
 	t.mu.Lock()
 	t.stopped = true
 	t.mu.Unlock()
@@ -140,9 +174,11 @@ func (t *tickler) stop() {
 
 // ports are the local ports whose connections are sampled: nfsd's, and
 // lockd's when the kernel's nlm_tcpport fixes it.
-func (t *tickler) ports() []uint16 {
+func (t *tickler) ports() []uint16 { return tickledPorts(t.procRoot) }
+
+func tickledPorts(procRoot string) []uint16 {
 	ports := []uint16{tickle.NFSPort}
-	if p, err := tickle.LockdPort(t.procRoot); err == nil && p != 0 && p != tickle.NFSPort {
+	if p, err := tickle.LockdPort(procRoot); err == nil && p != 0 && p != tickle.NFSPort {
 		ports = append(ports, p)
 	}
 	return ports
@@ -245,7 +281,7 @@ func (t *tickler) fetch() {
 // listens, the VIP is held), alongside SM_NOTIFY. Connections this node
 // has itself are left alone; ctx (the term) ends the sending.
 func (t *tickler) takeover(ctx context.Context, state int32) {
-	if t == nil {
+	if t == nil || t.svc != nil {
 		return
 	}
 	t.mu.Lock()
@@ -297,4 +333,14 @@ func (t *tickler) takeover(ctx context.Context, state int32) {
 		}
 		t.log.Info("takeover: tickle ACKs sent", "sm_state", state, "sent", sent, "connections", len(conns))
 	}()
+}
+
+// serviceStarted tickles, after service id's start hook succeeded at
+// epoch here, the connections of the server that served it before
+// (serviceTickler.takeover); nothing without services' tickling.
+func (t *tickler) serviceStarted(ctx context.Context, id string, epoch uint64) {
+	if t == nil || t.svc == nil {
+		return
+	}
+	t.svc.takeover(ctx, id, epoch)
 }

@@ -174,8 +174,14 @@ func (r *connsRes) MarshalXDR(w *oncrpc.Writer) {
 	w.String(r.Err)
 	w.Uint32(r.Total)
 	w.Uint32(r.AgeMS)
-	w.Uint32(uint32(len(r.Conns)))
-	for _, c := range r.Conns {
+	writeConns(w, r.Conns)
+}
+
+// writeConns encodes conns: their count, then each one's local and remote
+// address (opaque) and port.
+func writeConns(w *oncrpc.Writer, conns []tickle.Conn) {
+	w.Uint32(uint32(len(conns)))
+	for _, c := range conns {
 		w.Opaque(c.Local.Addr().AsSlice())
 		w.Uint32(uint32(c.Local.Port()))
 		w.Opaque(c.Remote.Addr().AsSlice())
@@ -188,26 +194,36 @@ func (r *connsRes) UnmarshalXDR(rd *oncrpc.Reader) error {
 	r.Err = rd.String(256)
 	r.Total = rd.Uint32()
 	r.AgeMS = rd.Uint32()
+	var err error
+	if r.Conns, err = readConns(rd, r.max); err != nil {
+		return err
+	}
+	return rd.Err()
+}
+
+// readConns decodes what writeConns encoded, refusing more than max
+// connections.
+func readConns(rd *oncrpc.Reader, max int) ([]tickle.Conn, error) {
 	count := rd.Uint32()
 	if rd.Err() != nil {
-		return rd.Err()
+		return nil, rd.Err()
 	}
-	if int64(count) > int64(r.max) {
-		return fmt.Errorf("%d connections, more than the %d asked for", count, r.max)
+	if int64(count) > int64(max) {
+		return nil, fmt.Errorf("%d connections, more than the %d asked for", count, max)
 	}
-	r.Conns = make([]tickle.Conn, 0, count)
+	conns := make([]tickle.Conn, 0, min(int(count), rd.Remaining()/16)) // 16: the least one takes
 	for range count {
 		var c tickle.Conn
 		var err error
 		if c.Local, err = readAddrPort(rd); err != nil {
-			return err
+			return nil, err
 		}
 		if c.Remote, err = readAddrPort(rd); err != nil {
-			return err
+			return nil, err
 		}
-		r.Conns = append(r.Conns, c)
+		conns = append(conns, c)
 	}
-	return rd.Err()
+	return conns, nil
 }
 
 func readAddrPort(rd *oncrpc.Reader) (netip.AddrPort, error) {

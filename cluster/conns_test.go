@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
 	"github.com/nsmd/nsmd/tickle"
 )
@@ -119,15 +121,14 @@ func TestAnOlderLeaderIsNotAskedForVIPConns(t *testing.T) {
 	go ld.srv.ServeTCP(ln)
 
 	// The follower's cached connection to the old server is gone: the
-	// first call may fail on it, and the next one dials again.
-	var lastErr error
-	for range 3 {
-		_, _, lastErr = f.n.Hints().LeaderVIPConns(ctx, 10)
-		if errors.Is(lastErr, ErrVIPConnsUnsupported) {
-			return
-		}
-	}
-	t.Fatalf("an older leader: %v, want ErrVIPConnsUnsupported", lastErr)
+	// first call may fail on it, and the next one dials again; and the
+	// follower may not know the leader yet (ErrNoLeader).
+	testutil.WaitForSeen(t, 5*time.Second, "an older leader reported as ErrVIPConnsUnsupported", func() (bool, string) {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, _, err := f.n.Hints().LeaderVIPConns(cctx, 10)
+		return errors.Is(err, ErrVIPConnsUnsupported), fmt.Sprint(err)
+	})
 }
 
 func TestConnsResultRoundTripAndBound(t *testing.T) {

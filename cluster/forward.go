@@ -172,6 +172,8 @@ func (n *Node) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer)
 		return n.serveService(c, res) // servicestop.go
 	case fwdProcRelease:
 		return n.serveRelease(ctx, c, res) // servicerelease.go
+	case fwdProcSvcConns:
+		return n.serveSvcConns(c, res) // svcconns.go
 	default:
 		return oncrpc.ErrProcUnavail
 	}

@@ -350,7 +350,10 @@ type Node struct {
 	vipConns atomic.Pointer[VIPConns]
 	// clientsSeen: this leader's last sample of its NFSv4 clients (seen.go).
 	clientsSeen atomic.Pointer[[]ClientSeen]
-	fwdLog      denialLog // spaces the log lines about denied forwarded writes
+	// svcConns: the samples of the services served here, and the
+	// clients asking the other servers for theirs (svcconns.go).
+	svcConns serviceConns
+	fwdLog   denialLog // spaces the log lines about denied forwarded writes
 	// Kept by observeLeadership (leadership.go).
 	lcMu sync.Mutex
 	lcCh chan struct{} // closed and replaced at each leader change
@@ -588,6 +591,7 @@ func (n *Node) stop(graceful bool) error {
 		n.wg.Wait()
 		n.stopLeading(false)
 		n.fwd.close()
+		n.svcConns.peers.close()
 		n.closeStores()
 	})
 	return err
