@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -243,7 +244,10 @@ func (n *Node) dialPeer(ctx context.Context, peer string, timeout time.Duration)
 	if addr == "" {
 		return nil, "", fmt.Errorf("no NSM address known for %s", peer)
 	}
-	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: timeout})
+	// From the raft address: without a cluster key the peer knows a
+	// member by it (authForward, and RELEASE's "only the leader asks").
+	local, _ := netip.ParseAddrPort(n.cfg.RaftBind)
+	c, err := oncrpc.Dial(ctx, oncrpc.ClientConfig{Net: "tcp", Addr: addr, Timeout: timeout, LocalAddr: local.Addr()})
 	return c, addr, err
 }
 
