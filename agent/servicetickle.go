@@ -350,23 +350,11 @@ func (t *serviceTickler) takeover(ctx context.Context, id string, epoch uint64) 
 	if t.stopped {
 		return
 	}
-	sctx, cancel := context.WithCancel(ctx)
-	unlink := context.AfterFunc(t.ctx, cancel)
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		defer cancel()
-		defer unlink()
-		cfg := t.send
-		cfg.Skip = own[id].Conns
-		sent, err := t.sendFn(sctx, conns, cfg)
+	cfg := t.send
+	cfg.Skip = own[id].Conns
+	goSend(ctx, t.ctx, &t.wg, t.sendFn, cfg, conns, log, "service start", func(sent int) {
 		t.sent.Add(float64(sent))
 		t.svcSent.WithLabelValues(id).Add(float64(sent))
 		t.sends.Inc()
-		if err != nil {
-			log.Warn("service start: tickle ACKs sent with errors", "sent", sent, "err", err)
-			return
-		}
-		log.Info("service start: tickle ACKs sent", "sent", sent, "connections", len(conns))
-	}()
+	})
 }

@@ -315,23 +315,33 @@ func (t *tickler) takeover(ctx context.Context, state int32) {
 	if t.stopped {
 		return
 	}
-	sctx, cancel := context.WithCancel(ctx)
-	unlink := context.AfterFunc(t.ctx, cancel)
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		defer cancel()
-		defer unlink()
-		cfg := t.send
-		cfg.Skip = own
-		sent, err := t.sendFn(sctx, conns, cfg)
+	cfg := t.send
+	cfg.Skip = own
+	goSend(ctx, t.ctx, &t.wg, t.sendFn, cfg, conns, t.log.With("sm_state", state), "takeover", func(sent int) {
 		t.sent.Add(float64(sent))
 		t.sends.Inc()
+	})
+}
+
+// goSend sends conns' tickle ACKs in a goroutine that wg owns, until ctx
+// or owner ends, then counts them (counted) and logs how it went (what:
+// the occasion). The caller holds its lock and has checked it is not
+// stopped, so wg is not waited on before this Add.
+func goSend(ctx, owner context.Context, wg *sync.WaitGroup, send sendFunc, cfg tickle.SendConfig, conns []tickle.Conn, log *slog.Logger, what string, counted func(int)) {
+	sctx, cancel := context.WithCancel(ctx)
+	unlink := context.AfterFunc(owner, cancel)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer cancel()
+		defer unlink()
+		sent, err := send(sctx, conns, cfg)
+		counted(sent)
 		if err != nil {
-			t.log.Warn("takeover: tickle ACKs sent with errors", "sm_state", state, "sent", sent, "err", err)
+			log.Warn(what+": tickle ACKs sent with errors", "sent", sent, "err", err)
 			return
 		}
-		t.log.Info("takeover: tickle ACKs sent", "sm_state", state, "sent", sent, "connections", len(conns))
+		log.Info(what+": tickle ACKs sent", "sent", sent, "connections", len(conns))
 	}()
 }
 
