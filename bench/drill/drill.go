@@ -437,7 +437,6 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 	}
 	r.FaultAt = t0.UTC()
 	d.unanswered = map[string]bool{}
-	faultDone := false
 	if d.o.Fault != FaultTransfer {
 		d.down[leader.ID] = true
 	}
@@ -452,23 +451,8 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 	d.progressf("run %d/%d: %s on leader %s (sm_state %d)\n", n, d.o.Runs, d.faultLabel(), leader.ID, r.OldState)
 
 	deadline := t0.Add(d.o.Timeout)
-	tick := time.NewTicker(d.o.Poll)
-	defer tick.Stop()
 	vipGone := false
-	stage := MilestoneLeader
-	for stage < MilestoneCount {
-		if !faultDone {
-			select {
-			case fr := <-faultCh:
-				faultDone = true
-				r.FaultNote = fr.note
-				if fr.err != nil && fr.definitive {
-					return r, fmt.Errorf("drill: fault on %s: %w", leader.ID, fr.err)
-				}
-			default:
-			}
-		}
-		before := stage
+	stage, faultDone, err := d.pollMilestones(ctx, &r, t0, faultCh, leader.ID, func(stage int) (int, error) {
 		switch stage {
 		case MilestoneLeader, MilestoneNotify:
 			newState := r.NewState
@@ -527,28 +511,10 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 				stage = MilestoneNotify
 			}
 		}
-		if stage == MilestoneCount {
-			break
-		}
-		if d.o.TTY {
-			d.progressf("\r\033[Krun %d/%d: %s  %s", n, d.o.Runs, FormatDuration(time.Since(t0)), d.ttyLine(&r, stage))
-		}
-		if time.Now().After(deadline) {
-			r.Err = fmt.Sprintf("%s not reached within %v", MilestoneDefs()[stage].Label, d.o.Timeout)
-			break
-		}
-		if stage != before {
-			continue // look for the next milestone at once, not a tick later
-		}
-		select {
-		case <-ctx.Done():
-			r.Err = ctx.Err().Error()
-			stage = MilestoneCount
-		case <-tick.C:
-		}
-		if r.Err != "" {
-			break
-		}
+		return stage, nil
+	})
+	if err != nil {
+		return r, err
 	}
 	if d.o.TTY {
 		d.progressf("\r\033[Krun %d/%d: %s\n", n, d.o.Runs, d.ttyLine(&r, stage))
@@ -574,6 +540,58 @@ func (d *runner) run(ctx context.Context, n int, leader Node) (Failover, error) 
 	d.oldServer(ctx, &r, leader, oldProc, t0)
 	d.progressf("run %d: old server %s: %s; %s\n", n, leader.ID, FenceLine(r.Fence), OldLine(r.Fence))
 	return r, nil
+}
+
+// pollMilestones looks for r's milestones in order from the fault at t0
+// until the last is reached, the drill's timeout passes (r.Err says
+// which was not) or ctx ends: step looks for stage's milestone and
+// returns the stage to look for next (stage itself: not reached yet);
+// the next is looked for at once, the same one a poll interval later. It
+// notes the fault's outcome when it arrives (a definitive refusal of the
+// fault on target ends the run with an error) and returns the stage it
+// stopped at and whether the outcome arrived.
+func (d *runner) pollMilestones(ctx context.Context, r *Failover, t0 time.Time, faultCh <-chan faultResult, target string,
+	step func(stage int) (int, error)) (stage int, faultDone bool, err error) {
+	deadline := t0.Add(d.o.Timeout)
+	tick := time.NewTicker(d.o.Poll)
+	defer tick.Stop()
+	for stage < MilestoneCount {
+		if !faultDone {
+			select {
+			case fr := <-faultCh:
+				faultDone = true
+				r.FaultNote = fr.note
+				if fr.err != nil && fr.definitive {
+					return stage, faultDone, fmt.Errorf("drill: fault on %s: %w", target, fr.err)
+				}
+			default:
+			}
+		}
+		before := stage
+		if stage, err = step(stage); err != nil {
+			return stage, faultDone, err
+		}
+		if stage == MilestoneCount {
+			break
+		}
+		if d.o.TTY {
+			d.progressf("\r\033[Krun %d/%d: %s  %s", r.Run, d.o.Runs, FormatDuration(time.Since(t0)), d.ttyLine(r, stage))
+		}
+		if time.Now().After(deadline) {
+			r.Err = fmt.Sprintf("%s not reached within %v", r.Milestones[stage].Label, d.o.Timeout)
+			break
+		}
+		if stage != before {
+			continue // look for the next milestone at once, not a tick later
+		}
+		select {
+		case <-ctx.Done():
+			r.Err = ctx.Err().Error()
+			return MilestoneCount, faultDone, nil
+		case <-tick.C:
+		}
+	}
+	return stage, faultDone, nil
 }
 
 // waitGrace polls the new leader until its kernel grace periods of the new

@@ -203,27 +203,13 @@ func (d *runner) runService(ctx context.Context, n int, s admin.ServiceStatus, o
 		r.Milestones[i].Reached = true
 		r.Milestones[i].After = at.Sub(t0)
 		r.Milestones[i].AfterMS = float64(r.Milestones[i].After.Microseconds()) / 1000
-		d.progressf("run %d: %-32s %8s\n", n, r.Milestones[i].Label, FormatDuration(r.Milestones[i].After))
+		if !d.o.TTY {
+			d.progressf("run %d: %-32s %8s\n", n, r.Milestones[i].Label, FormatDuration(r.Milestones[i].After))
+		}
 	}
-	deadline := t0.Add(d.o.Timeout)
-	tick := time.NewTicker(d.o.Poll)
-	defer tick.Stop()
 	var now admin.ServiceStatus
 	var server Node
-	faultDone := false
-	for stage := 0; stage < MilestoneCount; {
-		if !faultDone {
-			select {
-			case fr := <-faultCh:
-				faultDone = true
-				r.FaultNote = fr.note
-				if fr.err != nil && fr.definitive {
-					return r, fmt.Errorf("drill: fault on %s: %w", owner.ID, fr.err)
-				}
-			default:
-			}
-		}
-		before := stage
+	stage, faultDone, err := d.pollMilestones(ctx, &r, t0, faultCh, owner.ID, func(stage int) (int, error) {
 		switch stage {
 		case 0:
 			if all, _, err := d.services(ctx, owner.ID); err == nil && all[s.ID].Epoch > s.Epoch && all[s.ID].Owner != "" {
@@ -237,7 +223,7 @@ func (d *runner) runService(ctx context.Context, n int, s admin.ServiceStatus, o
 		case 1, 2:
 			addr, err := serviceAddr(now, server)
 			if err != nil {
-				return r, err
+				return stage, err
 			}
 			pctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 			if stage == 1 {
@@ -261,22 +247,13 @@ func (d *runner) runService(ctx context.Context, n int, s admin.ServiceStatus, o
 				}
 			}
 		}
-		if stage == MilestoneCount {
-			break
-		}
-		if time.Now().After(deadline) {
-			r.Err = fmt.Sprintf("%s not reached within %v", ServiceMilestoneDefs()[stage].Label, d.o.Timeout)
-			break
-		}
-		if stage != before {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			r.Err = ctx.Err().Error()
-			stage = MilestoneCount
-		case <-tick.C:
-		}
+		return stage, nil
+	})
+	if err != nil {
+		return r, err
+	}
+	if d.o.TTY {
+		d.progressf("\r\033[Krun %d/%d: %s\n", n, d.o.Runs, d.ttyLine(&r, stage))
 	}
 	if !faultDone {
 		if fr := <-faultCh; fr.note != "" || fr.err != nil {
