@@ -244,10 +244,7 @@ func TestServicesServedByTheirOwnersAndAKilledOwnersMovesAfterItsWatchdog(t *tes
 	owners := waitOnePerServer(t, h)
 	victim, moved := killAFollowerOwner(t, fc, ds, owners)
 	reset := fc.machines[victim]
-	testutil.WaitForSeen(t, 30*time.Second, moved+" served again elsewhere", func() (bool, string) {
-		o := h.owners()
-		return strings.Contains(o, moved+"=") && !strings.Contains(o, moved+"="+victim), o
-	})
+	waitServedElsewhere(t, h, moved, victim)
 	if o := h.overlaps(); len(o) > 0 {
 		t.Fatalf("two servers served one service at once: %v", o)
 	}
@@ -342,19 +339,10 @@ func TestPlannedServiceMoveWaitsOnlyForThatServicesStop(t *testing.T) {
 func TestCutOffOwnerStopsItsServicesAndIsNeverServedBeside(t *testing.T) {
 	fc, h, ds := newServicesCluster(t, 3, 4*time.Second, nil)
 	owners := waitOnePerServer(t, h)
-	li, ld := fc.leader(10 * time.Second)
-	var moved string
-	for svc, node := range owners {
-		if node == ld.id {
-			moved = svc
-		}
-	}
+	li, ld, moved := leadersService(fc, owners)
 	ds.set(ld.id, true)
 	fc.partition(li)
-	testutil.WaitForSeen(t, 30*time.Second, moved+" served again elsewhere", func() (bool, string) {
-		o := h.owners()
-		return strings.Contains(o, moved+"=") && !strings.Contains(o, moved+"="+ld.id), o
-	})
+	waitServedElsewhere(t, h, moved, ld.id)
 	if o := h.overlaps(); len(o) > 0 {
 		t.Fatalf("two servers served one service at once: %v", o)
 	}
@@ -553,19 +541,10 @@ func TestLeadersDeathRestartsNoOtherServiceWithoutAWatchdog(t *testing.T) {
 		}
 	})
 	owners := waitOnePerServer(t, h)
-	li, ld := fc.leader(10 * time.Second)
-	var moved string
-	for svc, node := range owners {
-		if node == ld.id {
-			moved = svc
-		}
-	}
+	li, ld, moved := leadersService(fc, owners)
 	ds.set(ld.id, true)
 	fc.killNode(li)
-	testutil.WaitForSeen(t, 30*time.Second, moved+" served again elsewhere", func() (bool, string) {
-		o := h.owners()
-		return strings.Contains(o, moved+"=") && !strings.Contains(o, moved+"="+ld.id), o
-	})
+	waitServedElsewhere(t, h, moved, ld.id)
 	if o := h.overlaps(); len(o) > 0 {
 		t.Fatalf("two servers served one service at once: %v", o)
 	}
@@ -574,4 +553,26 @@ func TestLeadersDeathRestartsNoOtherServiceWithoutAWatchdog(t *testing.T) {
 			t.Errorf("%s was restarted (%d starts) when the leader died", svc, h.spansOf(svc))
 		}
 	}
+}
+
+// leadersService is the leader (its index and node) and the service it
+// serves, of owners (service → node).
+func leadersService(fc *fencedCluster, owners map[string]string) (int, *tnode, string) {
+	li, ld := fc.leader(10 * time.Second)
+	for svc, node := range owners {
+		if node == ld.id {
+			return li, ld, svc
+		}
+	}
+	return li, ld, ""
+}
+
+// waitServedElsewhere waits until service runs on a server other than
+// from.
+func waitServedElsewhere(t *testing.T, h *svcHosts, service, from string) {
+	t.Helper()
+	testutil.WaitForSeen(t, 30*time.Second, service+" served again elsewhere", func() (bool, string) {
+		o := h.owners()
+		return strings.Contains(o, service+"=") && !strings.Contains(o, service+"="+from), o
+	})
 }

@@ -728,20 +728,7 @@ func (c *e2eCluster) checkInvariants(t *testing.T, m vipMark, newState bool) (*n
 	c.checkRegistrations(t, v.leader)
 	// Invariant 6 (as far as the status shows it): every node has applied
 	// the same index and holds as many registrations.
-	testutil.WaitForSeen(t, 10*time.Second, "every node to apply the leader's index", func() (bool, string) {
-		var idx []uint64
-		var regs []int
-		var seen []string
-		for _, n := range c.nodes {
-			s, err := n.status()
-			if err != nil {
-				return false, err.Error()
-			}
-			idx, regs = append(idx, s.AppliedIndex), append(regs, s.Registrations)
-			seen = append(seen, statusLine(s))
-		}
-		return slices.Min(idx) == slices.Max(idx) && slices.Min(regs) == slices.Max(regs), strings.Join(seen, "; ")
-	})
+	c.checkSameApplied(t)
 	if newState {
 		if src, ok := c.notifySource(v.leader); ok {
 			c.checkNotified(t, ls.SMState, src, 20*time.Second)
