@@ -91,11 +91,15 @@ func callConns(t *testing.T, addr string, n *Node, res *connsRes) {
 	}
 }
 
-// olderRelease serves the forward program as a release without CONNS.
-type olderRelease struct{ n *Node }
+// olderRelease serves the forward program as a release without
+// procedure proc (CONNS, SVCCONNS) would: PROC_UNAVAIL.
+type olderRelease struct {
+	n    *Node
+	proc uint32
+}
 
 func (o olderRelease) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
-	if c.Proc == fwdProcConns {
+	if c.Proc == o.proc {
 		return oncrpc.ErrProcUnavail
 	}
 	return o.n.ServeRPC(ctx, c, res)
@@ -117,7 +121,7 @@ func TestAnOlderLeaderIsNotAskedForVIPConns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ld.srv = oncrpc.NewServer(oncrpc.Programs{ForwardProgram: olderRelease{ld.n}}, oncrpc.ServerConfig{})
+	ld.srv = oncrpc.NewServer(oncrpc.Programs{ForwardProgram: olderRelease{ld.n, fwdProcConns}}, oncrpc.ServerConfig{})
 	go ld.srv.ServeTCP(ln)
 
 	// The follower's cached connection to the old server is gone: the

@@ -134,16 +134,6 @@ func TestServiceConnsRefusedWithoutTheKeysMAC(t *testing.T) {
 	}
 }
 
-// olderServer serves the forward program as a release without SVCCONNS.
-type olderServer struct{ n *Node }
-
-func (o olderServer) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Writer) error {
-	if c.Proc == fwdProcSvcConns {
-		return oncrpc.ErrProcUnavail
-	}
-	return o.n.ServeRPC(ctx, c, res)
-}
-
 // TestAnOlderServerIsReportedWithoutServiceConns: a server that answers
 // PROC_UNAVAIL to SVCCONNS is ErrServiceConnsUnsupported.
 func TestAnOlderServerIsReportedWithoutServiceConns(t *testing.T) {
@@ -159,7 +149,7 @@ func TestAnOlderServerIsReportedWithoutServiceConns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old.srv = oncrpc.NewServer(oncrpc.Programs{ForwardProgram: olderServer{old.n}}, oncrpc.ServerConfig{})
+	old.srv = oncrpc.NewServer(oncrpc.Programs{ForwardProgram: olderRelease{old.n, fwdProcSvcConns}}, oncrpc.ServerConfig{})
 	go old.srv.ServeTCP(ln)
 	// The asker's cached connection to the old server is gone: the first
 	// call may fail on it, and the next one dials again.

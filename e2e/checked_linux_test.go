@@ -405,18 +405,8 @@ func runCheckedSchedule(t *testing.T, c *e2eCluster, seed uint64, sum *scheduleS
 	// Count.
 	sum.mu.Lock()
 	sum.schedules++
-	for _, op := range h.ops {
-		in, out := op.Input.(nsmInput), op.Output.(nsmOutput)
-		if in.Kind == opRead {
-			continue
-		}
-		outcome := "answered"
-		if !out.Known {
-			outcome = "unknown"
-		}
-		sum.ops[in.Kind.String()+" "+outcome]++
-	}
 	sum.mu.Unlock()
+	countOps(sum, h.ops)
 
 	// Check.
 	var anomalies []string
