@@ -23,7 +23,8 @@ const nfsdMagic = 0x6e667364 // NFSD_MAGIC (linux/magic.h)
 
 // Processes lists the processes whose network namespace (that of their
 // main thread, /proc/PID/ns/net) is this one, matched by device and inode;
-// never by name. Empty when the namespace is absent.
+// never by name. Empty when the namespace is absent. This process is never
+// listed: its main thread may be inside for a moment, running a Do.
 func (n *NS) Processes() ([]int, error) {
 	n.mu.Lock()
 	fd, id := n.fd, n.id
@@ -40,9 +41,10 @@ func processesIn(id nsID) ([]int, error) {
 		return nil, fmt.Errorf("svcns: list processes: %w", err)
 	}
 	var pids []int
+	self := os.Getpid()
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 {
+		if err != nil || pid <= 0 || pid == self {
 			continue
 		}
 		if inNS(pid, id) {
@@ -150,7 +152,6 @@ func (n *NS) Remove(ctx context.Context) error {
 // stopProcesses signals through pidfds: a pid is checked to be in the
 // namespace after its pidfd is open, so a reused pid is never signalled.
 func (n *NS) stopProcesses(ctx context.Context, id nsID) error {
-	self := os.Getpid()
 	for round := 0; ; round++ {
 		pids, err := processesIn(id)
 		if err != nil {
@@ -169,10 +170,6 @@ func (n *NS) stopProcesses(ctx context.Context, id nsID) error {
 			}
 		}
 		for _, pid := range pids {
-			if pid == self {
-				closeAll()
-				return fmt.Errorf("this process (%d) is in the namespace: refused", pid)
-			}
 			pfd, err := unix.PidfdOpen(pid, 0)
 			if err != nil {
 				continue // gone
