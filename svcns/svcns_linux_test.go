@@ -180,6 +180,11 @@ func startSleep(t *testing.T, ns string, shell string) *exec.Cmd {
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	// Through the shell: ready once it exec'd sleep (its trap is set).
+	testutil.WaitFor(t, 10*time.Second, "sleep started in "+ns, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid))
+		return err == nil && strings.TrimSpace(string(b)) == "sleep"
+	})
 	return cmd
 }
 
@@ -579,6 +584,53 @@ func TestRemoveLeavesWhatIsNotItsOwn(t *testing.T) {
 	}
 	if err := n.Remove(context.Background()); err != nil {
 		t.Fatalf("Remove once they are gone: %v", err)
+	}
+	assertGone(t, cfg)
+}
+
+// TestRemoveIsBoundedAndStopsAtAFailure: a process that ignores SIGTERM
+// outlives a Remove whose ctx ends before the SIGKILL; that Remove says so
+// and removes nothing more (the name, the link and the run directory stay).
+// A Remove with time enough then finishes.
+func TestRemoveIsBoundedAndStopsAtAFailure(t *testing.T) {
+	if inNodeNetns(t) == "" {
+		return
+	}
+	cfg := testConfig(t)
+	n := create(t, cfg)
+	stubborn := startSleep(t, cfg.Name, `trap "" TERM`)
+	testutil.WaitFor(t, 10*time.Second, "the sleep is listed", func() bool {
+		pids, _ := n.Processes()
+		return slices.Contains(pids, stubborn.Process.Pid)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), termWait/4)
+	defer cancel()
+	start := time.Now()
+	err := n.Remove(ctx)
+	took := time.Since(start)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Remove with a short ctx: %v, want the deadline", err)
+	}
+	if took > termWait {
+		t.Errorf("Remove took %v, beyond its ctx (%v)", took, termWait/4)
+	}
+	t.Logf("refused as wanted after %v: %v", took, err)
+	if exited(stubborn) {
+		t.Fatalf("the process got SIGKILL within the short ctx")
+	}
+	for _, p := range []string{n.Path(), cfg.RunDir} {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("%s removed by a Remove that failed at its first step: %v", p, err)
+		}
+	}
+	if err := n.Do(func() error { _, err := net.InterfaceByName(n.Link()); return err }); err != nil {
+		t.Errorf("the link went with a Remove that failed at its first step: %v", err)
+	}
+	if err := n.Remove(context.Background()); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	if !exited(stubborn) {
+		t.Errorf("the process survived Remove")
 	}
 	assertGone(t, cfg)
 }
