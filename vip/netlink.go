@@ -189,8 +189,17 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.acquired, m.readded, m.announcements} {
-		if err := reg.Register(c); err != nil {
+	// A second Netlink of the same address (a service's, made anew in each
+	// of its network namespaces) counts on in the first one's counters.
+	for _, c := range []*prometheus.Counter{&m.acquired, &m.readded, &m.announcements} {
+		err := reg.Register(*c)
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if old, ok := are.ExistingCollector.(prometheus.Counter); ok {
+				*c, err = old, nil
+			}
+		}
+		if err != nil {
 			return m, fmt.Errorf("vip: register metrics: %w", err)
 		}
 	}
