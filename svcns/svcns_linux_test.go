@@ -223,7 +223,9 @@ func TestServiceNamespace(t *testing.T) {
 		return
 	}
 	cfg := testConfig(t)
+	start := time.Now()
 	n := create(t, cfg)
+	t.Logf("Create took %v", time.Since(start))
 	if n.Link() != nodeDev {
 		t.Fatalf("Link() = %q, want the parent's name %q", n.Link(), nodeDev)
 	}
@@ -292,6 +294,26 @@ func TestServiceNamespace(t *testing.T) {
 	if err != nil || !strings.Contains(line, svcAddr) {
 		t.Fatalf("answer from the service: %q, %v", line, err)
 	}
+	// The same over UDP (NSM's other transport), both ends in namespaces.
+	pc, err := n.ListenPacket("udp", svcAddr+":0")
+	if err != nil {
+		t.Fatalf("ListenPacket inside: %v", err)
+	}
+	defer pc.Close()
+	client, err := peerNS(t, b).ListenPacket("udp", peerAddr+":0")
+	if err != nil {
+		t.Fatalf("ListenPacket in %s: %v", b, err)
+	}
+	defer client.Close()
+	if _, err := client.WriteTo([]byte("ping"), pc.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	pc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 16)
+	k, from, err := pc.ReadFrom(buf)
+	if err != nil || string(buf[:k]) != "ping" || !strings.HasPrefix(from.String(), peerAddr+":") {
+		t.Fatalf("UDP inside got %q from %v, %v", buf[:k], from, err)
+	}
 	// ...and a listener on that address outside (here, in A) cannot exist:
 	// the address is the namespace's.
 	if l2, err := net.Listen("tcp", svcAddr+":0"); err == nil {
@@ -312,7 +334,7 @@ func TestServiceNamespace(t *testing.T) {
 	}
 	v.Close()
 
-	start := time.Now()
+	start = time.Now()
 	if err := n.Remove(ctx); err != nil {
 		t.Fatalf("Remove: %v", err)
 	}
