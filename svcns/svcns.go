@@ -95,6 +95,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("svcns: parent interface %q is not a valid interface name", c.Parent)
 	case !validIfname(c.Link):
 		return fmt.Errorf("svcns: link name %q is not a valid interface name (1 to 15 bytes, no '/', ':' or white space)", c.Link)
+	case c.Link == "lo":
+		return errors.New(`svcns: link name "lo" is the namespace's own loopback`)
 	}
 	return nil
 }

@@ -414,6 +414,8 @@ func TestCreateRefusals(t *testing.T) {
 		{"missing parent", func(c *Config) { c.Parent = "svt-none" }, `parent interface "svt-none"`},
 		{"bad name", func(c *Config) { c.Name = "bad/name" }, "namespace name"},
 		{"empty name", func(c *Config) { c.Name = "" }, "namespace name"},
+		// Fails half-way (a macvlan cannot sit on a loopback): undone.
+		{"loopback parent", func(c *Config) { c.Parent, c.Link = "lo", "svtmv" }, "create macvlan"},
 	} {
 		bad := testConfig(t)
 		c.mod(&bad)
@@ -424,6 +426,11 @@ func TestCreateRefusals(t *testing.T) {
 		if bad.Name != "" && !strings.Contains(bad.Name, "/") {
 			if _, err := os.Lstat(filepath.Join(NetnsDir, bad.Name)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("%s: the refused Create left %s (%v)", c.what, bad.Name, err)
+			}
+		}
+		if bad.RunDir != cfg.RunDir {
+			if _, err := os.Lstat(bad.RunDir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s: the refused Create left its run directory (%v)", c.what, err)
 			}
 		}
 	}

@@ -30,6 +30,7 @@ func TestConfigValidate(t *testing.T) {
 		{"bad parent", func(c *Config) { c.Parent = "a b" }, "parent interface"},
 		{"long link", func(c *Config) { c.Link = "abcdefghijklmnop" }, "link name"},
 		{"colon link", func(c *Config) { c.Link = "eth0:1" }, "link name"},
+		{"loopback link", func(c *Config) { c.Parent = "lo" }, "own loopback"},
 	} {
 		cfg := ok
 		c.mod(&cfg)
