@@ -130,12 +130,21 @@ func (n agentRoomNSM) stopping(id string)    { n.a.svcNSM.stopping(id) }
 func (n agentRoomNSM) close(id string) error { return n.a.svcNSM.close(id) }
 
 // buildServiceRoom is the room of a's services, with their NSM
-// (servicensm.go).
-func (a *Agent) buildServiceRoom() *serviceRoom {
+// (servicensm.go) and, with service_namespaces, their namespaces
+// (servicens.go): the namespaces an earlier process left for services no
+// longer configured are removed before anything is served.
+func (a *Agent) buildServiceRoom() (*serviceRoom, error) {
 	c := roomConfigOf(a.cfg, a.hooks, a.log, a.reg)
 	c.nsm = agentRoomNSM{a}
 	c.tickle = a.tickle.serviceStarted
-	return newServiceRoom(c)
+	if a.cfg.Namespaced() {
+		c.ns = svcnsMaker{log: c.log, mounts: kernelHasNFSd()}
+	}
+	r := newServiceRoom(c)
+	if err := r.removeOrphanNamespaces(context.Background()); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // serviceRoom is this node's cluster.ServiceServer.
@@ -381,7 +390,7 @@ func (r *serviceRoom) address(s *svcRoom) (cluster.FloatingAddr, error) {
 			in = s.ns.Do
 		}
 		v, err := vip.NewNetlink(vip.NetlinkConfig{Prefix: spec.Address, Interface: spec.Interface, Lifetime: r.cfg.lifetime,
-			Bind: bind, Within: in, Logger: log.With("component", "vip"), Registerer: reg})
+			Bind: bind, Within: in, PrefixRoute: s.ns != nil, Logger: log.With("component", "vip"), Registerer: reg})
 		if err != nil {
 			return nil, fmt.Errorf("service %s: address %s on %s: %w", spec.ID, spec.Address, spec.Interface, err)
 		}
