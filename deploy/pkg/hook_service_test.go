@@ -372,7 +372,7 @@ func TestHookServiceStopWithoutNamespaceAndBusy(t *testing.T) {
 		t.Fatalf("stop with a busy filesystem: %v (want a failure)\n%s", err, out)
 	}
 	r.calls()
-	if out, err := r.run(append(r.env("follower", "stop"), "NSMD_SERVICE_NAMESPACES=off")); err != nil || !strings.Contains(out, "unmounted /srv/nfs/home") {
+	if out, err := r.run(append(r.env("follower", "stop"), "NSMD_SERVICE_NAMESPACES=off")); err != nil || !strings.Contains(out, "unmounted /srv/nfs/home") || strings.Contains(out, "namespace") {
 		t.Fatalf("stop without namespaces: %v\n%s", err, out)
 	}
 	if c := r.calls(); !slices.Equal(c, []string{"host: sync", "host: umount /srv/nfs/home"}) {
@@ -410,6 +410,27 @@ func TestHookParses(t *testing.T) {
 	if bb, err := exec.LookPath("busybox"); err == nil {
 		if out, err := exec.Command(bb, "sh", "-n", hook).CombinedOutput(); err != nil {
 			t.Fatalf("busybox sh -n: %v\n%s", err, out)
+		}
+	}
+}
+
+// lockd's grace (nlm_grace_period) is one setting for the whole host:
+// a service's start sets it when it is unset (0) or equal, and otherwise
+// leaves it and says so; the first start's value stays.
+func TestHookServiceLockdGraceIsHostWide(t *testing.T) {
+	for _, c := range []struct{ before, after, says string }{
+		{"0", "60", ""},
+		{"60", "60", ""},
+		{"90", "90", "lockd's grace for service home stays 90s, not 60s: nlm_grace_period is one setting for the whole host"},
+	} {
+		r := newSvcRig(t, svcStandins)
+		r.write(r.nlm, c.before+"\n")
+		cmd := exec.Command("sh", "-c", `. "$HOOK" && svc_set_lockd_grace`)
+		cmd.Env = append(r.env("leader", "start"), "HOOK="+r.hook(), "NFS_HA_FUNCTIONS_ONLY=yes")
+		out, err := cmd.CombinedOutput()
+		b, _ := os.ReadFile(r.nlm)
+		if err != nil || strings.TrimSpace(string(b)) != c.after || !strings.Contains(string(out), c.says) || (c.says == "" && len(out) > 0) {
+			t.Fatalf("nlm_grace_period %s: now %q, %v\n%s", c.before, b, err, out)
 		}
 	}
 }
