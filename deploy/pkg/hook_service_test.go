@@ -434,3 +434,34 @@ func TestHookServiceLockdGraceIsHostWide(t *testing.T) {
 		}
 	}
 }
+
+// Stop fails, and leaves the filesystem mounted, when the namespace's
+// nfsd still runs after rpc.nfsd 0 (nsmd then resets the server); a
+// namespace without a run directory has nothing of the hook to stop.
+func TestHookServiceStopFailsWhileNfsdRuns(t *testing.T) {
+	r := newSvcRig(t, svcStandins)
+	r.write(filepath.Join(r.runDir, "nfsd", "threads"), "8\n")
+	r.write(r.mnts, "/dev/sdz /srv/nfs/home ext4 rw 0 0\n")
+	out, err := r.run(append(r.env("follower", "stop"), "STANDIN_THREADS=/dev/null"))
+	if err == nil || !strings.Contains(out, "still has 8 threads after rpc.nfsd 0") {
+		t.Fatalf("stop with nfsd still running: %v (want a failure)\n%s", err, out)
+	}
+	if calls := r.calls(); slices.Contains(calls, "host: umount /srv/nfs/home") {
+		t.Fatalf("stop unmounted while nfsd ran:\n%s", strings.Join(calls, "\n"))
+	}
+	// Control: the same stop with an nfsd that stops succeeds.
+	if out, err := r.run(r.env("follower", "stop")); err != nil {
+		t.Fatalf("stop: %v\n%s", err, out)
+	}
+	if calls := r.calls(); !slices.Contains(calls, "host: umount /srv/nfs/home") {
+		t.Fatalf("stop did not unmount:\n%s", strings.Join(calls, "\n"))
+	}
+
+	if err := os.RemoveAll(r.runDir); err != nil {
+		t.Fatal(err)
+	}
+	out, err = r.run(r.env("follower", "start-of-process"))
+	if err != nil || !strings.Contains(out, "nothing of service home was started in nsmd-home") {
+		t.Fatalf("stop without a run directory: %v\n%s", err, out)
+	}
+}
