@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -47,10 +49,17 @@ type serviceNSM struct {
 	// nfsd stops, and those hosts' locks move with the service).
 	serving atomic.Bool
 	srv     *oncrpc.Server // its own listener when the node's does not cover the address; nil otherwise
+	// ns is the service's namespace (nil: none); registered is closed
+	// once its NSM is registered with the namespace's rpcbind (closed at
+	// once without a namespace).
+	ns         svcNamespace
+	registered chan struct{}
+	regErr     error // the last registration failure, for ready's error
 
-	mu     sync.Mutex
-	cancel context.CancelFunc // the running fan-out's
-	wg     sync.WaitGroup     // the fan-out goroutine
+	mu        sync.Mutex
+	cancel    context.CancelFunc // the running fan-out's
+	cancelReg context.CancelFunc // the registration's (with a namespace)
+	wg        sync.WaitGroup     // the fan-out goroutine
 }
 
 func newServiceNSMs(a *Agent) *serviceNSMs {
@@ -59,7 +68,7 @@ func newServiceNSMs(a *Agent) *serviceNSMs {
 
 // open starts service sp's NSM on its address, which this node holds
 // now. Opening one that is open returns it as it is.
-func (s *serviceNSMs) open(sp service.Spec) (*serviceNSM, error) {
+func (s *serviceNSMs) open(sp service.Spec, ns svcNamespace) (*serviceNSM, error) {
 	a := s.a
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -68,7 +77,7 @@ func (s *serviceNSMs) open(sp service.Spec) (*serviceNSM, error) {
 		return m, nil
 	}
 	addr := sp.Address.Addr().Unmap()
-	m := &serviceNSM{id: sp.ID, addr: addr}
+	m := &serviceNSM{id: sp.ID, addr: addr, ns: ns, registered: make(chan struct{})}
 	m.serving.Store(true)
 	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.PrefixFrom(addr, addr.BitLen())}
 	var err error
@@ -96,16 +105,51 @@ func (s *serviceNSMs) open(sp service.Spec) (*serviceNSM, error) {
 	if m.notifier, err = nsm.NewNotifier(nsm.NotifierConfig{
 		Name: addr.String(), Source: addr, Window: a.cfg.NotifyWindow, PmapPort: a.cfg.PmapPort,
 		Metrics: a.nsmm, Logger: a.log.With("service", sp.ID),
+		Listen: func(network string, laddr *net.UDPAddr) (c *net.UDPConn, err error) {
+			err = within(ns, func() (err error) {
+				c, err = net.ListenUDP(network, laddr)
+				return err
+			})
+			return c, err
+		},
 	}); err != nil {
 		return nil, fmt.Errorf("service %s: notifier: %w", sp.ID, err)
 	}
-	if !a.nsmCovers(addr) {
+	switch {
+	case ns != nil:
+		// Everything that reaches NSM in the service's namespace is the
+		// service's: its lockd (from 127.0.0.1) and its clients.
+		var ln net.Listener
+		var pc net.PacketConn
+		if err := ns.Do(func() (err error) {
+			ln, pc, err = listenBoth(":" + strconv.Itoa(a.nsmPort))
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("service %s: listen for NSM in its namespace %s: %w", sp.ID, sp.EffectiveNamespace(), err)
+		}
+		m.srv = oncrpc.NewServer(oncrpc.Programs{nsm.Program: m.svc}, a.serverConfig())
+		a.serve(m.srv, ln, pc)
+		if a.cfg.Rpcbind == config.RpcbindOff {
+			close(m.registered) // rpcbind off: registered nowhere, as the node's own
+			break
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		m.cancelReg = cancel
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.register(ctx, a.nsmPort, a.log.With("service", sp.ID))
+		}()
+	case !a.nsmCovers(addr):
 		ln, pc, err := listenBoth(net.JoinHostPort(addr.String(), strconv.Itoa(a.nsmPort)))
 		if err != nil {
 			return nil, fmt.Errorf("service %s: listen for NSM on its address: %w", sp.ID, err)
 		}
 		m.srv = oncrpc.NewServer(a.progs, a.serverConfig())
 		a.serve(m.srv, ln, pc)
+		close(m.registered)
+	default:
+		close(m.registered)
 	}
 	s.byID[sp.ID], s.byAddr[addr] = m, m
 	return m, nil
@@ -178,6 +222,9 @@ func (s *serviceNSMs) close(id string) error {
 	m.mu.Lock()
 	if m.cancel != nil {
 		m.cancel()
+	}
+	if m.cancelReg != nil {
+		m.cancelReg()
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
@@ -255,4 +302,89 @@ func (r nsmRouter) ServeRPC(ctx context.Context, c *oncrpc.Call, res *oncrpc.Wri
 		}
 	}
 	return r.node.ServeRPC(ctx, c, res)
+}
+
+// Registration with a service namespace's rpcbind: lockd there finds its
+// NSM through the rpcbind at 127.0.0.1:111 of its own namespace, which the
+// service's start hook starts. The registration is tried from the moment
+// the NSM opens (before the hook) until it succeeds, so it lands as soon
+// as that rpcbind answers — before the hook's nfsd takes its first lock
+// in the usual order — and the start waits for it (ready) before its
+// SM_NOTIFY: a client told to reclaim finds lockd able to monitor it.
+
+// registerEvery is how often the registration is tried until it lands.
+const registerEvery = 100 * time.Millisecond
+
+// readyTimeout bounds the wait for the registration after the start hook
+// returned (its rpcbind is up by then, or never will be).
+const readyTimeout = 10 * time.Second
+
+// register registers the service's NSM (UDP and TCP, port) with the
+// rpcbind of its namespace, retrying until it lands or ctx ends.
+func (m *serviceNSM) register(ctx context.Context, port int, log *slog.Logger) {
+	maps := []oncrpc.Mapping{
+		{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoUDP, Port: uint32(port)},
+		{Prog: nsm.Program.Prog, Vers: nsm.Program.Vers, Prot: oncrpc.IPProtoTCP, Port: uint32(port)},
+	}
+	pm := oncrpc.NewPmapClient("127.0.0.1", oncrpc.ClientConfig{Timeout: time.Second, Within: m.ns.Do})
+	try := func() error {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		pm.Unset(cctx, maps[0]) // a stale entry would make SET fail
+		for _, mp := range maps {
+			ok, err := pm.Set(cctx, mp)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("rpcbind refused to register %d/%d prot %d (is another statd registered there?)", mp.Prog, mp.Vers, mp.Prot)
+			}
+		}
+		return nil
+	}
+	t := time.NewTicker(registerEvery)
+	defer t.Stop()
+	for {
+		err := try()
+		if err == nil {
+			log.Info("registered with the rpcbind of the service's namespace", "prog", nsm.Program.Prog, "port", port)
+			close(m.registered)
+			return
+		}
+		m.mu.Lock()
+		m.regErr = err
+		m.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ready waits until service id's NSM is registered with its namespace's
+// rpcbind (at once without a namespace), at most readyTimeout or ctx.
+func (s *serviceNSMs) ready(ctx context.Context, id string) error {
+	s.mu.Lock()
+	m := s.byID[id]
+	s.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("service %s: its NSM is not open", id)
+	}
+	t := time.NewTimer(readyTimeout)
+	defer t.Stop()
+	select {
+	case <-m.registered:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("service %s: register its NSM with the rpcbind of its namespace: %w", id, ctx.Err())
+	case <-t.C:
+		m.mu.Lock()
+		err := m.regErr
+		m.mu.Unlock()
+		if err == nil {
+			err = errors.New("no answer yet")
+		}
+		return fmt.Errorf("service %s: its NSM is not registered with the rpcbind of its namespace %s after the start hook (did the hook start rpcbind there?): %w", id, readyTimeout, err)
+	}
 }

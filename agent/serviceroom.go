@@ -80,8 +80,13 @@ type roomConfig struct {
 	// tickle, when set, tickles the previous server's connections of a
 	// service just started (servicetickle.go).
 	tickle func(ctx context.Context, id string, epoch uint64)
-	log    *slog.Logger
-	reg    prometheus.Registerer // nsmd_vip_*{service} of netlink addresses; nil: none
+	// ns, when set, makes each service's network namespace
+	// (service_namespaces: servicens.go); runRoot holds the services' run
+	// directories (default defaultServiceRunRoot).
+	ns      namespaces
+	runRoot string
+	log     *slog.Logger
+	reg     prometheus.Registerer // nsmd_vip_*{service} of netlink addresses; nil: none
 }
 
 // roomConfigOf is the room configuration of cfg's services.
@@ -92,8 +97,13 @@ func roomConfigOf(cfg config.Config, hooks *hookRunner, log *slog.Logger, reg pr
 
 // roomNSM is a service's NSM side, told each step of its start and stop.
 type roomNSM interface {
-	// open serves the service's NSM on its address, just taken.
-	open(spec service.Spec) error
+	// open serves the service's NSM on its address, just taken; with ns,
+	// inside the service's namespace, registered with its rpcbind.
+	open(spec service.Spec, ns svcNamespace) error
+	// ready waits until the service's NSM can be reached by its lock
+	// manager: registered with the rpcbind of its namespace, which the
+	// start hook started (nothing to wait for without a namespace).
+	ready(ctx context.Context, id string) error
 	// announce starts its SM_NOTIFY at epoch once on_leader ran; the
 	// fan-out ends with ctx (the run).
 	announce(ctx context.Context, id string, epoch uint64)
@@ -108,10 +118,11 @@ type roomNSM interface {
 // call: the room is built before it).
 type agentRoomNSM struct{ a *Agent }
 
-func (n agentRoomNSM) open(spec service.Spec) error {
-	_, err := n.a.svcNSM.open(spec)
+func (n agentRoomNSM) open(spec service.Spec, ns svcNamespace) error {
+	_, err := n.a.svcNSM.open(spec, ns)
 	return err
 }
+func (n agentRoomNSM) ready(ctx context.Context, id string) error { return n.a.svcNSM.ready(ctx, id) }
 func (n agentRoomNSM) announce(ctx context.Context, id string, epoch uint64) {
 	n.a.svcNSM.announce(ctx, id, epoch)
 }
@@ -119,12 +130,21 @@ func (n agentRoomNSM) stopping(id string)    { n.a.svcNSM.stopping(id) }
 func (n agentRoomNSM) close(id string) error { return n.a.svcNSM.close(id) }
 
 // buildServiceRoom is the room of a's services, with their NSM
-// (servicensm.go).
-func (a *Agent) buildServiceRoom() *serviceRoom {
+// (servicensm.go) and, with service_namespaces, their namespaces
+// (servicens.go): the namespaces an earlier process left for services no
+// longer configured are removed before anything is served.
+func (a *Agent) buildServiceRoom() (*serviceRoom, error) {
 	c := roomConfigOf(a.cfg, a.hooks, a.log, a.reg)
 	c.nsm = agentRoomNSM{a}
 	c.tickle = a.tickle.serviceStarted
-	return newServiceRoom(c)
+	if a.cfg.Namespaced() {
+		c.ns = svcnsMaker{log: c.log, mounts: kernelHasNFSd()}
+	}
+	r := newServiceRoom(c)
+	if err := r.removeOrphanNamespaces(context.Background()); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // serviceRoom is this node's cluster.ServiceServer.
@@ -146,6 +166,7 @@ type svcRoom struct {
 
 	mu    sync.Mutex
 	addr  cluster.FloatingAddr // nil: not made yet (or vip_mode none)
+	ns    svcNamespace         // its network namespace while it has one (service_namespaces)
 	epoch uint64
 	phase string
 	last  *roomHookResult
@@ -226,13 +247,18 @@ func (r *serviceRoom) ServeService(ctx context.Context, id string, epoch uint64)
 		s.setPhase(epoch, roomFailed)
 		return fmt.Errorf("service %s: %w", id, err)
 	}
+	if err := r.enterNamespace(ctx, s); err != nil {
+		s.setPhase(epoch, roomFailed)
+		r.fault(s, env, err)
+		return err
+	}
 	if err := r.acquire(ctx, s); err != nil {
 		s.setPhase(epoch, roomFailed)
 		r.fault(s, env, err)
 		return err
 	}
 	if r.cfg.nsm != nil {
-		if err := r.cfg.nsm.open(s.spec); err != nil {
+		if err := r.cfg.nsm.open(s.spec, s.namespaceOf()); err != nil {
 			s.setPhase(epoch, roomFailed)
 			r.fault(s, env, err)
 			return err
@@ -249,6 +275,11 @@ func (r *serviceRoom) ServeService(ctx context.Context, id string, epoch uint64)
 		return fmt.Errorf("service %s: on_leader hook: %w", id, err)
 	}
 	if r.cfg.nsm != nil {
+		if err := r.cfg.nsm.ready(ctx, id); err != nil {
+			s.setPhase(epoch, roomFailed)
+			r.fault(s, env, err)
+			return err
+		}
 		// After on_leader, as the node's own SM_NOTIFY: the clients told
 		// to reclaim find nfsd and lockd up.
 		r.cfg.nsm.announce(ctx, id, epoch)
@@ -298,6 +329,10 @@ func (r *serviceRoom) StopService(id string, epoch uint64) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := r.removeNamespace(context.Background(), s); err != nil {
+		r.fault(s, env, err)
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		s.setPhase(epoch, roomFailed)
 		return err
@@ -311,8 +346,9 @@ func (r *serviceRoom) StopService(id string, epoch uint64) error {
 // NSMD_SM_STATE the service's state, then the service's NSMD_SERVICE_*
 // and NSMD_SERVICE_EPOCH.
 func (r *serviceRoom) env(s *svcRoom, epoch uint64, reason string) hookEnv {
+	extra := append(s.spec.Env(), "NSMD_SERVICE_EPOCH="+strconv.FormatUint(epoch, 10))
 	return hookEnv{NodeID: r.cfg.nodeID, VIP: s.spec.Address.String(), SMState: serviceState(epoch), Role: roomRole, Reason: reason,
-		Extra: append(s.spec.Env(), "NSMD_SERVICE_EPOCH="+strconv.FormatUint(epoch, 10))}
+		Extra: append(extra, r.nsEnv(s.spec.ID)...)}
 }
 
 // fault runs on_fault with the service's environment for a step of its
@@ -339,8 +375,22 @@ func (r *serviceRoom) address(s *svcRoom) (cluster.FloatingAddr, error) {
 		if r.cfg.reg != nil {
 			reg = prometheus.WrapRegistererWith(prometheus.Labels{"service": spec.ID}, r.cfg.reg)
 		}
+		// In the service's namespace, when it has one: the address goes on
+		// the macvlan named as its interface there, and every socket of
+		// the address (netlink, announcements) is the namespace's.
+		// There the address goes on the macvlan itself: the namespace has
+		// no other address whose route would carry the replies of one on a
+		// TUN device (vip_bind process).
+		bind := r.cfg.bind
+		if s.ns != nil {
+			bind = vip.BindInterface
+		}
+		var in func(func() error) error
+		if s.ns != nil {
+			in = s.ns.Do
+		}
 		v, err := vip.NewNetlink(vip.NetlinkConfig{Prefix: spec.Address, Interface: spec.Interface, Lifetime: r.cfg.lifetime,
-			Bind: r.cfg.bind, Logger: log.With("component", "vip"), Registerer: reg})
+			Bind: bind, Within: in, PrefixRoute: s.ns != nil, Logger: log.With("component", "vip"), Registerer: reg})
 		if err != nil {
 			return nil, fmt.Errorf("service %s: address %s on %s: %w", spec.ID, spec.Address, spec.Interface, err)
 		}
@@ -388,6 +438,16 @@ func (r *serviceRoom) drop(s *svcRoom, stale bool) error {
 	}
 	if err != nil {
 		return fmt.Errorf("service %s: drop the address: %w", s.spec.ID, err)
+	}
+	if r.namespaced() {
+		// Made in this namespace (or the host's, for the stop at start):
+		// the next start makes its own in the next one.
+		s.mu.Lock()
+		if c, ok := s.addr.(interface{ Close() error }); ok {
+			c.Close()
+		}
+		s.addr = nil
+		s.mu.Unlock()
 	}
 	return nil
 }

@@ -169,8 +169,12 @@ type nsmRecorder struct {
 	failOpen string
 }
 
-func (n nsmRecorder) open(spec service.Spec) error {
-	appendLine(n.log, spec.ID+" nsm open")
+func (n nsmRecorder) open(spec service.Spec, ns svcNamespace) error {
+	if ns != nil {
+		appendLine(n.log, spec.ID+" nsm open in its namespace")
+	} else {
+		appendLine(n.log, spec.ID+" nsm open")
+	}
 	if spec.ID == n.failOpen {
 		return fmt.Errorf("service %s: listen for NSM on its address: address in use", spec.ID)
 	}
@@ -178,6 +182,10 @@ func (n nsmRecorder) open(spec service.Spec) error {
 }
 func (n nsmRecorder) announce(_ context.Context, id string, epoch uint64) {
 	appendLine(n.log, fmt.Sprintf("%s nsm announce %d", id, epoch))
+}
+func (n nsmRecorder) ready(_ context.Context, id string) error {
+	appendLine(n.log, id+" nsm ready")
+	return nil
 }
 func (n nsmRecorder) stopping(id string)    { appendLine(n.log, id+" nsm stopping") }
 func (n nsmRecorder) close(id string) error { appendLine(n.log, id+" nsm close"); return nil }
@@ -230,7 +238,7 @@ func TestServiceRoomStartAndStopEnvironmentAndOrder(t *testing.T) {
 		"NSMD_VIP": "127.77.0.1/32", "NSMD_SM_STATE": "7", "NSMD_SERVICE_EPOCH": "3",
 		"NSMD_SERVICE": "home", "NSMD_SERVICE_ADDRESS": "127.77.0.1", "NSMD_SERVICE_PREFIX": "32",
 		"NSMD_SERVICE_INTERFACE": "lo", "NSMD_SERVICE_MOUNT": "/srv/home", "NSMD_SERVICE_EXPORT_CLIENTS": "10.0.0.0/24",
-		"NSMD_SERVICE_NAMESPACE": "nsmd-home", "NSMD_GRACE_SECONDS": strconv.Itoa(int(rh.cfg.GracePeriod / time.Second)),
+		"NSMD_SERVICE_NAMESPACE": "nsmd-home", "NSMD_SERVICE_NAMESPACES": "off", "NSMD_GRACE_SECONDS": strconv.Itoa(int(rh.cfg.GracePeriod / time.Second)),
 	}
 	for k, w := range want {
 		if env[k] != w {
@@ -261,7 +269,7 @@ func TestServiceRoomStartAndStopEnvironmentAndOrder(t *testing.T) {
 	}
 	wantLog := []string{
 		"home_nsm_stopping", "home_follower_begin", "home_follower_end", "home_nsm_close", // the stop at start
-		"127.77.0.1_address_up", "home_nsm_open", "home_leader_begin", "home_leader_end", "home_nsm_announce_3",
+		"127.77.0.1_address_up", "home_nsm_open", "home_leader_begin", "home_leader_end", "home_nsm_ready", "home_nsm_announce_3",
 		"home_nsm_stopping", "home_follower_begin", "home_follower_end", "127.77.0.1_address_down", "home_nsm_close",
 	}
 	if got := rh.lines(t); strings.Join(got, " ") != strings.Join(wantLog, " ") {

@@ -222,6 +222,9 @@ type Config struct {
 	// ServiceFailback, ServiceSettle: service_failback, service_settle.
 	ServiceFailback bool
 	ServiceSettle   time.Duration
+	// ServiceNamespaces (service_namespaces): auto, on or off; Namespaced
+	// says what it means for this configuration.
+	ServiceNamespaces string
 	// Tickle, TickleMaxConns: tickle, tickle_max_conns.
 	Tickle         string
 	TickleMaxConns int
@@ -282,6 +285,7 @@ func Default() Config {
 		GraceEnd:              GraceEndAuto,
 		GraceSettle:           3 * time.Second,
 		ServiceSettle:         30 * time.Second,
+		ServiceNamespaces:     ServiceNamespacesAuto,
 		Tickle:                TickleOn,
 		TickleMaxConns:        4096,
 		DiskSlowThreshold:     50 * time.Millisecond,
@@ -388,6 +392,7 @@ func (c *Config) bindings() []binding {
 		duration("grace_settle", "grace_end auto: how long reclaims must be quiet after the last client came back", &c.GraceSettle),
 		boolean("service_failback", "services: a service goes back to a more preferred server of its prefer list once that server is healthy again (off: it stays where it runs until an operator moves it)", &c.ServiceFailback),
 		duration("service_settle", "services: a new leader places services that have no server yet only once every server is alive and has declared its services, or this long after it began leading", &c.ServiceSettle),
+		str("service_namespaces", "auto | on | off: each service a server serves runs in a network namespace of its own (its own kernel nfsd, lockd and grace, so a move of one service never puts another's clients in grace), which nsmd makes with the service's address on a macvlan of its interface; auto: on with services: and vip_mode netlink; off: the services share this host's nfsd", &c.ServiceNamespaces),
 		str("tickle", "on | off: the node that takes the VIP over sends every NFS client connection the previous holder had a tickle ACK, so the client's TCP is reset and it reconnects at once instead of by its own retransmission timers (vip_mode netlink; CAP_NET_RAW)", &c.Tickle),
 		integer("tickle_max_conns", "connections on the VIP (nfsd's port 2049, lockd's when fixed) the leader shares with the other nodes for tickling, at most (1 to 16384); those beyond reconnect by their own timers", &c.TickleMaxConns),
 		str("rpcbind", "register | embedded | off", &c.Rpcbind),

@@ -275,6 +275,23 @@ func yamlList(v *yaml.Node) ([]string, error) {
 	return out, nil
 }
 
+// Values of service_namespaces.
+const (
+	ServiceNamespacesAuto = "auto" // on exactly when services: is set and vip_mode is netlink
+	ServiceNamespacesOn   = "on"
+	ServiceNamespacesOff  = "off"
+)
+
+// Namespaced reports whether each service this node serves runs in a
+// network namespace of its own (service_namespaces, resolved). A witness
+// serves none.
+func (c Config) Namespaced() bool {
+	if c.Services == nil || c.VIPMode != VIPNetlink || c.Witness {
+		return false
+	}
+	return c.ServiceNamespaces != ServiceNamespacesOff
+}
+
 // validateServices is Validate's part for services: the list itself, and
 // how it fits the node's other keys. With services, the services carry
 // the floating addresses: vip and vip_interface stay unset, and vip_mode
@@ -282,6 +299,15 @@ func yamlList(v *yaml.Node) ([]string, error) {
 // list (it serves none): keeping the list the same on every member lets
 // the members compare it.
 func (c *Config) validateServices(bad func(key, format string, a ...any)) {
+	switch c.ServiceNamespaces {
+	case ServiceNamespacesAuto, ServiceNamespacesOff:
+	case ServiceNamespacesOn:
+		if c.Services == nil || c.VIPMode != VIPNetlink {
+			bad("service_namespaces", "on needs services: and vip_mode netlink (a service's namespace gets its address on a macvlan of the service's interface); use auto or off")
+		}
+	default:
+		bad("service_namespaces", "%q is not one of auto, on, off", c.ServiceNamespaces)
+	}
 	if c.Services == nil {
 		return
 	}

@@ -60,6 +60,10 @@ type NotifierConfig struct {
 	// Resolve resolves a target's MonName when it has no address. Default
 	// DefaultResolve.
 	Resolve func(ctx context.Context, name string) ([]netip.Addr, error)
+	// Listen opens the run's UDP socket (every call leaves from it);
+	// default net.ListenUDP. A service served in a network namespace of
+	// its own opens it inside that namespace, where its address is.
+	Listen  func(network string, laddr *net.UDPAddr) (*net.UDPConn, error)
 	Logger  *slog.Logger
 	Metrics *Metrics
 
@@ -393,7 +397,11 @@ func (r *run) listen() (*net.UDPConn, error) {
 		}
 		laddr = net.UDPAddrFromAddrPort(netip.AddrPortFrom(src.Unmap(), 0))
 	}
-	conn, err := net.ListenUDP(network, laddr)
+	listen := r.cfg.Listen
+	if listen == nil {
+		listen = net.ListenUDP
+	}
+	conn, err := listen(network, laddr)
 	if err != nil {
 		return nil, fmt.Errorf("nsm: notifier socket on %v: %w", laddr, err)
 	}

@@ -26,6 +26,9 @@ type ClientConfig struct {
 	// MaxRecordSize caps a TCP reply record; default 1 MiB. A bigger reply
 	// breaks the connection (ErrRecordTooBig).
 	MaxRecordSize int
+	// Within, when set, runs each dial (the socket's creation): a caller
+	// in a network namespace of its own creates its sockets inside it.
+	Within func(func() error) error
 }
 
 // Client makes calls to one server. It is safe for concurrent use; over TCP
@@ -94,7 +97,17 @@ func (c *Client) isUDP() bool { return c.cfg.Net[:3] == "udp" }
 
 // connect dials and starts the reply reader.
 func (c *Client) connect(ctx context.Context) (*clientConn, error) {
-	conn, err := dialFrom(ctx, c.cfg.Net, c.cfg.Addr, c.cfg.LocalAddr, c.cfg.Privileged)
+	var conn net.Conn
+	dial := func() (err error) {
+		conn, err = dialFrom(ctx, c.cfg.Net, c.cfg.Addr, c.cfg.LocalAddr, c.cfg.Privileged)
+		return err
+	}
+	var err error
+	if c.cfg.Within != nil {
+		err = c.cfg.Within(dial)
+	} else {
+		err = dial()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("oncrpc: dial %s %s: %w", c.cfg.Net, c.cfg.Addr, err)
 	}

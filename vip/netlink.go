@@ -39,6 +39,15 @@ type NetlinkConfig struct {
 	// it on Interface (arp_ignore 0). BindAuto (""): process for IPv4
 	// when /dev/net/tun and arp_ignore 0 allow it, else interface.
 	Bind string
+	// PrefixRoute: the kernel adds the route of the prefix with the
+	// address (and drops it with it). Off by default: the interface's own
+	// address already routes the prefix. A network namespace whose only
+	// address is the VIP needs it: its replies have no route otherwise.
+	PrefixRoute bool
+	// Within, when set, runs every lookup of the interface: a VIP in a
+	// network namespace of its own (made inside it: its sockets are that
+	// namespace's) looks its interface up there too, from any goroutine.
+	Within func(func() error) error
 	// Logger gets the VIP's events; nil discards them.
 	Logger *slog.Logger
 	// Registerer gets the nsmd_vip_* metrics; nil registers nothing.
@@ -189,8 +198,17 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.acquired, m.readded, m.announcements} {
-		if err := reg.Register(c); err != nil {
+	// A second Netlink of the same address (a service's, made anew in each
+	// of its network namespaces) counts on in the first one's counters.
+	for _, c := range []*prometheus.Counter{&m.acquired, &m.readded, &m.announcements} {
+		err := reg.Register(*c)
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if old, ok := are.ExistingCollector.(prometheus.Counter); ok {
+				*c, err = old, nil
+			}
+		}
+		if err != nil {
 			return m, fmt.Errorf("vip: register metrics: %w", err)
 		}
 	}
