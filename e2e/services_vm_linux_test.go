@@ -249,6 +249,19 @@ func (r *svcRig) cleanup(t *testing.T) {
 				t.Logf("== %s ended at %s: %s", n.id, e.at.UTC().Format("15:04:05.000"), e.how)
 			}
 			t.Logf("== %s console (last lines):\n%s", n.id, tail(n.vm.console.String(), 15))
+			if r.fvms[i].isDown() {
+				// Its nsmd log is on its local disk (the last image it was given).
+				img := n.vm.disks[len(n.vm.disks)-1]
+				if out, err := exec.Command("debugfs", "-R", "cat /nsmd.log", img).Output(); err == nil {
+					var keep []string
+					for _, l := range strings.Split(string(out), "\n") {
+						if !strings.Contains(l, "component=gossip") && (strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") || strings.Contains(l, "hook") || strings.Contains(l, "watchdog")) {
+							keep = append(keep, l)
+						}
+					}
+					t.Logf("== %s nsmd log from its disk (warnings, hooks, watchdog; last 60):\n%s", n.id, tail(strings.Join(keep, "\n"), 60))
+				}
+			}
 			if _, out, err := n.vm.try(15*time.Second, "grep -E 'hook|service|fence|watchdog|placed|level=ERROR' /var/lib/nsmd/nsmd.log | grep -v component=gossip | tail -n 80; ip netns list; grep -E 'vd|nfsd|pipefs' /proc/mounts; cat /proc/locks; cat /run/one-nfsd.log; dmesg | grep -iE 'nfsd|lockd|grace|track' | tail -n 30"); err == nil {
 				t.Logf("== %s:\n%s", n.id, out)
 			}

@@ -49,6 +49,18 @@ func kernelFactsPerNamespace(t *testing.T, v *testVM, series string) []string {
 		v.try(60*time.Second, `for n in kf1 kf2; do ip netns exec $n sh -c "mount --bind /run/kf/$n/nfsd /proc/fs/nfsd && rpc.nfsd 0"; ip netns pids $n | xargs -r kill -9; done
 			sleep 0.5; umount /run/kf/kf1/nfsd /run/kf/kf2/nfsd /run/kf/kf1/pipefs /run/kf/kf2/pipefs /run/kf/init/nfsd; ip netns del kf1; ip netns del kf2`)
 	})
+	// A link made straight into a namespace (IFLA_NET_NS_FD) under a name
+	// its parent has in the sender's namespace: what a service's macvlan
+	// named like its interface is.
+	rc, same, _ := v.try(20*time.Second, "ip link add eth0 link eth0 netns kf1 type macvlan mode bridge")
+	v.sh(20*time.Second, "ip link add kfmv0 link eth0 netns kf1 type macvlan mode bridge && ip -n kf1 link set kfmv0 name eth0 && ip -n kf1 link del eth0")
+	if rc == 0 {
+		v.sh(10*time.Second, "ip -n kf1 link del eth0")
+		fact("a macvlan named like its parent (eth0) is made straight into another namespace in one request")
+	} else {
+		fact("a macvlan named like its parent (eth0) cannot be made straight into another namespace in one request: %q (the name is looked up in the sender's namespace first); made under another name and renamed inside, it can", strings.TrimSpace(same))
+	}
+
 	// While nfsd starts in a namespace it makes its cld pipe in that
 	// namespace's rpc_pipefs and waits a moment for a daemon to open it:
 	// a watcher notes in which namespace's mount the pipe shows.

@@ -155,7 +155,8 @@ var vmPrograms = []string{
 
 // vmModules are loaded in order at boot (dependencies resolved by modprobe
 // --show-depends against the unpacked tree).
-var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd", "nfsv3", "nfsv4"}
+var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd", "nfsv3", "nfsv4",
+	"macvlan"} // a service's own interface in its namespace (services_vm_linux_test.go)
 
 // vmOptionalModules are in the image but loaded only where a test asks
 // (softdog: the fencing test's server VMs get a /dev/watchdog). Their
