@@ -107,6 +107,7 @@ type Agent struct {
 	netlinkVIP *vip.Netlink // closed (address dropped) on shutdown
 	tickle     *tickler     // nil without tickling (tickle.go)
 	svcNSM     *serviceNSMs // the NSM of the services this node serves (servicensm.go)
+	svcV4      *serviceV4s  // their NFSv4 tracking and grace, in their namespaces (servicev4.go)
 	sec        security
 	connEvents *prometheus.CounterVec
 	readsHeld  *prometheus.CounterVec
@@ -126,6 +127,7 @@ func (a *Agent) Kill() {
 	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
 	a.rooms.kill()
 	a.svcNSM.closeAll()
+	a.svcV4.closeAll()
 	if a.stopDeliver != nil {
 		a.stopDeliver()
 	}
@@ -213,6 +215,7 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
+	a.svcV4 = newServiceV4s(a, a.v4, nil) // before the node: it hears applied commands
 	if a.tickle, err = newTickler(cfg, log, a.reg, opts.TuneTickle); err != nil {
 		return a, err
 	}
@@ -335,6 +338,7 @@ func (a *Agent) nodeNSM() (*nsm.Service, error) {
 func (a *Agent) applied(ev cluster.Applied) {
 	if sc, ok := ev.Cmd.(fsm.Scoped); ok {
 		a.svcNSM.applied(sc, ev)
+		a.svcV4.applied(sc, ev)
 		return
 	}
 	a.deliver.Applied(a.cfg.NodeID, ev.Cmd, ev.Result, ev.Replay)
@@ -534,6 +538,7 @@ func (a *Agent) Close() error {
 		errs = append(errs, a.node.Close())
 	}
 	a.svcNSM.closeAll() // after the node: its runs' stops ran
+	a.svcV4.closeAll()
 	if a.stopDeliver != nil {
 		a.stopDeliver() // nothing is applied after the node closed
 	}
