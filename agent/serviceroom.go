@@ -392,12 +392,19 @@ func (r *serviceRoom) address(s *svcRoom) (cluster.FloatingAddr, error) {
 		// In the service's namespace, when it has one: the address goes on
 		// the macvlan named as its interface there, and every socket of
 		// the address (netlink, announcements) is the namespace's.
-		var v *vip.Netlink
-		err := within(s.ns, func() (err error) {
-			v, err = vip.NewNetlink(vip.NetlinkConfig{Prefix: spec.Address, Interface: spec.Interface, Lifetime: r.cfg.lifetime,
-				Bind: r.cfg.bind, Logger: log.With("component", "vip"), Registerer: reg})
-			return err
-		})
+		// There the address goes on the macvlan itself: the namespace has
+		// no other address whose route would carry the replies of one on a
+		// TUN device (vip_bind process).
+		bind := r.cfg.bind
+		if s.ns != nil {
+			bind = vip.BindInterface
+		}
+		var in func(func() error) error
+		if s.ns != nil {
+			in = s.ns.Do
+		}
+		v, err := vip.NewNetlink(vip.NetlinkConfig{Prefix: spec.Address, Interface: spec.Interface, Lifetime: r.cfg.lifetime,
+			Bind: bind, Within: in, Logger: log.With("component", "vip"), Registerer: reg})
 		if err != nil {
 			return nil, fmt.Errorf("service %s: address %s on %s: %w", spec.ID, spec.Address, spec.Interface, err)
 		}

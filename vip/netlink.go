@@ -39,6 +39,10 @@ type NetlinkConfig struct {
 	// it on Interface (arp_ignore 0). BindAuto (""): process for IPv4
 	// when /dev/net/tun and arp_ignore 0 allow it, else interface.
 	Bind string
+	// Within, when set, runs every lookup of the interface: a VIP in a
+	// network namespace of its own (made inside it: its sockets are that
+	// namespace's) looks its interface up there too, from any goroutine.
+	Within func(func() error) error
 	// Logger gets the VIP's events; nil discards them.
 	Logger *slog.Logger
 	// Registerer gets the nsmd_vip_* metrics; nil registers nothing.

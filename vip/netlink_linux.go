@@ -31,9 +31,10 @@ type netlinkLink struct {
 	life    uint32 // seconds
 	family  uint8
 	log     *slog.Logger
-	mu      sync.Mutex // guards everything below
-	nl      int        // NETLINK_ROUTE socket
-	pkt     int        // AF_PACKET/SOCK_DGRAM socket that receives nothing
+	within  func(func() error) error // runs interface lookups (NetlinkConfig.Within)
+	mu      sync.Mutex               // guards everything below
+	nl      int                      // NETLINK_ROUTE socket
+	pkt     int                      // AF_PACKET/SOCK_DGRAM socket that receives nothing
 	seq     uint32
 	ifindex int              // the configured interface: announcements go out there
 	mac     net.HardwareAddr // nil: no announcements on this interface
@@ -46,25 +47,21 @@ type netlinkLink struct {
 
 func newLink(cfg NetlinkConfig, log *slog.Logger) (link, error) {
 	l := &netlinkLink{prefix: cfg.Prefix, iface: cfg.Interface, life: uint32(cfg.Lifetime / time.Second),
-		family: unix.AF_INET, log: log, nl: -1, pkt: -1, tun: -1}
+		family: unix.AF_INET, log: log, nl: -1, pkt: -1, tun: -1, within: cfg.Within}
 	if cfg.Prefix.Addr().Is6() {
 		l.family = unix.AF_INET6
 	}
-	var err error
-	l.nl, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("vip: open netlink socket: %w", err)
+	// Every socket and device is made where Within runs it (a network
+	// namespace's, for good); the interface is looked up there too.
+	in := func(fn func() error) error {
+		if l.within != nil {
+			return l.within(fn)
+		}
+		return fn()
 	}
-	if err := l.setupNetlink(); err != nil {
+	if err := in(l.openSockets); err != nil {
 		l.close()
 		return nil, err
-	}
-	// Protocol 0: the socket only sends; the link header's type comes from
-	// each sendto's address.
-	l.pkt, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		l.close()
-		return nil, fmt.Errorf("vip: open packet socket for announcements (needs CAP_NET_RAW): %w", err)
 	}
 	if err := l.resolve(); err != nil {
 		l.close()
@@ -73,7 +70,7 @@ func newLink(cfg NetlinkConfig, log *slog.Logger) (link, error) {
 	switch cfg.Bind {
 	case BindInterface:
 	case BindProcess:
-		if err := l.bindToProcess(); err != nil {
+		if err := in(l.bindToProcess); err != nil {
 			l.close()
 			return nil, err
 		}
@@ -81,7 +78,7 @@ func newLink(cfg NetlinkConfig, log *slog.Logger) (link, error) {
 		if !cfg.Prefix.Addr().Is4() {
 			break
 		}
-		if err := l.bindToProcess(); err != nil {
+		if err := in(l.bindToProcess); err != nil {
 			log.Warn("VIP bound to the interface: it outlives a killed process by its lifetime", "why", err)
 		}
 	}
@@ -89,6 +86,26 @@ func newLink(cfg NetlinkConfig, log *slog.Logger) (link, error) {
 		log.Info("VIP bound to this process", "device", l.tunName)
 	}
 	return l, nil
+}
+
+// openSockets opens the netlink socket and the packet socket of the
+// announcements.
+func (l *netlinkLink) openSockets() error {
+	var err error
+	l.nl, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("vip: open netlink socket: %w", err)
+	}
+	if err := l.setupNetlink(); err != nil {
+		return err
+	}
+	// Protocol 0: the socket only sends; the link header's type comes from
+	// each sendto's address.
+	l.pkt, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("vip: open packet socket for announcements (needs CAP_NET_RAW): %w", err)
+	}
+	return nil
 }
 
 // bindToProcess creates the TUN device that will carry the address: not
@@ -173,7 +190,17 @@ func (l *netlinkLink) setupNetlink() error {
 }
 
 func (l *netlinkLink) resolve() error {
-	ifi, err := net.InterfaceByName(l.iface)
+	var ifi *net.Interface
+	lookup := func() (err error) {
+		ifi, err = net.InterfaceByName(l.iface)
+		return err
+	}
+	var err error
+	if l.within != nil {
+		err = l.within(lookup)
+	} else {
+		err = lookup()
+	}
 	if err != nil {
 		return fmt.Errorf("interface %q: %w", l.iface, err)
 	}
