@@ -63,7 +63,7 @@ type NotifierConfig struct {
 	// Listen opens the run's UDP socket (every call leaves from it);
 	// default net.ListenUDP. A service served in a network namespace of
 	// its own opens it inside that namespace, where its address is.
-	Listen func(network string, laddr *net.UDPAddr) (*net.UDPConn, error)
+	Listen  func(network string, laddr *net.UDPAddr) (*net.UDPConn, error)
 	Logger  *slog.Logger
 	Metrics *Metrics
 
