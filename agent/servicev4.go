@@ -202,11 +202,40 @@ func (s *serviceV4s) open(spec service.Spec, ns svcNamespace, runDir string) err
 			}
 		}()
 	}
+	v.awaitWatching()
 	s.mu.Lock()
 	s.byID[spec.ID] = v
 	s.mu.Unlock()
 	log.Info("NFSv4 client tracking of the service opened", "pipe", filepath.Join(runDir, "rpc_pipefs", "nfsd", "cld"), "served", v.srv != nil)
 	return nil
+}
+
+// watchWait bounds open's wait for the tracking server to say where it
+// stands (watching the pipe's directory, or why not).
+const watchWait = 2 * time.Second
+
+// awaitWatching waits (at most watchWait) until the tracking server has
+// left its first state, and writes its state to the status file: the
+// hook, run next, reads there whether nfsd will find the pipe's reader.
+func (v *serviceV4) awaitWatching() {
+	if v.srv == nil {
+		return
+	}
+	t := time.NewTimer(watchWait)
+	defer t.Stop()
+	for {
+		ch := v.srv.StatusChanged()
+		if v.srv.Status().State != cld.StateStopped {
+			break
+		}
+		select {
+		case <-ch:
+			continue
+		case <-t.C:
+		}
+		break
+	}
+	v.pipeChanged()
 }
 
 // pipeChanged hands the pipe's state (or "off" and why) to the status file.

@@ -228,6 +228,10 @@ func TestServiceGraceEndsInItsOwnNamespaceOnly(t *testing.T) {
 		if err := v4.open(service.Spec{ID: id}, nss[id], runDir(id)); err != nil {
 			t.Fatalf("open %s: %v", id, err)
 		}
+		// The hook, run next, reads that the pipe's reader waits for nfsd.
+		if st := readTrim(t, serviceV4StatusPath(runDir(id))); !strings.Contains(st, "state=waiting") {
+			t.Errorf("%s's status file right after open: %q", id, st)
+		}
 		// nfsd starts in the namespace (on_leader): GraceStart hands it
 		// the service's records, and only them.
 		recs, err := kernels[id].Start(ctx)

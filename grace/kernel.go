@@ -47,10 +47,11 @@ type KernelGrace struct {
 	// <Proc>/fs/nfsd): a network namespace other than the host's has its
 	// own, mounted apart (a service's namespace).
 	NFSd string
-	// Within, when set, runs every read and write of the control files
-	// (and of nfsd's client list) inside the lock managers' network
-	// namespace: lockd's nlm_end_grace acts on the network namespace of
-	// the thread that reads or writes it, whatever procfs it is opened in.
+	// Within, when set, runs every read and write of lockd's control file
+	// inside the lock managers' network namespace: nlm_end_grace acts on
+	// the network namespace of the thread that reads or writes it,
+	// whatever procfs it is opened in. (nfsd's files belong to the nfsd
+	// filesystem they are in, NFSd, whichever thread reads them.)
 	Within func(fn func() error) error
 	// write, when set, replaces the write of "Y" to a control file (tests:
 	// a kernel that ends grace later, or answers EBUSY).
@@ -83,10 +84,10 @@ func (k KernelGrace) nfsdDir() string {
 	return filepath.Join(root, "fs", "nfsd")
 }
 
-// within runs fn in the lock managers' network namespace (here without
-// Within).
-func (k KernelGrace) within(fn func() error) error {
-	if k.Within == nil {
+// within runs fn, which touches m's control file, in the lock managers'
+// network namespace when m's file acts on the toucher's (lockd's).
+func (k KernelGrace) within(m Manager, fn func() error) error {
+	if k.Within == nil || m != NLM {
 		return fn()
 	}
 	return k.Within(fn)
@@ -94,12 +95,8 @@ func (k KernelGrace) within(fn func() error) error {
 
 // Clients lists nfsd's NFSv4 clients (NFSdClients) from the nfsd
 // filesystem of k.
-func (k KernelGrace) Clients() (cs []V4Client, err error) {
-	err = k.within(func() (err error) {
-		cs, err = nfsdClientsIn(filepath.Join(k.nfsdDir(), "clients"))
-		return err
-	})
-	return cs, err
+func (k KernelGrace) Clients() ([]V4Client, error) {
+	return nfsdClientsIn(filepath.Join(k.nfsdDir(), "clients"))
 }
 
 // InGrace reports whether manager m is in its grace period now. A missing
@@ -110,7 +107,7 @@ func (k KernelGrace) InGrace(m Manager) (bool, error) {
 		return false, fmt.Errorf("grace: unknown lock manager %q", m)
 	}
 	var b []byte
-	err := k.within(func() (err error) {
+	err := k.within(m, func() (err error) {
 		b, err = os.ReadFile(p)
 		return err
 	})
@@ -141,12 +138,12 @@ func (k KernelGrace) End(m Manager) error {
 		return fmt.Errorf("grace: unknown lock manager %q", m)
 	}
 	if k.write != nil {
-		if err := k.within(func() error { return k.write(p) }); err != nil {
+		if err := k.within(m, func() error { return k.write(p) }); err != nil {
 			return fmt.Errorf("grace: end %s grace: write %s: %w", m, p, err)
 		}
 		return nil
 	}
-	return k.within(func() error { return endGrace(m, p) })
+	return k.within(m, func() error { return endGrace(m, p) })
 }
 
 // endGrace writes "Y" to m's control file p.

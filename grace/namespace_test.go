@@ -2,6 +2,7 @@ package grace
 
 import (
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -50,5 +51,48 @@ func TestKeeperCountsOnlyTheLocksOfItsFilesystem(t *testing.T) {
 				t.Fatalf("a new lock on its filesystem counted: %v, want %v", got, c.mineCounts)
 			}
 		})
+	}
+}
+
+// A network namespace's grace files: nfsd's are those of its own nfsd
+// filesystem (NFSd), read and written from any thread; lockd's is the one
+// file of procfs, touched only through Within (a thread inside the
+// namespace). The host's nfsd file (the control) is left alone.
+func TestKernelGraceOfANamespace(t *testing.T) {
+	proc := fakeProc(t, "N\n", "N\n")
+	nsRoot := t.TempDir() // nfsdClient writes under <root>/fs/nfsd
+	nfsd := filepath.Join(nsRoot, "fs", "nfsd")
+	write(t, nfsd, "v4_end_grace", "N\n")
+	var inside []string
+	k := KernelGrace{Proc: proc, NFSd: nfsd, Within: func(fn func() error) error {
+		inside = append(inside, "lockd")
+		return fn()
+	}}
+	if in, err := k.InGrace(NFSv4); err != nil || !in {
+		t.Fatalf("the namespace's nfsd in grace: %v, %v", in, err)
+	}
+	if err := k.End(NFSv4); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, nfsd, "v4_end_grace"); got != "Y" {
+		t.Errorf("the namespace's v4_end_grace: %q", got)
+	}
+	if got := read(t, proc, "fs/nfsd/v4_end_grace"); got != "N" {
+		t.Errorf("the host's v4_end_grace changed: %q", got)
+	}
+	if len(inside) != 0 {
+		t.Errorf("nfsd's file touched through Within (%v): it needs no thread inside", inside)
+	}
+	if err := k.End(NLM); err != nil {
+		t.Fatal(err)
+	}
+	if len(inside) != 1 {
+		t.Errorf("lockd's file ended outside the namespace (%d calls of Within)", len(inside))
+	}
+	nfsdClient(t, nsRoot, "1", "Linux NFSv4.0 mine", 0, "confirmed")
+	nfsdClient(t, proc, "2", "Linux NFSv4.0 the host's", 0, "confirmed")
+	cs, err := k.Clients()
+	if err != nil || len(cs) != 1 || cs[0].Name != "Linux NFSv4.0 mine" {
+		t.Errorf("the namespace's nfsd clients: %+v, %v", cs, err)
 	}
 }
