@@ -58,6 +58,10 @@ type Options struct {
 	// TuneTracking, when set, adjusts the NFSv4 client-tracking server of
 	// node id (tests put a fake kernel's pipe there: cld/cldtest).
 	TuneTracking func(id string, c *cld.Config)
+	// TuneServiceTracking, when set, adjusts the NFSv4 client-tracking
+	// server of service svc on node id, in the service's namespace (tests
+	// put a fake kernel's pipe there).
+	TuneServiceTracking func(id, svc string, c *cld.Config)
 	// TuneTickle, when set, gives node id's tickler the procfs root it
 	// reads connections from and the function it sends tickles with, and
 	// lets a loopback VIP tickle too (tests record the sends).
@@ -215,7 +219,11 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
-	a.svcV4 = newServiceV4s(a, a.v4, nil) // before the node: it hears applied commands
+	var tuneSvc func(string, *cld.Config)
+	if opts.TuneServiceTracking != nil {
+		tuneSvc = func(svc string, c *cld.Config) { opts.TuneServiceTracking(cfg.NodeID, svc, c) }
+	}
+	a.svcV4 = newServiceV4s(a, a.v4, tuneSvc) // before the node: it hears applied commands
 	if a.tickle, err = newTickler(cfg, log, a.reg, opts.TuneTickle); err != nil {
 		return a, err
 	}
