@@ -80,6 +80,9 @@ type roomConfig struct {
 	// tickle, when set, tickles the previous server's connections of a
 	// service just started (servicetickle.go).
 	tickle func(ctx context.Context, id string, epoch uint64)
+	// tickleNS, when set, tells the tickler the namespace a service runs
+	// in (nil: none any more).
+	tickleNS func(id string, in func(func() error) error)
 	// ns, when set, makes each service's network namespace
 	// (service_namespaces: servicens.go); runRoot holds the services' run
 	// directories (default defaultServiceRunRoot).
@@ -138,6 +141,7 @@ func (a *Agent) buildServiceRoom() (*serviceRoom, error) {
 	c.nsm = agentRoomNSM{a}
 	c.tickle = a.tickle.serviceStarted
 	if a.cfg.Namespaced() {
+		c.tickleNS = a.tickle.serviceNamespace
 		c.ns = svcnsMaker{log: c.log, mounts: kernelHasNFSd()}
 	}
 	r := newServiceRoom(c)
