@@ -191,6 +191,7 @@ type serviceRoomStatus struct {
 	Epoch       uint64 // of the last start or stop (0: the stop at start)
 	Phase       string // stopped, starting, serving, stopping, failed
 	AddressHeld bool
+	Namespace   string             // its network namespace while it has one here
 	LastHook    *roomHookResult    // nil: none ran yet
 	LastFailure *admin.HookFailure // the last hook of it that failed, on_fault included
 }
@@ -505,6 +506,9 @@ func (r *serviceRoom) status() []serviceRoomStatus {
 			}
 			s.mu.Unlock()
 			st.AddressHeld = addr != nil && addr.Held()
+			if s.namespaceOf() != nil {
+				st.Namespace = s.spec.EffectiveNamespace()
+			}
 			st.LastFailure = s.hooks.lastFailure()
 		}
 		out = append(out, st)
