@@ -270,7 +270,9 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	if len(cfg.Services) > 0 && !cfg.Witness {
-		a.rooms = a.buildServiceRoom()
+		if a.rooms, err = a.buildServiceRoom(); err != nil {
+			return a, err
+		}
 		ccfg.ServiceServer = a.rooms
 	}
 	if err := a.fencing(&ccfg); err != nil {

@@ -20,6 +20,8 @@ const (
 	capNetBindService = 10 // ports below 1024: nsm_addr 662, embedded rpcbind 111
 	capNetAdmin       = 12 // add and remove the VIP, create its TUN device
 	capNetRaw         = 13 // AF_PACKET socket for gratuitous ARP / unsolicited NA
+	capKill           = 5  // service namespaces: stop what their hooks left running in them
+	capSysAdmin       = 21 // service namespaces: make and enter network namespaces, mount their filesystems
 )
 
 func capName(bit uint) string {
@@ -30,6 +32,10 @@ func capName(bit uint) string {
 		return "CAP_NET_ADMIN"
 	case capNetRaw:
 		return "CAP_NET_RAW"
+	case capKill:
+		return "CAP_KILL"
+	case capSysAdmin:
+		return "CAP_SYS_ADMIN"
 	}
 	return "capability " + strconv.Itoa(int(bit))
 }
@@ -47,6 +53,11 @@ func neededCaps(cfg config.Config) []capNeed {
 		need = append(need,
 			capNeed{capNetAdmin, fmt.Sprintf("vip_mode netlink: add the VIP %s on %s", cfg.VIP, cfg.VIPInterface)},
 			capNeed{capNetRaw, fmt.Sprintf("vip_mode netlink: announce the VIP %s (gratuitous ARP / unsolicited NA) and send tickle ACKs from it", cfg.VIP)})
+	}
+	if cfg.Namespaced() {
+		need = append(need,
+			capNeed{capSysAdmin, "service_namespaces: make each service's network namespace, enter it and mount its nfsd and rpc_pipefs filesystems (run nsmd as root: the hooks-as-root.conf drop-in)"},
+			capNeed{capKill, "service_namespaces: stop the processes a service's hooks left in its namespace"})
 	}
 	low := func(key, hostport string) {
 		_, p, err := net.SplitHostPort(hostport)

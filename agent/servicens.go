@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nsmd/nsmd/service"
+	"github.com/nsmd/nsmd/svcns"
 )
 
 // A service's network namespace (DESIGN.md, "A namespace per service"):
@@ -81,13 +85,24 @@ func (r *serviceRoom) enterNamespace(ctx context.Context, s *svcRoom) error {
 	if err := r.removeNamespace(ctx, s); err != nil {
 		return err
 	}
-	ns, err := r.cfg.ns.create(s.spec, r.runDir(s.spec.ID))
+	dir := r.runDir(s.spec.ID)
+	ns, err := r.cfg.ns.create(s.spec, dir)
 	if err != nil {
 		return fmt.Errorf("service %s: make its network namespace %s: %w", s.spec.ID, s.spec.EffectiveNamespace(), err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, nsMarker), []byte(s.spec.EffectiveNamespace()+" "+s.spec.Interface+"\n"), 0o644); err != nil {
+		err = fmt.Errorf("service %s: mark its run directory: %w", s.spec.ID, err)
+		if rerr := ns.Remove(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return err
 	}
 	s.mu.Lock()
 	s.ns = ns
 	s.mu.Unlock()
+	if r.cfg.tickleNS != nil {
+		r.cfg.tickleNS(s.spec.ID, ns.Do)
+	}
 	return nil
 }
 
@@ -120,6 +135,9 @@ func (r *serviceRoom) removeNamespace(ctx context.Context, s *svcRoom) error {
 	s.mu.Lock()
 	s.ns = nil
 	s.mu.Unlock()
+	if r.cfg.tickleNS != nil {
+		r.cfg.tickleNS(s.spec.ID, nil)
+	}
 	return nil
 }
 
@@ -141,3 +159,86 @@ func within(ns svcNamespace, fn func() error) error {
 // errNoNamespace: a namespaced step found no namespace (a bug: the start
 // makes it first).
 var errNoNamespace = errors.New("the service has no network namespace")
+
+// nsMarker is the file in a service's run directory that names its
+// namespace and the macvlan's lower interface ("<namespace> <interface>"),
+// so that a later process finds a namespace whose service has left the
+// configuration.
+const nsMarker = "namespace"
+
+// removeOrphanNamespaces removes the namespaces an earlier process made
+// for services this configuration no longer has (the configured ones are
+// removed by their stop at start): before this node serves anything, no
+// namespace of its own making is left running an nfsd nobody stops. An
+// error stops the agent's start: a namespace it cannot remove may still
+// serve a filesystem another server is about to mount.
+func (r *serviceRoom) removeOrphanNamespaces(ctx context.Context) error {
+	if !r.namespaced() {
+		return nil
+	}
+	root := r.cfg.runRoot
+	if root == "" {
+		root = defaultServiceRunRoot
+	}
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("service namespaces: read %s: %w", root, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if _, ok := r.specs[e.Name()]; ok || !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(root, e.Name())
+		b, err := os.ReadFile(filepath.Join(dir, nsMarker))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("service namespaces: %s is not a configured service's and names no namespace: %w", dir, err))
+			continue
+		}
+		name, parent, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+		spec := service.Spec{ID: e.Name(), Namespace: name, Interface: parent}
+		ns, ok, err := r.cfg.ns.open(spec, dir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("service namespaces: find %s (of %s, no longer configured): %w", name, e.Name(), err))
+			continue
+		}
+		if !ok {
+			continue
+		}
+		r.cfg.log.Warn("removing the network namespace of a service no longer configured", "service", e.Name(), "namespace", name)
+		rctx, cancel := context.WithTimeout(ctx, nsRemoveTimeout)
+		err = ns.Remove(rctx)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("service namespaces: remove %s (of %s, no longer configured): %w", name, e.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// svcnsMaker makes the services' namespaces with package svcns; mounts:
+// each gets its own nfsd filesystem and rpc_pipefs (the kernel has nfsd).
+type svcnsMaker struct {
+	log    *slog.Logger
+	mounts bool
+}
+
+func (m svcnsMaker) config(spec service.Spec, runDir string) svcns.Config {
+	return svcns.Config{Name: spec.EffectiveNamespace(), RunDir: runDir, Parent: spec.Interface, Mounts: m.mounts,
+		Logger: m.log.With("service", spec.ID)}
+}
+
+func (m svcnsMaker) create(spec service.Spec, runDir string) (svcNamespace, error) {
+	return svcns.Create(m.config(spec, runDir))
+}
+
+func (m svcnsMaker) open(spec service.Spec, runDir string) (svcNamespace, bool, error) {
+	ns, ok, err := svcns.Open(m.config(spec, runDir))
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	return ns, true, nil
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nsmd/nsmd/cluster"
+	"github.com/nsmd/nsmd/config"
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/nsm"
 	"github.com/nsmd/nsmd/oncrpc"
@@ -128,6 +129,10 @@ func (s *serviceNSMs) open(sp service.Spec, ns svcNamespace) (*serviceNSM, error
 		}
 		m.srv = oncrpc.NewServer(oncrpc.Programs{nsm.Program: m.svc}, a.serverConfig())
 		a.serve(m.srv, ln, pc)
+		if a.cfg.Rpcbind == config.RpcbindOff {
+			close(m.registered) // rpcbind off: registered nowhere, as the node's own
+			break
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		m.cancelReg = cancel
 		m.wg.Add(1)

@@ -83,6 +83,9 @@ type roomConfig struct {
 	// tickle, when set, tickles the previous server's connections of a
 	// service just started (servicetickle.go).
 	tickle func(ctx context.Context, id string, epoch uint64)
+	// tickleNS, when set, tells the tickler the namespace a service runs
+	// in (nil: none any more).
+	tickleNS func(id string, in func(func() error) error)
 	// ns, when set, makes each service's network namespace
 	// (service_namespaces: servicens.go); runRoot holds the services' run
 	// directories (default defaultServiceRunRoot).
@@ -133,13 +136,23 @@ func (n agentRoomNSM) stopping(id string)    { n.a.svcNSM.stopping(id) }
 func (n agentRoomNSM) close(id string) error { return n.a.svcNSM.close(id) }
 
 // buildServiceRoom is the room of a's services, with their NSM
-// (servicensm.go).
-func (a *Agent) buildServiceRoom() *serviceRoom {
+// (servicensm.go) and, with service_namespaces, their namespaces
+// (servicens.go): the namespaces an earlier process left for services no
+// longer configured are removed before anything is served.
+func (a *Agent) buildServiceRoom() (*serviceRoom, error) {
 	c := roomConfigOf(a.cfg, a.hooks, a.log, a.reg)
 	c.nsm = agentRoomNSM{a}
 	c.v4 = agentRoomV4{a}
 	c.tickle = a.tickle.serviceStarted
-	return newServiceRoom(c)
+	if a.cfg.Namespaced() {
+		c.tickleNS = a.tickle.serviceNamespace
+		c.ns = svcnsMaker{log: c.log, mounts: kernelHasNFSd()}
+	}
+	r := newServiceRoom(c)
+	if err := r.removeOrphanNamespaces(context.Background()); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // serviceRoom is this node's cluster.ServiceServer.
@@ -182,6 +195,7 @@ type serviceRoomStatus struct {
 	Epoch       uint64 // of the last start or stop (0: the stop at start)
 	Phase       string // stopped, starting, serving, stopping, failed
 	AddressHeld bool
+	Namespace   string             // its network namespace while it has one here
 	LastHook    *roomHookResult    // nil: none ran yet
 	LastFailure *admin.HookFailure // the last hook of it that failed, on_fault included
 }
@@ -404,7 +418,7 @@ func (r *serviceRoom) address(s *svcRoom) (cluster.FloatingAddr, error) {
 			in = s.ns.Do
 		}
 		v, err := vip.NewNetlink(vip.NetlinkConfig{Prefix: spec.Address, Interface: spec.Interface, Lifetime: r.cfg.lifetime,
-			Bind: bind, Within: in, Logger: log.With("component", "vip"), Registerer: reg})
+			Bind: bind, Within: in, PrefixRoute: s.ns != nil, Logger: log.With("component", "vip"), Registerer: reg})
 		if err != nil {
 			return nil, fmt.Errorf("service %s: address %s on %s: %w", spec.ID, spec.Address, spec.Interface, err)
 		}
@@ -515,6 +529,9 @@ func (r *serviceRoom) status() []serviceRoomStatus {
 			}
 			s.mu.Unlock()
 			st.AddressHeld = addr != nil && addr.Held()
+			if s.namespaceOf() != nil {
+				st.Namespace = s.spec.EffectiveNamespace()
+			}
 			st.LastFailure = s.hooks.lastFailure()
 		}
 		out = append(out, st)

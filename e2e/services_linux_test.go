@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,8 +54,18 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 	}
 	conf := filepath.Join(dir, "nsmd.yaml")
 	for path, body := range map[string]string{
-		// Each node's hook records what it was asked, per node.
-		hook: "#!/bin/sh\necho \"$NSMD_NODE_ID $NSMD_ROLE $NSMD_REASON $NSMD_SERVICE $NSMD_SERVICE_EPOCH $NSMD_SM_STATE\" >> " + dir + "/hooks.log\nexit 0\n",
+		// Each node's hook records what it was asked, per node; a start
+		// records the addresses inside the service's namespace and in the
+		// node's own, and starts the real rpcbind inside the namespace
+		// (with the service's private /run), as a service's hook does:
+		// nsmd registers the service's NSM there.
+		hook: "#!/bin/sh\necho \"$NSMD_NODE_ID $NSMD_ROLE $NSMD_REASON $NSMD_SERVICE $NSMD_SERVICE_EPOCH $NSMD_SM_STATE\" >> " + dir + "/hooks.log\n" +
+			"if [ \"$NSMD_EVENT\" = leader ] && [ \"$NSMD_SERVICE_NAMESPACES\" = on ]; then\n" +
+			"  ip netns exec \"$NSMD_SERVICE_NAMESPACE\" ip -o -4 addr show > " + dir + "/addr.$NSMD_NODE_ID.$NSMD_SERVICE\n" +
+			"  ip -o -4 addr show > " + dir + "/hostaddr.$NSMD_NODE_ID.$NSMD_SERVICE\n" +
+			"  ip netns exec \"$NSMD_SERVICE_NAMESPACE\" sh -c 'mkdir -p \"$NSMD_SERVICE_RUN_DIR/run/rpcbind\" && mount --bind \"$NSMD_SERVICE_RUN_DIR/run\" /run && exec rpcbind -f' >/dev/null 2>&1 &\n" +
+			"  echo $! >> " + dir + "/rpcbind.pids\n" +
+			"fi\nexit 0\n",
 		// A stand-in for a power switch: it says the node is off without
 		// touching it (the test kills it itself).
 		agent: "#!/bin/sh\ncat >/dev/null\nexit 0\n",
@@ -64,6 +75,7 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	t.Cleanup(func() { killPIDsIn(t, filepath.Join(dir, "rpcbind.pids")) })
 	c := startClusterWith(t, clusterSpec{clients: 3, fakeClients: true, noVIP: true, extraArgs: func(n *nsmNode) []string {
 		return []string{"--config", conf, "--on-leader", hook, "--on-follower", hook, "--fence-watchdog", "off",
 			"--fence-agent", agent, "--fence-nodes", "n1:plug=n1,n2:plug=n2,n3:plug=n3", "--nfsv4-tracking", "off",
@@ -72,6 +84,21 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 	c.settle(t, 60*time.Second, 1)
 
 	owners := waitServices(t, c, map[string]string{"a": "n1", "b": "n2", "c": "n3"}, 90*time.Second)
+	// Each service's address is inside its own namespace on its server
+	// (service_namespaces auto: on with vip_mode netlink), not in the
+	// server's own.
+	for i, s := range drillServices {
+		node := fmt.Sprintf("n%d", i+1)
+		var inside, host []byte
+		testutil.WaitForSeen(t, 30*time.Second, "service "+s.id+"'s start hook on "+node, func() (bool, string) {
+			inside, _ = os.ReadFile(filepath.Join(dir, "addr."+node+"."+s.id))
+			host, _ = os.ReadFile(filepath.Join(dir, "hostaddr."+node+"."+s.id))
+			return len(inside) > 0 && len(host) > 0, ""
+		})
+		if !strings.Contains(string(inside), " "+s.addr+"/") || strings.Contains(string(host), " "+s.addr+"/") {
+			t.Errorf("service %s on %s: its namespace has\n%s\nthe server's own namespace has\n%s", s.id, node, inside, host)
+		}
+	}
 	// Each client host monitors itself at one service: c1 at a, c2 at b,
 	// c3 at c. The answer comes from the service's own NSM, with its state.
 	for i, s := range drillServices {
@@ -188,7 +215,11 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 	out, err := exec.Command("ip", append([]string{"netns", "exec", c.top.hosts[0].ns, nsmdBin, "drill", "--service", "b",
 		"--admin", strings.Join(admins, ","), "--json", "--timeout", "40s"}, c.pki.cliArgs()...)...).Output()
 	if err != nil {
-		t.Fatalf("nsmd drill --service b: %v\n%s", err, out)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("nsmd drill --service b: %v\n%s\n%s", err, out, stderr)
 	}
 	var rep drill.Report
 	if err := json.Unmarshal(out, &rep); err != nil {
@@ -201,6 +232,20 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 		t.Logf("nsmd drill --service b: %s → %s, milestones %+v", rep.Runs[0].OldLeader, rep.Runs[0].NewLeader, rep.Runs[0].Milestones)
 	}
 	t.Logf("hooks:\n%s", log)
+}
+
+// killPIDsIn kills the processes whose pids the file lists, one per line
+// (what the test's hooks started; absent: none).
+func killPIDsIn(t *testing.T, path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
 
 // waitServices waits until every service runs on the server want names,

@@ -112,7 +112,10 @@ func startServicesCluster(t *testing.T) *svcCluster {
 			for _, o := range n.c.nodes {
 				plugs = append(plugs, o.id+":plug="+o.dataDir)
 			}
-			return []string{"--mon-unprivileged-burst=-1", "--config", conf, "--on-leader", hook, "--on-follower", hook,
+			// Namespaces off: the schedules check placement, NSM and
+			// fencing under faults; the services drill and the VM tier
+			// run services in namespaces of their own.
+			return []string{"--service-namespaces", "off", "--mon-unprivileged-burst=-1", "--config", conf, "--on-leader", hook, "--on-follower", hook,
 				"--fence-watchdog", "off", "--fence-agent", agent, "--fence-nodes", strings.Join(plugs, ","),
 				"--nfsv4-tracking", "off", "--service-settle", "20s"}
 		}})

@@ -39,6 +39,11 @@ type NetlinkConfig struct {
 	// it on Interface (arp_ignore 0). BindAuto (""): process for IPv4
 	// when /dev/net/tun and arp_ignore 0 allow it, else interface.
 	Bind string
+	// PrefixRoute: the kernel adds the route of the prefix with the
+	// address (and drops it with it). Off by default: the interface's own
+	// address already routes the prefix. A network namespace whose only
+	// address is the VIP needs it: its replies have no route otherwise.
+	PrefixRoute bool
 	// Within, when set, runs every lookup of the interface: a VIP in a
 	// network namespace of its own (made inside it: its sockets are that
 	// namespace's) looks its interface up there too, from any goroutine.

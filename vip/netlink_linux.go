@@ -26,18 +26,19 @@ import (
 const nlTimeout = 5 * time.Second
 
 type netlinkLink struct {
-	prefix  netip.Prefix
-	iface   string
-	life    uint32 // seconds
-	family  uint8
-	log     *slog.Logger
-	within  func(func() error) error // runs interface lookups (NetlinkConfig.Within)
-	mu      sync.Mutex               // guards everything below
-	nl      int                      // NETLINK_ROUTE socket
-	pkt     int                      // AF_PACKET/SOCK_DGRAM socket that receives nothing
-	seq     uint32
-	ifindex int              // the configured interface: announcements go out there
-	mac     net.HardwareAddr // nil: no announcements on this interface
+	prefix      netip.Prefix
+	iface       string
+	life        uint32 // seconds
+	family      uint8
+	log         *slog.Logger
+	within      func(func() error) error // runs interface lookups (NetlinkConfig.Within)
+	prefixRoute bool
+	mu          sync.Mutex // guards everything below
+	nl          int        // NETLINK_ROUTE socket
+	pkt         int        // AF_PACKET/SOCK_DGRAM socket that receives nothing
+	seq         uint32
+	ifindex     int              // the configured interface: announcements go out there
+	mac         net.HardwareAddr // nil: no announcements on this interface
 	// addrIndex is where the address is added: ifindex, or with bind
 	// process the TUN device held open by tun.
 	addrIndex int
@@ -47,7 +48,7 @@ type netlinkLink struct {
 
 func newLink(cfg NetlinkConfig, log *slog.Logger) (link, error) {
 	l := &netlinkLink{prefix: cfg.Prefix, iface: cfg.Interface, life: uint32(cfg.Lifetime / time.Second),
-		family: unix.AF_INET, log: log, nl: -1, pkt: -1, tun: -1, within: cfg.Within}
+		family: unix.AF_INET, log: log, nl: -1, pkt: -1, tun: -1, within: cfg.Within, prefixRoute: cfg.PrefixRoute}
 	if cfg.Prefix.Addr().Is6() {
 		l.family = unix.AF_INET6
 	}
@@ -271,6 +272,9 @@ func (l *netlinkLink) replace() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	flags := uint32(unix.IFA_F_NOPREFIXROUTE)
+	if l.prefixRoute {
+		flags = 0
+	}
 	if l.family == unix.AF_INET6 {
 		flags |= unix.IFA_F_NODAD
 	}
