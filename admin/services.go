@@ -123,8 +123,11 @@ type ServiceLocal struct {
 	// nsmd's start).
 	Epoch uint64 `json:"epoch"`
 	// AddressHeld: the service's floating address is on this server.
-	AddressHeld bool         `json:"address_held"`
-	LastHook    *ServiceHook `json:"last_hook,omitempty"`
+	AddressHeld bool `json:"address_held"`
+	// Namespace is the service's network namespace on this server while
+	// it has one (service_namespaces; "": none now).
+	Namespace string       `json:"namespace,omitempty"`
+	LastHook  *ServiceHook `json:"last_hook,omitempty"`
 	// LastFailure is the service's last hook run here that failed
 	// (on_fault included); its output only to an operator
 	// (ServicesForReader).

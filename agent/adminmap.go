@@ -104,7 +104,7 @@ func serviceRunJSON(node string, r cluster.ServiceRun) *admin.ServiceRun {
 // serviceLocalJSON is what node's service room holds of a service as
 // GET /v1/services's "local".
 func serviceLocalJSON(node string, st serviceRoomStatus) *admin.ServiceLocal {
-	out := &admin.ServiceLocal{Node: node, Phase: st.Phase, Epoch: st.Epoch, AddressHeld: st.AddressHeld}
+	out := &admin.ServiceLocal{Node: node, Phase: st.Phase, Epoch: st.Epoch, AddressHeld: st.AddressHeld, Namespace: st.Namespace}
 	if h := st.LastHook; h != nil {
 		out.LastHook = &admin.ServiceHook{Hook: h.Hook, Reason: h.Reason, Epoch: h.Epoch, Err: h.Err, At: h.At}
 	}

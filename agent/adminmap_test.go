@@ -184,7 +184,7 @@ func wireOfEveryPart() map[string]any {
 				// What the node that serves it (nfs1) adds.
 				Run: serviceRunJSON("nfs1", cluster.ServiceRun{Service: "home", Epoch: 4, Phase: "serving", LeaseLeft: 2345678 * time.Microsecond,
 					Proof: cluster.FencedPeer{Node: "nfs2", By: "clean", Took: 120 * time.Millisecond, Detail: "it answered that it stopped epoch 3"}}),
-				Local: serviceLocalJSON("nfs1", serviceRoomStatus{Service: "home", Epoch: 4, Phase: roomServing, AddressHeld: true,
+				Local: serviceLocalJSON("nfs1", serviceRoomStatus{Service: "home", Epoch: 4, Phase: roomServing, AddressHeld: true, Namespace: "nsmd-home",
 					LastHook: &roomHookResult{Hook: "on_leader", Reason: "start", Epoch: 4, At: at}})},
 			{ID: "projects", Address: "10.0.0.52/24", Owner: "nfs2", Epoch: 2, State: admin.ServiceMoving, Fingerprint: "0123456789abcdef",
 				DeclaredBy: map[string]string{"nfs1": "0123456789abcdef", "nfs2": "0123456789abcdef"},

@@ -58,6 +58,10 @@ type Options struct {
 	// TuneTracking, when set, adjusts the NFSv4 client-tracking server of
 	// node id (tests put a fake kernel's pipe there: cld/cldtest).
 	TuneTracking func(id string, c *cld.Config)
+	// TuneServiceTracking, when set, adjusts the NFSv4 client-tracking
+	// server of service svc on node id, in the service's namespace (tests
+	// put a fake kernel's pipe there).
+	TuneServiceTracking func(id, svc string, c *cld.Config)
 	// TuneTickle, when set, gives node id's tickler the procfs root it
 	// reads connections from and the function it sends tickles with, and
 	// lets a loopback VIP tickle too (tests record the sends).
@@ -107,6 +111,7 @@ type Agent struct {
 	netlinkVIP *vip.Netlink // closed (address dropped) on shutdown
 	tickle     *tickler     // nil without tickling (tickle.go)
 	svcNSM     *serviceNSMs // the NSM of the services this node serves (servicensm.go)
+	svcV4      *serviceV4s  // their NFSv4 tracking and grace, in their namespaces (servicev4.go)
 	sec        security
 	connEvents *prometheus.CounterVec
 	readsHeld  *prometheus.CounterVec
@@ -126,6 +131,7 @@ func (a *Agent) Kill() {
 	a.node.Kill() // releases the loopback VIP: its sockets die with a real process too
 	a.rooms.kill()
 	a.svcNSM.closeAll()
+	a.svcV4.closeAll()
 	if a.stopDeliver != nil {
 		a.stopDeliver()
 	}
@@ -213,6 +219,11 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 		return a, err
 	}
 	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
+	var tuneSvc func(string, *cld.Config)
+	if opts.TuneServiceTracking != nil {
+		tuneSvc = func(svc string, c *cld.Config) { opts.TuneServiceTracking(cfg.NodeID, svc, c) }
+	}
+	a.svcV4 = newServiceV4s(a, a.v4, tuneSvc) // before the node: it hears applied commands
 	if a.tickle, err = newTickler(cfg, log, a.reg, opts.TuneTickle); err != nil {
 		return a, err
 	}
@@ -337,6 +348,7 @@ func (a *Agent) nodeNSM() (*nsm.Service, error) {
 func (a *Agent) applied(ev cluster.Applied) {
 	if sc, ok := ev.Cmd.(fsm.Scoped); ok {
 		a.svcNSM.applied(sc, ev)
+		a.svcV4.applied(sc, ev)
 		return
 	}
 	a.deliver.Applied(a.cfg.NodeID, ev.Cmd, ev.Result, ev.Replay)
@@ -536,6 +548,7 @@ func (a *Agent) Close() error {
 		errs = append(errs, a.node.Close())
 	}
 	a.svcNSM.closeAll() // after the node: its runs' stops ran
+	a.svcV4.closeAll()
 	if a.stopDeliver != nil {
 		a.stopDeliver() // nothing is applied after the node closed
 	}

@@ -163,7 +163,7 @@ func TestHookTimeoutKillsGroup(t *testing.T) {
 	pidFile := filepath.Join(dir, "child.pid")
 	faultOut := filepath.Join(dir, "fault")
 	hh := newHookHarness(t, func(c *config.Config) {
-		c.HookTimeout = 300 * time.Millisecond
+		c.HookTimeout = time.Second // on_fault (an echo) must finish within it on a loaded machine
 		c.OnFollower = writeScript(t, dir, "follower.sh", fmt.Sprintf("sleep 60 &\necho $! > %s\nsleep 60\n", pidFile))
 		c.OnFault = writeScript(t, dir, "fault.sh", fmt.Sprintf(`echo "$NSMD_EVENT|$NSMD_ROLE|$NSMD_REASON" >> %s`+"\n", faultOut))
 	})

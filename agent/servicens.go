@@ -100,6 +100,9 @@ func (r *serviceRoom) enterNamespace(ctx context.Context, s *svcRoom) error {
 	s.mu.Lock()
 	s.ns = ns
 	s.mu.Unlock()
+	if r.cfg.tickleNS != nil {
+		r.cfg.tickleNS(s.spec.ID, ns.Do)
+	}
 	return nil
 }
 
@@ -132,6 +135,9 @@ func (r *serviceRoom) removeNamespace(ctx context.Context, s *svcRoom) error {
 	s.mu.Lock()
 	s.ns = nil
 	s.mu.Unlock()
+	if r.cfg.tickleNS != nil {
+		r.cfg.tickleNS(s.spec.ID, nil)
+	}
 	return nil
 }
 

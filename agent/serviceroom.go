@@ -77,9 +77,15 @@ type roomConfig struct {
 	// step; in vip_mode loopback its listener is what answers on a
 	// service's address (serve is then unset).
 	nsm roomNSM
+	// v4, when set, is the NFSv4 side of a service in its own namespace
+	// (servicev4.go): its tracking pipe and its grace.
+	v4 roomV4
 	// tickle, when set, tickles the previous server's connections of a
 	// service just started (servicetickle.go).
 	tickle func(ctx context.Context, id string, epoch uint64)
+	// tickleNS, when set, tells the tickler the namespace a service runs
+	// in (nil: none any more).
+	tickleNS func(id string, in func(func() error) error)
 	// ns, when set, makes each service's network namespace
 	// (service_namespaces: servicens.go); runRoot holds the services' run
 	// directories (default defaultServiceRunRoot).
@@ -136,8 +142,10 @@ func (n agentRoomNSM) close(id string) error { return n.a.svcNSM.close(id) }
 func (a *Agent) buildServiceRoom() (*serviceRoom, error) {
 	c := roomConfigOf(a.cfg, a.hooks, a.log, a.reg)
 	c.nsm = agentRoomNSM{a}
+	c.v4 = agentRoomV4{a}
 	c.tickle = a.tickle.serviceStarted
 	if a.cfg.Namespaced() {
+		c.tickleNS = a.tickle.serviceNamespace
 		c.ns = svcnsMaker{log: c.log, mounts: kernelHasNFSd()}
 	}
 	r := newServiceRoom(c)
@@ -187,6 +195,7 @@ type serviceRoomStatus struct {
 	Epoch       uint64 // of the last start or stop (0: the stop at start)
 	Phase       string // stopped, starting, serving, stopping, failed
 	AddressHeld bool
+	Namespace   string             // its network namespace while it has one here
 	LastHook    *roomHookResult    // nil: none ran yet
 	LastFailure *admin.HookFailure // the last hook of it that failed, on_fault included
 }
@@ -264,6 +273,14 @@ func (r *serviceRoom) ServeService(ctx context.Context, id string, epoch uint64)
 			return err
 		}
 	}
+	if ns := s.namespaceOf(); r.cfg.v4 != nil && ns != nil {
+		// Before on_leader: nfsd looks for the pipe's reader as it starts.
+		if err := r.cfg.v4.open(s.spec, ns, r.runDir(id)); err != nil {
+			s.setPhase(epoch, roomFailed)
+			r.fault(s, env, err)
+			return err
+		}
+	}
 	select {
 	case err = <-s.hooks.run(ctx, hookEventLeader, env):
 	case <-ctx.Done(): // the run must stop: StopService follows, its hook queued behind this one
@@ -283,6 +300,9 @@ func (r *serviceRoom) ServeService(ctx context.Context, id string, epoch uint64)
 		// After on_leader, as the node's own SM_NOTIFY: the clients told
 		// to reclaim find nfsd and lockd up.
 		r.cfg.nsm.announce(ctx, id, epoch)
+	}
+	if r.cfg.v4 != nil && s.namespaceOf() != nil {
+		r.cfg.v4.serving(ctx, id) // its nfsd and lockd are up: their grace may end early
 	}
 	if r.cfg.tickle != nil {
 		r.cfg.tickle(ctx, id, epoch) // alongside SM_NOTIFY: the previous server's clients reconnect at once
@@ -329,6 +349,11 @@ func (r *serviceRoom) StopService(id string, epoch uint64) error {
 			errs = append(errs, err)
 		}
 	}
+	if r.cfg.v4 != nil && r.namespaced() {
+		if err := r.cfg.v4.close(id); err != nil { // before the namespace goes: its pipe is open
+			errs = append(errs, err)
+		}
+	}
 	if err := r.removeNamespace(context.Background(), s); err != nil {
 		r.fault(s, env, err)
 		errs = append(errs, err)
@@ -347,6 +372,9 @@ func (r *serviceRoom) StopService(id string, epoch uint64) error {
 // and NSMD_SERVICE_EPOCH.
 func (r *serviceRoom) env(s *svcRoom, epoch uint64, reason string) hookEnv {
 	extra := append(s.spec.Env(), "NSMD_SERVICE_EPOCH="+strconv.FormatUint(epoch, 10))
+	if r.namespaced() && r.cfg.v4 != nil {
+		extra = append(extra, "NSMD_SERVICE_NFSV4_TRACKING_STATUS="+serviceV4StatusPath(r.runDir(s.spec.ID)))
+	}
 	return hookEnv{NodeID: r.cfg.nodeID, VIP: s.spec.Address.String(), SMState: serviceState(epoch), Role: roomRole, Reason: reason,
 		Extra: append(extra, r.nsEnv(s.spec.ID)...)}
 }
@@ -501,6 +529,9 @@ func (r *serviceRoom) status() []serviceRoomStatus {
 			}
 			s.mu.Unlock()
 			st.AddressHeld = addr != nil && addr.Held()
+			if s.namespaceOf() != nil {
+				st.Namespace = s.spec.EffectiveNamespace()
+			}
 			st.LastFailure = s.hooks.lastFailure()
 		}
 		out = append(out, st)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -64,8 +65,12 @@ type serviceTickler struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the loop and the takeovers' sends
 
-	mu          sync.Mutex
-	last        map[string]svcSample   // by service: the last sample held
+	mu   sync.Mutex
+	last map[string]svcSample // by service: the last sample held
+	// inNS runs a function inside the network namespace of each service
+	// that has one (service_namespaces): its connections are in that
+	// namespace's tables and its tickle ACKs leave from there.
+	inNS        map[string]func(func() error) error
 	unsupported map[string]unsupported // server → its PROC_UNAVAIL
 	overLogged  map[string]bool        // "over tickle_max_conns" logged for the service, not cleared since
 	stopped     bool                   // stop ran: no new sends
@@ -84,7 +89,7 @@ func newServiceTickler(cfg config.Config, log *slog.Logger, reg prometheus.Regis
 	t := &serviceTickler{
 		log: log.With("component", "tickle"), self: cfg.NodeID, procRoot: procRoot, sendFn: send,
 		max: cfg.TickleMaxConns, addrs: map[string]netip.Addr{},
-		last: map[string]svcSample{}, unsupported: map[string]unsupported{}, overLogged: map[string]bool{},
+		last: map[string]svcSample{}, inNS: map[string]func(func() error) error{}, unsupported: map[string]unsupported{}, overLogged: map[string]bool{},
 		svcKnown: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "nsmd_tickle_service_connections",
 			Help: "Client connections on the service's address this node knows: its own last sample while it serves the service, else the last one fetched from the server that serves it (what it tickles if it takes the service over from that server).",
@@ -154,7 +159,7 @@ func (t *serviceTickler) sample() {
 		t.node.Load().Hints().SetServiceConns(nil)
 		return
 	}
-	samples, err := readServiceConns(t.procRoot, served, tickledPorts(t.procRoot), t.max)
+	samples, err := t.readConns(served, t.max)
 	if err != nil {
 		t.sampleErr.log(t.log, "cannot sample the services' connections; sharing the last samples", err)
 		return
@@ -172,6 +177,59 @@ func (t *serviceTickler) sample() {
 		}
 		t.overLogged[id] = over
 	}
+}
+
+// readConns reads the connections of the served services (address →
+// service): those in a namespace of their own inside it, the others in
+// one pass over procRoot's tables.
+func (t *serviceTickler) readConns(served map[netip.Addr]string, max int) (map[string]cluster.VIPConns, error) {
+	ports := tickledPorts(t.procRoot) // lockd's port is one setting for the host
+	host := map[netip.Addr]string{}
+	out := map[string]cluster.VIPConns{}
+	var errs []error
+	for a, id := range served {
+		in := t.namespaceOf(id)
+		if in == nil {
+			host[a] = id
+			continue
+		}
+		err := in(func() error {
+			v, err := readServiceConns("/proc/thread-self", map[netip.Addr]string{a: id}, ports, max)
+			maps.Copy(out, v)
+			return err
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("service %s, in its namespace: %w", id, err))
+		}
+	}
+	if len(host) > 0 {
+		v, err := readServiceConns(t.procRoot, host, ports, max)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		maps.Copy(out, v)
+	}
+	return out, errors.Join(errs...)
+}
+
+// namespaceOf is what runs a function inside service id's namespace (nil:
+// it has none).
+func (t *serviceTickler) namespaceOf(id string) func(func() error) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.inNS[id]
+}
+
+// setNamespace says that service id runs in a namespace of its own, which
+// in enters (nil: no longer).
+func (t *serviceTickler) setNamespace(id string, in func(func() error) error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if in == nil {
+		delete(t.inNS, id)
+		return
+	}
+	t.inNS[id] = in
 }
 
 // readServiceConns reads the established connections on the services'
@@ -339,7 +397,7 @@ func (t *serviceTickler) takeover(ctx context.Context, id string, epoch uint64) 
 		log.Info("service start: no connections of the previous server to tickle")
 		return
 	}
-	own, err := readServiceConns(t.procRoot, map[netip.Addr]string{addr: id}, tickledPorts(t.procRoot), 0)
+	own, err := t.readConns(map[netip.Addr]string{addr: id}, 0)
 	if err != nil {
 		log.Warn("service start: cannot read this node's own connections on the service's address; tickling every listed one", "err", err)
 	}
@@ -352,7 +410,17 @@ func (t *serviceTickler) takeover(ctx context.Context, id string, epoch uint64) 
 	}
 	cfg := t.send
 	cfg.Skip = own[id].Conns
-	goSend(ctx, t.ctx, &t.wg, t.sendFn, cfg, conns, log, "service start", func(sent int) {
+	send := t.sendFn
+	if in := t.inNS[id]; in != nil { // its ACKs leave from its address, inside
+		send = func(ctx context.Context, conns []tickle.Conn, cfg tickle.SendConfig) (n int, err error) {
+			err = in(func() (err error) {
+				n, err = t.sendFn(ctx, conns, cfg)
+				return err
+			})
+			return n, err
+		}
+	}
+	goSend(ctx, t.ctx, &t.wg, send, cfg, conns, log, "service start", func(sent int) {
 		t.sent.Add(float64(sent))
 		t.svcSent.WithLabelValues(id).Add(float64(sent))
 		t.sends.Inc()

@@ -348,6 +348,16 @@ func goSend(ctx, owner context.Context, wg *sync.WaitGroup, send sendFunc, cfg t
 // serviceStarted tickles, after service id's start hook succeeded at
 // epoch here, the connections of the server that served it before
 // (serviceTickler.takeover); nothing without services' tickling.
+// serviceNamespace says that service id runs in a namespace of its own,
+// which in enters (nil: no longer): its connections are sampled and
+// tickled there.
+func (t *tickler) serviceNamespace(id string, in func(func() error) error) {
+	if t == nil || t.svc == nil {
+		return
+	}
+	t.svc.setNamespace(id, in)
+}
+
 func (t *tickler) serviceStarted(ctx context.Context, id string, epoch uint64) {
 	if t == nil || t.svc == nil {
 		return

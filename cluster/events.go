@@ -41,6 +41,7 @@ type Subscriber struct {
 // applied hands one applied command to every subscriber, in the order
 // they were given to New.
 func (n *Node) applied(ev Applied) {
+	n.scopedWaits.applied(ev)
 	for _, s := range n.subs {
 		if s.Applied != nil {
 			s.Applied(ev)

@@ -376,6 +376,9 @@ type Node struct {
 	placer       *placer      // where services run (placer.go)
 	leases       leases       // the leader's side of the services' leases (servicelease.go)
 	runs         *serviceRuns // the services served here (servicerun.go)
+	// scopedWaits: writes of a service's NFSv4 tracking waiting to see
+	// their command applied here (servicetracking.go).
+	scopedWaits scopedWaits
 	// vipUnsureUntil (unix ns): a term of this node ended before it took
 	// the VIP, so a previous holder may still have it until then; asked
 	// about the VIP, this node says "held" (cluster/vip.go).

@@ -192,6 +192,11 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 		if t.Failed() {
 			for _, n := range c.nodes {
 				t.Logf("---- %s log (tail) ----\n%s", n.id, tailFile(n.logPath, 150))
+				if d := os.Getenv("NSMD_E2E_OUT"); d != "" { // the whole log, for a failure the tail does not explain
+					if b, err := os.ReadFile(n.logPath); err == nil && os.MkdirAll(d, 0o755) == nil {
+						os.WriteFile(filepath.Join(d, t.Name()+"-"+n.id+".log"), b, 0o644)
+					}
+				}
 			}
 		}
 	})

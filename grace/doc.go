@@ -14,7 +14,9 @@
 //     the last reclaim activity, and whether a grace may end now.
 //   - KernelGrace reads and ends the kernel's graces through procfs
 //     (/proc/fs/lockd/nlm_end_grace, /proc/fs/nfsd/v4_end_grace), including
-//     a newer nfsd's asynchronous end and its EBUSY.
+//     a newer nfsd's asynchronous end and its EBUSY; for a network
+//     namespace of its own (a service's), its nfsd filesystem's files,
+//     and lockd's file touched from a thread inside it.
 //   - NFSdClients is the one reader of nfsd's client list
 //     (/proc/fs/nfsd/clients/*/info): an NFSv4.0 client listed as
 //     confirmed is back (NFSv4.0 has no RECLAIM_COMPLETE).

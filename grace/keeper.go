@@ -12,12 +12,22 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // KeeperConfig configures a Keeper.
 type KeeperConfig struct {
 	// Proc is the procfs root ("" = /proc).
 	Proc string
+	// NFSd and Within: where nfsd's filesystem is and how the grace files
+	// are touched (KernelGrace's fields of the same names).
+	NFSd   string
+	Within func(fn func() error) error
+	// LocksOn, when set, is a path of the filesystem whose locks count as
+	// reclaim activity (/proc/locks lists every lock of the host; a
+	// service counts only those on its own filesystem). "": every lock.
+	LocksOn string
 	// Settle is how long reclaims must be quiet, after the last expected
 	// client came back, before a grace period is ended (default 3 s).
 	Settle time.Duration
@@ -93,7 +103,7 @@ func NewKeeper(cfg KeeperConfig, nlmHosts []string, started time.Time) *Keeper {
 	}
 	return &Keeper{
 		cfg:     cfg,
-		kernel:  KernelGrace{Proc: cfg.Proc},
+		kernel:  KernelGrace{Proc: cfg.Proc, NFSd: cfg.NFSd, Within: cfg.Within},
 		log:     cfg.Logger.With("component", "grace"),
 		started: started,
 		r:       NewReclaims(ReclaimPlan{NLMHosts: nlmHosts, Settle: cfg.Settle}, started),
@@ -276,10 +286,12 @@ func (k *Keeper) sampleLocks(now time.Time) {
 	if err != nil {
 		return
 	}
+	dev := lockDevice(k.cfg.LocksOn)
 	n := 0
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
-		if f := bytes.Fields(sc.Bytes()); len(f) > 1 && string(f[1]) == "POSIX" {
+		f := bytes.Fields(sc.Bytes())
+		if len(f) > 5 && string(f[1]) == "POSIX" && bytes.HasPrefix(f[5], dev) {
 			n++
 		}
 	}
@@ -292,6 +304,21 @@ func (k *Keeper) sampleLocks(now time.Time) {
 	}
 }
 
+// lockDevice is how /proc/locks names the device of the filesystem that
+// holds path ("MAJ:MIN:", hex): the prefix of its locks' third field. Nil
+// (every lock) without path or when it cannot be read: more locks counted
+// only delays an end of grace, never hastens one.
+func lockDevice(path string) []byte {
+	if path == "" {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nil
+	}
+	return fmt.Appendf(nil, "%02x:%02x:", unix.Major(uint64(st.Dev)), unix.Minor(uint64(st.Dev)))
+}
+
 // sampleV40Clients counts an NFSv4.0 client as back once nfsd lists it
 // confirmed: NFSv4.0 has no RECLAIM_COMPLETE, and its reclaims send no
 // Create upcall (a reclaimed open needs no OPEN_CONFIRM).
@@ -299,7 +326,7 @@ func (k *Keeper) sampleV40Clients(now time.Time) {
 	if !k.v4Expected() {
 		return
 	}
-	cs, err := NFSdClients(k.cfg.Proc)
+	cs, err := k.kernel.Clients()
 	if err != nil {
 		return
 	}

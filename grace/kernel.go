@@ -43,6 +43,16 @@ type KernelGrace struct {
 	// Proc is the procfs root; "" means /proc. Tests point it at a
 	// directory of plain files.
 	Proc string
+	// NFSd is the directory of the nfsd filesystem ("" means
+	// <Proc>/fs/nfsd): a network namespace other than the host's has its
+	// own, mounted apart (a service's namespace).
+	NFSd string
+	// Within, when set, runs every read and write of lockd's control file
+	// inside the lock managers' network namespace: nlm_end_grace acts on
+	// the network namespace of the thread that reads or writes it,
+	// whatever procfs it is opened in. (nfsd's files belong to the nfsd
+	// filesystem they are in, NFSd, whichever thread reads them.)
+	Within func(fn func() error) error
 	// write, when set, replaces the write of "Y" to a control file (tests:
 	// a kernel that ends grace later, or answers EBUSY).
 	write func(path string) error
@@ -57,9 +67,36 @@ func (k KernelGrace) path(m Manager) string {
 	case NLM:
 		return filepath.Join(root, "fs", "lockd", "nlm_end_grace")
 	case NFSv4:
-		return filepath.Join(root, "fs", "nfsd", "v4_end_grace")
+		return filepath.Join(k.nfsdDir(), "v4_end_grace")
 	}
 	return ""
+}
+
+// nfsdDir is the nfsd filesystem's directory.
+func (k KernelGrace) nfsdDir() string {
+	if k.NFSd != "" {
+		return k.NFSd
+	}
+	root := k.Proc
+	if root == "" {
+		root = "/proc"
+	}
+	return filepath.Join(root, "fs", "nfsd")
+}
+
+// within runs fn, which touches m's control file, in the lock managers'
+// network namespace when m's file acts on the toucher's (lockd's).
+func (k KernelGrace) within(m Manager, fn func() error) error {
+	if k.Within == nil || m != NLM {
+		return fn()
+	}
+	return k.Within(fn)
+}
+
+// Clients lists nfsd's NFSv4 clients (NFSdClients) from the nfsd
+// filesystem of k.
+func (k KernelGrace) Clients() ([]V4Client, error) {
+	return nfsdClientsIn(filepath.Join(k.nfsdDir(), "clients"))
 }
 
 // InGrace reports whether manager m is in its grace period now. A missing
@@ -69,7 +106,11 @@ func (k KernelGrace) InGrace(m Manager) (bool, error) {
 	if p == "" {
 		return false, fmt.Errorf("grace: unknown lock manager %q", m)
 	}
-	b, err := os.ReadFile(p)
+	var b []byte
+	err := k.within(m, func() (err error) {
+		b, err = os.ReadFile(p)
+		return err
+	})
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("%w: %s: no %s", ErrNoManager, m, p)
 	}
@@ -97,11 +138,16 @@ func (k KernelGrace) End(m Manager) error {
 		return fmt.Errorf("grace: unknown lock manager %q", m)
 	}
 	if k.write != nil {
-		if err := k.write(p); err != nil {
+		if err := k.within(m, func() error { return k.write(p) }); err != nil {
 			return fmt.Errorf("grace: end %s grace: write %s: %w", m, p, err)
 		}
 		return nil
 	}
+	return k.within(m, func() error { return endGrace(m, p) })
+}
+
+// endGrace writes "Y" to m's control file p.
+func endGrace(m Manager, p string) error {
 	f, err := os.OpenFile(p, os.O_WRONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %s: no %s", ErrNoManager, m, p)

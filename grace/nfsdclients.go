@@ -55,7 +55,11 @@ func NFSdClients(proc string) ([]V4Client, error) {
 	if proc == "" {
 		proc = "/proc"
 	}
-	dir := filepath.Join(proc, "fs", "nfsd", "clients")
+	return nfsdClientsIn(filepath.Join(proc, "fs", "nfsd", "clients"))
+}
+
+// nfsdClientsIn is NFSdClients of the client directory dir.
+func nfsdClientsIn(dir string) ([]V4Client, error) {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: nfsd: no %s", ErrNoManager, dir)

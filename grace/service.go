@@ -51,6 +51,15 @@ type Config struct {
 	// Proc is the procfs root ("" = /proc): the kernel's grace files,
 	// /proc/locks and nfsd's client list are read under it.
 	Proc string
+	// NFSd and Within, when set, are where the nfsd filesystem of the
+	// lock managers' network namespace is and how their grace files are
+	// touched (KernelGrace's fields of the same names): a service's
+	// namespace.
+	NFSd   string
+	Within func(fn func() error) error
+	// LocksOn: only locks on the filesystem of this path count as reclaim
+	// activity (KeeperConfig.LocksOn).
+	LocksOn string
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Settle is how long reclaims must be quiet after the last expected
@@ -129,6 +138,12 @@ func New(cfg Config, c Cluster) (*Service, error) {
 			Buckets: []float64{1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180},
 		}, []string{"manager"}),
 	}
+	if cfg.NFSd != "" || cfg.Within != nil {
+		k := KernelGrace{Proc: cfg.Proc, NFSd: cfg.NFSd, Within: cfg.Within}
+		s.carry = func(ctx context.Context, c Cluster, _ string, log *slog.Logger) error {
+			return carryV40(ctx, c, k.Clients, log)
+		}
+	}
 	if cfg.StatusFile != "" {
 		s.file = &statusFile{path: cfg.StatusFile, log: s.log}
 	}
@@ -149,11 +164,14 @@ func (s *Service) Takeover(state int32) {
 	now := s.cfg.Now()
 	mark := func(f func(*timeline.Timeline)) { s.c.MarkTimeline(state, f) }
 	k := NewKeeper(KeeperConfig{
-		Proc:   s.cfg.Proc,
-		Settle: s.cfg.Settle,
-		Poll:   s.cfg.Poll,
-		Logger: s.cfg.Logger,
-		Now:    s.cfg.Now,
+		Proc:    s.cfg.Proc,
+		NFSd:    s.cfg.NFSd,
+		Within:  s.cfg.Within,
+		LocksOn: s.cfg.LocksOn,
+		Settle:  s.cfg.Settle,
+		Poll:    s.cfg.Poll,
+		Logger:  s.cfg.Logger,
+		Now:     s.cfg.Now,
 		OnEnd: func(m Manager, reason string, after time.Duration) {
 			s.endedTotal.WithLabelValues(string(m), reason).Inc()
 			s.graceSecs.WithLabelValues(string(m)).Observe(after.Seconds())
@@ -334,7 +352,12 @@ func (t tracking) GraceDone(ctx context.Context) error {
 // a list that cannot be read is logged and carries nothing either, since
 // GraceDone must still be answered.
 func CarryV40(ctx context.Context, c Cluster, proc string, log *slog.Logger) error {
-	clients, err := NFSdClients(proc)
+	return carryV40(ctx, c, func() ([]V4Client, error) { return NFSdClients(proc) }, log)
+}
+
+// carryV40 is CarryV40 with nfsd's clients listed by list.
+func carryV40(ctx context.Context, c Cluster, list func() ([]V4Client, error), log *slog.Logger) error {
+	clients, err := list()
 	if errors.Is(err, ErrNoManager) {
 		return nil
 	}
