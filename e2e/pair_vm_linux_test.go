@@ -175,6 +175,13 @@ func (p *pairTopo) startServer(n *pairNode) {
 	if p.grace > 0 {
 		p.writeConf(n)
 	}
+	if p.svcConf != "" { // the witness's copy of the services file (/etc is on the initramfs)
+		body, err := os.ReadFile(p.svcConf)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		n.vm.sh(10*time.Second, "mkdir -p /etc/nsmd && printf '%s' "+shellQuote(string(body))+" > "+vmSvcConf)
+	}
 	n.vm.sh(20*time.Second, loadSoftdog("")+"; test -c /dev/watchdog || { ls -l /dev/watchdog*; lsmod; dmesg | tail; false; }")
 	n.vm.sh(10*time.Second, "pidof rpcbind >/dev/null || rpcbind -w")
 	bin := "nsmd"

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ func (r *svcRig) namespaces() {
 	p := r.p
 	t := p.t
 	r.writeConf("") // service_namespaces: the default (auto)
-	p.serverArgs = nil
+	p.serverArgs = svcServe
 	for _, n := range p.servers {
 		p.startServer(n)
 	}
@@ -239,8 +240,8 @@ func (r *svcRig) control() {
 		ns = "off"
 	}
 	r.writeConf(ns)
-	p.serverArgs = []string{"--on-leader", "/usr/local/bin/one-nfsd", "--on-follower", "/usr/local/bin/one-nfsd", "--on-fault", "/usr/local/bin/one-nfsd",
-		"--nfsv4-tracking", "off", "--grace-end", "timer"}
+	p.serverArgs = append(slices.Clone(svcServe), "--on-leader", "/usr/local/bin/one-nfsd", "--on-follower", "/usr/local/bin/one-nfsd", "--on-fault", "/usr/local/bin/one-nfsd",
+		"--nfsv4-tracking", "off", "--grace-end", "timer")
 	for _, n := range p.servers {
 		p.startServer(n)
 	}

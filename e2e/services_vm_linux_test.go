@@ -62,6 +62,17 @@ var vmServices = []vmService{
 	{id: "b", addr: topoNet + ".102", dev: "/dev/vdb", mount: "/srv/b", prefer: []string{"s2", "s1"}, fsid: 12},
 }
 
+// svcRaft are the raft timings of every member and svcServe the servers'
+// fencing: both servers serve here (the pair test's one does), each
+// running hooks that keep its one TCG vCPU busy for seconds, and at the
+// pair's 1 s / 5 s a busy guest lost its raft lease, starved its
+// watchdog and was reset while nothing was wrong. The fencing is the
+// default (softdog as /dev/watchdog), with a longer timeout.
+var (
+	svcRaft  = []string{"--heartbeat-timeout", "2s", "--election-timeout", "2s", "--leader-lease-timeout", "1s"}
+	svcServe = append([]string{"--fence-timeout", "10s"}, svcRaft...)
+)
+
 // vmDash boots a VM with dash as /bin/sh.
 const vmDash = "vm.sh=/usr/bin/dash"
 
@@ -158,6 +169,7 @@ func servicesOnKernel(t *testing.T, series string) {
 	r.use(t)
 	p := r.p
 	r.writeConf("") // the witness reads it at start
+	p.witnessArgs = svcRaft
 	p.startWitness()
 	for _, n := range p.servers {
 		n.vm.sh(10*time.Second, "sysctl -w fs.leases-enable=0 >/dev/null")
@@ -262,7 +274,7 @@ func (r *svcRig) cleanup(t *testing.T) {
 					t.Logf("== %s nsmd log from its disk (warnings, hooks, watchdog; last 60):\n%s", n.id, tail(strings.Join(keep, "\n"), 60))
 				}
 			}
-			if _, out, err := n.vm.try(15*time.Second, "grep -E 'hook|service|fence|watchdog|placed|level=ERROR' /var/lib/nsmd/nsmd.log | grep -v component=gossip | tail -n 80; ip netns list; grep -E 'vd|nfsd|pipefs' /proc/mounts; cat /proc/locks; cat /run/one-nfsd.log; dmesg | grep -iE 'nfsd|lockd|grace|track' | tail -n 30"); err == nil {
+			if _, out, err := n.vm.try(15*time.Second, "grep -E 'hook|service|fence|watchdog|placed|level=ERROR|^nsmd' /var/lib/nsmd/nsmd.log | grep -v component=gossip | tail -n 80; ip netns list; grep -E 'vd|nfsd|pipefs' /proc/mounts; cat /proc/locks; cat /run/one-nfsd.log; dmesg | grep -iE 'nfsd|lockd|grace|track' | tail -n 30"); err == nil {
 				t.Logf("== %s:\n%s", n.id, out)
 			}
 		}
@@ -283,15 +295,11 @@ func (r *svcRig) cleanup(t *testing.T) {
 	}
 }
 
-// writeConf writes the services file for every member.
+// writeConf writes the services file for every member: the witness's
+// here, the servers' at their next start (startServer copies it).
 func (r *svcRig) writeConf(namespaces string) {
-	p := r.p
-	body := svcYAML(namespaces)
-	if err := os.WriteFile(p.svcConf, []byte(body), 0o644); err != nil {
-		p.t.Fatal(err)
-	}
-	for _, n := range p.servers {
-		n.vm.sh(10*time.Second, "mkdir -p /etc/nsmd && printf '%s' "+shellQuote(body)+" > "+vmSvcConf)
+	if err := os.WriteFile(r.p.svcConf, []byte(svcYAML(namespaces)), 0o644); err != nil {
+		r.p.t.Fatal(err)
 	}
 }
 
@@ -511,10 +519,12 @@ func (r *svcRig) move(id, node string) {
 func (r *svcRig) release() {
 	for _, c := range r.clients {
 		for id, pid := range c.holders {
-			c.vm.try(5*time.Second, fmt.Sprintf("kill %d", pid))
+			c.vm.try(20*time.Second, fmt.Sprintf("kill %d; while kill -0 %d 2>/dev/null; do sleep 0.1; done", pid, pid))
 			delete(c.holders, id)
 		}
-		c.vm.sh(60*time.Second, "sleep 0.5; for m in $(grep ' nfs' /proc/mounts | cut -d' ' -f2); do umount $m || umount -f $m; done")
+		// A client's unmount (lazy at last: the servers' side is what the
+		// sampler watches).
+		c.vm.sh(60*time.Second, "for m in $(grep ' nfs' /proc/mounts | cut -d' ' -f2); do umount $m || umount -f $m || umount -l $m; done")
 	}
 }
 
