@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -37,7 +38,7 @@ func (r *svcRig) namespaces() {
 		r.waitNsGraceOver(x.n, x.id, 90*time.Second)
 	}
 	for _, c := range r.clients {
-		c.vm.sh(20*time.Second, clientBoot)
+		c.vm.sh(20*time.Second, "pidof rpc.statd >/dev/null || { "+clientBoot+"; }")
 	}
 	r.mountAll("a", "b")
 	r.hold(vmServices[0], s1)
@@ -50,9 +51,11 @@ func (r *svcRig) namespaces() {
 	t.Logf("kernel %s at start: %s", p.kernel, graceLines(s1, s2))
 
 	r.killDrill(st)
+	if p.kernel == kernel612 && os.Getenv("NSMD_E2E_612_FULL") != "1" {
+		t.Logf("MOVE DRILL kernel %s: not run (NSMD_E2E_612_FULL=1 runs it; e2e/README.md says why)", p.kernel)
+		return
+	}
 	r.moveDrill(st)
-	r.release()
-	r.stopServers()
 }
 
 // waitNsGraceOver waits until service id's lockd and nfsd on n are out of grace.
@@ -190,8 +193,26 @@ func (r *svcRig) moveDrill(before map[string]admin.ServiceStatus) {
 	s1, s2 := p.servers[0], p.servers[1]
 	t0 := time.Now()
 	r.move("a", "s1")
+	bProbe := r.probe("b")
+	// a's stop on s2, watched from outside: a's namespace and disk gone
+	// there, b's still there; what s2's nsmd logged of it is kept, so a
+	// server that ends meanwhile (a failed stop resets it) leaves its
+	// account behind.
+	var s2log string
+	testutil.WaitForSeen(t, 90*time.Second, "a stopped on s2", func() (bool, string) {
+		if r.fvms[1].isDown() {
+			t.Fatalf("kernel %s: s2 ended while a left it (b's server!): %v; its nsmd's last words of a:\n%s", p.kernel, r.fvms[1].exitsSince(t0), s2log)
+		}
+		rc, out, err := s2.vm.try(10*time.Second, "grep -E 'service=a|level=ERROR|watchdog|fence' /var/lib/nsmd/nsmd.log | grep -v component=gossip | tail -n 40; echo ==; ip netns list; grep -E '^/dev/vd[ab] ' /proc/mounts")
+		if err == nil && rc == 0 {
+			s2log = out
+		}
+		_, state, _ := strings.Cut(s2log, "\n==\n")
+		time.Sleep(drillPoll)
+		return err == nil && !strings.Contains(state, "nsmd-a") && !strings.Contains(state, "/dev/vda"), state
+	})
 	bSeen := ""
-	got, _ := r.probed("b", r.probe("b"), 60*time.Second, func() bool {
+	got, _ := r.probed("b", bProbe, 60*time.Second, func() bool {
 		if g := nsGrace(s2.vm, "b"); g != "YY" && g != "" {
 			bSeen += " " + g
 		}
@@ -268,4 +289,5 @@ func (r *svcRig) control() {
 	_, log, _ := s2.vm.try(5*time.Second, "cat /run/one-nfsd.log")
 	t.Logf("control hook on s2:\n%s", log)
 	r.release()
+	r.stopServers()
 }
