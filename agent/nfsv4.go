@@ -147,18 +147,28 @@ func (v *nfsv4) start(ctx context.Context) {
 	if v.srv == nil {
 		return
 	}
-	v.wg.Add(2)
+	serveTracking(ctx, &v.wg, v.srv, v.pipeChanged, func(err error) {
+		v.log.Error("NFSv4 client tracking stopped", "err", err)
+	})
+}
+
+// serveTracking runs the tracking server srv until ctx ends (stopped gets
+// the error it stopped with, if any) and calls changed at once and at
+// each change of the pipe's state; both goroutines are wg's. The node's
+// NFSv4 side and each service's use it.
+func serveTracking(ctx context.Context, wg *sync.WaitGroup, srv *cld.Server, changed func(), stopped func(error)) {
+	wg.Add(2)
 	go func() {
-		defer v.wg.Done()
-		if err := v.srv.Run(ctx); err != nil {
-			v.log.Error("NFSv4 client tracking stopped", "err", err)
+		defer wg.Done()
+		if err := srv.Run(ctx); err != nil {
+			stopped(err)
 		}
 	}()
 	go func() {
-		defer v.wg.Done()
+		defer wg.Done()
 		for {
-			ch := v.srv.StatusChanged()
-			v.pipeChanged()
+			ch := srv.StatusChanged()
+			changed()
 			select {
 			case <-ctx.Done():
 				return
@@ -176,13 +186,17 @@ func (v *nfsv4) wait() {
 
 // pipeChanged hands the pipe's state (or "off" and why) to the hook's
 // status file.
-func (v *nfsv4) pipeChanged() {
-	if v.srv == nil {
-		v.grace.PipeChanged("off", v.trackingWhy)
+func (v *nfsv4) pipeChanged() { handPipeState(v.grace, v.srv, v.trackingWhy) }
+
+// handPipeState hands the state of srv's pipe to g's status file, or
+// "off" and whyNot without a tracking server (srv nil).
+func handPipeState(g *grace.Service, srv *cld.Server, whyNot string) {
+	if srv == nil {
+		g.PipeChanged("off", whyNot)
 		return
 	}
-	st := v.srv.Status()
-	v.grace.PipeChanged(st.State, st.Err)
+	st := srv.Status()
+	g.PipeChanged(st.State, st.Err)
 }
 
 // hookEnv is what the hooks are told about NFSv4 tracking.

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -243,14 +245,18 @@ func (s *serviceNSMs) closeAll() {
 	if s == nil {
 		return
 	}
-	s.mu.Lock()
-	ids := make([]string, 0, len(s.byID))
-	for id := range s.byID {
-		ids = append(ids, id)
-	}
-	s.mu.Unlock()
+	closeEach(&s.mu, s.byID, s.close)
+}
+
+// closeEach calls closeOne for every id byID holds now, holding mu only to
+// list them (closeOne takes it itself). The shutdown goes on past an error:
+// closeOne's errors are dropped.
+func closeEach[V any](mu *sync.Mutex, byID map[string]V, closeOne func(id string) error) {
+	mu.Lock()
+	ids := slices.Collect(maps.Keys(byID))
+	mu.Unlock()
 	for _, id := range ids {
-		s.close(id)
+		closeOne(id)
 	}
 }
 

@@ -182,25 +182,9 @@ func (s *serviceV4s) open(spec service.Spec, ns svcNamespace, runDir string) err
 	ctx, cancel := context.WithCancel(context.Background())
 	v.ctx, v.cancel = ctx, cancel
 	if v.srv != nil {
-		v.wg.Add(2)
-		go func() {
-			defer v.wg.Done()
-			if err := v.srv.Run(ctx); err != nil {
-				log.Error("NFSv4 client tracking of the service stopped", "err", err)
-			}
-		}()
-		go func() {
-			defer v.wg.Done()
-			for {
-				ch := v.srv.StatusChanged()
-				v.pipeChanged()
-				select {
-				case <-ctx.Done():
-					return
-				case <-ch:
-				}
-			}
-		}()
+		serveTracking(ctx, &v.wg, v.srv, v.pipeChanged, func(err error) {
+			log.Error("NFSv4 client tracking of the service stopped", "err", err)
+		})
 	}
 	v.awaitWatching()
 	s.mu.Lock()
@@ -239,14 +223,7 @@ func (v *serviceV4) awaitWatching() {
 }
 
 // pipeChanged hands the pipe's state (or "off" and why) to the status file.
-func (v *serviceV4) pipeChanged() {
-	if v.srv == nil {
-		v.grace.PipeChanged("off", v.whyNot)
-		return
-	}
-	st := v.srv.Status()
-	v.grace.PipeChanged(st.State, st.Err)
-}
+func (v *serviceV4) pipeChanged() { handPipeState(v.grace, v.srv, v.whyNot) }
 
 // serving starts ending service id's grace early (grace_end auto), until
 // ctx ends or the service's NFSv4 side closes.
@@ -295,13 +272,5 @@ func (s *serviceV4s) closeAll() {
 	if s == nil {
 		return
 	}
-	s.mu.Lock()
-	ids := make([]string, 0, len(s.byID))
-	for id := range s.byID {
-		ids = append(ids, id)
-	}
-	s.mu.Unlock()
-	for _, id := range ids {
-		s.close(id)
-	}
+	closeEach(&s.mu, s.byID, s.close)
 }

@@ -194,7 +194,7 @@ func startClusterWith(t *testing.T, spec clusterSpec) *e2eCluster {
 				t.Logf("---- %s log (tail) ----\n%s", n.id, tailFile(n.logPath, 150))
 				if d := os.Getenv("NSMD_E2E_OUT"); d != "" { // the whole log, for a failure the tail does not explain
 					if b, err := os.ReadFile(n.logPath); err == nil && os.MkdirAll(d, 0o755) == nil {
-						os.WriteFile(filepath.Join(d, t.Name()+"-"+n.id+".log"), b, 0o644)
+						os.WriteFile(filepath.Join(d, strings.ReplaceAll(t.Name(), "/", "_")+"-"+n.id+".log"), b, 0o644)
 					}
 				}
 			}

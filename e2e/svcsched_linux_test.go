@@ -387,6 +387,15 @@ func runServicesSchedule(t *testing.T, sc *svcCluster, seed uint64, sum *schedul
 	hit := map[string][]string{} // node id → the faults that hit it
 	for _, f := range plan {
 		d := time.Duration(1000+rng.IntN(2000)) * time.Millisecond
+		// A node the fence agent powered off (the stand-in's off kills its
+		// nsmd) boots again before the next fault, as a fenced server
+		// does: the next fault may pick a leader among all three.
+		for _, n := range c.nodes {
+			if !n.running() {
+				t.Logf("%s was powered off by the fence agent: started again", n.id)
+				n.start(t)
+			}
+		}
 		desc, n := c.inject(t, f, d, rng)
 		if n != nil {
 			hit[n.id] = append(hit[n.id], f)

@@ -44,76 +44,39 @@ const (
 
 var nsSeq atomic.Int32
 
-func canNetns() string {
-	if os.Geteuid() != 0 {
-		return "not root: network namespaces need root"
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		return "ip (iproute2) not installed"
-	}
-	return ""
-}
-
 // inNodeNetns runs the calling test again in a child inside A and returns
 // B's name there; in the parent it reports the child's result and
 // returns "".
 func inNodeNetns(t *testing.T) string {
 	t.Helper()
-	if os.Getenv(childEnv) != "" {
-		return os.Getenv(peerEnv)
-	}
-	if why := canNetns(); why != "" {
-		t.Skip("skipping namespace test: " + why)
-	}
 	base := fmt.Sprintf("nsmd-svt-%d-%d", os.Getpid(), nsSeq.Add(1))
-	a, b, prefix := base+"a", base+"b", base+"s"
-	// Service namespaces the child made and did not remove (it failed or
-	// died): by the prefix only this test uses.
-	t.Cleanup(func() {
-		left, _ := filepath.Glob(filepath.Join(NetnsDir, prefix+"*"))
-		for _, p := range left {
-			t.Errorf("service namespace %s left behind: deleting it", p)
-			exec.Command("ip", "netns", "del", filepath.Base(p)).Run()
-		}
-	})
-	for _, ns := range []string{a, b} {
-		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-			t.Fatalf("ip netns add %s: %v: %s", ns, err, out)
-		}
-		t.Cleanup(func() {
-			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
-				t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+	prefix := base + "s"
+	return testutil.NetnsPair{
+		Base:     base,
+		ChildEnv: childEnv,
+		PeerEnv:  peerEnv,
+		Env:      []string{prefixEnv + "=" + prefix},
+		Timeout:  3 * time.Minute,
+		Setup: func(t *testing.T, a, b string) [][]string {
+			// Service namespaces the child made and did not remove (it
+			// failed or died): by the prefix only this test uses.
+			t.Cleanup(func() {
+				left, _ := filepath.Glob(filepath.Join(NetnsDir, prefix+"*"))
+				for _, p := range left {
+					t.Errorf("service namespace %s left behind: deleting it", p)
+					exec.Command("ip", "netns", "del", filepath.Base(p)).Run()
+				}
+			})
+			return [][]string{
+				{"-n", a, "link", "set", "lo", "up"},
+				{"-n", b, "link", "set", "lo", "up"},
+				{"-n", a, "link", "add", nodeDev, "type", "veth", "peer", "name", peerDev, "netns", b},
+				{"-n", b, "addr", "add", peerAddr + "/24", "dev", peerDev},
+				{"-n", a, "link", "set", nodeDev, "up"},
+				{"-n", b, "link", "set", peerDev, "up"},
 			}
-		})
-	}
-	for _, c := range [][]string{
-		{"-n", a, "link", "set", "lo", "up"},
-		{"-n", b, "link", "set", "lo", "up"},
-		{"-n", a, "link", "add", nodeDev, "type", "veth", "peer", "name", peerDev, "netns", b},
-		{"-n", b, "addr", "add", peerAddr + "/24", "dev", peerDev},
-		{"-n", a, "link", "set", nodeDev, "up"},
-		{"-n", b, "link", "set", peerDev, "up"},
-	} {
-		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(c, " "), err, out)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", a, os.Args[0],
-		"-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"=1", peerEnv+"="+b, prefixEnv+"="+prefix,
-		strings.TrimSpace("GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	out, err := cmd.CombinedOutput()
-	text := string(out)
-	if strings.Contains(text, "--- SKIP: "+t.Name()) {
-		t.Skipf("child skipped:\n%s", text)
-	}
-	if err != nil || !strings.Contains(text, "--- PASS: "+t.Name()) {
-		t.Fatalf("in netns %s: %v\n%s", a, err, text)
-	}
-	t.Logf("passed inside netns %s:\n%s", a, text)
-	return ""
+		},
+	}.Run(t)
 }
 
 var svcSeq atomic.Int32

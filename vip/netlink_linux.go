@@ -13,10 +13,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nsmd/nsmd/internal/rtnl"
 )
 
 // rtnetlink (RTM_NEWADDR/DELADDR/GETADDR) and AF_PACKET, straight on
@@ -93,12 +94,9 @@ func newLink(cfg NetlinkConfig, log *slog.Logger) (link, error) {
 // announcements.
 func (l *netlinkLink) openSockets() error {
 	var err error
-	l.nl, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	l.nl, err = rtnl.Open(nlTimeout)
 	if err != nil {
-		return fmt.Errorf("vip: open netlink socket: %w", err)
-	}
-	if err := l.setupNetlink(); err != nil {
-		return err
+		return fmt.Errorf("vip: %w", err)
 	}
 	// Protocol 0: the socket only sends; the link header's type comes from
 	// each sendto's address.
@@ -177,19 +175,6 @@ func (l *netlinkLink) diesWithProcess() bool {
 	return l.tun >= 0
 }
 
-func (l *netlinkLink) setupNetlink() error {
-	if err := unix.Bind(l.nl, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("vip: bind netlink socket: %w", err)
-	}
-	tv := unix.NsecToTimeval(nlTimeout.Nanoseconds())
-	if err := unix.SetsockoptTimeval(l.nl, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return fmt.Errorf("vip: netlink receive timeout: %w", err)
-	}
-	// Error messages from the kernel ("extended ack"); older kernels lack it.
-	_ = unix.SetsockoptInt(l.nl, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
-	return nil
-}
-
 func (l *netlinkLink) resolve() error {
 	var ifi *net.Interface
 	lookup := func() (err error) {
@@ -245,27 +230,15 @@ func (l *netlinkLink) ifaddrmsg(index, prefixLen int, flags uint8) []byte {
 	return b
 }
 
-func appendAttr(b []byte, typ uint16, data []byte) []byte {
-	var h [4]byte
-	binary.NativeEndian.PutUint16(h[0:2], uint16(4+len(data)))
-	binary.NativeEndian.PutUint16(h[2:4], typ)
-	b = append(b, h[:]...)
-	b = append(b, data...)
-	for len(b)%4 != 0 {
-		b = append(b, 0)
-	}
-	return b
-}
-
 // addrAttrs are the attributes naming the address: IPv4 by its local
 // address (which matches a copy of any prefix length on delete), IPv6 by
 // IFA_ADDRESS.
 func (l *netlinkLink) addrAttrs(b []byte) []byte {
 	a := l.prefix.Addr().AsSlice()
 	if l.family == unix.AF_INET {
-		return appendAttr(b, unix.IFA_LOCAL, a)
+		return rtnl.AppendAttr(b, unix.IFA_LOCAL, a)
 	}
-	return appendAttr(b, unix.IFA_ADDRESS, a)
+	return rtnl.AppendAttr(b, unix.IFA_ADDRESS, a)
 }
 
 func (l *netlinkLink) replace() error {
@@ -281,15 +254,13 @@ func (l *netlinkLink) replace() error {
 	b := l.ifaddrmsg(l.addrIndex, l.prefix.Bits(), uint8(flags))
 	b = l.addrAttrs(b)
 	if l.family == unix.AF_INET {
-		b = appendAttr(b, unix.IFA_ADDRESS, l.prefix.Addr().AsSlice())
+		b = rtnl.AppendAttr(b, unix.IFA_ADDRESS, l.prefix.Addr().AsSlice())
 	}
 	ci := make([]byte, 16) // struct ifa_cacheinfo: prefered, valid, cstamp, tstamp
 	binary.NativeEndian.PutUint32(ci[0:4], l.life)
 	binary.NativeEndian.PutUint32(ci[4:8], l.life)
-	b = appendAttr(b, unix.IFA_CACHEINFO, ci)
-	fl := make([]byte, 4)
-	binary.NativeEndian.PutUint32(fl, flags)
-	b = appendAttr(b, unix.IFA_FLAGS, fl)
+	b = rtnl.AppendAttr(b, unix.IFA_CACHEINFO, ci)
+	b = rtnl.AppendAttr(b, unix.IFA_FLAGS, rtnl.U32(flags))
 	return l.exchange(unix.RTM_NEWADDR, unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_REPLACE, b, nil)
 }
 
@@ -338,7 +309,7 @@ func (l *netlinkLink) lookupLocked(indexes ...int) ([]addrInfo, error) {
 		}
 		info := addrInfo{PrefixLen: int(m[1]), Flags: uint32(m[2]), ifindex: idx}
 		var local, address netip.Addr
-		eachAttr(m[unix.SizeofIfAddrmsg:], func(at uint16, d []byte) {
+		rtnl.EachAttr(m[unix.SizeofIfAddrmsg:], func(at uint16, d []byte) {
 			switch at {
 			case unix.IFA_LOCAL:
 				local, _ = netip.AddrFromSlice(d)
@@ -366,21 +337,6 @@ func (l *netlinkLink) lookupLocked(indexes ...int) ([]addrInfo, error) {
 	return found, err
 }
 
-func eachAttr(b []byte, f func(typ uint16, data []byte)) {
-	for len(b) >= 4 {
-		n := int(binary.NativeEndian.Uint16(b[0:2]))
-		if n < 4 || n > len(b) {
-			return
-		}
-		f(binary.NativeEndian.Uint16(b[2:4])&^unix.NLA_F_NESTED, b[4:n])
-		n = (n + 3) &^ 3
-		if n >= len(b) {
-			return
-		}
-		b = b[n:]
-	}
-}
-
 // exchange sends one request and reads until its ack, error or dump end,
 // handing every other message of the request to each. Callers hold l.mu.
 func (l *netlinkLink) exchange(typ, flags uint16, body []byte, each func(typ uint16, m []byte)) error {
@@ -388,96 +344,7 @@ func (l *netlinkLink) exchange(typ, flags uint16, body []byte, each func(typ uin
 		return errors.New("netlink socket closed")
 	}
 	l.seq++
-	seq := l.seq
-	msg := make([]byte, unix.SizeofNlMsghdr, unix.SizeofNlMsghdr+len(body))
-	binary.NativeEndian.PutUint32(msg[0:4], uint32(unix.SizeofNlMsghdr+len(body)))
-	binary.NativeEndian.PutUint16(msg[4:6], typ)
-	binary.NativeEndian.PutUint16(msg[6:8], flags|unix.NLM_F_REQUEST)
-	binary.NativeEndian.PutUint32(msg[8:12], seq)
-	msg = append(msg, body...)
-	if err := unix.Sendto(l.nl, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("netlink send: %w", err)
-	}
-	buf := make([]byte, 64<<10)
-	for {
-		n, _, err := unix.Recvfrom(l.nl, buf, 0)
-		if err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			if errors.Is(err, unix.EAGAIN) {
-				return fmt.Errorf("netlink: no answer within %v", nlTimeout)
-			}
-			return fmt.Errorf("netlink receive: %w", err)
-		}
-		b := buf[:n]
-		for len(b) >= unix.SizeofNlMsghdr {
-			mlen := int(binary.NativeEndian.Uint32(b[0:4]))
-			if mlen < unix.SizeofNlMsghdr || mlen > len(b) {
-				return errors.New("netlink: malformed message")
-			}
-			mtyp := binary.NativeEndian.Uint16(b[4:6])
-			mflags := binary.NativeEndian.Uint16(b[6:8])
-			mseq := binary.NativeEndian.Uint32(b[8:12])
-			data := b[unix.SizeofNlMsghdr:mlen]
-			if next := (mlen + 3) &^ 3; next < len(b) {
-				b = b[next:]
-			} else {
-				b = nil
-			}
-			if mseq != seq { // a late answer to an earlier, timed-out request
-				continue
-			}
-			switch mtyp {
-			case unix.NLMSG_DONE:
-				return nil
-			case unix.NLMSG_ERROR:
-				return nlError(data, mflags)
-			default:
-				if each != nil {
-					each(mtyp, data)
-				}
-			}
-		}
-	}
-}
-
-// nlError decodes struct nlmsgerr (0: an ack), with the kernel's message
-// when it sent one.
-func nlError(data []byte, flags uint16) error {
-	if len(data) < 4 {
-		return errors.New("netlink: short error message")
-	}
-	code := int32(binary.NativeEndian.Uint32(data[0:4]))
-	if code == 0 {
-		return nil
-	}
-	errno := syscall.Errno(-code)
-	const ackTLVs, capped, attrMsg = 0x200, 0x100, 1 // NLM_F_ACK_TLVS, NLM_F_CAPPED, NLMSGERR_ATTR_MSG
-	if flags&ackTLVs == 0 || len(data) < 4+unix.SizeofNlMsghdr {
-		return errno
-	}
-	off := 4 + unix.SizeofNlMsghdr
-	if flags&capped == 0 {
-		off = 4 + int(binary.NativeEndian.Uint32(data[4:8]))
-	}
-	off = (off + 3) &^ 3
-	if off > len(data) {
-		return errno
-	}
-	var text string
-	eachAttr(data[off:], func(t uint16, d []byte) {
-		if t == attrMsg {
-			for len(d) > 0 && d[len(d)-1] == 0 {
-				d = d[:len(d)-1]
-			}
-			text = string(d)
-		}
-	})
-	if text == "" {
-		return errno
-	}
-	return fmt.Errorf("%w (%s)", errno, text)
+	return rtnl.Exchange(l.nl, nlTimeout, rtnl.Request{Type: typ, Flags: flags, Seq: l.seq, Body: body}, each)
 }
 
 func (l *netlinkLink) announce() (int, error) {

@@ -107,13 +107,8 @@ const (
 
 var vipNSSeq atomic.Int32
 
-func vipCanNetns() string {
-	if os.Geteuid() != 0 {
-		return "not root: network namespaces need root"
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		return "ip (iproute2) not installed"
-	}
+// vipProbeNetns says why namespaces cannot be made here ("": they can).
+func vipProbeNetns() string {
 	name := fmt.Sprintf("nsmd-vip-probe-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		return fmt.Sprintf("ip netns add failed: %v: %s", err, strings.TrimSpace(string(out)))
@@ -131,60 +126,26 @@ func vipCanNetns() string {
 // the end. It skips, saying why, where namespaces are not usable.
 func inVIPNetns(t *testing.T) string {
 	t.Helper()
-	if os.Getenv(vipChildEnv) != "" {
-		return os.Getenv(vipPeerEnv)
-	}
-	if why := vipCanNetns(); why != "" {
-		t.Skip("skipping namespace test: " + why)
-	}
-	base := fmt.Sprintf("nsmd-vip-%d-%d", os.Getpid(), vipNSSeq.Add(1))
-	a, b := base+"a", base+"b"
-	for _, ns := range []string{a, b} {
-		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-			t.Fatalf("ip netns add %s: %v: %s", ns, err, out)
-		}
-		t.Cleanup(func() {
-			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
-				t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+	return testutil.NetnsPair{
+		Base:     fmt.Sprintf("nsmd-vip-%d-%d", os.Getpid(), vipNSSeq.Add(1)),
+		ChildEnv: vipChildEnv,
+		PeerEnv:  vipPeerEnv,
+		Usable:   vipProbeNetns,
+		Timeout:  5 * time.Minute,
+		Setup: func(_ *testing.T, a, b string) [][]string {
+			return [][]string{
+				{"-n", a, "link", "set", "lo", "up"},
+				{"-n", b, "link", "set", "lo", "up"},
+				{"-n", a, "link", "add", vipDev, "type", "veth", "peer", "name", vipPeerDev, "netns", b},
+				{"-n", a, "addr", "add", "10.77.9.1/24", "dev", vipDev},
+				{"-n", b, "addr", "add", "10.77.9.2/24", "dev", vipPeerDev},
+				{"-n", a, "-6", "addr", "add", "fd77::1/64", "dev", vipDev, "nodad"},
+				{"-n", b, "-6", "addr", "add", "fd77::2/64", "dev", vipPeerDev, "nodad"},
+				{"-n", a, "link", "set", vipDev, "up"},
+				{"-n", b, "link", "set", vipPeerDev, "up"},
 			}
-		})
-	}
-	for _, c := range [][]string{
-		{"-n", a, "link", "set", "lo", "up"},
-		{"-n", b, "link", "set", "lo", "up"},
-		{"-n", a, "link", "add", vipDev, "type", "veth", "peer", "name", vipPeerDev, "netns", b},
-		{"-n", a, "addr", "add", "10.77.9.1/24", "dev", vipDev},
-		{"-n", b, "addr", "add", "10.77.9.2/24", "dev", vipPeerDev},
-		{"-n", a, "-6", "addr", "add", "fd77::1/64", "dev", vipDev, "nodad"},
-		{"-n", b, "-6", "addr", "add", "fd77::2/64", "dev", vipPeerDev, "nodad"},
-		{"-n", a, "link", "set", vipDev, "up"},
-		{"-n", b, "link", "set", vipPeerDev, "up"},
-	} {
-		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(c, " "), err, out)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", a, os.Args[0],
-		"-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), vipChildEnv+"=1", vipPeerEnv+"="+b, quickRaceExit())
-	out, err := cmd.CombinedOutput()
-	text := string(out)
-	if strings.Contains(text, "--- SKIP: "+t.Name()) {
-		t.Skipf("child skipped:\n%s", text)
-	}
-	if err != nil || !strings.Contains(text, "--- PASS: "+t.Name()) {
-		t.Fatalf("in netns %s: %v\n%s", a, err, text)
-	}
-	t.Logf("passed inside netns %s:\n%s", a, text)
-	return ""
-}
-
-// quickRaceExit is GORACE for a child test process: a race-enabled
-// binary otherwise sleeps a second at exit (atexit_sleep_ms).
-func quickRaceExit() string {
-	return strings.TrimSpace("GORACE=" + os.Getenv("GORACE") + " atexit_sleep_ms=0")
+		},
+	}.Run(t)
 }
 
 func vipTestLogger(t *testing.T) *slog.Logger {
@@ -664,7 +625,7 @@ func startHolder(t *testing.T) *holder {
 func startBoundHolder(t *testing.T, bind string) *holder {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestNetlinkVIPHolderProcess$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), vipHolderEnv+"="+bind, quickRaceExit())
+	cmd.Env = append(os.Environ(), vipHolderEnv+"="+bind, testutil.QuickRaceExit())
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

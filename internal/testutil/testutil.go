@@ -3,8 +3,9 @@
 // polling for a condition that has no event to wait on (another process's
 // state, a server's internal bookkeeping), always with a bound, or watching
 // one that must keep holding for a while; free ports for the nodes a test
-// starts; reading one metric's value. It imports nothing of nsmd but
-// internal/freeport, so any package's tests can use it.
+// starts; reading one metric's value; running a test again inside a
+// fresh pair of network namespaces (NetnsPair). It imports nothing of
+// nsmd but internal/freeport, so any package's tests can use it.
 package testutil
 
 import (
