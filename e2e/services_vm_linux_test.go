@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -184,6 +183,7 @@ func servicesOnKernel(t *testing.T, series string) {
 			if !nsmdHasServiceNamespaces() {
 				t.Skipf("kernel %s: this nsmd has no service_namespaces (`nsmd agent --help` does not list --service-namespaces): the positive part needs the product (services in network namespaces) and skips", series)
 			}
+			r.powerCycle()
 			r.namespaces()
 		})
 	}
@@ -512,7 +512,7 @@ func (r *svcRig) move(id, node string) {
 	p := r.p
 	args := append([]string{"netns", "exec", p.w.ns, nsmdBin, "move", id, "--to", node, "--admin", p.witness.admin}, p.pki.cliArgs()...)
 	tries := 0
-	testutil.WaitForSeen(p.t, 60*time.Second, "nsmd move "+id+" --to "+node+" accepted", func() (bool, string) {
+	testutil.WaitForSeen(p.t, 120*time.Second, "nsmd move "+id+" --to "+node+" accepted", func() (bool, string) {
 		tries++
 		out, err := exec.Command("ip", args...).CombinedOutput()
 		// An earlier try that failed on its way back may have moved it.
@@ -530,25 +530,5 @@ func (r *svcRig) release() {
 		// A client's unmount (lazy at last: the servers' side is what the
 		// sampler watches).
 		c.vm.sh(60*time.Second, "for m in $(grep ' nfs' /proc/mounts | cut -d' ' -f2); do umount $m || umount -f $m || umount -l $m; done")
-	}
-}
-
-// stopServers stops both servers' nsmd at once (SIGTERM) and checks
-// that they left no service behind.
-func (r *svcRig) stopServers() {
-	var wg sync.WaitGroup
-	for _, n := range r.p.servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n.vm.try(100*time.Second, fmt.Sprintf("kill %d; while kill -0 %d 2>/dev/null; do sleep 0.1; done", n.pid, n.pid))
-		}()
-	}
-	wg.Wait()
-	for _, n := range r.p.servers {
-		out := n.vm.sh(10*time.Second, "ls /run/netns 2>/dev/null; grep -E '^/dev/vd[ab] ' /proc/mounts; true")
-		if strings.TrimSpace(out) != "" {
-			r.p.t.Fatalf("%s after nsmd stopped: namespaces or service mounts left: %s", n.id, out)
-		}
 	}
 }
