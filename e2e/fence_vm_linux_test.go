@@ -125,6 +125,7 @@ type holdSample struct {
 	mounted, nfsd  bool
 	src            byte // 's' sampled, 'f' frozen (holds the last known), 'd' QEMU exited, '?' no answer
 	threads, mount string
+	mounts         []string // every mount point of a /dev/vd* disk (the services test: one per service)
 }
 
 func (s holdSample) holds() bool { return s.mounted || s.nfsd }
@@ -327,6 +328,9 @@ func (f *fenceVM) sampleOnce() {
 		s.src = 's'
 		for _, line := range strings.Split(r.Out, "\n") {
 			fl := strings.Fields(line)
+			if len(fl) >= 3 && strings.HasPrefix(fl[0], "/dev/vd") {
+				s.mounts = append(s.mounts, fl[1])
+			}
 			if len(fl) >= 3 && fl[1] == pairExport {
 				s.mounted, s.mount = true, fl[0]
 			}

@@ -100,7 +100,16 @@ type pairTopo struct {
 	kernel string
 	// witnessArgs are more nsmd flags for the witness.
 	witnessArgs []string
+	// svcConf, when set, is the witness's config file with `services:`
+	// (the servers read the same list from vmSvcConf): every member then
+	// gets --config instead of the VIP flags, and the servers serveEnv
+	// instead of the single-service hook environment.
+	svcConf  string
+	serveEnv string
 }
+
+// vmSvcConf is where a server VM's services config file is written.
+const vmSvcConf = "/etc/nsmd/nsmd.yaml"
 
 // nsmdArgs are the flags every member gets, the witness too (it must
 // ignore the VIP and hook flags by itself).
@@ -117,8 +126,7 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 		"--admin-addr", n.admin,
 		"--join", strings.Join(join, ","),
 		"--bootstrap-expect", "3",
-		"--vip", fmt.Sprintf("%s/%d", pairVIP, topoBits), "--vip-interface", "eth0", "--vip-mode", "netlink",
-		"--notify-name", pairVIP,
+		"--vip-mode", "netlink",
 		"--grace-period", fmt.Sprintf("%ds", pairGrace),
 		"--on-leader", "/usr/lib/nsmd/hooks/nfsd-ha",
 		"--on-follower", "/usr/lib/nsmd/hooks/nfsd-ha",
@@ -131,6 +139,14 @@ func (p *pairTopo) nsmdArgs(n *pairNode, dataDir string) []string {
 		// (not what these drills test) would move leadership every few
 		// seconds.
 		"--disk-slow-threshold", "1s",
+	}
+	switch {
+	case p.svcConf == "":
+		args = append(args, "--vip", fmt.Sprintf("%s/%d", pairVIP, topoBits), "--vip-interface", "eth0", "--notify-name", pairVIP)
+	case n.vm == nil:
+		args = append(args, "--config", p.svcConf)
+	default:
+		args = append(args, "--config", vmSvcConf)
 	}
 	if n.vm == nil {
 		// Never a watchdog on the host: the witness runs here, not in a
@@ -159,6 +175,13 @@ func (p *pairTopo) startServer(n *pairNode) {
 	if p.grace > 0 {
 		p.writeConf(n)
 	}
+	if p.svcConf != "" { // the witness's copy of the services file (/etc is on the initramfs)
+		body, err := os.ReadFile(p.svcConf)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		n.vm.sh(10*time.Second, "mkdir -p /etc/nsmd && printf '%s' "+shellQuote(string(body))+" > "+vmSvcConf)
+	}
 	n.vm.sh(20*time.Second, loadSoftdog("")+"; test -c /dev/watchdog || { ls -l /dev/watchdog*; lsmod; dmesg | tail; false; }")
 	n.vm.sh(10*time.Second, "pidof rpcbind >/dev/null || rpcbind -w")
 	bin := "nsmd"
@@ -172,6 +195,9 @@ func (p *pairTopo) startServer(n *pairNode) {
 		// delegations (6.12 hands NFSv4.1+ writers write delegations):
 		// tells their part in a result apart.
 		env += " NFS_HA_DELEGATIONS=no"
+	}
+	if p.svcConf != "" {
+		env = p.serveEnv
 	}
 	_, n.pid = n.vm.start(5*time.Second, fmt.Sprintf("echo started; exec env %s %s %s >>/var/lib/nsmd/nsmd.log 2>&1", env, bin, strings.Join(q, " ")))
 }

@@ -143,11 +143,20 @@ var vmPrograms = []string{
 	"/usr/sbin/rpcbind", "/usr/sbin/rpc.mountd", "/usr/sbin/exportfs", "/usr/sbin/rpc.nfsd",
 	"/usr/sbin/rpc.statd", "/usr/sbin/sm-notify", "/usr/sbin/mount.nfs",
 	"/usr/sbin/nfsdcld", "/usr/sbin/e2fsck",
+	// Services in network namespaces: iproute2's ip (busybox's has no
+	// netns) and util-linux's unshare and nsenter (busybox's lack options
+	// the hook and the services test use). Earlier in PATH than busybox.
+	"/usr/sbin/ip", "/usr/bin/unshare", "/usr/bin/nsenter",
+	// Debian's /bin/sh, for a VM booted with vm.sh=/usr/bin/dash (vmRC):
+	// busybox's static sh runs its own applets before anything in PATH,
+	// so under it `ip` is busybox's whatever PATH says.
+	"/usr/bin/dash",
 }
 
 // vmModules are loaded in order at boot (dependencies resolved by modprobe
 // --show-depends against the unpacked tree).
-var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd", "nfsv3", "nfsv4"}
+var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd", "nfsv3", "nfsv4",
+	"macvlan"} // a service's own interface in its namespace (services_vm_linux_test.go)
 
 // vmOptionalModules are in the image but loaded only where a test asks
 // (softdog: the fencing test's server VMs get a /dev/watchdog). Their
@@ -169,7 +178,7 @@ func buildVMImage(series string) (*vmImage, string, error) {
 	}
 	for _, p := range vmPrograms {
 		if _, err := os.Stat(p); err != nil {
-			return nil, fmt.Sprintf("%s missing (Debian packages rpcbind, nfs-common, nfs-kernel-server)", p), nil
+			return nil, fmt.Sprintf("%s missing (Debian packages rpcbind, nfs-common, nfs-kernel-server, iproute2, util-linux)", p), nil
 		}
 	}
 	dir, err := os.MkdirTemp("", "nsmd-vm-")
@@ -279,6 +288,8 @@ func buildVMImage(series string) (*vmImage, string, error) {
 	// The fencing test's stand-in for a fence agent (test tooling, not
 	// shipped: fence_vm_linux_test.go says what it is and is not).
 	cw.addData("usr/lib/nsmd/test/fence_qemu", []byte(fenceQemuAgent), 0o755)
+	// The services test's control: every service in the host's one nfsd.
+	cw.addData("usr/local/bin/one-nfsd", []byte(oneNfsdHook), 0o755)
 
 	// Configuration files the RPC programs read.
 	for _, f := range []string{"/etc/netconfig", "/etc/services", "/etc/rpc", "/etc/protocols"} {
@@ -321,7 +332,7 @@ const vmInittab = `::sysinit:/etc/vm/rc
 // vmRC is the VM's boot script: filesystems, modules, hostname and address
 // from the kernel command line (vm.host=, vm.ip=), and the persistent disks
 // it names (vm.disk=/dev/vdX:/dir, any number: a client's /var/lib/nfs, a
-// server's /var/lib/nsmd).
+// server's /var/lib/nsmd); vm.sh= replaces busybox as /bin/sh.
 const vmRC = `#!/bin/sh
 export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 mount -t proc proc /proc
@@ -336,8 +347,12 @@ for w in $(cat /proc/cmdline); do
     vm.host=*) VMHOST=${w#vm.host=} ;;
     vm.ip=*) VMIP=${w#vm.ip=} ;;
     vm.disk=*) DISKS="$DISKS ${w#vm.disk=}" ;;
+    vm.sh=*) VMSH=${w#vm.sh=} ;;
   esac
 done
+# vm.sh=PROGRAM: /bin/sh is PROGRAM from here on (vmagent's commands and
+# every #!/bin/sh script: the hooks), as dash is on Debian.
+[ -n "$VMSH" ] && ln -sf "$VMSH" /bin/sh
 hostname "$VMHOST"
 echo "${VMIP%/*} $VMHOST" >> /etc/hosts
 ip link set lo up

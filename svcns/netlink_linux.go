@@ -5,6 +5,9 @@ package svcns
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"hash/crc32"
+	"net"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -36,6 +39,25 @@ func createMacvlan(parent int, name string, nsfd int) error {
 	info = rtnl.AppendAttr(info, unix.IFLA_INFO_DATA|unix.NLA_F_NESTED, data)
 	b = rtnl.AppendAttr(b, unix.IFLA_LINKINFO|unix.NLA_F_NESTED, info)
 	return exchange(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK, b)
+}
+
+// tempLinkName is the name a namespace's macvlan is made under before it
+// is renamed inside: "nsmv" and 8 hex digits of the namespace's name.
+func tempLinkName(ns string) string {
+	return fmt.Sprintf("nsmv%08x", crc32.ChecksumIEEE([]byte(ns)))
+}
+
+// renameLink renames link from to to in the calling thread's namespace
+// (the link is down: a new macvlan).
+func renameLink(from, to string) error {
+	ifc, err := net.InterfaceByName(from)
+	if err != nil {
+		return err
+	}
+	b := make([]byte, unix.SizeofIfInfomsg)
+	binary.NativeEndian.PutUint32(b[4:], uint32(ifc.Index))
+	b = rtnl.AppendAttr(b, unix.IFLA_IFNAME, append([]byte(to), 0))
+	return exchange(unix.RTM_NEWLINK, unix.NLM_F_ACK, b)
 }
 
 // deleteLink deletes the link name in the calling thread's namespace;

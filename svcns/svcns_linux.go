@@ -124,10 +124,17 @@ func Create(cfg Config) (*NS, error) {
 			return undo(fmt.Errorf("svcns: %s: run directory: %w", cfg.Name, err))
 		}
 	}
-	if err := createMacvlan(parent.Index, cfg.Link, fd); err != nil {
-		return undo(fmt.Errorf("svcns: %s: create macvlan %s on %s inside: %w", cfg.Name, cfg.Link, cfg.Parent, err))
+	// Made under a temporary name, then renamed inside: before 6.14
+	// (6.1, 6.12) the kernel looks the new link's name up in the
+	// sender's namespace, where the parent may have it (EEXIST).
+	tmp := tempLinkName(cfg.Name)
+	if err := createMacvlan(parent.Index, tmp, fd); err != nil {
+		return undo(fmt.Errorf("svcns: %s: create macvlan %s on %s inside: %w", cfg.Name, tmp, cfg.Parent, err))
 	}
 	if err := n.Do(func() error {
+		if err := renameLink(tmp, cfg.Link); err != nil {
+			return fmt.Errorf("rename %s to %s inside: %w", tmp, cfg.Link, err)
+		}
 		for _, l := range []string{"lo", cfg.Link} {
 			if err := setUp(l); err != nil {
 				return fmt.Errorf("set %s up inside: %w", l, err)
