@@ -50,7 +50,9 @@ type serviceNSM struct {
 	// count; false once its stop began (lockd unmonitors every host as
 	// nfsd stops, and those hosts' locks move with the service).
 	serving atomic.Bool
-	srv     *oncrpc.Server // its own listener when the node's does not cover the address; nil otherwise
+	// stopState is the state of the epoch whose stop began (0: none).
+	stopState atomic.Int32
+	srv       *oncrpc.Server // its own listener when the node's does not cover the address; nil otherwise
 	// ns is the service's namespace (nil: none); registered is closed
 	// once its NSM is registered with the namespace's rpcbind (closed at
 	// once without a namespace).
@@ -83,7 +85,7 @@ func (s *serviceNSMs) open(sp service.Spec, ns svcNamespace) (*serviceNSM, error
 	m.serving.Store(true)
 	local := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.PrefixFrom(addr, addr.BitLen())}
 	var err error
-	m.svc, err = nsm.NewService(a.node.Services().Registry(sp.ID), nsm.Config{
+	m.svc, err = nsm.NewService(stoppingRegistry{a.node.Services().Registry(sp.ID), m}, nsm.Config{
 		NodeID:  a.cfg.NodeID,
 		Trusted: a.cfg.TrustedPrefixes(),
 		// A lock manager on this server reaches its service's NSM from the
@@ -197,14 +199,44 @@ func (s *serviceNSMs) announce(ctx context.Context, id string, epoch uint64) {
 	}()
 }
 
-// stopping marks service id's stop begun: from now on its lock manager's
-// unmonitors remove nothing.
-func (s *serviceNSMs) stopping(id string) {
+// stopping marks service id's stop at epoch begun: from now on its lock
+// manager's unmonitors remove nothing, and they are answered with the
+// state of that epoch (stoppingRegistry).
+func (s *serviceNSMs) stopping(id string, epoch uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if m := s.byID[id]; m != nil {
+		m.stopState.Store(fsm.ServiceSMState(epoch))
 		m.serving.Store(false)
 	}
+}
+
+// stoppingRegistry is a service's registry as its NSM sees it: ready, and
+// answering with the state of the epoch being stopped, also while the
+// service's stop runs here, after its lease may have ended. A lock manager
+// unmonitors its hosts as its nfsd stops (6.12's lockd does, and waits
+// for each answer: unanswered, its nfsd does not stop and the stop hook
+// runs into its timeout, which resets the server with every service on
+// it); those unmonitors are kept (UnmonCounts), but must be answered.
+// Answering with the stopped epoch's state shows no client a state older
+// than one it saw: the service's address is still held here only, and no
+// other server may serve the service, with a newer state, before this
+// stop has returned or this server's watchdog bound passed.
+type stoppingRegistry struct {
+	cluster.ServiceRegistry
+	m *serviceNSM
+}
+
+func (r stoppingRegistry) Ready() bool { return r.ServiceRegistry.Ready() || r.m.stopState.Load() != 0 }
+
+func (r stoppingRegistry) ReadState(ctx context.Context) (int32, error) {
+	st, err := r.ServiceRegistry.ReadState(ctx)
+	if err != nil {
+		if s := r.m.stopState.Load(); s != 0 {
+			return s, nil
+		}
+	}
+	return st, err
 }
 
 // close ends service id's NSM: its fan-out and, if it had one, its own

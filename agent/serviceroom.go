@@ -115,7 +115,7 @@ type roomNSM interface {
 	announce(ctx context.Context, id string, epoch uint64)
 	// stopping: its stop begins (its lock manager's unmonitors no longer
 	// count).
-	stopping(id string)
+	stopping(id string, epoch uint64)
 	// close ends its NSM once the address is dropped.
 	close(id string) error
 }
@@ -132,8 +132,8 @@ func (n agentRoomNSM) ready(ctx context.Context, id string) error { return n.a.s
 func (n agentRoomNSM) announce(ctx context.Context, id string, epoch uint64) {
 	n.a.svcNSM.announce(ctx, id, epoch)
 }
-func (n agentRoomNSM) stopping(id string)    { n.a.svcNSM.stopping(id) }
-func (n agentRoomNSM) close(id string) error { return n.a.svcNSM.close(id) }
+func (n agentRoomNSM) stopping(id string, epoch uint64) { n.a.svcNSM.stopping(id, epoch) }
+func (n agentRoomNSM) close(id string) error            { return n.a.svcNSM.close(id) }
 
 // buildServiceRoom is the room of a's services, with their NSM
 // (servicensm.go) and, with service_namespaces, their namespaces
@@ -334,7 +334,7 @@ func (r *serviceRoom) StopService(id string, epoch uint64) error {
 	}
 	env := r.env(s, epoch, reason)
 	if r.cfg.nsm != nil {
-		r.cfg.nsm.stopping(id)
+		r.cfg.nsm.stopping(id, epoch)
 	}
 	var errs []error
 	if err := <-s.hooks.run(context.Background(), hookEventFollower, env); err != nil {

@@ -187,8 +187,8 @@ func (n nsmRecorder) ready(_ context.Context, id string) error {
 	appendLine(n.log, id+" nsm ready")
 	return nil
 }
-func (n nsmRecorder) stopping(id string)    { appendLine(n.log, id+" nsm stopping") }
-func (n nsmRecorder) close(id string) error { appendLine(n.log, id+" nsm close"); return nil }
+func (n nsmRecorder) stopping(id string, _ uint64) { appendLine(n.log, id+" nsm stopping") }
+func (n nsmRecorder) close(id string) error        { appendLine(n.log, id+" nsm close"); return nil }
 
 func loopbackSpec(id, addr string) service.Spec {
 	return service.Spec{ID: id, Address: netip.MustParsePrefix(addr), Interface: "lo", Mount: "/srv/" + id, ExportClients: []string{"10.0.0.0/24"}}

@@ -176,15 +176,28 @@ func servicesOnKernel(t *testing.T, series string) {
 	}
 	r.sampler = startSampler(t, r.fvms)
 	// The control first: its servers stop cleanly (the host's nfsd), and
-	// the namespaces part ends the boot.
-	if t.Run("control", func(t *testing.T) { r.use(t); r.control() }) {
+	// the namespaces part ends the boot. On 6.12 the control runs with
+	// NSMD_E2E_612_FULL=1 only (the budget): 6.1's shows the one shared
+	// grace, and what differs on 6.12 is the positive part's.
+	control := series != kernel612 || os.Getenv("NSMD_E2E_612_FULL") == "1"
+	ok := true
+	if control {
+		ok = t.Run("control", func(t *testing.T) { r.use(t); r.control() })
+	} else {
+		t.Logf("CONTROL kernel %s: not run (6.1 runs it; NSMD_E2E_612_FULL=1 runs it here too)", series)
+	}
+	if ok {
 		t.Run("namespaces", func(t *testing.T) {
 			r.use(t)
 			if !nsmdHasServiceNamespaces() {
 				t.Skipf("kernel %s: this nsmd has no service_namespaces (`nsmd agent --help` does not list --service-namespaces): the positive part needs the product (services in network namespaces) and skips", series)
 			}
-			r.powerCycle()
-			r.namespaces()
+			if control {
+				r.powerCycle()
+			} else {
+				r.startNamespaced()
+			}
+			r.namespaces(control)
 		})
 	}
 	r.use(t)
