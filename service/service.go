@@ -173,7 +173,7 @@ func (s Spec) Problems() []*FieldError {
 		}
 		seen[n] = true
 	}
-	if s.Namespace != "" && !validNamespace(s.Namespace) {
+	if s.Namespace != "" && !ValidNamespace(s.Namespace) {
 		bad(FieldNamespace, "%q must be 1 to %d letters, digits, '_', '.' or '-', starting with a letter or digit", s.Namespace, MaxNamespaceLen)
 	}
 	return out
@@ -205,7 +205,10 @@ func ValidID(id string) bool {
 	return true
 }
 
-func validNamespace(ns string) bool {
+// ValidNamespace reports whether ns may name a network namespace (a file
+// in /run/netns): 1 to MaxNamespaceLen letters, digits, '_', '.' or '-',
+// starting with a letter or digit.
+func ValidNamespace(ns string) bool {
 	if ns == "" || len(ns) > MaxNamespaceLen || ns == "." || ns == ".." {
 		return false
 	}
@@ -241,10 +244,17 @@ func checkInterface(name string) error {
 	if name == "" {
 		return errors.New("missing: the interface the address goes on (like eth0)")
 	}
-	if len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n\r\v\f") {
+	if !ValidInterface(name) {
 		return fmt.Errorf("%q is not an interface name (at most 15 bytes, no '/', ':' or spaces)", name)
 	}
 	return nil
+}
+
+// ValidInterface reports whether name may name a Linux interface (the
+// kernel's dev_valid_name: 1 to 15 bytes, not . or .., no '/', ':' or
+// white space).
+func ValidInterface(name string) bool {
+	return name != "" && len(name) <= 15 && name != "." && name != ".." && !strings.ContainsAny(name, "/: \t\n\r\v\f")
 }
 
 // checkWord: at most max bytes of printable UTF-8 without white space.

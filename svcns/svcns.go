@@ -31,7 +31,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"strings"
+
+	"github.com/nsmd/nsmd/service"
 )
 
 // NetnsDir is where named network namespaces live, as iproute2 keeps them.
@@ -41,8 +42,8 @@ const NetnsDir = "/run/netns"
 // RunDir = DefaultRunRoot/<service id>.
 const DefaultRunRoot = "/run/nsmd/services"
 
-// MaxNameLen bounds a namespace name (service.MaxNamespaceLen).
-const MaxNameLen = 64
+// MaxNameLen bounds a namespace name (service.ValidNamespace's rule).
+const MaxNameLen = service.MaxNamespaceLen
 
 // ErrExists: Create found the name (or the run directory) already there.
 // The caller removes a stale one first (Open, then Remove).
@@ -85,39 +86,18 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
-	case !validName(c.Name):
+	case !service.ValidNamespace(c.Name):
 		return fmt.Errorf("svcns: namespace name %q must be 1 to %d letters, digits, '_', '.' or '-', starting with a letter or digit", c.Name, MaxNameLen)
 	case c.RunDir == "" || !filepath.IsAbs(c.RunDir) || filepath.Clean(c.RunDir) != c.RunDir || c.RunDir == "/":
 		return fmt.Errorf("svcns: run directory %q must be a clean absolute path below /", c.RunDir)
 	case c.Parent == "":
 		return errors.New("svcns: parent interface is not set")
-	case !validIfname(c.Parent):
+	case !service.ValidInterface(c.Parent):
 		return fmt.Errorf("svcns: parent interface %q is not a valid interface name", c.Parent)
-	case !validIfname(c.Link):
+	case !service.ValidInterface(c.Link):
 		return fmt.Errorf("svcns: link name %q is not a valid interface name (1 to 15 bytes, no '/', ':' or white space)", c.Link)
 	case c.Link == "lo":
 		return errors.New(`svcns: link name "lo" is the namespace's own loopback`)
 	}
 	return nil
-}
-
-func validName(ns string) bool {
-	if ns == "" || len(ns) > MaxNameLen || ns == "." || ns == ".." {
-		return false
-	}
-	for i, r := range ns {
-		alnum := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
-		if !alnum && (i == 0 || r != '_' && r != '.' && r != '-') {
-			return false
-		}
-	}
-	return true
-}
-
-// validIfname is the kernel's dev_valid_name.
-func validIfname(s string) bool {
-	if s == "" || len(s) > 15 || s == "." || s == ".." {
-		return false
-	}
-	return !strings.ContainsAny(s, "/: \t\n\r\v\f")
 }
