@@ -198,32 +198,14 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 			a.Close()
 		}
 	}()
-	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a.nsmm = nsm.NewMetrics(a.reg)
 	build := Build()
-	if err := registerBuildInfo(a.reg, build); err != nil {
-		return a, err
-	}
-	if err := a.setupSecurity(); err != nil {
-		return a, err
-	}
-	if err := a.registerConnMetrics(); err != nil {
-		return a, err
-	}
-	a.hostRoot = opts.HostRoot
-	if err := a.registerFenceMetrics(opts.HostRoot); err != nil {
+	if err := a.registerMetrics(build, opts.HostRoot); err != nil {
 		return a, err
 	}
 	a.hooks = newHookRunner(cfg, log, a.reg)
-	if a.v4, err = newNFSv4(a, opts.TuneTracking, opts.ClientsSeenProc); err != nil {
+	if err := a.buildNFSv4(opts); err != nil {
 		return a, err
 	}
-	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
-	var tuneSvc func(string, *cld.Config)
-	if opts.TuneServiceTracking != nil {
-		tuneSvc = func(svc string, c *cld.Config) { opts.TuneServiceTracking(cfg.NodeID, svc, c) }
-	}
-	a.svcV4 = newServiceV4s(a, a.v4, tuneSvc) // before the node: it hears applied commands
 	if a.tickle, err = newTickler(cfg, log, a.reg, opts.TuneTickle); err != nil {
 		return a, err
 	}
@@ -319,6 +301,42 @@ func Start(cfg config.Config, opts Options) (a *Agent, err error) {
 	log.Info("nsmd node started", "cluster_id", cfg.ClusterID, "version", build.Gossip(), "nsm_port", a.nsmPort, "raft", ccfg.RaftBind, "admin", a.AdminURL(), "vip", cfg.VIP, "vip_mode", cfg.VIPMode,
 		"tls", a.sec.tls != nil, "insecure", len(a.sec.exposures) > 0)
 	return a, nil
+}
+
+// registerMetrics registers the process's, NSM's, build's, connections'
+// and fencing's metrics, and sets up security (its refusal counters); the
+// host's root (HostRoot) is where fencing reads the watchdog's.
+func (a *Agent) registerMetrics(build admin.BuildInfo, hostRoot string) error {
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.nsmm = nsm.NewMetrics(a.reg)
+	if err := registerBuildInfo(a.reg, build); err != nil {
+		return err
+	}
+	if err := a.setupSecurity(); err != nil {
+		return err
+	}
+	if err := a.registerConnMetrics(); err != nil {
+		return err
+	}
+	a.hostRoot = hostRoot
+	return a.registerFenceMetrics(hostRoot)
+}
+
+// buildNFSv4 builds the node's NFSv4 side (its environment goes to every
+// hook) and its services' (before the node: it hears applied commands).
+func (a *Agent) buildNFSv4(opts Options) error {
+	var err error
+	if a.v4, err = newNFSv4(a, opts.TuneTracking, opts.ClientsSeenProc); err != nil {
+		return err
+	}
+	a.hooks.fixedEnv = append(a.hooks.fixedEnv, a.v4.hookEnv()...)
+	var tuneSvc func(string, *cld.Config)
+	if opts.TuneServiceTracking != nil {
+		id := a.cfg.NodeID
+		tuneSvc = func(svc string, c *cld.Config) { opts.TuneServiceTracking(id, svc, c) }
+	}
+	a.svcV4 = newServiceV4s(a, a.v4, tuneSvc)
+	return nil
 }
 
 // nodeNSM is the node's own NSM service: the node-level registrations
