@@ -498,21 +498,27 @@ func (c *e2eCluster) agreed(nodes []*nsmNode, minState int32) (view, bool, strin
 }
 
 // settle waits until the serving nodes, except skip, agree on a settled
-// leader whose sm_state is at least minState, and returns it.
+// leader whose sm_state is at least minState, and returns it. Which nodes
+// serve is looked at again at every poll: a fence agent's stand-in may
+// power one off (kill its nsmd) while the others settle.
 func (c *e2eCluster) settle(t *testing.T, timeout time.Duration, minState int32, skip ...*nsmNode) view {
 	t.Helper()
-	var nodes []*nsmNode
-	for _, n := range c.nodes {
-		if n.serving() && !slices.Contains(skip, n) {
-			nodes = append(nodes, n)
+	serving := func() []*nsmNode {
+		var nodes []*nsmNode
+		for _, n := range c.nodes {
+			if n.serving() && !slices.Contains(skip, n) {
+				nodes = append(nodes, n)
+			}
 		}
+		return nodes
 	}
 	var v view
-	testutil.WaitForSeen(t, timeout, "one settled leader among "+nodeIDs(nodes), func() (bool, string) {
+	testutil.WaitForSeen(t, timeout, "one settled leader among the serving nodes", func() (bool, string) {
+		nodes := serving()
 		var ok bool
 		var desc string
 		v, ok, desc = c.agreed(nodes, minState)
-		return ok, desc
+		return ok, nodeIDs(nodes) + ": " + desc
 	})
 	return v
 }
