@@ -292,6 +292,18 @@ func TestServiceNFSv4SeriesFollowTheServiceRoom(t *testing.T) {
 		}
 		return bad == "", bad
 	})
+	// Every name the collector describes is exported (the rules' check
+	// on a cluster without namespaces trusts these names).
+	seen := map[string]bool{}
+	for k := range v4Series(t, reg, "a") {
+		n, _, _ := strings.Cut(k, "{")
+		seen[n] = true
+	}
+	for n := range NamespacedServiceMetrics() {
+		if !seen[n] {
+			t.Errorf("%s is described but not exported by a served service", n)
+		}
+	}
 	if readTrim(t, filepath.Join(runDir("b"), "nfsd", "v4_end_grace")) != "N" {
 		t.Fatal("b's grace ended with a's")
 	}
