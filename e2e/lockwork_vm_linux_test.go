@@ -30,7 +30,10 @@ type lockWorker struct {
 	vm    *testVM
 	name  string // unique across the workload: its CS lines carry it
 	files []string
-	pid   int
+	// gap is the longest pause between two sections (default 1 s): a
+	// drill of many workers on few cores spaces them out.
+	gap time.Duration
+	pid int
 }
 
 // section is one critical section a worker reported.
@@ -47,13 +50,17 @@ func (s section) String() string {
 		time.UnixMilli(s.atMS).UTC().Format("15:04:05.000"))
 }
 
-// startLockWork starts every worker (hold 100 ms, pause up to 1 s) and
-// waits until each finished a critical section.
+// startLockWork starts every worker (hold 100 ms, pause up to its gap)
+// and waits until each finished a critical section.
 func startLockWork(t *testing.T, workers ...*lockWorker) *lockWork {
 	t.Helper()
 	w := &lockWork{t: t, workers: workers}
 	for _, k := range workers {
-		line, pid := k.vm.start(60*time.Second, "vmagent contend "+k.name+" 100ms 1s "+strings.Join(k.files, " "))
+		gap := k.gap
+		if gap == 0 {
+			gap = time.Second
+		}
+		line, pid := k.vm.start(60*time.Second, fmt.Sprintf("vmagent contend %s 100ms %v %s", k.name, gap, strings.Join(k.files, " ")))
 		if !strings.HasPrefix(line, "contending") {
 			t.Fatalf("%s worker: %q", k.name, line)
 		}
@@ -135,11 +142,11 @@ func (w *lockWork) stop() []section {
 	t := w.t
 	t.Helper()
 	var all []section
-	for _, k := range w.workers {
-		k.vm.sh(10*time.Second, fmt.Sprintf("kill %d", k.pid))
+	for _, k := range w.workers { // by its stop file, never a signal (contend.go says why)
+		k.vm.sh(10*time.Second, "touch /run/vmagent/"+k.name+".stop")
 	}
 	for _, k := range w.workers {
-		testutil.WaitForSeen(t, 60*time.Second, k.name+"'s worker to stop", func() (bool, string) {
+		testutil.WaitForSeen(t, 90*time.Second, k.name+"'s worker to stop", func() (bool, string) {
 			_, _, done := w.log(k)
 			time.Sleep(200 * time.Millisecond)
 			return done, ""

@@ -35,8 +35,13 @@ import (
 //
 // The test joins every worker's CS lines: per file, the sequence numbers
 // written must be 1, 2, 3 … with no gap and no repeat — two holders at once
-// would both read N and write N+1. SIGTERM ends the loop after the current
-// section; the last line is "DONE <sections> <problems>".
+// would both read N and write N+1. The file /run/vmagent/NAME.stop, or
+// SIGTERM, ends the loop after the current section; the last line is
+// "DONE <sections> <problems>". The test stops a worker by the file: a
+// signal that interrupts a blocked F_SETLKW makes the kernel's NFSv3
+// client cancel the request and send it again, and a grant that crosses
+// the cancel stays held on the server for a process that never learns
+// it has it (its next request then waits for itself).
 func contend(args []string) error {
 	if len(args) < 4 {
 		return errors.New("usage: vmagent contend NAME HOLD GAP FILE...")
@@ -53,14 +58,20 @@ func contend(args []string) error {
 	files := args[3:]
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	stopFile := "/run/vmagent/" + name + ".stop"
+	os.Remove(stopFile)
 	fmt.Println("contending", name, strings.Join(files, " "))
 	sections, problems := 0, 0
 	for i := 0; ; i++ {
+		_, err := os.Stat(stopFile)
 		select {
 		case <-stop:
+			err = nil
+		default:
+		}
+		if err == nil {
 			fmt.Println("DONE", sections, problems)
 			return nil
-		default:
 		}
 		f := files[i%len(files)]
 		if err := section(name, f, hold); err != nil {
