@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/internal/testutil"
+	"github.com/nsmd/nsmd/oncrpc"
 )
 
 // A write of a service's run never lands in a later run, over real raft:
@@ -132,4 +134,28 @@ func TestAWriteOfAServicesEndedRunIsRefusedAfterItMoved(t *testing.T) {
 		ghost, _ := sc.HasV4Client("ghost")
 		return !keep && ghost && sc.Len() == 0, fmt.Sprintf("keep %v, ghost %v, %d registrations", keep, ghost, sc.Len())
 	})
+}
+
+// A forward's answer carries at most fwdMaxErr bytes of reason, which its
+// reader takes: a refusal's reason naming long node ids (up to 1024
+// bytes each) is cut, not made unreadable. The control: the reader
+// refuses a longer one written past the cut.
+func TestForwardAnswerReasonIsCutToWhatItsReaderTakes(t *testing.T) {
+	in := fwdRes{Status: fwdStaleRun, State: 5, Err: strings.Repeat("n", 3*fwdMaxErr)}
+	var w oncrpc.Writer
+	in.MarshalXDR(&w)
+	var out fwdRes
+	if err := out.UnmarshalXDR(oncrpc.NewReader(w.Bytes())); err != nil {
+		t.Fatalf("a long reason made the answer unreadable: %v", err)
+	}
+	if out.Status != fwdStaleRun || out.State != 5 || out.Err != in.Err[:fwdMaxErr] {
+		t.Fatalf("read %d %d %d bytes of reason", out.Status, out.State, len(out.Err))
+	}
+	var long oncrpc.Writer
+	long.Uint32(fwdStaleRun)
+	long.Int32(5)
+	long.String(in.Err)
+	if err := out.UnmarshalXDR(oncrpc.NewReader(long.Bytes())); err == nil {
+		t.Fatal("control: the reader took a reason longer than fwdMaxErr")
+	}
 }
