@@ -36,9 +36,9 @@ func ServiceStates() []string {
 }
 
 // ServiceStatus is one NFS service as the cluster sees it: an element of
-// GET /v1/services and of the status page's overview. It names no client,
-// so every reader gets all of it but a failed hook's output
-// (ServicesForReader).
+// GET /v1/services and of the status page's overview. Every reader gets
+// all of it but a failed hook's output and the names of the clients a
+// service's grace waits for (ServicesForReader).
 type ServiceStatus struct {
 	ID string `json:"id"`
 	// Address is the floating address with its prefix length (10.0.0.50/24).
@@ -132,6 +132,42 @@ type ServiceLocal struct {
 	// (on_fault included); its output only to an operator
 	// (ServicesForReader).
 	LastFailure *HookFailure `json:"last_failure,omitempty"`
+	// NFSv4 is the service's NFSv4 client tracking on this server, from
+	// just before its start hook until its stop hook ran (only with
+	// service namespaces: the service's own nfsd).
+	NFSv4 *ServiceNFSv4 `json:"nfsv4,omitempty"`
+	// Grace is the grace periods of the service's own lockd and nfsd
+	// since its last start here, while NFSv4 is present: the names of
+	// the clients it waits for only to an operator (ServicesForReader).
+	Grace *Grace `json:"grace,omitempty"`
+}
+
+// ServiceNFSv4 is a service's NFSv4 client tracking on the server that
+// serves it: the cld pipe of the service's namespace and the service's
+// own records (not the node's: Status.NFSv4).
+type ServiceNFSv4 struct {
+	// Tracking: nsmd serves the pipe of the service's namespace.
+	Tracking    bool   `json:"tracking"`
+	TrackingWhy string `json:"tracking_off_why,omitempty"`
+	Pipe        *Pipe  `json:"pipe,omitempty"`
+	// The service's records: epochs, clients that may reclaim after its
+	// next move (clients) and, during its grace, those that may reclaim
+	// now (reclaimable) and how many did (reclaimed).
+	CurrentEpoch  uint64 `json:"current_epoch"`
+	RecoveryEpoch uint64 `json:"recovery_epoch"`
+	Clients       int    `json:"clients"`
+	Reclaimable   int    `json:"reclaimable"`
+	Reclaimed     int    `json:"reclaimed"`
+	// GraceStartSMState is the service's sm_state when its nfsd's
+	// GraceStart was answered here last (the start hook waits for it).
+	GraceStartSMState int32      `json:"grace_start_sm_state,omitempty"`
+	GraceStartAt      *time.Time `json:"grace_start_at,omitempty"`
+}
+
+// Summary is the one-line form of s that nsmd services prints.
+func (s ServiceNFSv4) Summary() string {
+	return NFSv4Status{Tracking: s.Tracking, TrackingWhy: s.TrackingWhy, Pipe: s.Pipe, CurrentEpoch: s.CurrentEpoch,
+		RecoveryEpoch: s.RecoveryEpoch, Clients: s.Clients, Reclaimable: s.Reclaimable, Reclaimed: s.Reclaimed}.Summary()
 }
 
 // ServiceHook is a service's last start or stop hook run on a server.
@@ -144,18 +180,27 @@ type ServiceHook struct {
 }
 
 // ServicesForReader is list as a reader may see it: a hook's output (in
-// Local.LastFailure) only to an operator (privileged), as in
-// Status.ForReader; the rest to everyone.
+// Local.LastFailure) and the names of the clients a service's grace
+// waits for (Local.Grace) only to an operator (privileged), as in
+// Status.ForReader; the rest to everyone. list is not changed.
 func ServicesForReader(list []ServiceStatus, privileged bool) []ServiceStatus {
 	if privileged {
 		return list
 	}
 	out := make([]ServiceStatus, len(list))
 	for i, s := range list {
-		if l := s.Local; l != nil && l.LastFailure != nil && l.LastFailure.Output != "" {
-			local, f := *l, *l.LastFailure
-			f.Output = ""
-			local.LastFailure = &f
+		if l := s.Local; l != nil {
+			local := *l
+			if f := l.LastFailure; f != nil && f.Output != "" {
+				hidden := *f
+				hidden.Output = ""
+				local.LastFailure = &hidden
+			}
+			if g := l.Grace; g != nil {
+				hidden := *g
+				hidden.NLM, hidden.NFSv4 = g.NLM.withoutNames(), g.NFSv4.withoutNames()
+				local.Grace = &hidden
+			}
 			s.Local = &local
 		}
 		out[i] = s

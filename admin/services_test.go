@@ -197,3 +197,27 @@ func TestServicesSummary(t *testing.T) {
 		t.Errorf("ServicesSummary:\n got %s\nwant %s", got, want)
 	}
 }
+
+// The names of the clients a service's grace waits for (local.grace) are
+// an operator's, as the node's grace's in /v1/status: a reader gets
+// their number; the counts are everyone's, and the list is not changed.
+func TestServiceGraceNamesOnlyToOperators(t *testing.T) {
+	list := []ServiceStatus{{ID: "a", Local: &ServiceLocal{Node: "n1",
+		NFSv4: &ServiceNFSv4{Tracking: true, RecoveryEpoch: 2, Reclaimable: 2, Reclaimed: 1},
+		Grace: &Grace{NLM: GraceManager{Expected: 1, Missing: []string{"10.0.0.7"}},
+			NFSv4: GraceManager{Expected: 2, Back: 1, Missing: []string{"Linux NFSv4.2 c1"}}}}}}
+	if got := ServicesForReader(list, true)[0].Local.Grace.NFSv4.Missing; !slices.Equal(got, []string{"Linux NFSv4.2 c1"}) {
+		t.Errorf("operator: missing %q", got)
+	}
+	r := ServicesForReader(list, false)[0].Local
+	if g := r.Grace; len(g.NFSv4.Missing) != 0 || g.NFSv4.MissingHidden != 1 || g.NFSv4.Expected != 2 || g.NFSv4.Back != 1 ||
+		len(g.NLM.Missing) != 0 || g.NLM.MissingHidden != 1 {
+		t.Errorf("reader: grace %+v", g)
+	}
+	if r.NFSv4 == nil || r.NFSv4.Reclaimed != 1 {
+		t.Errorf("reader: nfsv4 %+v", r.NFSv4)
+	}
+	if got := list[0].Local.Grace.NFSv4.Missing; len(got) != 1 {
+		t.Errorf("the store's list changed: %q", got)
+	}
+}

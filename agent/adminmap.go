@@ -114,3 +114,20 @@ func serviceLocalJSON(node string, st serviceRoomStatus) *admin.ServiceLocal {
 	}
 	return out
 }
+
+// serviceNFSv4JSON is a service's NFSv4 tracking on this server as
+// GET /v1/services's local "nfsv4".
+func serviceNFSv4JSON(st serviceV4Status) *admin.ServiceNFSv4 {
+	out := &admin.ServiceNFSv4{Tracking: st.Tracking, TrackingWhy: st.TrackingWhy,
+		CurrentEpoch: st.CurrentEpoch, RecoveryEpoch: st.RecoveryEpoch,
+		Clients: st.Clients, Reclaimable: st.Reclaimable, Reclaimed: st.Reclaimed,
+		GraceStartSMState: st.GraceStartSMState}
+	if st.Pipe != nil {
+		out.Pipe = pipeJSON(*st.Pipe)
+	}
+	if !st.GraceStartAt.IsZero() {
+		at := st.GraceStartAt.UTC()
+		out.GraceStartAt = &at
+	}
+	return out
+}

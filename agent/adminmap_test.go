@@ -115,13 +115,17 @@ func TestAdminMappingCarriesEveryField(t *testing.T) {
 			return r
 		}())},
 		{"service local", serviceLocalJSON("n1", filled[serviceRoomStatus]())},
+		{"service nfsv4", serviceNFSv4JSON(filled[serviceV4Status]())},
 	} {
 		z := zeroFields(reflect.ValueOf(c.out), c.name)
 		// Only NFSv4 clients are dated (no NLM equivalent of a lease).
 		// MissingHidden is the admin handler's, for readers who are not
-		// operators (admin.Status.ForReader), not a part's.
+		// operators (admin.Status.ForReader), not a part's. A service's
+		// local NFSv4 and grace are its NFSv4 side's (the "service nfsv4"
+		// and "grace" mappings), not its room's.
 		z = slices.DeleteFunc(z, func(f string) bool {
-			return f == "grace.NLM.LastSeen" || strings.HasSuffix(f, ".MissingHidden")
+			return f == "grace.NLM.LastSeen" || strings.HasSuffix(f, ".MissingHidden") ||
+				f == "service local.NFSv4" || f == "service local.Grace"
 		})
 		if len(z) > 0 {
 			t.Errorf("%s: not mapped: %v", c.name, z)
@@ -184,8 +188,15 @@ func wireOfEveryPart() map[string]any {
 				// What the node that serves it (nfs1) adds.
 				Run: serviceRunJSON("nfs1", cluster.ServiceRun{Service: "home", Epoch: 4, Phase: "serving", LeaseLeft: 2345678 * time.Microsecond,
 					Proof: cluster.FencedPeer{Node: "nfs2", By: "clean", Took: 120 * time.Millisecond, Detail: "it answered that it stopped epoch 3"}}),
-				Local: serviceLocalJSON("nfs1", serviceRoomStatus{Service: "home", Epoch: 4, Phase: roomServing, AddressHeld: true, Namespace: "nsmd-home",
-					LastHook: &roomHookResult{Hook: "on_leader", Reason: "start", Epoch: 4, At: at}})},
+				Local: withServiceV4(serviceLocalJSON("nfs1", serviceRoomStatus{Service: "home", Epoch: 4, Phase: roomServing, AddressHeld: true, Namespace: "nsmd-home",
+					LastHook: &roomHookResult{Hook: "on_leader", Reason: "start", Epoch: 4, At: at}}),
+					// Its NFSv4 side (service namespaces): its own pipe, records and grace.
+					serviceNFSv4JSON(serviceV4Status{Tracking: true, Pipe: &cld.Status{Pipe: "/run/nsmd/services/home/rpc_pipefs/nfsd/cld", State: cld.StateOpen, Since: at, Version: 2,
+						LastGraceStart: at, LastGraceStartRecords: 3, Upcalls: map[string]uint64{"create": 1, "grace_start": 1}},
+						CurrentEpoch: 5, RecoveryEpoch: 4, Clients: 1, Reclaimable: 3, Reclaimed: 1, GraceStartSMState: 9, GraceStartAt: at}),
+					graceJSON(&grace.Status{SMState: 9, Started: at, Settle: 3 * time.Second,
+						NLM:   grace.ManagerStatus{Expected: 1, Back: 1, Ended: &grace.End{At: at.Add(2 * time.Second), After: 2 * time.Second, Reason: grace.ReasonAllReclaimed}},
+						NFSv4: grace.ManagerStatus{Expected: 3, Back: 1, Missing: []string{"Linux NFSv4.2 c2", "Linux NFSv4.1 c3"}}}, nil))},
 			{ID: "projects", Address: "10.0.0.52/24", Owner: "nfs2", Epoch: 2, State: admin.ServiceMoving, Fingerprint: "0123456789abcdef",
 				DeclaredBy: map[string]string{"nfs1": "0123456789abcdef", "nfs2": "0123456789abcdef"},
 				LastMove:   &admin.ServiceMove{To: "nfs2", Reason: "placed", At: at, Epoch: 2}},
@@ -206,7 +217,24 @@ func wireOfEveryPart() map[string]any {
 					LastHook:    &roomHookResult{Hook: "on_follower", Reason: "stop", Epoch: 2, Err: "exit status 32", At: at},
 					LastFailure: &admin.HookFailure{Hook: "on_follower", Event: "follower", Reason: "stop", At: at, Err: "exit status 32", Output: "umount: /srv/projects: target is busy"}})},
 		}, false),
+		// A service's NFSv4 side as a reader who is not an operator sees
+		// it: the names of the clients its grace waits for are left out;
+		// and one without NFSv4 client tracking served.
+		"services_grace_for_reader": admin.ServicesForReader([]admin.ServiceStatus{
+			{ID: "home", Owner: "nfs1", Epoch: 4, State: admin.ServiceServing, DeclaredBy: map[string]string{},
+				Local: withServiceV4(&admin.ServiceLocal{Node: "nfs1", Phase: roomServing, Epoch: 4},
+					serviceNFSv4JSON(serviceV4Status{TrackingWhy: "nfsv4_tracking is off", CurrentEpoch: 1}),
+					graceJSON(&grace.Status{SMState: 9, Started: at, Settle: 3 * time.Second, Error: "grace_end is timer: nsmd does not end grace",
+						NLM:   grace.ManagerStatus{Expected: 2, Missing: []string{"10.0.0.7", "10.0.0.8"}},
+						NFSv4: grace.ManagerStatus{Absent: true}}, nil))},
+		}, false),
 	}
+}
+
+// withServiceV4 is l with a service's NFSv4 tracking and grace.
+func withServiceV4(l *admin.ServiceLocal, v4 *admin.ServiceNFSv4, g *admin.Grace) *admin.ServiceLocal {
+	l.NFSv4, l.Grace = v4, g
+	return l
 }
 
 // TestAdminWireFormIsTheGoldenOne: the admin API's JSON of members, disk,

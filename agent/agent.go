@@ -336,7 +336,7 @@ func (a *Agent) buildNFSv4(opts Options) error {
 		tuneSvc = func(svc string, c *cld.Config) { opts.TuneServiceTracking(id, svc, c) }
 	}
 	a.svcV4 = newServiceV4s(a, a.v4, tuneSvc)
-	return nil
+	return a.reg.Register(serviceV4Collector{a.svcV4})
 }
 
 // nodeNSM is the node's own NSM service: the node-level registrations

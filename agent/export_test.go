@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nsmd/nsmd/admin"
 )
@@ -34,4 +37,23 @@ func (a *Agent) Services() []admin.ServiceStatus { return a.services() }
 // MoveService is POST /v1/services/move on a.
 func (a *Agent) MoveService(ctx context.Context, service, to string) error {
 	return a.moveService(ctx, service, to)
+}
+
+// NamespacedServiceMetrics are the names of the series a service has only
+// with service namespaces (its NFSv4 tracking and grace:
+// servicev4metrics.go), which a cluster without them never exports.
+func NamespacedServiceMetrics() map[string]bool {
+	ch := make(chan *prometheus.Desc, 16)
+	go func() {
+		serviceV4Collector{}.Describe(ch)
+		close(ch)
+	}()
+	out := map[string]bool{}
+	for d := range ch {
+		// A Desc says its name only in its String: Desc{fqName: "…", …}.
+		_, rest, _ := strings.Cut(d.String(), `fqName: "`)
+		name, _, _ := strings.Cut(rest, `"`)
+		out[name] = true
+	}
+	return out
 }

@@ -104,6 +104,7 @@ func (a *Agent) servicesHere() ([]admin.ServiceStatus, map[string]cluster.Servic
 		}
 		if r, ok := rooms[id]; ok {
 			st.Local = serviceLocalJSON(me, r)
+			st.Local.NFSv4, st.Local.Grace = a.svcV4.status(id) // its own nfsd's, while open here
 		}
 		out = append(out, st)
 	}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/nsmd/nsmd/cld"
 	"github.com/nsmd/nsmd/cluster"
 	"github.com/nsmd/nsmd/config"
@@ -95,6 +97,7 @@ type serviceScope interface {
 	MonitoredHosts() []string
 	Epochs() (current, recovery uint64)
 	V4Clients(recovery bool) []fsm.V4Client
+	V4Counts() (current, recovery, reclaimed int)
 	HasV4Client(name string) (inCurrent, inRecovery bool)
 	TrackCreate(ctx context.Context, name, princHash string) error
 	TrackRemove(ctx context.Context, name string) error
@@ -113,9 +116,15 @@ func (serviceGraceCluster) MarkTimeline(int32, func(*timeline.Timeline)) {}
 
 // serviceV4 is one service's NFSv4 side while its room has it open.
 type serviceV4 struct {
+	scope  serviceScope
 	grace  *grace.Service
 	srv    *cld.Server // nil: tracking not served
 	whyNot string
+	// reg holds the tracking server's metrics of this service (its own
+	// registry: the node's carry the node's pipe under the same names);
+	// the services' collector exports them with a service label
+	// (servicev4metrics.go) while the service is open here.
+	reg    *prometheus.Registry
 	ctx    context.Context // ends at close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -165,9 +174,9 @@ func (s *serviceV4s) open(spec service.Spec, ns svcNamespace, runDir string) err
 	if err != nil {
 		return fmt.Errorf("service %s: its grace: %w", spec.ID, err)
 	}
-	v := &serviceV4{grace: g, whyNot: s.whyNot}
+	v := &serviceV4{scope: sc, grace: g, whyNot: s.whyNot, reg: prometheus.NewRegistry()}
 	if s.tracking {
-		c := cld.Config{PipefsDir: filepath.Join(runDir, "rpc_pipefs"), MountPipefs: false, Logger: log}
+		c := cld.Config{PipefsDir: filepath.Join(runDir, "rpc_pipefs"), MountPipefs: false, Logger: log, Registerer: v.reg}
 		if s.tune != nil {
 			s.tune(spec.ID, &c)
 		}

@@ -76,6 +76,7 @@ func (c fsmScope) State() int32                      { return c.sc().State() }
 func (c fsmScope) AppliedIndex() uint64              { return c.s.f.AppliedIndex() }
 func (c fsmScope) Epochs() (uint64, uint64)          { return c.sc().Epochs() }
 func (c fsmScope) V4Clients(rec bool) []fsm.V4Client { return c.sc().V4Clients(rec) }
+func (c fsmScope) V4Counts() (int, int, int)         { return c.sc().V4Counts() }
 func (c fsmScope) HasV4Client(n string) (bool, bool) { return c.sc().HasV4Client(n) }
 func (c fsmScope) MonitoredHosts() []string {
 	var out []string

@@ -98,7 +98,8 @@ func renderPage(t *testing.T, node string, o admin.Overview) pageServices {
 // TestStatusPageListsServices: the status page shows a Services section
 // with one row per service (where it runs, its epoch and state, what this
 // node does with it: its run's phase, epoch and lease, the previous
-// server's proof, the address, the last hook; the last move, how the
+// server's proof, the address, the last hook, its own NFSv4 tracking and
+// grace; the last move, how the
 // servers' specs differ) when the overview has services,
 // and no section without them. It runs the page's own script under node
 // (skipped where node is not installed).
@@ -123,7 +124,10 @@ func TestStatusPageListsServices(t *testing.T) {
 			LastMove:   &admin.ServiceMove{From: "nfs2", To: "nfs1", Reason: "planned", At: at, Epoch: 4},
 			Run:        &admin.ServiceRun{Node: "nfs1", Phase: admin.RunServing, Epoch: 4, LeaseSeconds: 2.345, Proof: &admin.ServiceProof{Node: "nfs2", By: "clean"}},
 			Local: &admin.ServiceLocal{Node: "nfs1", Phase: "serving", Epoch: 4, AddressHeld: true,
-				LastHook: &admin.ServiceHook{Hook: "on_leader", Reason: "start", Epoch: 4, At: at}}},
+				LastHook: &admin.ServiceHook{Hook: "on_leader", Reason: "start", Epoch: 4, At: at},
+				NFSv4:    &admin.ServiceNFSv4{Tracking: true, Pipe: &admin.Pipe{State: "open"}, CurrentEpoch: 5, RecoveryEpoch: 4, Clients: 1, Reclaimable: 3, Reclaimed: 1},
+				Grace: &admin.Grace{Started: at, NLM: admin.GraceManager{Expected: 1, Back: 1, Ended: &admin.GraceEnd{At: at, Reason: "all_reclaimed"}, Seconds: 2},
+					NFSv4: admin.GraceManager{Expected: 3, Back: 1, MissingHidden: 2}}}},
 		{ID: "proj", Address: "10.0.0.52/24", Owner: "nfs2", Epoch: 2, State: admin.ServicePlaced,
 			Local: &admin.ServiceLocal{Node: "nfs1", Phase: "failed", Epoch: 1,
 				LastHook: &admin.ServiceHook{Hook: "on_follower", Reason: "stop", Epoch: 1, Err: "exit status 32", At: at}}},
@@ -134,7 +138,9 @@ func TestStatusPageListsServices(t *testing.T) {
 	p := renderPage(t, node, o)
 	want := [][]string{
 		{"home", "10.0.0.50/24", "nfs1", "4", "serving",
-			"serving at epoch 4 · lease 2.3 s · nfs2 proven stopped (clean) · address held · on_leader start ok at 2025-01-02 03:04:05Z",
+			"serving at epoch 4 · lease 2.3 s · nfs2 proven stopped (clean) · address held · on_leader start ok at 2025-01-02 03:04:05Z · " +
+				"NFSv4 tracking pipe open, 1 client records, 1 of 3 reclaimed · grace since 2025-01-02 03:04:05Z: lockd ended after 2.0 s (all_reclaimed, 1 of 1 clients back), " +
+				"nfsd open (1 of 3 clients back, waiting for 2 not named (names are shown only to an operator: the admin token below))",
 			"nfs2 → nfs1 (planned) at 2025-01-02 03:04:05Z, epoch 4", ""},
 		{"proj", "10.0.0.52/24", "nfs2", "2", "placed", "failed · address not held · on_follower stop FAILED: exit status 32 at 2025-01-02 03:04:05Z", "", ""},
 		{"scratch", "10.0.0.51/24", "–", "0", "conflict", "", "", "nfs2's spec of scratch differs from nfs1's · nfs1 aa, nfs2 bb, w does not declare it"},

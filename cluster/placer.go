@@ -282,7 +282,7 @@ func sameDecls(a, b []fsm.ServiceDecl) bool {
 
 // input is placement's view of st and of the members now: the servers
 // of the raft configuration, healthy when gossip says alive (this node:
-// always, its disk not slow).
+// when its data directory takes writes, placeHealthy).
 func (p *placer) input(st fsm.ServiceState) placement.Input {
 	n := p.n
 	in := placement.Input{
@@ -298,8 +298,7 @@ func (p *placer) input(st fsm.ServiceState) placement.Input {
 		healthy := m.State == stateAlive
 		switch {
 		case m.ID == n.cfg.NodeID:
-			ds := n.disk.Status()
-			healthy = ds.Writable && !ds.Slow
+			healthy = placeHealthy(n.disk.Status())
 		case n.cfg.memberHealthy != nil:
 			healthy = n.cfg.memberHealthy(m.ID)
 		case n.member == nil:
@@ -319,6 +318,15 @@ func (p *placer) input(st fsm.ServiceState) placement.Input {
 	}
 	return in
 }
+
+// placeHealthy is whether the leader, judging itself, may keep and take
+// services: only while its data directory takes writes. A slow one moves
+// leadership (successor.go), not services: what they serve is on their
+// own storage, their state goes through the leader, and a move costs
+// their clients a grace — and, judged unhealthy, the leader would take
+// its own services away at once, without their stop, with its lease on
+// them revoked (a stop slower than the lease then resets the node).
+func placeHealthy(ds DiskStatus) bool { return ds.Writable }
 
 // settling: a leader that began leading less than Settle ago places no
 // service that has no owner yet while some server of the configuration

@@ -221,3 +221,16 @@ func TestFollowersMoveRefusedByTheLeaderIsRejectedAtOnce(t *testing.T) {
 		t.Errorf("the refusal took %v", took)
 	}
 }
+
+// TestASlowDataDirectoryKeepsItsServices: a leader whose data directory
+// is slow stays a healthy server for placement (leadership moves, its
+// services do not); one whose data directory fails writes does not.
+func TestASlowDataDirectoryKeepsItsServices(t *testing.T) {
+	slow := DiskStatus{Writable: true, Slow: true, WriteP50: 2 * time.Second}
+	if !placeHealthy(slow) {
+		t.Error("a leader with a slow data directory judges itself unfit to serve: its services would be taken away at once")
+	}
+	if placeHealthy(DiskStatus{Writable: false}) {
+		t.Error("a leader whose data directory fails writes judges itself fit to serve")
+	}
+}

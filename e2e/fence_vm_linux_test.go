@@ -175,6 +175,52 @@ type fenceVM struct {
 	exits   []vmExit
 	killing string // the next exit's cause, when the harness ends the VM
 	done    chan struct{}
+
+	// words are the notable lines of the VM's nsmd log, read as it runs
+	// (lastWords): a reset loses what its page cache held.
+	words   []string
+	logOff  int64
+	wordsAt time.Time
+}
+
+// wordsEvery is how often the sampler reads a server's new log lines.
+const wordsEvery = 3 * time.Second
+
+// readWords appends the notable lines nsmd logged on the VM since the
+// last read (warnings, errors, hooks, the watchdog, leases, fencing),
+// keeping the last 200.
+func (f *fenceVM) readWords() {
+	if time.Since(f.wordsAt) < wordsEvery {
+		return
+	}
+	f.wordsAt = time.Now()
+	r, err := f.n.vm.call(fmt.Sprintf("f=/var/lib/nsmd/nsmd.log; s=$(stat -c %%s $f 2>/dev/null || echo 0); echo $s; "+
+		"tail -c +%d $f 2>/dev/null | head -c $((s-%d)) | grep -v component=gossip | grep -E 'level=(WARN|ERROR)|hook|watchdog|lease|fence|stop|start' | cut -c1-400", f.logOff+1, f.logOff),
+		5*time.Second, false)
+	if err != nil || r.TimedOut || r.RC != 0 {
+		return
+	}
+	first, rest, _ := strings.Cut(r.Out, "\n")
+	size, err := strconv.ParseInt(strings.TrimSpace(first), 10, 64)
+	if err != nil || size < f.logOff {
+		return
+	}
+	f.logOff = size
+	for _, l := range strings.Split(strings.TrimSpace(rest), "\n") {
+		if l != "" {
+			f.words = append(f.words, l)
+		}
+	}
+	if len(f.words) > 200 {
+		f.words = f.words[len(f.words)-200:]
+	}
+}
+
+// lastWords is what readWords kept: the server's account up to its end.
+func (f *fenceVM) lastWords() string {
+	f.busy.Lock()
+	defer f.busy.Unlock()
+	return strings.Join(f.words, "\n")
 }
 
 // boot starts the VM's QEMU and watches for its exit.
@@ -326,6 +372,7 @@ func (f *fenceVM) sampleOnce() {
 			break
 		}
 		s.src = 's'
+		f.readWords()
 		for _, line := range strings.Split(r.Out, "\n") {
 			fl := strings.Fields(line)
 			if len(fl) >= 3 && strings.HasPrefix(fl[0], "/dev/vd") {
@@ -651,7 +698,7 @@ type fenceRig struct {
 	harness *fenceHarness
 	cs      []*nfsClient
 	prober  *testVM
-	workers map[*nfsClient]int
+	work    *lockWork
 	tStart  time.Time
 	// unexpected lists server resets no drill caused.
 	unexpected []string
@@ -738,7 +785,7 @@ func TestFencingNeverTwoServers(t *testing.T) {
 	p.witness = &pairNode{id: "w", ip: p.w.ip, admin: net.JoinHostPort(p.w.ip.String(), strconv.Itoa(adminPort))}
 	p.pki = newClusterPKI(t, map[string]string{"w": p.w.ip.String(), "s1": topoNet + ".12", "s2": topoNet + ".13"})
 	p.http = httpIn(p.w.ns, p.pki.clientTLS(t))
-	r := &fenceRig{pairTopo: p, t: t, vms: map[*pairNode]*fenceVM{}, workers: map[*nfsClient]int{}, tStart: tStart}
+	r := &fenceRig{pairTopo: p, t: t, vms: map[*pairNode]*fenceVM{}, tStart: tStart}
 
 	shared := filepath.Join(p.dir, "shared.img")
 	makeDisk(t, shared, 64)
@@ -945,69 +992,19 @@ func (r *fenceRig) startClients(leader *pairNode) {
 	for _, c := range r.cs {
 		mountAndHold(t, c, leader)
 	}
+	var ws []*lockWorker
 	for _, c := range r.cs {
-		line, pid := c.vm.start(60*time.Second, "vmagent contend "+c.vm.name+" 100ms 1s "+strings.Join(workFiles, " "))
-		if !strings.HasPrefix(line, "contending") {
-			t.Fatalf("%s worker: %q", c.vm.name, line)
-		}
-		r.workers[c] = pid
+		ws = append(ws, &lockWorker{vm: c.vm, name: c.vm.name, files: workFiles})
 	}
-	r.waitProgress("every worker in a critical section", 120*time.Second)
+	r.work = startLockWork(t, ws...)
 	r.clientKernels("clients started")
-}
-
-func (r *fenceRig) progress() map[*nfsClient]int {
-	n := map[*nfsClient]int{}
-	for _, c := range r.cs {
-		secs, problems, _ := workerLog(r.t, c, r.workers[c])
-		if len(problems) > 0 {
-			r.t.Fatalf("lock-safety workload: %s", strings.Join(problems, "; "))
-		}
-		n[c] = len(secs)
-	}
-	return n
-}
-
-// waitProgress waits until every worker finished a critical section more.
-func (r *fenceRig) waitProgress(what string, timeout time.Duration) {
-	r.t.Helper()
-	before := r.progress()
-	testutil.WaitForSeen(r.t, timeout, what, func() (bool, string) {
-		now := r.progress()
-		var seen []string
-		ok := true
-		for _, c := range r.cs {
-			if now[c] <= before[c] {
-				ok = false
-			}
-			seen = append(seen, fmt.Sprintf("%s %d→%d", c.vm.name, before[c], now[c]))
-		}
-		time.Sleep(500 * time.Millisecond)
-		return ok, strings.Join(seen, ", ")
-	})
 }
 
 // stopClients stops the workload and checks every section's write.
 func (r *fenceRig) stopClients() {
 	t := r.t
 	t.Helper()
-	var all []section
-	for _, c := range r.cs {
-		c.vm.sh(10*time.Second, fmt.Sprintf("kill %d", r.workers[c]))
-	}
-	for _, c := range r.cs {
-		testutil.WaitForSeen(t, 60*time.Second, c.vm.name+"'s worker to stop", func() (bool, string) {
-			_, _, done := workerLog(t, c, r.workers[c])
-			time.Sleep(200 * time.Millisecond)
-			return done, ""
-		})
-		secs, problems, _ := workerLog(t, c, r.workers[c])
-		if len(problems) > 0 {
-			t.Fatalf("lock-safety workload: %s", strings.Join(problems, "; "))
-		}
-		all = append(all, secs...)
-	}
-	checkSequences(t, all)
+	all := r.work.stop()
 	for _, c := range r.cs {
 		c.vm.sh(60*time.Second, fmt.Sprintf("kill %[1]d; while kill -0 %[1]d 2>/dev/null; do sleep 0.1; done; umount /mnt/nfs", c.holder))
 	}
@@ -1273,7 +1270,7 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 		leader.vm.try(5*time.Second, fmt.Sprintf("kill %d; true", busy)) // the busy holder, if the VM survived
 	}
 	p.waitFollowing(leader, st.SMState+2, 150*time.Second)
-	r.waitProgress(name+": every worker past the fault", 150*time.Second)
+	r.work.waitProgress(name+": every worker past the fault", 150*time.Second, nil)
 	checkHeld(t, r.cs, name+" after")
 	r.clientKernels(name)
 	return res

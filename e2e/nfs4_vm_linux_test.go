@@ -801,96 +801,17 @@ func (p *pairTopo) logKernelWarnings() {
 // workFiles are the files every client contends for.
 var workFiles = []string{"/mnt/nfs/w1", "/mnt/nfs/w2"}
 
-// section is one critical section a worker reported.
-type section struct {
-	file        string
-	read, wrote int
-	worker      string
-	waitedMS    int64 // how long its lock request waited
-	atMS        int64 // when it ended, Unix ms on the worker's VM clock
-}
-
-func (s section) String() string {
-	return fmt.Sprintf("%s read %d wrote %d (waited %d ms, ended %s on its clock)", s.worker, s.read, s.wrote, s.waitedMS,
-		time.UnixMilli(s.atMS).UTC().Format("15:04:05.000"))
-}
-
-// workerLog reads worker pid's output on client c: its sections, and the
-// OVERLAP/ERROR lines (problems).
-func workerLog(t *testing.T, c *nfsClient, pid int) (secs []section, problems []string, done bool) {
-	t.Helper()
-	rc, out, err := c.vm.try(10*time.Second, fmt.Sprintf("cat /run/vmagent/%d.log", pid))
-	if err != nil || rc != 0 {
-		t.Fatalf("%s worker log: rc %d %v", c.vm.name, rc, err)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		switch {
-		case len(f) >= 4 && f[0] == "CS":
-			r, _ := strconv.Atoi(f[2])
-			w, _ := strconv.Atoi(f[3])
-			sec := section{file: f[1], read: r, wrote: w, worker: c.vm.name}
-			if len(f) >= 6 {
-				sec.waitedMS, _ = strconv.ParseInt(f[4], 10, 64)
-				sec.atMS, _ = strconv.ParseInt(f[5], 10, 64)
-			}
-			secs = append(secs, sec)
-		case len(f) > 0 && (f[0] == "OVERLAP" || f[0] == "ERROR"):
-			problems = append(problems, c.vm.name+": "+line)
-		case len(f) > 0 && f[0] == "DONE":
-			done = true
-		}
-	}
-	return secs, problems, done
-}
-
-// lockWorkload: every client contends for workFiles with blocking locks,
-// writing its name and the file's next sequence number under the lock and
-// checking nobody else wrote meanwhile, while the servers fail over
-// `failovers` times (transfers and kills alternating). The checker: no
-// OVERLAP or ERROR line (EIO, ENOLCK: a lost lock), every worker makes
-// progress after every failover, and per file the sequence numbers
-// written are 1…N, each once, each written by the holder that read N−1 —
-// two holders at once would both read N and write N+1.
+// lockWorkload: every client contends for workFiles (lockWork) while
+// the servers fail over `failovers` times (transfers and kills
+// alternating); every worker makes progress after every failover.
 func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string, steps []map[string]float64) {
 	t := p.t
 	t.Helper()
-	pids := map[*nfsClient]int{}
+	var ws []*lockWorker
 	for _, c := range cs {
-		line, pid := c.vm.start(60*time.Second, "vmagent contend "+c.vm.name+" 100ms 1s "+strings.Join(workFiles, " "))
-		if !strings.HasPrefix(line, "contending") {
-			t.Fatalf("%s worker: %q", c.vm.name, line)
-		}
-		pids[c] = pid
+		ws = append(ws, &lockWorker{vm: c.vm, name: c.vm.name, files: workFiles})
 	}
-	progress := func() map[*nfsClient]int {
-		n := map[*nfsClient]int{}
-		for _, c := range cs {
-			secs, problems, _ := workerLog(t, c, pids[c])
-			if len(problems) > 0 {
-				t.Fatalf("lock-safety workload: %s", strings.Join(problems, "; "))
-			}
-			n[c] = len(secs)
-		}
-		return n
-	}
-	waitProgress := func(what string, timeout time.Duration) {
-		before := progress()
-		testutil.WaitForSeen(t, timeout, what, func() (bool, string) {
-			now := progress()
-			var seen []string
-			ok := true
-			for _, c := range cs {
-				if now[c] <= before[c] {
-					ok = false
-				}
-				seen = append(seen, fmt.Sprintf("%s %d→%d", c.vm.name, before[c], now[c]))
-			}
-			time.Sleep(500 * time.Millisecond)
-			return ok, strings.Join(seen, ", ")
-		})
-	}
-	waitProgress("every worker in a critical section", 120*time.Second)
+	work := startLockWork(t, ws...)
 	start := time.Now()
 	for i := range failovers {
 		leader, st := p.waitServing(120*time.Second, 1, p.servers...)
@@ -908,7 +829,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string,
 			}
 			resp.Body.Close()
 		}
-		waitProgress(fmt.Sprintf("failover %d (%s of %s): every worker past it", i+1, fault, leader.id), 180*time.Second)
+		work.waitProgress(fmt.Sprintf("failover %d (%s of %s): every worker past it", i+1, fault, leader.id), 180*time.Second, nil)
 		progressAt := time.Since(t0).Seconds()
 		t.Logf("WORKLOAD kernel %s failover %d/%d: %s of %s at %s UTC (host); every worker made progress %.1fs later", p.kernel, i+1, failovers, fault, leader.id, t0.UTC().Format("15:04:05.000"), progressAt)
 		if ss, err := p.takeoverSteps(other, vw); err != nil {
@@ -924,51 +845,9 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string,
 			p.waitFollowing(leader, st.SMState+2, 120*time.Second)
 		}
 	}
-	var all []section
-	for _, c := range cs {
-		c.vm.sh(10*time.Second, fmt.Sprintf("kill %d", pids[c]))
-	}
-	for _, c := range cs {
-		testutil.WaitForSeen(t, 60*time.Second, c.vm.name+"'s worker to stop", func() (bool, string) {
-			_, _, done := workerLog(t, c, pids[c])
-			time.Sleep(200 * time.Millisecond)
-			return done, ""
-		})
-		secs, problems, _ := workerLog(t, c, pids[c])
-		if len(problems) > 0 {
-			t.Fatalf("lock-safety workload: %s", strings.Join(problems, "; "))
-		}
-		all = append(all, secs...)
-	}
-	checkSequences(t, all)
+	all := work.stop()
 	t.Logf("WORKLOAD kernel %s: %d failovers in %v: %d critical sections, no overlap, no lost lock", p.kernel, failovers, time.Since(start).Round(time.Second), len(all))
 	return names, steps
-}
-
-// checkSequences: per file, the written numbers are 1…N with no gap or
-// repeat, and each section read the number written just before it.
-func checkSequences(t *testing.T, secs []section) {
-	t.Helper()
-	byFile := map[string]map[int]section{}
-	for _, s := range secs {
-		if byFile[s.file] == nil {
-			byFile[s.file] = map[int]section{}
-		}
-		if prev, dup := byFile[s.file][s.wrote]; dup {
-			t.Fatalf("%s: sequence %d written twice: %v, then %v: two holders of one lock, or a write lost", s.file, s.wrote, prev, s)
-		}
-		if s.wrote != s.read+1 {
-			t.Fatalf("%s: %s read %d and wrote %d", s.file, s.worker, s.read, s.wrote)
-		}
-		byFile[s.file][s.wrote] = s
-	}
-	for f, m := range byFile {
-		for i := 1; i <= len(m); i++ {
-			if _, ok := m[i]; !ok {
-				t.Fatalf("%s: %d sections but sequence %d missing: a section's write was lost", f, len(m), i)
-			}
-		}
-	}
 }
 
 // negativeControl runs a transfer with the kernel's own node-local NFSv4

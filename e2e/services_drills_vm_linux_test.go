@@ -50,11 +50,28 @@ func (r *svcRig) namespaces(afterControl bool) {
 	r.waitMonitored(s1, "a", r.clients[0].vm.ip.String())
 	t.Logf("kernel %s at start: %s", p.kernel, graceLines(s1, s2))
 
+	// The lock-safety workload runs through every drill: on each client a
+	// worker per service contends for one file of it.
+	var ws []*lockWorker
+	for _, c := range r.clients {
+		for _, id := range []string{"a", "b"} {
+			ws = append(ws, &lockWorker{vm: c.vm, name: c.vm.name + "-" + id, files: []string{"/mnt/" + id + "/work"}})
+		}
+	}
+	work := startLockWork(t, ws...)
+
 	r.killDrill(st)
-	// On 6.12 too: its lockd unmonitors every host as a's nfsd stops on
-	// b's server, and waits for each answer (DESIGN.md, "A service's NSM
+	work.waitProgress("every worker past a's takeover", 180*time.Second, nil)
+	r.failedStopDrill()
+	work.waitProgress("every worker past the failed stop", 180*time.Second, nil)
+	// On 6.12 too: its lockd unmonitors every host as b's nfsd stops on
+	// a's server, and waits for each answer (DESIGN.md, "A service's NSM
 	// state is its own").
-	r.moveDrill(st)
+	r.moveDrill("b", "a", s1, s2)
+	work.waitProgress("every worker past b's move", 180*time.Second, nil)
+	all := work.stop()
+	t.Logf("WORKLOAD kernel %s: %d critical sections across a's takeover, the failed stop and b's move: no overlap, no lost lock", p.kernel, len(all))
+	r.checkerControl()
 }
 
 // waitNsGraceOver waits until service id's lockd and nfsd on n are out of grace.
@@ -104,14 +121,14 @@ func graceLines(ns ...*pairNode) string {
 	return b.String()
 }
 
-// bUntouched fails unless b is still where it was at epoch e0.
-func (r *svcRig) bUntouched(before admin.ServiceStatus, when string) {
+// untouched fails unless service id is still where it was (before).
+func (r *svcRig) untouched(id string, before admin.ServiceStatus, when string) {
 	st, err := r.p.services(r.p.witness)
 	if err != nil {
 		r.p.t.Fatal(err)
 	}
-	if b := st["b"]; b.Owner != before.Owner || b.Epoch != before.Epoch {
-		r.p.t.Errorf("%s: service b moved: %s@%d → %s@%d", when, before.Owner, before.Epoch, b.Owner, b.Epoch)
+	if x := st[id]; x.Owner != before.Owner || x.Epoch != before.Epoch {
+		r.p.t.Errorf("%s: service %s moved: %s@%d → %s@%d", when, id, before.Owner, before.Epoch, x.Owner, x.Epoch)
 	}
 }
 
@@ -160,24 +177,14 @@ func (r *svcRig) killDrill(before map[string]admin.ServiceStatus) {
 	}
 
 	// a's clients: their locks back on s2, a new lock, a's grace over.
-	back := map[string]float64{}
-	testutil.WaitForSeen(t, 180*time.Second, "a's locks back on s2", func() (bool, string) {
-		held := heldOn(s2.vm)
-		for _, c := range r.clients {
-			if _, ok := back[c.vers]; !ok && held[c.keys["a"]] > 0 {
-				back[c.vers] = since()
-			}
-		}
-		time.Sleep(drillPoll)
-		return len(back) == len(r.clients), fmt.Sprintf("back %v; a's grace %s", back, nsGrace(s2.vm, "a"))
-	})
+	back := r.locksBack("a", s2, t0)
 	aNew, _ := r.probed("a", aProbe, 150*time.Second, nil)
 	r.waitNsGraceOver(s2, "a", 120*time.Second)
 	t.Logf("DRILL kernel %s: power cut of s1: a in grace on s2 at %.1fs; a's locks back (s after the cut) %v; a's new lock (s after a in grace) NFSv3 %.1f NFSv4.2 %.1f; a's grace over by %.1fs%s",
 		p.kernel, inGraceAt, back, aNew["3"], aNew["4.2"], since(), graceLines(s2))
 	r.checkHeld("a", s2, "after the power cut")
 	r.checkHeld("b", s2, "after the power cut")
-	r.bUntouched(before["b"], "power cut of a's server")
+	r.untouched("b", before["b"], "power cut of a's server")
 
 	// s1 boots again and follows.
 	r.fvms[0].reboot(p)
@@ -185,68 +192,177 @@ func (r *svcRig) killDrill(before map[string]admin.ServiceStatus) {
 	p.waitFollowing(s1, 0, 120*time.Second)
 }
 
-// moveDrill: `nsmd move a --to s1`, a planned move back; b untouched.
-func (r *svcRig) moveDrill(before map[string]admin.ServiceStatus) {
+// moveDrill: `nsmd move id --to to`, a planned move off from, where
+// service other stays untouched.
+func (r *svcRig) moveDrill(id, other string, from, to *pairNode) {
 	p := r.p
 	t := p.t
-	s1, s2 := p.servers[0], p.servers[1]
+	fromVM := r.fvms[slices.Index(p.servers, from)]
+	before, err := p.services(p.witness)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t0 := time.Now()
-	r.move("a", "s1")
-	bProbe := r.probe("b")
-	// a's stop on s2, watched from outside: a's namespace and disk gone
-	// there, b's still there; what s2's nsmd logged of it is kept, so a
-	// server that ends meanwhile (a failed stop resets it) leaves its
+	r.move(id, to.id)
+	oProbe := r.probe(other)
+	// id's stop on from, watched from outside: its namespace and disk gone
+	// there, other's still there; what from's nsmd logged of it is kept,
+	// so a server that ends meanwhile (a failed stop resets it) leaves its
 	// account behind.
-	var s2log string
-	testutil.WaitForSeen(t, 90*time.Second, "a stopped on s2", func() (bool, string) {
-		if r.fvms[1].isDown() {
-			t.Fatalf("kernel %s: s2 ended while a left it (b's server!): %v; its nsmd's last words of a:\n%s", p.kernel, r.fvms[1].exitsSince(t0), s2log)
+	dev := vmServiceByID(id).dev
+	var fromLog string
+	testutil.WaitForSeen(t, 90*time.Second, id+" stopped on "+from.id, func() (bool, string) {
+		if fromVM.isDown() {
+			t.Fatalf("kernel %s: %s ended while %s left it (%s's server!): %v; its nsmd's last words of %s:\n%s", p.kernel, from.id, id, other, fromVM.exitsSince(t0), id, fromLog)
 		}
-		rc, out, err := s2.vm.try(10*time.Second, "grep -E 'service=a|level=ERROR|watchdog|fence' /var/lib/nsmd/nsmd.log | grep -v component=gossip | tail -n 40; echo ==; ip netns list; grep -E '^/dev/vd[ab] ' /proc/mounts")
+		rc, out, err := from.vm.try(10*time.Second, "grep -E 'service="+id+"|level=ERROR|watchdog|fence' /var/lib/nsmd/nsmd.log | grep -v component=gossip | tail -n 40; echo ==; ip netns list; grep -E '^/dev/vd[ab] ' /proc/mounts")
 		if err == nil && rc == 0 {
-			s2log = out
+			fromLog = out
 		}
-		_, state, _ := strings.Cut(s2log, "\n==\n")
+		_, state, _ := strings.Cut(fromLog, "\n==\n")
 		time.Sleep(drillPoll)
-		return err == nil && !strings.Contains(state, "nsmd-a") && !strings.Contains(state, "/dev/vda"), state
+		return err == nil && !strings.Contains(state, "nsmd-"+id) && !strings.Contains(state, dev+" "), state
 	})
-	bSeen := ""
-	got, _ := r.probed("b", bProbe, 60*time.Second, func() bool {
-		if g := nsGrace(s2.vm, "b"); g != "YY" && g != "" {
-			bSeen += " " + g
+	oSeen := ""
+	got, _ := r.probed(other, oProbe, 60*time.Second, func() bool {
+		if g := nsGrace(from.vm, other); g != "YY" && g != "" {
+			oSeen += " " + g
 		}
 		return true
 	})
-	r.row("namespaces: nsmd move a --to s1 (a leaves b's server)", got, "-")
-	if bSeen != "" {
-		t.Errorf("kernel %s: b's grace on s2 during a's move:%s", p.kernel, bSeen)
+	r.row(fmt.Sprintf("namespaces: nsmd move %s --to %s (%s leaves %s's server); %s's clients", id, to.id, id, other, other), got, "-")
+	if oSeen != "" {
+		t.Errorf("kernel %s: %s's grace on %s during %s's move:%s", p.kernel, other, from.id, id, oSeen)
 	}
 	for v, s := range got {
 		if s > svcNoWait {
-			t.Errorf("kernel %s: b's NFS %s client waited %.1fs for a new lock during a's move", p.kernel, v, s)
+			t.Errorf("kernel %s: %s's NFS %s client waited %.1fs for a new lock during %s's move", p.kernel, other, v, s, id)
 		}
 	}
-	r.waitPlaced(map[string]string{"a": "s1", "b": "s2"}, nsServing, 120*time.Second)
+	r.waitPlaced(map[string]string{id: to.id, other: from.id}, nsServing, 120*time.Second)
+	back := r.locksBack(id, to, t0)
+	idNew, _ := r.probed(id, r.probe(id), 150*time.Second, nil)
+	out := from.vm.sh(10*time.Second, "ip netns list; grep -E '^"+dev+" ' /proc/mounts; true")
+	if strings.Contains(out, "nsmd-"+id) || strings.Contains(out, dev) {
+		t.Errorf("%s after %s moved away: its namespace or disk still there: %s", from.id, id, out)
+	}
+	t.Logf("DRILL kernel %s: nsmd move %s --to %s: %s's locks back (s after the move) %v, %s's new lock NFSv3 %.1f NFSv4.2 %.1f (s from its attempt)", p.kernel, id, to.id, id, back, id, idNew["3"], idNew["4.2"])
+	r.checkHeld(id, to, "after the move")
+	r.checkHeld(other, from, "after the move")
+	r.untouched(other, before[other], "move of "+id)
+}
+
+// locksBack waits until every client's held lock on service id is on n
+// again and returns when each came back, in seconds after t0.
+func (r *svcRig) locksBack(id string, n *pairNode, t0 time.Time) map[string]float64 {
 	back := map[string]float64{}
-	testutil.WaitForSeen(t, 180*time.Second, "a's locks back on s1", func() (bool, string) {
-		held := heldOn(s1.vm)
+	testutil.WaitForSeen(r.p.t, 180*time.Second, id+"'s locks back on "+n.id, func() (bool, string) {
+		held := heldOn(n.vm)
 		for _, c := range r.clients {
-			if _, ok := back[c.vers]; !ok && held[c.keys["a"]] > 0 {
+			if _, ok := back[c.vers]; !ok && held[c.keys[id]] > 0 {
 				back[c.vers] = time.Since(t0).Seconds()
 			}
 		}
 		time.Sleep(drillPoll)
-		return len(back) == len(r.clients), fmt.Sprintf("back %v", back)
+		return len(back) == len(r.clients), fmt.Sprintf("back %v; %s's grace %s", back, id, nsGrace(n.vm, id))
 	})
-	aNew, _ := r.probed("a", r.probe("a"), 150*time.Second, nil)
-	out := s2.vm.sh(10*time.Second, "ip netns list; grep -E '^/dev/vda ' /proc/mounts; true")
-	if strings.Contains(out, "nsmd-a") || strings.Contains(out, "/dev/vda") {
-		t.Errorf("s2 after a moved away: a's namespace or disk still there: %s", out)
+	return back
+}
+
+// failedStopDrill: a and b both on s2, a's filesystem kept busy there;
+// `nsmd move a --to s1` runs a's stop on s2, whose unmount fails: s2 is
+// reset (nothing may serve a's disk from s1 while s2 might still have it
+// mounted), and b, whose server that was, moves to s1 with a. b stays on
+// s1 when s2 is back: no failback unless service_failback says so.
+func (r *svcRig) failedStopDrill() {
+	p := r.p
+	t := p.t
+	s1, s2 := p.servers[0], p.servers[1]
+	before, err := p.services(p.witness)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("DRILL kernel %s: nsmd move a --to s1: a's locks back (s after the move) %v, a's new lock NFSv3 %.1f NFSv4.2 %.1f (s from its attempt)", p.kernel, back, aNew["3"], aNew["4.2"])
-	r.checkHeld("a", s1, "after the move")
-	r.checkHeld("b", s2, "after the move")
-	r.bUntouched(before["b"], "move of a")
+	// A process whose working directory is a's filesystem on s2.
+	if line, _ := s2.vm.start(20*time.Second, "cd /srv/a && echo busy && exec sleep 100000"); line != "busy" {
+		t.Fatalf("s2: nothing keeps /srv/a busy: %q", line)
+	}
+	t0 := time.Now()
+	since := func() float64 { return time.Since(t0).Seconds() }
+	r.move("a", "s1")
+	testutil.WaitForSeen(t, 120*time.Second, "s2 reset by a's failed stop", func() (bool, string) {
+		time.Sleep(drillPoll)
+		return r.fvms[1].isDown(), "up"
+	})
+	resetAt := since()
+	if ex := r.fvms[1].exitsSince(t0); len(ex) != 1 || ex[0].how != "watchdog reset" {
+		t.Errorf("kernel %s: s2 after a's failed stop: %v (want one watchdog reset)", p.kernel, ex)
+	}
+	// a and b on s1: both proven off s2 (its watchdog promise), both in
+	// their own namespaces there.
+	st := r.waitPlaced(map[string]string{"a": "s1", "b": "s1"}, nsServing, 180*time.Second)
+	servedAt := since()
+	for _, id := range []string{"a", "b"} {
+		if st[id].Epoch <= before[id].Epoch {
+			t.Errorf("%s on s1 at epoch %d, want past %d", id, st[id].Epoch, before[id].Epoch)
+		}
+	}
+	// s2 boots again (a reset server does) while s1 takes over.
+	r.fvms[1].reboot(p)
+	s2.vm.sh(10*time.Second, "sysctl -w fs.leases-enable=0 >/dev/null")
+	back := map[string]map[string]float64{}
+	for _, id := range []string{"a", "b"} {
+		back[id] = r.locksBack(id, s1, t0)
+	}
+	aNew, _ := r.probed("a", r.probe("a"), 150*time.Second, nil)
+	bNew, _ := r.probed("b", r.probe("b"), 150*time.Second, nil)
+	p.waitFollowing(s2, 0, 120*time.Second)
+	for _, id := range []string{"a", "b"} {
+		r.waitNsGraceOver(s1, id, 120*time.Second)
+		r.checkHeld(id, s1, "after the failed stop")
+	}
+	t.Logf("DRILL kernel %s: failed stop of a on s2 (busy unmount): s2 reset at %.1fs, a and b served on s1 at %.1fs; locks back (s after the move) a %v b %v; new lock (s from its attempt) a NFSv3 %.1f NFSv4.2 %.1f, b NFSv3 %.1f NFSv4.2 %.1f%s",
+		p.kernel, resetAt, servedAt, back["a"], back["b"], aNew["3"], aNew["4.2"], bNew["3"], bNew["4.2"], graceLines(s1))
+	// s2 is back and following: b stays on s1 (the policy: no failback).
+	r.untouched("b", st["b"], "s2 back without service_failback")
+}
+
+// checkerControl shows the lock-safety checks see a lock granted twice:
+// both clients contend for one file of b while b's server is made to
+// forget its NLM locks (b's address written to unlock_ip in b's nfsd
+// filesystem, again and again): the NFSv3 client's lock is dropped under
+// it and the NFSv4.2 client is granted the file. If the checks see
+// nothing, they are blind.
+func (r *svcRig) checkerControl() {
+	p := r.p
+	t := p.t
+	n := r.server(mustServer(r, "b"))
+	var ws []*lockWorker
+	for _, c := range r.clients {
+		ws = append(ws, &lockWorker{vm: c.vm, name: c.vm.name + "-control", files: []string{"/mnt/b/control"}})
+	}
+	work := startLockWork(t, ws...)
+	defer work.kill()
+	t0 := time.Now()
+	forget := fmt.Sprintf("echo %s > %s/nfsd/unlock_ip", vmServiceByID("b").addr, nsRunDir("b"))
+	var seen string
+	testutil.WaitForSeen(t, 90*time.Second, "the lock-safety checks to see b's forgotten lock granted again", func() (bool, string) {
+		if rc, out, err := n.vm.try(5*time.Second, forget); err != nil || rc != 0 {
+			return false, fmt.Sprintf("unlock_ip: rc %d %v %s", rc, err, out)
+		}
+		seen = work.violation()
+		time.Sleep(300 * time.Millisecond)
+		return seen != "", "nothing yet"
+	})
+	t.Logf("NEGATIVE CONTROL kernel %s (b's NLM locks forgotten on %s): the checks saw it %.1fs after the first unlock_ip: %s", p.kernel, n.id, time.Since(t0).Seconds(), seen)
+}
+
+// mustServer is the server that serves id, as the witness has it.
+func mustServer(r *svcRig, id string) string {
+	st, err := r.p.services(r.p.witness)
+	if err != nil || st[id].Owner == "" {
+		r.p.t.Fatalf("where is %s: %v %+v", id, err, st[id])
+	}
+	return st[id].Owner
 }
 
 // control: both services in the host's one nfsd (service_namespaces:

@@ -163,6 +163,11 @@ func TestServicesEveryServerServesAndAKillMovesOneService(t *testing.T) {
 	// back to it.
 	n1.start(t)
 	c.settle(t, 60*time.Second, 1)
+	// n1 is back and a member again: a stays where it went (no
+	// service_failback), until the operator moves it.
+	if st := waitServicesFrom(t, c, n1, func(st map[string]admin.ServiceStatus) bool { return st["a"].Owner != "" }, 30*time.Second); st["a"].Owner != moved["a"].Owner || st["a"].Epoch != moved["a"].Epoch {
+		t.Errorf("a after n1 came back: %s@%d, want still %s@%d (no failback)", st["a"].Owner, st["a"].Epoch, moved["a"].Owner, moved["a"].Epoch)
+	}
 	cmd := exec.Command("ip", append([]string{"netns", "exec", c.top.hosts[0].ns, nsmdBin, "move", "a", "--to", "n1",
 		"--admin", c.nodes[1].admin}, c.pki.cliArgs()...)...)
 	testutil.WaitForSeen(t, 60*time.Second, "nsmd move a --to n1 accepted", func() (bool, string) {

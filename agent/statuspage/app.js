@@ -115,17 +115,8 @@
     }
     setText('fence-promises', promises);
     const g = s.grace;
-    const mgr = (name, m) => {
-      if (!m) return name + ' ?';
-      if (m.absent) return name + ' not running here';
-      const back = m.back + ' of ' + m.expected + ' clients back';
-      if (m.ended) return name + ' ended after ' + (m.seconds || 0).toFixed(1) + ' s (' + m.ended.reason + ', ' + back + ')';
-      const who = (m.missing || []).map((c) => (m.last_seen && m.last_seen[c]) ? c + ' (last seen ' + m.last_seen[c] + ')' : c);
-      if (m.missing_hidden) who.push(m.missing_hidden + ' not named (names are shown only to an operator: the admin token below)');
-      return name + ' open (' + back + (who.length ? ', waiting for ' + who.join(', ') : '') + ')';
-    };
     setText('kgrace', g
-      ? mgr('lockd', g.nlm) + ' · ' + mgr('nfsd', g.nfsv4) + (g.error ? ' · ' + g.error : '')
+      ? graceManager('lockd', g.nlm) + ' · ' + graceManager('nfsd', g.nfsv4) + (g.error ? ' · ' + g.error : '')
       : 'this node has not served since it started');
 
     const n = s.notify || {};
@@ -179,6 +170,18 @@
     setText('reg-more', r.hidden ? '' : (r.more > 0 ? 'and ' + r.more + ' more not listed (nsmd registrations --admin ADDR lists all)' : ''));
   }
 
+  // graceManager is one lock manager's grace (a node's, or a service's)
+  // in words.
+  function graceManager(name, m) {
+    if (!m) return name + ' ?';
+    if (m.absent) return name + ' not running here';
+    const back = m.back + ' of ' + m.expected + ' clients back';
+    if (m.ended) return name + ' ended after ' + (m.seconds || 0).toFixed(1) + ' s (' + m.ended.reason + ', ' + back + ')';
+    const who = (m.missing || []).map((c) => (m.last_seen && m.last_seen[c]) ? c + ' (last seen ' + m.last_seen[c] + ')' : c);
+    if (m.missing_hidden) who.push(m.missing_hidden + ' not named (names are shown only to an operator: the admin token below)');
+    return name + ' open (' + back + (who.length ? ', waiting for ' + who.join(', ') : '') + ')';
+  }
+
   // renderServices lists the cluster's NFS services; the section shows
   // only when there are some (a cluster without services: has none).
   function renderServices(list) {
@@ -196,7 +199,8 @@
 
   // here is what this node does with service v: its run (phase, epoch,
   // lease left, how the previous server was proven stopped) and what it
-  // holds (the address, the last hook); empty when it has none of it.
+  // holds (the address, the last hook, its NFSv4 tracking and grace);
+  // empty when it has none of it.
   function here(v) {
     const parts = [];
     const r = v.run;
@@ -210,6 +214,14 @@
       parts.push(l.address_held ? 'address held' : 'address not held');
       const h = l.last_hook;
       if (h) parts.push(h.hook + ' ' + h.reason + (h.error ? ' FAILED: ' + h.error : ' ok') + ' at ' + fmtTime(h.at));
+      const v4 = l.nfsv4;
+      if (v4) {
+        let t = 'NFSv4 tracking ' + (v4.tracking ? 'pipe ' + ((v4.pipe && v4.pipe.state) || '?') : 'not served') + ', ' + v4.clients + ' client records';
+        if (v4.recovery_epoch) t += ', ' + v4.reclaimed + ' of ' + v4.reclaimable + ' reclaimed';
+        parts.push(t);
+      }
+      const g = l.grace;
+      if (g) parts.push('grace since ' + fmtTime(g.started) + ': ' + graceManager('lockd', g.nlm) + ', ' + graceManager('nfsd', g.nfsv4));
     }
     return el('td', r ? 'run-' + r.phase : '', parts.join(' · '));
   }

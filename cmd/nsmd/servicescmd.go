@@ -28,7 +28,11 @@ Below the table, what the node at --admin does with each service it runs,
 started or stopped: the phase of its run (proving: the previous server is
 not proven stopped yet; starting; serving; stopping), the epoch, the lease
 left, how the previous server was proven stopped, whether it holds the
-service's address and its last hook. Ask each server to see all of them.
+service's address and its last hook; then, for each service it serves in a
+namespace of its own, that service's NFSv4 client tracking (its pipe, its
+records, how many reclaimed) and its grace (each lock manager's clients back
+of those expected, and how and when it ended). Ask each server to see all of
+them.
 --json adds each member's fingerprint of the spec, the last move and the
 same details (run, local).`,
 		Args: cobra.NoArgs,
@@ -104,7 +108,33 @@ func printServicesHere(out io.Writer, list []admin.ServiceStatus) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, run, epoch, lease, prev, addr, hook)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return printServicesGrace(out, list)
+}
+
+// printServicesGrace prints, below the table of what the answering node
+// does with its services, each served service's own NFSv4 tracking and
+// grace (service namespaces): one line each.
+func printServicesGrace(out io.Writer, list []admin.ServiceStatus) error {
+	for _, s := range list {
+		l := s.Local
+		if l == nil {
+			continue
+		}
+		if l.NFSv4 != nil {
+			if _, err := fmt.Fprintf(out, "%s nfsv4: %s\n", s.ID, l.NFSv4.Summary()); err != nil {
+				return err
+			}
+		}
+		if l.Grace != nil {
+			if _, err := fmt.Fprintf(out, "%s grace: %s\n", s.ID, admin.GraceSummary(l.Grace)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func moveCmd() *cobra.Command {

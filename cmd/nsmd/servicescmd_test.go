@@ -84,6 +84,11 @@ scratch  10.0.0.51/24  -      0      conflict nfs2's spec of scratch differs fro
 		LastHook: &admin.ServiceHook{Hook: "on_leader", Reason: "start", Epoch: 4, At: at}}
 	st.list[1].Local = &admin.ServiceLocal{Node: "nfs1", Phase: "failed",
 		LastHook: &admin.ServiceHook{Hook: "on_follower", Reason: "start-of-process", Err: "exit status 32", At: at}}
+	// home's own NFSv4 tracking and grace (service namespaces).
+	st.list[0].Local.NFSv4 = &admin.ServiceNFSv4{Tracking: true, Pipe: &admin.Pipe{State: "open"}, CurrentEpoch: 5, RecoveryEpoch: 4, Clients: 1, Reclaimable: 3, Reclaimed: 1}
+	st.list[0].Local.Grace = &admin.Grace{SMState: 9, Started: at,
+		NLM:   admin.GraceManager{Expected: 1, Back: 1, Ended: &admin.GraceEnd{At: at, Reason: "all_reclaimed"}, Seconds: 2},
+		NFSv4: admin.GraceManager{Expected: 3, Back: 1, Missing: []string{"c2", "c3"}}}
 	out, err = runCLI(t, "services", "--admin", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -93,9 +98,16 @@ on this node (nfs1):
 SERVICE  RUN      EPOCH  LEASE  PREVIOUS SERVER                 ADDRESS   LAST HOOK
 home     serving  4      2.3s   nfs2 stopped (clean, 0.1s)      held      on_leader start (epoch 4) ok at 2025-01-02T03:04:05Z
 scratch  failed   -      -      -                               not held  on_follower start-of-process (epoch 0) FAILED: exit status 32 at 2025-01-02T03:04:05Z
+home nfsv4: tracking served (pipe open), epoch 5, 1 client records, in grace: 1 of 3 clients reclaimed
+home grace: sm_state 9: lockd ended after 2.0s (all_reclaimed, 1 of 1 clients back); nfsd open (1 of 3 clients back; waiting for 2, names shown only to an operator)
 `
 	if normalize(out) != normalize(want) {
 		t.Fatalf("nsmd services on the serving node:\n%s\nwant:\n%s", out, want)
+	}
+	// An operator is told whom a service's grace waits for.
+	out, err = runCLI(t, "services", "--admin", addr, "--token-file", tok)
+	if err != nil || !strings.Contains(out, "home grace: sm_state 9: lockd ended after 2.0s (all_reclaimed, 1 of 1 clients back); nfsd open (1 of 3 clients back; waiting for c2, c3)") {
+		t.Fatalf("nsmd services as an operator: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, "services", "--admin", addr, "--json")
 	var list []admin.ServiceStatus
