@@ -365,6 +365,9 @@ func (a *Agent) nodeNSM() (*nsm.Service, error) {
 // keeper's view of clients coming back.
 func (a *Agent) applied(ev cluster.Applied) {
 	if sc, ok := ev.Cmd.(fsm.Scoped); ok {
+		if ev.Result.Refusal != nil {
+			return // changed nothing (a run that ended, an unplaced service): no client came back
+		}
 		a.svcNSM.applied(sc, ev)
 		a.svcV4.applied(sc, ev)
 		return

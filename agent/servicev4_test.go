@@ -86,7 +86,8 @@ func (c fsmScope) MonitoredHosts() []string {
 	return out
 }
 func (c fsmScope) do(cmd fsm.Command) fsm.Result {
-	return c.s.apply(fsm.Scoped{Service: c.id, Cmd: cmd})[0]
+	p, _ := c.s.f.PlacementOf(c.id) // sent by the service's current run
+	return c.s.apply(fsm.Scoped{Service: c.id, Node: p.Node, Epoch: p.Epoch, Cmd: cmd})[0]
 }
 func (c fsmScope) TrackCreate(_ context.Context, name, princ string) error {
 	c.do(fsm.ClientCreate{Name: name, PrincHash: princ})

@@ -65,6 +65,11 @@ const (
 	// state refused: fsm.Result.Refusal), with why. Only a release that
 	// forwards these gets it.
 	fwdRejected uint32 = 5
+	// fwdStaleRun: a service's write (fsm.Scoped) was committed and
+	// refused because the run that sent it was no longer the service's
+	// current one (fsm.ErrStaleRun), with why. Only a release that
+	// forwards scoped commands gets it.
+	fwdStaleRun uint32 = 6
 )
 
 const (
@@ -121,13 +126,20 @@ type fwdRes struct {
 func (r *fwdRes) MarshalXDR(w *oncrpc.Writer) {
 	w.Uint32(r.Status)
 	w.Int32(r.State)
-	w.String(r.Err)
+	e := r.Err
+	if len(e) > fwdMaxErr { // the reader refuses a longer one
+		e = e[:fwdMaxErr]
+	}
+	w.String(e)
 }
+
+// fwdMaxErr is the longest fwdRes.Err read.
+const fwdMaxErr = 256
 
 func (r *fwdRes) UnmarshalXDR(rd *oncrpc.Reader) error {
 	r.Status = rd.Uint32()
 	r.State = rd.Int32()
-	r.Err = rd.String(256)
+	r.Err = rd.String(fwdMaxErr)
 	return rd.Err()
 }
 
@@ -249,6 +261,9 @@ func (n *Node) serveForward(ctx context.Context, from netip.Addr, a *fwdArgs) fw
 		return fwdRes{Status: fwdFailed, Err: err.Error()}
 	}
 	n.metrics.forwarded.WithLabelValues("served").Inc()
+	if r.Refused && errors.Is(r.Refusal, fsm.ErrStaleRun) {
+		return fwdRes{Status: fwdStaleRun, State: r.State, Err: r.Refusal.Error()}
+	}
 	if r.Refused && r.Refusal != nil {
 		// A placement or a service's write refused by its rule: the
 		// reason goes back (fwdRefused says "owned elsewhere").
@@ -466,6 +481,9 @@ func (n *Node) forward(ctx context.Context, addr string, cmd fsm.Command) (int32
 		return res.State, fmt.Errorf("cluster: leader %s: %w", addr, fsm.ErrOwnedElsewhere)
 	case fwdRejected:
 		return 0, fmt.Errorf("%w: leader %s: %s", ErrRejected, addr, res.Err)
+	case fwdStaleRun:
+		n.metrics.forwarded.WithLabelValues("ok").Inc()
+		return res.State, fmt.Errorf("%w: leader %s: %s", fsm.ErrStaleRun, addr, res.Err)
 	case fwdFailed:
 		if strings.HasPrefix(res.Err, fwdUndecodable) {
 			return 0, fmt.Errorf("%w: leader %s: %s", errRefusedKind, addr, res.Err)

@@ -177,6 +177,13 @@ func TestServicesWaitForEveryMemberToApplyPlacement(t *testing.T) {
 	if err := leader.n.Services().Move(ctx, "a", leader.id); err == nil {
 		t.Errorf("a move while a member cannot apply placements was accepted")
 	}
+	// Nor is a service's own write (kind 22) proposed: an older member
+	// would refuse the whole entry. (Proposed, it would come back
+	// applied and refused by the state, without an error: no placement.)
+	_, err := leader.n.apply(ctx, fsm.Scoped{Service: "a", Node: leader.id, Epoch: 1, Cmd: fsm.GraceStart{}})
+	if err == nil || !strings.Contains(err.Error(), "cannot apply service placements") {
+		t.Errorf("a scoped write while a member cannot apply it: %v, want the level gate's refusal", err)
+	}
 }
 
 // An operator's move asked on a follower is planned again by the leader;

@@ -13,8 +13,11 @@ import (
 // service sees it (an nsm.Registry, SenderChecker, HostChecker, Counter
 // and ReadyNotifier): every write is an fsm.Scoped command of the service
 // (its own registrations, last-seen states and NFSv4 records, its own
-// sm_state), committed like any write (a follower forwards it); every
-// read is of the service's scope. It is ready, and answers with the
+// sm_state), committed like any write (a follower forwards it), sent by
+// this node's run of the service (its node and epoch: the state applies
+// it only while that run is the service's current one, so an SM_UNMON
+// or SM_MON that commits after the service moved changes nothing and
+// fails, fsm.ErrStaleRun); every read is of the service's scope. It is ready, and answers with the
 // service's sm_state, only while this node serves the service under a
 // lease (servicerun.go): the lease is the proof that the epoch this node
 // serves is the service's current one, so no client can see the state go
@@ -95,9 +98,42 @@ func (r ServiceRegistry) WouldAccept(monName string, from netip.Addr, state int3
 	return r.scope().WouldAccept(monName, from, state)
 }
 
-// apply commits cmd in the service's scope.
+// scoped is cmd as this node's run of the service sends it: with the
+// run's node and epoch (servicerun.go: once the run started anything and
+// until its stop returned — its lock manager's last writes come during
+// the stop). The state applies it only while that run is the service's
+// current one.
+func (r ServiceRegistry) scoped(cmd fsm.Command) (fsm.Scoped, error) {
+	epoch, ok := r.n.runs.startedEpoch(r.id)
+	if !ok {
+		return fsm.Scoped{}, fmt.Errorf("service %s: %w", r.id, ErrServiceNotServed)
+	}
+	return fsm.Scoped{Service: r.id, Node: r.n.cfg.NodeID, Epoch: epoch, Cmd: cmd}, nil
+}
+
+// apply commits cmd in the service's scope, as this node's run sends it.
 func (r ServiceRegistry) apply(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
-	return r.n.apply(ctx, fsm.Scoped{Service: r.id, Cmd: cmd})
+	sc, err := r.scoped(cmd)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	return r.send(ctx, sc)
+}
+
+// send commits sc; a refusal with a reason (the run that sent it ended
+// before it was applied: fsm.ErrStaleRun) is an error. A guarded
+// Register's refusal (another lock manager's registration) is left to
+// Monitor.
+func (r ServiceRegistry) send(ctx context.Context, sc fsm.Scoped) (fsm.Result, error) {
+	res, err := r.n.apply(ctx, sc)
+	if err == nil && res.Refused && res.Refusal != nil {
+		err = res.Refusal
+	}
+	if err != nil {
+		err = fmt.Errorf("service %s: %T: %w", r.id, sc.Cmd, err)
+		r.n.staleRun(sc, err)
+	}
+	return res, err
 }
 
 // Monitor commits a guarded registration (SM_MON) in the service's

@@ -17,9 +17,9 @@ import (
 // serves the service under a lease, and no other node's is; an SM_MON
 // taken for the service on its owner — a follower, so it is forwarded —
 // lands in the service's scope on every node and nowhere else; a node
-// that does not own the service cannot take that registration over, its
-// new owner after a move can (its lockd re-monitors), and the service's
-// state rises with the move.
+// that does not serve the service sends no write of it, its new owner
+// after a move takes the registration over (its lockd re-monitors), and
+// the service's state rises with the move.
 func TestServiceRegistryFollowsTheService(t *testing.T) {
 	fc, h, _ := newServicesCluster(t, 3, 30*time.Second, nil)
 	owners := waitOnePerServer(t, h)
@@ -75,8 +75,8 @@ func TestServiceRegistryFollowsTheService(t *testing.T) {
 			return sc.Len() == 1 && tn.n.fsm.Len() == 0, fmt.Sprintf("service %d, node-level %d", sc.Len(), tn.n.fsm.Len())
 		})
 	}
-	if _, err := other.Monitor(ctx, reg(to)); !errors.Is(err, fsm.ErrOwnedElsewhere) {
-		t.Fatalf("a node that does not own the service took its registration over: %v", err)
+	if _, err := other.Monitor(ctx, reg(to)); !errors.Is(err, ErrServiceNotServed) {
+		t.Fatalf("a node that does not serve the service wrote its registration: %v", err)
 	}
 	if err := other.SimuCrash(ctx); !errors.Is(err, ErrNoServiceCrash) {
 		t.Fatalf("SM_SIMU_CRASH for a service: %v", err)

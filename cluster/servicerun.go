@@ -546,6 +546,20 @@ func (r *serviceRuns) leasedEpoch(service string) (uint64, bool) {
 	return run.epoch, true
 }
 
+// startedEpoch is the epoch of service's run on this node once it has
+// started anything and until its stop returned (starting, serving or
+// stopping), lease or not: the run a write of the service's NSM is sent
+// by (serviceregistry.go).
+func (r *serviceRuns) startedEpoch(service string) (uint64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	run, ok := r.runs[service]
+	if !ok || run.phase == runProving {
+		return 0, false
+	}
+	return run.epoch, true
+}
+
 // active reports whether any run has started its service (the watchdog
 // stays armed and the serving record stays).
 func (r *serviceRuns) active() bool {

@@ -115,28 +115,49 @@ func (t ServiceTracking) TrackGraceDone(ctx context.Context) error {
 // service under a lease, and returns its result as applied here, once it
 // is.
 func (t ServiceTracking) write(ctx context.Context, cmd fsm.Command) (fsm.Result, error) {
-	if !t.Ready() {
-		return fsm.Result{}, fmt.Errorf("service %s: %w", t.id, ErrServiceNotServed)
+	want, err := t.scoped(cmd)
+	if err != nil {
+		return fsm.Result{}, err
 	}
-	want := fsm.Scoped{Service: t.id, Cmd: cmd}
+	return t.send(ctx, want)
+}
+
+// scoped is cmd as this node's run of the service sends it: with the
+// run's node and epoch, which the state checks when it applies it (a run
+// that ended by then changes nothing: fsm.ErrStaleRun). Only while this
+// node serves the service under a lease.
+func (t ServiceTracking) scoped(cmd fsm.Command) (fsm.Scoped, error) {
+	epoch, ok := t.n.runs.leasedEpoch(t.id)
+	if !ok {
+		return fsm.Scoped{}, fmt.Errorf("service %s: %w", t.id, ErrServiceNotServed)
+	}
+	return fsm.Scoped{Service: t.id, Node: t.n.cfg.NodeID, Epoch: epoch, Cmd: cmd}, nil
+}
+
+// send commits want (scoped) and returns its result as applied here.
+func (t ServiceTracking) send(ctx context.Context, want fsm.Scoped) (fsm.Result, error) {
 	ch, cancel := t.n.scopedWaits.add(want)
 	defer cancel()
 	if _, err := t.n.apply(ctx, want); err != nil {
-		return fsm.Result{}, fmt.Errorf("service %s: %T: %w", t.id, cmd, err)
+		err = fmt.Errorf("service %s: %T: %w", t.id, want.Cmd, err)
+		t.n.staleRun(want, err)
+		return fsm.Result{}, err
 	}
 	var res fsm.Result
 	select {
 	case res = <-ch:
 	case <-ctx.Done():
-		return fsm.Result{}, fmt.Errorf("service %s: %T committed, not yet applied here: %w", t.id, cmd, ctx.Err())
+		return fsm.Result{}, fmt.Errorf("service %s: %T committed, not yet applied here: %w", t.id, want.Cmd, ctx.Err())
 	case <-t.n.ctx.Done():
 		return fsm.Result{}, ErrClosed
 	}
 	if res.Refused {
 		if res.Refusal != nil {
-			return res, fmt.Errorf("service %s: %T: %w", t.id, cmd, res.Refusal)
+			err := fmt.Errorf("service %s: %T: %w", t.id, want.Cmd, res.Refusal)
+			t.n.staleRun(want, err)
+			return res, err
 		}
-		return res, fmt.Errorf("service %s: %T refused", t.id, cmd)
+		return res, fmt.Errorf("service %s: %T refused", t.id, want.Cmd)
 	}
 	if !t.Ready() {
 		// Committed, but the lease ended meanwhile: nfsd is not told it
@@ -144,6 +165,17 @@ func (t ServiceTracking) write(ctx context.Context, cmd fsm.Command) (fsm.Result
 		return res, fmt.Errorf("service %s: %w (its lease ended during the write)", t.id, ErrServiceNotServed)
 	}
 	return res, nil
+}
+
+// staleRun logs, at warn, a write of this node's run of a service that
+// the state refused because that run had ended when it was applied (the
+// service moved or restarted first: fsm.ErrStaleRun): it changed nothing,
+// and its caller is told it failed.
+func (n *Node) staleRun(sent fsm.Scoped, err error) {
+	if errors.Is(err, fsm.ErrStaleRun) {
+		n.log.Warn("a service's write arrived after its run here ended: refused, nothing changed", "service", sent.Service,
+			"epoch", sent.Epoch, "command", fmt.Sprintf("%T", sent.Cmd), "err", err)
+	}
 }
 
 // scopedWaits hands the result of an applied scoped NFSv4 tracking

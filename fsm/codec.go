@@ -33,6 +33,9 @@ import (
 //	ServicePlaced    (19) = placement
 //	ServiceForgotten (20) = str(service) epoch
 //	ServiceReleased  (21) = str(service) str(node) epoch
+//	Scoped           (22) = str(service) node epoch command
+//	                        (the run that sent it: node, epoch; command
+//	                        one of kinds 1–3, 5–12 and 14)
 //
 //	registration = str(mon_name) myid priv:16 bytes str(node) addr(callback)
 //	               naddrs:uvarint(≤16) addr{naddrs} time(added)
@@ -84,8 +87,9 @@ import (
 //
 // Kinds 18–21 (where each service runs: services.go) are new commands too,
 // CommandLevel 2, proposed only once every member advertises it. So is
-// kind 22 (Scoped: scope.go), whose body is a service id and then one of
-// kinds 1–3, 5–12 and 14 as a command of its own.
+// kind 22 (Scoped: scope.go), whose body is a service id, the node and
+// epoch of the service's run that sent it, and then one of kinds 1–3,
+// 5–12 and 14 as a command of its own.
 const (
 	entryVersion = 1
 

@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"errors"
+	"math"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -44,14 +45,23 @@ func sampleCommands() []Command {
 		ServicePlaced{Service: "home", Node: "s1", Epoch: 1, Reason: "placed", At: time.Unix(6, 0).UTC()},
 		ServicePlaced{Service: "home", Epoch: 1 << 63, Reason: strings.Repeat("r", MaxReasonLen), From: strings.Repeat("n", MaxNameLen)},
 		ServiceForgotten{Service: "home", Epoch: 2},
+		Scoped{Service: "home", Node: "s1", Epoch: 1, Cmd: Register{Reg: full, Guarded: true}},
+		Scoped{Service: "home", Node: "s1", Epoch: 1, Cmd: ClientCreate{Name: "c", PrincHash: "p"}},
+		Scoped{Service: "home", Node: "s2", Epoch: 1, Cmd: ClientRemove{Name: "c"}},
+		Scoped{Service: strings.Repeat("x", MaxServiceIDLen), Node: strings.Repeat("n", MaxNameLen), Epoch: math.MaxUint64,
+			Cmd: UnregisterAll{My: lockd, Owner: Owner{Node: "s1", Callback: netip.MustParseAddr("::1")}}},
 	}
 }
 
 // equalCommands compares commands, times with time.Time.Equal.
 func equalCommands(t *testing.T, got, want []Command) {
 	t.Helper()
-	norm := func(c Command) Command {
+	var norm func(c Command) Command
+	norm = func(c Command) Command {
 		switch c := c.(type) {
+		case Scoped:
+			c.Cmd = norm(c.Cmd)
+			return c
 		case Register:
 			c.Reg.Added = c.Reg.Added.UTC()
 			if len(c.Reg.Addrs) == 0 {
@@ -303,9 +313,16 @@ func FuzzDecode(f *testing.F) {
 		res := applyOK(t, f, 1, cmds...)
 		for i, r := range res {
 			switch c := cmds[i].(type) {
-			case ServicePlaced, ServiceForgotten:
+			case ServicePlaced, ServiceForgotten, ServiceReleased:
 				if r.Refused != (r.Refusal != nil) {
 					t.Fatalf("command %d (%T): Refused %v with Refusal %v", i, c, r.Refused, r.Refusal)
+				}
+			case Scoped:
+				// Refused with a reason (no placement, a stale run), or
+				// without one only as a guarded Register is.
+				reg, guarded := c.Cmd.(Register)
+				if r.Refusal != nil && !r.Refused || r.Refused && r.Refusal == nil && !(guarded && reg.Guarded) {
+					t.Fatalf("command %d (scoped %T): Refused %v with Refusal %v", i, c.Cmd, r.Refused, r.Refusal)
 				}
 			case Register:
 				if r.Refused && !c.Guarded {

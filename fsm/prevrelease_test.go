@@ -101,11 +101,12 @@ func buildPrevious(t *testing.T) string {
 	return bin
 }
 
-// The previous release, fed this release's placement entries and a
-// version-5 snapshot, refuses each whole (the entry as malformed, an
-// unknown kind; the snapshot as an unknown version) — it never applies
-// part of one. Controls: the same entry without the placement command,
-// and a version-3 snapshot, apply and restore there.
+// The previous release, fed this release's placement entries, a
+// service's own write (kind 22) and a version-5 snapshot, refuses each
+// whole (the entry as malformed, an unknown kind; the snapshot as an
+// unknown version) — it never applies part of one. Controls: the same
+// entry without the placement command, and a version-3 snapshot, apply
+// and restore there.
 func TestPreviousReleaseRefusesPlacementState(t *testing.T) {
 	bin := buildPrevious(t)
 	dir := t.TempDir()
@@ -123,6 +124,7 @@ func TestPreviousReleaseRefusesPlacementState(t *testing.T) {
 		"declared":  decl("n1", "home", "fp"),
 		"placed":    ServicePlaced{Service: "home", Node: "n1", Epoch: 1, Reason: "placed"},
 		"forgotten": ServiceForgotten{Service: "home", Epoch: 1},
+		"scoped":    Scoped{Service: "home", Node: "n1", Epoch: 1, Cmd: ClientCreate{Name: "c"}},
 	} {
 		b, err := Encode(reg, c)
 		if err != nil {

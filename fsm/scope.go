@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -69,21 +70,38 @@ func (s *scope) empty() bool {
 // PeerRebooted, ClientCreate, ClientRemove, ClientCheck, GraceStart or
 // GraceDone, with the meaning it has for the node-level scope, except
 // that the node that serves the scope (Register.Guarded) is the node the
-// service is placed on, not the node of the last Takeover. The service
-// must have a placement record; otherwise the command changes nothing
-// and is refused (ErrNotPlaced). Result.State is the service's sm_state
-// (ServiceSMState of its epoch).
+// service is placed on, not the node of the last Takeover.
+//
+// Node and Epoch name the run of the service that sent the command: the
+// node that serves it and the epoch of the placement it serves. The
+// command is applied only while that run is the service's current one —
+// the service's latest placement names Node at Epoch; otherwise it
+// changes nothing and is refused (ErrStaleRun), so a write that a server
+// sent while it served the service and that commits only after the
+// service moved (or restarted) never lands in the later run's state. A
+// service without a placement record refuses every command
+// (ErrNotPlaced). Result.State is the service's sm_state (ServiceSMState
+// of its current epoch).
 type Scoped struct {
 	Service string
+	Node    string // 1…MaxNameLen bytes
+	Epoch   uint64 // ≥ 1
 	Cmd     Command
 }
 
 func (Scoped) isCommand() {}
 
-// ErrNotPlaced means a Scoped command named a service with no placement
-// record: a service's NSM and NFSv4 state exists only while the cluster
-// knows the service.
-var ErrNotPlaced = fmt.Errorf("fsm: the service has no placement record")
+var (
+	// ErrNotPlaced means a Scoped command named a service with no
+	// placement record: a service's NSM and NFSv4 state exists only
+	// while the cluster knows the service.
+	ErrNotPlaced = errors.New("fsm: the service has no placement record")
+	// ErrStaleRun means a Scoped command was sent by a run of the service
+	// that is no longer its current one (the service moved, restarted or
+	// was taken away since; the command's epoch is stale): it changed
+	// nothing, and its sender must not report it done.
+	ErrStaleRun = errors.New("fsm: the write's run of the service is not the service's current one")
+)
 
 // scopable reports whether c may be the command of a Scoped.
 func scopable(c Command) bool {
@@ -115,6 +133,13 @@ func (f *FSM) applyScoped(c Scoped) Result {
 	p, ok := s.placed[c.Service]
 	if !ok {
 		return Result{State: s.sm, Refused: true, Refusal: fmt.Errorf("%w: service %q", ErrNotPlaced, c.Service)}
+	}
+	if p.Node != c.Node || p.Epoch != c.Epoch {
+		// Decided here, at apply, in the log's order: every node refuses
+		// it alike, whenever its sender sent it.
+		return Result{State: ServiceSMState(p.Epoch), Refused: true, Refusal: fmt.Errorf(
+			"%w: service %q is on %q at epoch %d; the write was sent by %q's run at epoch %d",
+			ErrStaleRun, c.Service, p.Node, p.Epoch, c.Node, c.Epoch)}
 	}
 	sc := s.scopes[c.Service]
 	if sc == nil {
@@ -404,8 +429,9 @@ func (s *scope) mayStore(r *rec, serving string) bool {
 	return r.node != "" && r.node == serving && cb.addr().IsLoopback() && oldCB.addr().IsLoopback()
 }
 
-// kindScoped is the entry kind of a Scoped command: the service id, then
-// the scoped command as a command of its own (its kind and body).
+// kindScoped is the entry kind of a Scoped command: the service id, the
+// node and epoch of the run that sent it, then the scoped command as a
+// command of its own (its kind and body).
 const kindScoped = 22
 
 // scopedCommand encodes c if it is a Scoped.
@@ -421,12 +447,20 @@ func (e *encoder) scopedCommand(c Command) (ok bool, err error) {
 	if err := e.serviceID(sc.Service); err != nil {
 		return true, err
 	}
+	if err := e.nodeName(sc.Node); err != nil {
+		return true, fmt.Errorf("scoped command's sender: %w", err)
+	}
+	if err := e.epoch(sc.Epoch); err != nil {
+		return true, fmt.Errorf("scoped command's run: %w", err)
+	}
 	return true, e.command(sc.Cmd)
 }
 
 // scopedCommand decodes kind 22's body.
 func (d *decoder) scopedCommand() Command {
 	id := d.serviceID()
+	node := d.nodeName()
+	epoch := d.epoch()
 	if d.err != nil {
 		return nil
 	}
@@ -441,5 +475,5 @@ func (d *decoder) scopedCommand() Command {
 	if d.err != nil {
 		return nil
 	}
-	return Scoped{Service: id, Cmd: c}
+	return Scoped{Service: id, Node: node, Epoch: epoch, Cmd: c}
 }

@@ -23,7 +23,15 @@ func scopedFSM(t testing.TB) *FSM {
 	return f
 }
 
-func in(svc string, c Command) Scoped { return Scoped{Service: svc, Cmd: c} }
+// in is c in service svc's scope, sent by the run scopedFSM places it at
+// (a on n1, b on n2, any other service on n1; epoch 1).
+func in(svc string, c Command) Scoped {
+	node := "n1"
+	if svc == "b" {
+		node = "n2"
+	}
+	return Scoped{Service: svc, Node: node, Epoch: 1, Cmd: c}
+}
 
 // A service's registrations, last-seen states and NFSv4 records are its
 // own: a scoped command changes that service's scope only, never the
@@ -177,29 +185,45 @@ func TestScopedEncodingRoundTripsAndRefusesBadInput(t *testing.T) {
 	if !bytes.Equal(b, b2) {
 		t.Fatal("scoped commands do not round-trip")
 	}
-	for name, c := range map[string]Command{
+	for name, c := range map[string]Scoped{
 		"no service":      in("", GraceStart{}),
 		"long service id": in(string(make([]byte, MaxServiceIDLen+1)), GraceStart{}),
 		"a takeover":      in("a", Takeover{Node: "n1"}),
 		"a placement":     in("a", ServicePlaced{Service: "a", Node: "n1", Epoch: 1}),
 		"nested":          in("a", in("a", GraceStart{})),
 		"nil":             in("a", nil),
+		"no sender":       {Service: "a", Epoch: 1, Cmd: GraceStart{}},
+		"long sender":     {Service: "a", Node: string(make([]byte, MaxNameLen+1)), Epoch: 1, Cmd: GraceStart{}},
+		"epoch 0":         {Service: "a", Node: "n1", Cmd: GraceStart{}},
 	} {
 		if _, err := Encode(c); !errors.Is(err, ErrBadCommand) {
 			t.Errorf("%s: Encode %v, want ErrBadCommand", name, err)
 		}
 	}
-	// Hand-made entries: a scoped takeover, a nested scoped command.
+	// Hand-made entries: a scoped takeover, a nested scoped command, no
+	// sender, epoch 0; the control is the well-formed one.
 	tk, _ := Encode(Takeover{Node: "n1"})
 	gs, _ := Encode(GraceStart{})
+	head := []byte{kindScoped, 1, 'a', 2, 'n', '1', 7} // service a, n1's run at epoch 7
+	good := append(bytes.Clone(head), gs[2:]...)
+	if got, err := Decode(append([]byte{entryVersion, 1}, good...)); err != nil || got[0] != (Scoped{Service: "a", Node: "n1", Epoch: 7, Cmd: GraceStart{}}) {
+		t.Fatalf("control: a well-formed scoped command decodes as %+v, %v", got, err)
+	}
 	for name, body := range map[string][]byte{
-		"takeover inside": append([]byte{kindScoped, 1, 'a'}, tk[2:]...),
-		"nested":          append([]byte{kindScoped, 1, 'a', kindScoped, 1, 'a'}, gs[2:]...),
-		"nothing inside":  {kindScoped, 1, 'a'},
+		"takeover inside": append(bytes.Clone(head), tk[2:]...),
+		"nested":          append(append(bytes.Clone(head), head...), gs[2:]...),
+		"nothing inside":  head,
+		"no sender":       append([]byte{kindScoped, 1, 'a', 0, 7}, gs[2:]...),
+		"epoch 0":         append([]byte{kindScoped, 1, 'a', 2, 'n', '1', 0}, gs[2:]...),
+		"no epoch":        {kindScoped, 1, 'a', 2, 'n', '1'},
+		"sender beyond":   {kindScoped, 1, 'a', 9, 'n', '1'},
 	} {
 		entry := append([]byte{entryVersion, 1}, body...)
 		if _, err := Decode(entry); !errors.Is(err, ErrBadCommand) {
 			t.Errorf("%s: Decode %v, want ErrBadCommand", name, err)
+		}
+		if _, _, _, err := decodeApply(entry, newStrTable()); !errors.Is(err, ErrBadCommand) {
+			t.Errorf("%s: decodeApply %v, want ErrBadCommand", name, err)
 		}
 	}
 }
@@ -295,3 +319,84 @@ func TestScopesSnapshotRoundTripAndRejects(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A write of a service's run never lands in a later run: every scoped
+// command sent by n1's run of a at epoch 1 and applied after a moved to
+// n2 (epoch 2), after a's restart on n2 (epoch 3), or sent by a node that
+// does not hold a at the current epoch, or after a was taken away, is
+// refused (ErrStaleRun) and changes nothing — the client n2's clients
+// reclaim by stays, no client n2 never saw appears. The negative control:
+// the same commands sent by the current run land.
+func TestScopedWriteOfAnEndedRunIsRefused(t *testing.T) {
+	f := scopedFSM(t) // a on n1 at epoch 1
+	owner := Owner{Node: "n1", Callback: netip.MustParseAddr("127.0.0.1")}
+	r1 := mkReg("client1", lockd, "n1", "10.0.0.1")
+	applyOK(t, f, 2, in("a", Register{Reg: r1, Guarded: true}), in("a", ClientCreate{Name: "keep", PrincHash: "p"}))
+	writes := func() []Command { // every kind a scope takes
+		return []Command{
+			ClientRemove{Name: "keep"}, ClientCreate{Name: "ghost"}, ClientCheck{Name: "keep"},
+			GraceStart{}, GraceDone{},
+			Unregister{ID: r1.ID, Owner: owner}, UnregisterAll{My: lockd, Owner: owner},
+			Register{Reg: mkReg("client9", lockd, "n1"), Guarded: true}, Register{Reg: mkReg("client8", lockd, "n1")},
+			PeerRebooted{MonName: "client1", State: 9},
+		}
+	}
+	sent := func(node string, epoch uint64) []Command {
+		var out []Command
+		for _, c := range writes() {
+			out = append(out, Scoped{Service: "a", Node: node, Epoch: epoch, Cmd: c})
+		}
+		return out
+	}
+	index := uint64(3)
+	refused := func(what string, cmds []Command, state int32) {
+		t.Helper()
+		before := f.Digest()
+		res := applyOK(t, f, index, cmds...)
+		index++
+		for i, r := range res {
+			if !r.Refused || !errors.Is(r.Refusal, ErrStaleRun) || r.State != state {
+				t.Fatalf("%s: command %d (%T): %+v, want ErrStaleRun at state %d", what, i, cmds[i].(Scoped).Cmd, r, state)
+			}
+		}
+		if f.Digest() != before {
+			t.Fatalf("%s: a refused write changed the state", what)
+		}
+		if cur, _ := f.Scope("a").HasV4Client("keep"); !cur || f.Scope("a").Len() != 1 {
+			t.Fatalf("%s: a's records changed", what)
+		}
+	}
+	stale := sent("n1", 1) // built by n1's run while it served
+	applyOK(t, f, index, ServicePlaced{Service: "a", Node: "n2", Epoch: 2, From: "n1", Reason: "moved"})
+	index++
+	refused("after the move", stale, 5)
+	refused("a node that does not hold a, at a's epoch", sent("n1", 2), 5)
+	refused("a future epoch", sent("n2", 3), 5)
+	applyOK(t, f, index, ServicePlaced{Service: "a", Node: "n2", Epoch: 3, From: "n2", Reason: "restarted"})
+	index++
+	refused("the run before a restart on the same node", sent("n2", 2), 7)
+	applyOK(t, f, index, ServicePlaced{Service: "a", Epoch: 4, From: "n2", Reason: "removed"})
+	index++
+	refused("after a was taken away", sent("n2", 3), 9)
+	refused("by nobody's run", []Command{Scoped{Service: "a", Node: "n2", Epoch: 4, Cmd: GraceStart{}}}, 9)
+
+	// Negative control: the current run's same writes land.
+	applyOK(t, f, index, ServicePlaced{Service: "a", Node: "n2", Epoch: 5, Reason: "placed"})
+	index++
+	before := f.Digest()
+	res := applyOK(t, f, index, sent("n2", 5)...)
+	for i, r := range res {
+		if r.Refusal != nil {
+			t.Fatalf("control: command %d refused: %v", i, r.Refusal)
+		}
+	}
+	if res[0].Removed != 1 || f.Digest() == before {
+		t.Fatalf("control: the current run's ClientRemove removed %d", res[0].Removed)
+	}
+	if cur, _ := f.Scope("a").HasV4Client("keep"); cur {
+		t.Fatal("control: the current run's ClientRemove left the record")
+	}
+	if hosts := f.Scope("a").Targets(); len(hosts) != 2 || hosts[0].MonName != "client8" || hosts[1].MonName != "client9" {
+		t.Fatalf("control: a's registrations after the current run's writes: %+v", hosts)
+	}
+}

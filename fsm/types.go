@@ -234,10 +234,13 @@ type Result struct {
 	Matched  []Registration // PeerRebooted: registrations to call back (when Accepted)
 	// Refused: a guarded Register left an existing registration that
 	// another lock manager made as it was (Register.Guarded); a
-	// ServicePlaced or ServiceForgotten changed nothing (Refusal says why).
+	// ServicePlaced or ServiceForgotten changed nothing (Refusal says why);
+	// a Scoped command changed nothing (Refusal says why, or, for its
+	// guarded Register, is nil as above).
 	Refused bool
-	// Refusal: why a ServicePlaced or ServiceForgotten was refused; wraps
-	// ErrStaleEpoch, ErrNotDeclared or ErrServiceInUse.
+	// Refusal: why a ServicePlaced or ServiceForgotten was refused (wraps
+	// ErrStaleEpoch, ErrNotDeclared or ErrServiceInUse), or a Scoped
+	// command (wraps ErrNotPlaced or ErrStaleRun).
 	Refusal error
 }
 
