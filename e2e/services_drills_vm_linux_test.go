@@ -3,8 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
