@@ -30,10 +30,11 @@ type lockWorker struct {
 	vm    *testVM
 	name  string // unique across the workload: its CS lines carry it
 	files []string
-	// gap is the longest pause between two sections (default 1 s): a
-	// drill of many workers on few cores spaces them out.
-	gap time.Duration
-	pid int
+	// hold is how long a section holds its lock (default 100 ms); gap the
+	// longest pause between two sections (default 1 s): a drill of many
+	// workers on few cores spaces them out.
+	hold, gap time.Duration
+	pid       int
 }
 
 // section is one critical section a worker reported.
@@ -50,17 +51,20 @@ func (s section) String() string {
 		time.UnixMilli(s.atMS).UTC().Format("15:04:05.000"))
 }
 
-// startLockWork starts every worker (hold 100 ms, pause up to its gap)
-// and waits until each finished a critical section.
+// startLockWork starts every worker and waits until each finished a
+// critical section.
 func startLockWork(t *testing.T, workers ...*lockWorker) *lockWork {
 	t.Helper()
 	w := &lockWork{t: t, workers: workers}
 	for _, k := range workers {
-		gap := k.gap
+		hold, gap := k.hold, k.gap
+		if hold == 0 {
+			hold = 100 * time.Millisecond
+		}
 		if gap == 0 {
 			gap = time.Second
 		}
-		line, pid := k.vm.start(60*time.Second, fmt.Sprintf("vmagent contend %s 100ms %v %s", k.name, gap, strings.Join(k.files, " ")))
+		line, pid := k.vm.start(60*time.Second, fmt.Sprintf("vmagent contend %s %v %v %s", k.name, hold, gap, strings.Join(k.files, " ")))
 		if !strings.HasPrefix(line, "contending") {
 			t.Fatalf("%s worker: %q", k.name, line)
 		}
