@@ -145,30 +145,7 @@ type ServiceLocal struct {
 // ServiceNFSv4 is a service's NFSv4 client tracking on the server that
 // serves it: the cld pipe of the service's namespace and the service's
 // own records (not the node's: Status.NFSv4).
-type ServiceNFSv4 struct {
-	// Tracking: nsmd serves the pipe of the service's namespace.
-	Tracking    bool   `json:"tracking"`
-	TrackingWhy string `json:"tracking_off_why,omitempty"`
-	Pipe        *Pipe  `json:"pipe,omitempty"`
-	// The service's records: epochs, clients that may reclaim after its
-	// next move (clients) and, during its grace, those that may reclaim
-	// now (reclaimable) and how many did (reclaimed).
-	CurrentEpoch  uint64 `json:"current_epoch"`
-	RecoveryEpoch uint64 `json:"recovery_epoch"`
-	Clients       int    `json:"clients"`
-	Reclaimable   int    `json:"reclaimable"`
-	Reclaimed     int    `json:"reclaimed"`
-	// GraceStartSMState is the service's sm_state when its nfsd's
-	// GraceStart was answered here last (the start hook waits for it).
-	GraceStartSMState int32      `json:"grace_start_sm_state,omitempty"`
-	GraceStartAt      *time.Time `json:"grace_start_at,omitempty"`
-}
-
-// Summary is the one-line form of s that nsmd services prints.
-func (s ServiceNFSv4) Summary() string {
-	return NFSv4Status{Tracking: s.Tracking, TrackingWhy: s.TrackingWhy, Pipe: s.Pipe, CurrentEpoch: s.CurrentEpoch,
-		RecoveryEpoch: s.RecoveryEpoch, Clients: s.Clients, Reclaimable: s.Reclaimable, Reclaimed: s.Reclaimed}.Summary()
-}
+type ServiceNFSv4 = NFSv4Tracking
 
 // ServiceHook is a service's last start or stop hook run on a server.
 type ServiceHook struct {

@@ -427,27 +427,36 @@ type HookFailure struct {
 	Output string    `json:"output,omitempty"` // the last lines of stdout+stderr
 }
 
-// NFSv4Status is the NFSv4 part of GET /v1/status.
+// NFSv4Status is the NFSv4 part of GET /v1/status: the node's own
+// tracking, and the clients the cluster last saw its servers know.
 type NFSv4Status struct {
+	NFSv4Tracking
+	// ClientsSeen is how many NFSv4 clients this node knows when a server
+	// of the cluster last saw (nsmd_nfsv4_clients_seen).
+	ClientsSeen int `json:"clients_seen"`
+}
+
+// NFSv4Tracking is nsmd's service of nfsd's NFSv4 client-tracking
+// upcall, as a status shows it: the node's (NFSv4Status) or one
+// service's on the server that serves it (ServiceNFSv4).
+type NFSv4Tracking struct {
 	// Tracking: nsmd serves the kernel's NFSv4 client-tracking upcall.
 	Tracking    bool   `json:"tracking"`
 	TrackingWhy string `json:"tracking_off_why,omitempty"`
 	Pipe        *Pipe  `json:"pipe,omitempty"`
 	// The replicated table: epochs and records (clients that may reclaim
-	// after the next failover; during grace, those that may reclaim now
-	// and how many did).
+	// after the next failover or move; during grace, those that may
+	// reclaim now and how many did).
 	CurrentEpoch  uint64 `json:"current_epoch"`
 	RecoveryEpoch uint64 `json:"recovery_epoch"`
 	Clients       int    `json:"clients"`
 	Reclaimable   int    `json:"reclaimable"`
 	Reclaimed     int    `json:"reclaimed"`
-	// GraceStartSMState is the sm_state of the term whose nfsd's
-	// GraceStart this node answered last.
+	// GraceStartSMState is the sm_state (the node's, or the service's)
+	// whose nfsd's GraceStart this node answered last; the start hook
+	// waits for it.
 	GraceStartSMState int32      `json:"grace_start_sm_state,omitempty"`
 	GraceStartAt      *time.Time `json:"grace_start_at,omitempty"`
-	// ClientsSeen is how many NFSv4 clients this node knows when a server
-	// of the cluster last saw (nsmd_nfsv4_clients_seen).
-	ClientsSeen int `json:"clients_seen"`
 }
 
 // Member is one row of GET /v1/members: a node as gossip and raft see it.
@@ -633,7 +642,7 @@ type ErrorBody struct {
 }
 
 // Summary is the one-line form of s that nsmd status prints.
-func (s NFSv4Status) Summary() string {
+func (s NFSv4Tracking) Summary() string {
 	var b strings.Builder
 	if s.Tracking {
 		state := "?"

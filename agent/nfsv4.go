@@ -211,7 +211,7 @@ func (v *nfsv4) hookEnv() []string {
 // status is the NFSv4 part of GET /v1/status.
 func (v *nfsv4) status() admin.NFSv4Status {
 	f := v.a.node.View()
-	s := admin.NFSv4Status{Tracking: v.tracking, TrackingWhy: v.trackingWhy}
+	s := admin.NFSv4Status{NFSv4Tracking: admin.NFSv4Tracking{Tracking: v.tracking, TrackingWhy: v.trackingWhy}}
 	s.CurrentEpoch, s.RecoveryEpoch = f.Epochs()
 	s.Clients, s.Reclaimable, s.Reclaimed = f.V4Counts()
 	if v.srv != nil {
