@@ -604,8 +604,15 @@ func haPairKeepsLocks(t *testing.T, series string, full bool) {
 	// database starts empty: README, "Switching from nfsdcld"): take them
 	// again, and forget what the client kernels logged about it.
 	p.retakeLocks(cs)
+	// At grace 10 s in every run; at the default 90 s (its clients wait
+	// out the whole grace: BENCHMARKS.md's anchor) with
+	// NSMD_E2E_ANCHOR_90=1 (the budget: 105 s).
+	graces := []int{10}
+	if os.Getenv("NSMD_E2E_ANCHOR_90") == "1" {
+		graces = append(graces, 90)
+	}
 	var control []drillResult
-	for _, grace := range []int{10, 90} {
+	for _, grace := range graces {
 		p.haConf(grace)
 		r, _ := p.lockDrill("kill", "kill", grace, cs, prober, true)
 		r.name = "nfsdcld"

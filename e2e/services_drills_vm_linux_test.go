@@ -96,7 +96,11 @@ func (r *svcRig) namespaces(afterControl bool) {
 	}
 	all := work.stop()
 	t.Logf("WORKLOAD kernel %s: %d critical sections across every move of this boot: no overlap, no lost lock", p.kernel, len(all))
-	r.checkerControl()
+	// The checks' negative control: on 6.1 (the checks are the test's,
+	// the same on both kernels; NSMD_E2E_SERVICES_FULL=1 runs it on 6.12).
+	if p.kernel != kernel612 || os.Getenv("NSMD_E2E_SERVICES_FULL") == "1" {
+		r.checkerControl()
+	}
 	took("the workload's end and its negative control")
 }
 
