@@ -21,21 +21,7 @@ import (
 // after a move takes the registration over (its lockd re-monitors), and
 // the service's state rises with the move.
 func TestServiceRegistryFollowsTheService(t *testing.T) {
-	fc, h, _ := newServicesCluster(t, 3, 30*time.Second, nil)
-	owners := waitOnePerServer(t, h)
-	_, ld := fc.leader(10 * time.Second)
-	var svc, from, to string
-	for s, node := range owners { // a service a follower owns, and another follower
-		if node != ld.id {
-			svc, from = s, node
-			break
-		}
-	}
-	for _, tn := range fc.nodes {
-		if tn.id != from && tn.id != ld.id {
-			to = tn.id
-		}
-	}
+	fc, svc, from, to, ld := followerOwnedService(t)
 	node := func(id string) *Node {
 		for _, tn := range fc.nodes {
 			if tn.id == id {
@@ -104,4 +90,26 @@ func TestServiceRegistryFollowsTheService(t *testing.T) {
 		g, _ := node(to).fsm.Scope(svc).Get(reg(to).ID)
 		return ok && s == 3 && g.Node == to, fmt.Sprintf("seen %d %v, registration of %q", s, ok, g.Node)
 	})
+}
+
+// followerOwnedService starts a three-server services cluster, one
+// service per server, and names a service a follower owns (from), the
+// other follower (to) and the leader.
+func followerOwnedService(t *testing.T) (fc *fencedCluster, svc, from, to string, ld *tnode) {
+	t.Helper()
+	fc, h, _ := newServicesCluster(t, 3, 30*time.Second, nil)
+	owners := waitOnePerServer(t, h)
+	_, ld = fc.leader(10 * time.Second)
+	for s, node := range owners {
+		if node != ld.id {
+			svc, from = s, node
+			break
+		}
+	}
+	for _, tn := range fc.nodes {
+		if tn.id != from && tn.id != ld.id {
+			to = tn.id
+		}
+	}
+	return fc, svc, from, to, ld
 }

@@ -27,21 +27,7 @@ import (
 // refused alike (the check is at apply, not at send). The negative
 // control: the same writes sent by the service's current run land.
 func TestAWriteOfAServicesEndedRunIsRefusedAfterItMoved(t *testing.T) {
-	fc, h, _ := newServicesCluster(t, 3, 30*time.Second, nil)
-	owners := waitOnePerServer(t, h)
-	_, ld := fc.leader(10 * time.Second)
-	var svc, from, to string
-	for s, node := range owners { // a service a follower owns, and the other follower
-		if node != ld.id {
-			svc, from = s, node
-			break
-		}
-	}
-	for _, tn := range fc.nodes {
-		if tn.id != from && tn.id != ld.id {
-			to = tn.id
-		}
-	}
+	fc, svc, from, to, ld := followerOwnedService(t)
 	old, next := nodeByID(fc, from).Services(), nodeByID(fc, to).Services()
 	tracking, registry := old.Tracking(svc), old.Registry(svc)
 	testutil.WaitFor(t, 10*time.Second, svc+"'s owner ready", tracking.Ready)
