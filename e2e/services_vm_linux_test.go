@@ -291,7 +291,13 @@ func (r *svcRig) cleanup(t *testing.T) {
 			for _, e := range r.fvms[i].exitsSince(time.Time{}) {
 				t.Logf("== %s ended at %s: %s", n.id, e.at.UTC().Format("15:04:05.000"), e.how)
 			}
-			t.Logf("== %s console (last lines):\n%s", n.id, tail(n.vm.console.String(), 15))
+			lines := 15
+			for _, e := range r.fvms[i].exitsSince(time.Time{}) {
+				if e.how == "reset" { // not the watchdog's, not the harness's: a kernel oops or panic shows here
+					lines = 120
+				}
+			}
+			t.Logf("== %s console (last lines):\n%s", n.id, tail(n.vm.console.String(), lines))
 			if w := r.fvms[i].lastWords(); w != "" {
 				t.Logf("== %s nsmd log as the sampler read it (notable lines, last 60):\n%s", n.id, tail(w, 60))
 			}
