@@ -101,7 +101,7 @@ func (r *svcRig) namespaces(afterControl bool) {
 	if p.kernel != kernel612 || os.Getenv("NSMD_E2E_SERVICES_FULL") == "1" {
 		r.checkerControl()
 	}
-	took("the workload's end and its negative control")
+	took("the workload's end (and, where it runs, the checks' negative control)")
 }
 
 // waitNsGraceOver waits until service id's lockd and nfsd on n are out of grace.
