@@ -13,17 +13,30 @@ func (s Status) ForReader(privileged bool) Status {
 	if privileged {
 		return s
 	}
-	if f := s.LastHookFailure; f != nil && f.Output != "" {
-		hidden := *f
-		hidden.Output = ""
-		s.LastHookFailure = &hidden
-	}
-	if g := s.Grace; g != nil {
-		hidden := *g
-		hidden.NLM, hidden.NFSv4 = g.NLM.withoutNames(), g.NFSv4.withoutNames()
-		s.Grace = &hidden
-	}
+	s.LastHookFailure = s.LastHookFailure.withoutOutput()
+	s.Grace = s.Grace.withoutNames()
 	return s
+}
+
+// withoutOutput is f without the hook's output (a copy; nil for nil).
+func (f *HookFailure) withoutOutput() *HookFailure {
+	if f == nil || f.Output == "" {
+		return f
+	}
+	hidden := *f
+	hidden.Output = ""
+	return &hidden
+}
+
+// withoutNames is g with its client names replaced by their counts (a
+// copy; nil for nil).
+func (g *Grace) withoutNames() *Grace {
+	if g == nil {
+		return nil
+	}
+	hidden := *g
+	hidden.NLM, hidden.NFSv4 = g.NLM.withoutNames(), g.NFSv4.withoutNames()
+	return &hidden
 }
 
 // withoutNames is m with its client names replaced by their count.

@@ -168,16 +168,8 @@ func ServicesForReader(list []ServiceStatus, privileged bool) []ServiceStatus {
 	for i, s := range list {
 		if l := s.Local; l != nil {
 			local := *l
-			if f := l.LastFailure; f != nil && f.Output != "" {
-				hidden := *f
-				hidden.Output = ""
-				local.LastFailure = &hidden
-			}
-			if g := l.Grace; g != nil {
-				hidden := *g
-				hidden.NLM, hidden.NFSv4 = g.NLM.withoutNames(), g.NFSv4.withoutNames()
-				local.Grace = &hidden
-			}
+			local.LastFailure = l.LastFailure.withoutOutput()
+			local.Grace = l.Grace.withoutNames()
 			s.Local = &local
 		}
 		out[i] = s
