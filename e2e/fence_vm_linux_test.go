@@ -996,7 +996,7 @@ func (r *fenceRig) startClients(leader *pairNode) {
 	for _, c := range r.cs {
 		ws = append(ws, &lockWorker{vm: c.vm, name: c.vm.name, files: workFiles})
 	}
-	r.work = startLockWork(t, ws...)
+	r.work = startLockWork(t, r.serverVMs(), ws...)
 	r.clientKernels("clients started")
 }
 

@@ -23,6 +23,9 @@ import (
 type lockWork struct {
 	t       *testing.T
 	workers []*lockWorker
+	// servers are the VMs whose lock state a stall's report shows (their
+	// lockd's kernel stack, their /proc/locks); a drill sets them.
+	servers []*testVM
 }
 
 // lockWorker is one `vmagent contend` process.
@@ -52,10 +55,10 @@ func (s section) String() string {
 }
 
 // startLockWork starts every worker and waits until each finished a
-// critical section.
-func startLockWork(t *testing.T, workers ...*lockWorker) *lockWork {
+// critical section; servers are the VMs a stall's report looks into.
+func startLockWork(t *testing.T, servers []*testVM, workers ...*lockWorker) *lockWork {
 	t.Helper()
-	w := &lockWork{t: t, workers: workers}
+	w := &lockWork{t: t, workers: workers, servers: servers}
 	for _, k := range workers {
 		hold, gap := k.hold, k.gap
 		if hold == 0 {
@@ -118,26 +121,51 @@ func (w *lockWork) progress() map[*lockWorker][]section {
 }
 
 // waitProgress waits until every worker (of those only admits; nil: all)
-// finished one critical section more.
+// finished one critical section more. A stall is explained before the
+// test fails: where each stalled worker's threads wait in its kernel, and
+// each server's lockd and locks, one line each (a CI summary keeps a log
+// entry's first line).
 func (w *lockWork) waitProgress(what string, timeout time.Duration, only func(*lockWorker) bool) {
 	w.t.Helper()
 	before := w.progress()
-	testutil.WaitForSeen(w.t, timeout, what, func() (bool, string) {
+	deadline := time.Now().Add(timeout)
+	for {
 		now := w.progress()
 		var seen []string
-		ok := true
+		var stalled []*lockWorker
 		for _, k := range w.workers {
 			if only != nil && !only(k) {
 				continue
 			}
 			if len(now[k]) <= len(before[k]) {
-				ok = false
+				stalled = append(stalled, k)
 			}
 			seen = append(seen, fmt.Sprintf("%s %d→%d", k.name, len(before[k]), len(now[k])))
 		}
+		if len(stalled) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.explain(stalled)
+			w.t.Fatalf("timed out after %v waiting for %s; last seen: %s", timeout, what, strings.Join(seen, ", "))
+		}
 		time.Sleep(500 * time.Millisecond)
-		return ok, strings.Join(seen, ", ")
-	})
+	}
+}
+
+// explain logs what a stall looks like from inside the guests.
+func (w *lockWork) explain(stalled []*lockWorker) {
+	oneLine := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	for _, k := range stalled {
+		_, out, err := k.vm.try(10*time.Second, fmt.Sprintf(
+			"for t in /proc/%d/task/*; do echo \"[$(cat $t/wchan)]\" $(sed 's/+.*//' $t/stack | tr '\\n' '<'); done; echo '| last:' $(tail -n 1 /run/vmagent/%d.log); echo '| locks:' $(cat /proc/locks | tr '\\n' ';')", k.pid, k.pid))
+		w.t.Logf("STALL %s (pid %d on %s): %s %v", k.name, k.pid, k.vm.name, oneLine(out), err)
+	}
+	for _, s := range w.servers {
+		_, out, err := s.try(10*time.Second,
+			"for p in $(pgrep -x lockd); do echo \"lockd $p [$(cat /proc/$p/wchan)]\" $(sed 's/+.*//' /proc/$p/stack | tr '\\n' '<'); done; echo '| locks:' $(cat /proc/locks | tr '\\n' ';'); echo '| dmesg:' $(dmesg | grep -iE 'lockd|nlm|statd|nsm' | tail -n 5 | tr '\\n' ';')")
+		w.t.Logf("STALL server %s: %s %v", s.name, oneLine(out), err)
+	}
 }
 
 // stop ends every worker after its current section and checks every

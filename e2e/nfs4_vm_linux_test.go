@@ -797,6 +797,15 @@ func (p *pairTopo) checkHookRefusesUnusedTracking() {
 // logKernelWarnings logs the kernel warnings (WARNING, BUG, Oops) the
 // servers printed so far, with their first lines: docs/kernel-facts.md
 // records what each kernel prints under these drills.
+// serverVMs are the servers' VMs.
+func (p *pairTopo) serverVMs() []*testVM {
+	var vs []*testVM
+	for _, n := range p.servers {
+		vs = append(vs, n.vm)
+	}
+	return vs
+}
+
 func (p *pairTopo) logKernelWarnings() {
 	for _, n := range p.servers {
 		if _, out, err := n.vm.try(5*time.Second, "dmesg | grep -A8 -E 'WARNING|BUG|Oops' | head -n 40"); err == nil && strings.TrimSpace(out) != "" {
@@ -818,7 +827,7 @@ func (p *pairTopo) lockWorkload(cs []*nfsClient, failovers int) (names []string,
 	for _, c := range cs {
 		ws = append(ws, &lockWorker{vm: c.vm, name: c.vm.name, files: workFiles})
 	}
-	work := startLockWork(t, ws...)
+	work := startLockWork(t, p.serverVMs(), ws...)
 	start := time.Now()
 	for i := range failovers {
 		leader, st := p.waitServing(120*time.Second, 1, p.servers...)

@@ -61,7 +61,7 @@ func (r *svcRig) namespaces(afterControl bool) {
 			ws = append(ws, &lockWorker{vm: c.vm, name: c.vm.name + "-" + id, files: []string{"/mnt/" + id + "/work"}, gap: 3 * time.Second})
 		}
 	}
-	work := startLockWork(t, ws...)
+	work := startLockWork(t, r.p.serverVMs(), ws...)
 
 	took := func(what string) {
 		t.Logf("PHASE kernel %s: %s took %.0fs", p.kernel, what, time.Since(phase).Seconds())
@@ -394,7 +394,7 @@ func (r *svcRig) checkerControl() {
 	n := r.server(mustServer(r, "b"))
 	const file = "/control"
 	v3, v4 := r.clients[0], r.clients[1]
-	holder := startLockWork(t, &lockWorker{vm: v3.vm, name: v3.vm.name + "-control", files: []string{"/mnt/b" + file}, hold: 8 * time.Second})
+	holder := startLockWork(t, r.p.serverVMs(), &lockWorker{vm: v3.vm, name: v3.vm.name + "-control", files: []string{"/mnt/b" + file}, hold: 8 * time.Second})
 	defer holder.kill()
 	// The file as /proc/locks names it on b's server; its next section holds it.
 	key := n.vm.sh(10*time.Second, "d=$(stat -c %d /srv/b"+file+"); printf '%02x:%02x:%d' $((d>>8)) $((d&255)) $(stat -c %i /srv/b"+file+")")
@@ -407,7 +407,7 @@ func (r *svcRig) checkerControl() {
 	if rc, out, err := n.vm.try(10*time.Second, "echo /srv/b > "+nsRunDir("b")+"/nfsd/unlock_filesystem"); err != nil || rc != 0 {
 		t.Fatalf("unlock_filesystem on %s: rc %d %v %s", n.id, rc, err, out)
 	}
-	other := startLockWork(t, &lockWorker{vm: v4.vm, name: v4.vm.name + "-control", files: []string{"/mnt/b" + file}})
+	other := startLockWork(t, r.p.serverVMs(), &lockWorker{vm: v4.vm, name: v4.vm.name + "-control", files: []string{"/mnt/b" + file}})
 	defer other.kill()
 	var seen string
 	testutil.WaitForSeen(t, 60*time.Second, "the lock-safety checks to see "+file+" held by two clients", func() (bool, string) {
