@@ -12,11 +12,12 @@ import (
 // not to serve (promise.go says who, and by whose promise).
 
 // awaitFenced returns once every node that may still serve is proven not
-// to (see fencePeer), or false when ctx ended first. A node that serves
-// no storage waits for nothing.
-func (n *Node) awaitFenced(ctx context.Context, elected time.Time) bool {
+// to (see fencePeer), with when the last proof came (zero when there was
+// no node to prove stopped), or false when ctx ended first. A node that
+// serves no storage waits for nothing.
+func (n *Node) awaitFenced(ctx context.Context, elected time.Time) (bool, time.Time) {
 	if !n.servesStorage() || (n.ownSettingsOnly() && !n.fencingOn()) {
-		return true
+		return true, time.Time{}
 	}
 	term := n.raft.CurrentTerm()
 	start := time.Now()
@@ -52,7 +53,7 @@ func (n *Node) awaitFenced(ctx context.Context, elected time.Time) bool {
 	n.fence.waiting, n.fence.lastWait = false, w
 	n.fence.mu.Unlock()
 	if ctx.Err() != nil {
-		return false
+		return false, time.Time{}
 	}
 	for _, r := range results {
 		n.metrics.fenceWaits.WithLabelValues(r.By).Inc()
@@ -60,8 +61,9 @@ func (n *Node) awaitFenced(ctx context.Context, elected time.Time) bool {
 	n.metrics.fenceWaitSeconds.Observe(w.Took.Seconds())
 	if len(peers) > 0 {
 		n.log.Info("every other serving node is proven stopped", "took", w.Took.Round(time.Millisecond), "nodes", results)
+		return true, w.At
 	}
-	return true
+	return true, time.Time{}
 }
 
 func (n *Node) setUnproven(ids []string) {

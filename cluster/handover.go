@@ -50,9 +50,9 @@ func (n *Node) vipNotBefore(lastContact, elected time.Time) time.Time {
 // SIGSTOP drill a 250 ms margin left only 60 ms to spare).
 const vipMargin = 1250 * time.Millisecond
 
-// acquireVIP waits out a previous holder's lifetime, then takes the VIP,
-// retrying until it works or leadership ends.
-func (n *Node) acquireVIP(ctx context.Context, lastContact, elected time.Time) bool {
+// awaitVIPFree waits out a previous holder's lifetime (at once when it
+// says it released the VIP); false when leadership ended first.
+func (n *Node) awaitVIPFree(ctx context.Context, lastContact, elected time.Time) bool {
 	wait := time.Until(n.vipNotBefore(lastContact, elected))
 	if wait > 0 {
 		if prev, released := n.previousHolderReleased(ctx); released {
@@ -60,16 +60,23 @@ func (n *Node) acquireVIP(ctx context.Context, lastContact, elected time.Time) b
 			wait = 0
 		}
 	}
-	if wait > 0 {
-		n.log.Info("waiting for a previous holder's VIP lifetime to run out", "wait", wait.Round(time.Millisecond))
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		}
+	if wait <= 0 {
+		return ctx.Err() == nil
 	}
+	n.log.Info("waiting for a previous holder's VIP lifetime to run out", "wait", wait.Round(time.Millisecond))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// takeVIP takes the VIP (awaitVIPFree first), retrying until it works or
+// leadership ends.
+func (n *Node) takeVIP(ctx context.Context) bool {
 	for {
 		// Renewed only while a quorum confirms the leadership
 		// (vipNotBefore counts on it; see vip.WithRenewGate).

@@ -82,8 +82,8 @@ func (n *Node) startTerm() *term {
 
 // lead runs one term of leadership: Barrier (apply everything the old
 // leader committed), commit a Takeover (sm_state up to the next odd
-// number, grace opened), take the VIP, prove every other serving node
-// stopped, run Server.Serve, then tell the subscribers the term serves (they
+// number, grace opened), prove every other serving node stopped while the
+// VIP's hand-over wait runs, take the VIP, run Server.Serve, then tell the subscribers the term serves (they
 // notify every monitored host). An SM_SIMU_CRASH or an import while
 // leading tells them again with its new state.
 func (n *Node) lead(ctx context.Context) {
@@ -138,19 +138,34 @@ func (n *Node) lead(ctx context.Context) {
 	n.setTimeline(tl)
 	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
 	n.metrics.takeovers.Inc()
-	// Taking the VIP and proving every other serving node stopped wait on
-	// the same kind of bound: they overlap.
-	fenced := make(chan bool, 1)
-	go func() { fenced <- n.awaitFenced(ctx, start) }()
-	if n.cfg.VIP != nil && !n.acquireVIP(ctx, lastContact, start) {
+	// The VIP's wait (a previous holder's copy must have expired) and the
+	// proof that every other serving node stopped overlap. The address
+	// itself moves only once both hold, right before on_leader: a client
+	// that reaches it then meets nfsd starting within the hook. Taken at
+	// the start of a fence wait, it would have the node refuse the
+	// clients' connections for the whole wait, and each refused reconnect
+	// doubles the kernel RPC client's pause before its next (3, 6, 12 s).
+	fenced := make(chan fenceOutcome, 1)
+	go func() {
+		ok, at := n.awaitFenced(ctx, start)
+		fenced <- fenceOutcome{ok, at}
+	}()
+	if n.cfg.VIP != nil && !n.awaitVIPFree(ctx, lastContact, start) {
 		<-fenced // ends with ctx
+		return
+	}
+	f := <-fenced
+	if !f.ok {
+		return
+	}
+	if !f.at.IsZero() {
+		n.MarkTimeline(res.State, func(tl *timeline.Timeline) { tl.Mark(timeline.Fenced, f.at) })
+	}
+	if n.cfg.VIP != nil && !n.takeVIP(ctx) {
 		return
 	}
 	vipTaken = true
 	n.MarkTimeline(res.State, func(tl *timeline.Timeline) { tl.Mark(timeline.VIP, time.Now()) })
-	if !<-fenced {
-		return
-	}
 	if !n.serve(ctx, t, res.State) {
 		// Leadership ended while the hook ran (the VIP is gone, and the
 		// next leader notifies with its own state), or the takeover failed:
@@ -184,6 +199,13 @@ func (n *Node) lead(ctx context.Context) {
 			n.log.Info("a takeover within this term: serving with its new sm_state", "sm_state", state)
 		}
 	}
+}
+
+// fenceOutcome is awaitFenced's answer: ok, and when the last other
+// serving node was proven stopped (zero: there was none to prove).
+type fenceOutcome struct {
+	ok bool
+	at time.Time
 }
 
 // stopLeading drops leader-only side effects at once — the VIP first, then

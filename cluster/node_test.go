@@ -405,14 +405,19 @@ func TestRestartedNodeKnowsThePreviousLeader(t *testing.T) {
 
 // lifeVIP is a FloatingAddr whose lifetime a test can change.
 type lifeVIP struct {
-	life atomic.Int64
-	held atomic.Bool
+	life  atomic.Int64
+	held  atomic.Bool
+	taken atomic.Int64 // Unix ns of the first Acquire
 }
 
-func (v *lifeVIP) Acquire(context.Context) error { v.held.Store(true); return nil }
-func (v *lifeVIP) Release() error                { v.held.Store(false); return nil }
-func (v *lifeVIP) Held() bool                    { return v.held.Load() }
-func (v *lifeVIP) Lifetime() time.Duration       { return time.Duration(v.life.Load()) }
+func (v *lifeVIP) Acquire(context.Context) error {
+	v.taken.CompareAndSwap(0, time.Now().UnixNano())
+	v.held.Store(true)
+	return nil
+}
+func (v *lifeVIP) Release() error          { v.held.Store(false); return nil }
+func (v *lifeVIP) Held() bool              { return v.held.Load() }
+func (v *lifeVIP) Lifetime() time.Duration { return time.Duration(v.life.Load()) }
 
 // TestLeaderOustedBeforeTheVIPDoesNotVouchForIt: the holder dies (nobody
 // can ask it), the next leader waits out its VIP lifetime and loses

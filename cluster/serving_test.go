@@ -15,6 +15,7 @@ import (
 	"github.com/nsmd/nsmd/fsm"
 	"github.com/nsmd/nsmd/internal/testutil"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/timeline"
 )
 
 // machine stands in for a serving node's host in these tests: what its
@@ -276,6 +277,45 @@ func TestSuccessorWaitsUntilAKilledServersWatchdogMustHaveResetIt(t *testing.T) 
 		}
 	}
 	t.Logf("reset at +%v after the kill's ping; successor served %v after that", fenceTimeout, next.at.Sub(resetAt).Round(time.Millisecond))
+}
+
+// TestTheVIPMovesOnlyOnceTheOldServerIsProvenStopped: the VIP's own wait
+// (none here: lifetime 0) ends at once, the fence wait for a killed server
+// lasts its watchdog's bound; the successor takes the address only when
+// that proof came, right before it serves, and its timeline shows the
+// proof. Taken at the start of the wait (as the address's own wait
+// allows), clients would be refused for the whole wait.
+func TestTheVIPMovesOnlyOnceTheOldServerIsProvenStopped(t *testing.T) {
+	vips := map[string]*lifeVIP{}
+	var mu sync.Mutex
+	fc := newFencedCluster(t, 3, 2*time.Second, func(cfg *Config) {
+		mu.Lock()
+		defer mu.Unlock()
+		vips[cfg.NodeID] = &lifeVIP{}
+		cfg.VIP = vips[cfg.NodeID]
+	})
+	first := fc.waitTakeover(10 * time.Second)
+	fc.killNode(nodeIndex(fc.tcluster, first.node))
+	next := fc.waitTakeover(20 * time.Second)
+	n := fc.nodes[nodeIndex(fc.tcluster, next.node)].n
+	tl := n.LastTimeline()
+	elected, fenced, vipAt := tl.At(timeline.Elected), tl.At(timeline.Fenced), tl.At(timeline.VIP)
+	mu.Lock()
+	taken := time.Unix(0, vips[next.node].taken.Load())
+	mu.Unlock()
+	if fenced.IsZero() {
+		t.Fatalf("%s's timeline has no fence proof: %+v", next.node, tl.Reached())
+	}
+	if w := n.FenceStatus().LastWait; fencedBy(w, first.node).By != "watchdog" {
+		t.Fatalf("%s proven stopped by %+v, want its watchdog's bound", first.node, fencedBy(w, first.node))
+	}
+	if taken.Before(fenced) {
+		t.Fatalf("%s took the VIP %v after its election, %v before %s was proven stopped", next.node, taken.Sub(elected).Round(time.Millisecond), fenced.Sub(taken).Round(time.Millisecond), first.node)
+	}
+	if vipAt.Before(fenced) || next.at.Before(vipAt) {
+		t.Fatalf("timeline out of order: fenced %s, VIP %s, served %s", fenced.Format(time.StampMilli), vipAt.Format(time.StampMilli), next.at.Format(time.StampMilli))
+	}
+	t.Logf("elected → proven stopped %v, → VIP %v, → serving %v", fenced.Sub(elected).Round(time.Millisecond), vipAt.Sub(fenced).Round(time.Millisecond), next.at.Sub(vipAt).Round(time.Millisecond))
 }
 
 // With fencing off everywhere (no watchdog, no agent) a killed server

@@ -26,6 +26,11 @@ const (
 	Elected
 	// Committed: its Takeover command was applied.
 	Committed
+	// Fenced: every other node that may still have served was proven not
+	// to (it answered so, a fence agent reported it off, an operator
+	// confirmed it, or its watchdog's bound passed); absent when there was
+	// nothing to wait for. GET /v1/status's "fence" says by what.
+	Fenced
 	// VIP: the floating address was taken (or there is none to take).
 	VIP
 	// HookStarted: the on_leader script started (it may have waited
@@ -76,6 +81,7 @@ var table = [numSteps]Def{
 	PrevLeaderContact: {Name: "prev_leader_contact", Label: "previous leader (or witness) last heard"},
 	Elected:           {Name: "elected", Label: "elected", Always: true},
 	Committed:         {Name: "committed", Label: "takeover committed", Always: true},
+	Fenced:            {Name: "fenced", Label: "every other server proven stopped"},
 	VIP:               {Name: "vip", Label: "VIP taken", Always: true},
 	HookStarted:       {Name: "hook_started", Label: "on_leader hook started"},
 	NFSdGraceStart:    {Name: "nfsd_grace_start", Label: "nfsd GraceStart answered"},
