@@ -163,6 +163,11 @@ var vmModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "tun", "nfsd"
 // paths are in /etc/vm/optional-modules, "name path" per line.
 var vmOptionalModules = []string{"softdog"}
 
+// vmIfPresentModules are optional modules that only some kernels build:
+// i6300esb, the driver of QEMU's emulated Intel 6300ESB watchdog (6.12;
+// Debian 12's cloud kernel has none).
+var vmIfPresentModules = []string{"i6300esb"}
+
 func buildVMImage(series string) (*vmImage, string, error) {
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
@@ -240,7 +245,10 @@ func buildVMImage(series string) (*vmImage, string, error) {
 	// Kernel modules, in load order: each with the modules it depends on,
 	// each file once; the optional ones (loaded only where a test wants
 	// them) listed apart.
-	seen := map[string]bool{}
+	// An optional module's list names every module it needs, also those
+	// another optional one already brought (its loader skips what is
+	// loaded); the boot order names each once.
+	seen, listed := map[string]bool{}, map[string]bool{}
 	addModule := func(m string, added func(rel string)) error {
 		out, err := exec.Command("modprobe", "-d", k.root, "-S", k.version, "--show-depends", m).Output()
 		if err != nil {
@@ -248,13 +256,15 @@ func buildVMImage(series string) (*vmImage, string, error) {
 		}
 		for _, line := range strings.Split(string(out), "\n") {
 			f := strings.Fields(line)
-			if len(f) < 2 || f[0] != "insmod" || seen[f[1]] {
+			if len(f) < 2 || f[0] != "insmod" || listed[f[1]] {
 				continue
 			}
-			seen[f[1]] = true
 			rel := strings.TrimPrefix(f[1], k.root+"/")
-			if err := cw.addFile(rel, f[1], 0o644); err != nil {
-				return err
+			if !seen[f[1]] {
+				seen[f[1]] = true
+				if err := cw.addFile(rel, f[1], 0o644); err != nil {
+					return err
+				}
 			}
 			added(rel)
 		}
@@ -262,13 +272,21 @@ func buildVMImage(series string) (*vmImage, string, error) {
 	}
 	var order []string
 	for _, m := range vmModules {
-		if err := addModule(m, func(rel string) { order = append(order, "/"+rel) }); err != nil {
+		if err := addModule(m, func(rel string) { order = append(order, "/"+rel); listed[k.root+"/"+rel] = true }); err != nil {
 			return nil, "", err
 		}
 	}
 	cw.addData("etc/vm/modules", []byte(strings.Join(order, "\n")+"\n"), 0o644)
 	var optional []string
 	for _, m := range vmOptionalModules {
+		if err := addModule(m, func(rel string) { optional = append(optional, m+" /"+rel) }); err != nil {
+			return nil, "", err
+		}
+	}
+	for _, m := range vmIfPresentModules {
+		if exec.Command("modprobe", "-d", k.root, "-S", k.version, "--show-depends", m).Run() != nil {
+			continue // not built for this kernel
+		}
 		if err := addModule(m, func(rel string) { optional = append(optional, m+" /"+rel) }); err != nil {
 			return nil, "", err
 		}
@@ -547,6 +565,7 @@ type testVM struct {
 	from    string   // namespace the test reaches the agent from
 	disks   []string // raw images, attached in order as /dev/vda, vdb…
 	cmdline string
+	devices []string // more QEMU -device arguments
 
 	cmd     *exec.Cmd
 	console *testutil.LockedBuffer
@@ -557,17 +576,18 @@ type testVM struct {
 
 // vmSpec describes a VM to boot.
 type vmSpec struct {
-	name  string
-	ip    netip.Addr
-	disks []string
-	extra string // more kernel command line
+	name    string
+	ip      netip.Addr
+	disks   []string
+	extra   string   // more kernel command line
+	devices []string // more QEMU devices (-device VALUE each)
 }
 
 // newVM makes the VM's tap on the switch; boot starts it.
 func newVM(t *testing.T, img *vmImage, tp *topology, from *netHost, s vmSpec, index int) *testVM {
 	t.Helper()
 	v := &testVM{t: t, img: img, name: s.name, ip: s.ip, tap: "t-" + s.name, sw: tp.sw, from: from.ns, disks: s.disks,
-		mac: fmt.Sprintf("52:54:00:77:00:%02x", index), cmdline: s.extra}
+		mac: fmt.Sprintf("52:54:00:77:00:%02x", index), cmdline: s.extra, devices: s.devices}
 	for _, args := range [][]string{
 		{"-n", tp.sw, "tuntap", "add", "dev", v.tap, "mode", "tap"},
 		{"-n", tp.sw, "link", "set", v.tap, "master", "br0", "up"},
@@ -593,6 +613,9 @@ func (v *testVM) boot() {
 		"-kernel", v.img.kernel.vmlinuz, "-initrd", v.img.initrd, "-append", append_,
 		"-netdev", fmt.Sprintf("tap,id=n0,ifname=%s,script=no,downscript=no", v.tap),
 		"-device", "virtio-net-pci,netdev=n0,mac=" + v.mac,
+	}
+	for _, d := range v.devices {
+		args = append(args, "-device", d)
 	}
 	for i, d := range v.disks {
 		args = append(args, "-drive", fmt.Sprintf("file=%s,format=raw,if=virtio,index=%d,file.locking=off", d, i))

@@ -27,6 +27,10 @@
 //	vmagent ask ADDR LINE  send LINE to the test harness at ADDR (TCP), print
 //	                       its one-line answer (the fence-agent stand-in's
 //	                       channel: e2e/fence_vm_linux_test.go)
+//	vmagent watchdog DEV SECONDS
+//	                       arm watchdog DEV with that timeout, ping it once,
+//	                       print "pinged TIMEOUT", never ping again (the
+//	                       machine resets; watchdog.go)
 //
 // Request {"cmd": "...", "timeout_ms": N, "detach": bool}: run `sh -c cmd`;
 // "@cat FILE..." instead reads the files itself (no process: the fencing
@@ -101,6 +105,8 @@ func main() {
 		err = firstLock(os.Args[2:])
 	case "ask":
 		err = ask(os.Args[2:])
+	case "watchdog":
+		err = watchdog(os.Args[2:])
 	case "trylock":
 		err = lock(os.Args[2], false)
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
