@@ -75,12 +75,16 @@ func (n *Node) awaitVIPFree(ctx context.Context, lastContact, elected time.Time)
 }
 
 // takeVIP takes the VIP (awaitVIPFree first), retrying until it works or
-// leadership ends.
-func (n *Node) takeVIP(ctx context.Context) bool {
+// leadership ends; quiet: unannounced until announceVIP.
+func (n *Node) takeVIP(ctx context.Context, quiet bool) bool {
 	for {
 		// Renewed only while a quorum confirms the leadership
 		// (vipNotBefore counts on it; see vip.WithRenewGate).
-		err := n.cfg.VIP.Acquire(vip.WithRenewGate(ctx, n.leaderLeaseFresh))
+		actx := vip.WithRenewGate(ctx, n.leaderLeaseFresh)
+		if quiet {
+			actx = vip.WithQuietStart(actx)
+		}
+		err := n.cfg.VIP.Acquire(actx)
 		if err == nil {
 			return true
 		}
@@ -93,6 +97,20 @@ func (n *Node) takeVIP(ctx context.Context) bool {
 			t.Stop()
 			return false
 		}
+	}
+}
+
+// quietVIP reports whether this leader takes its VIP unannounced: it runs
+// a hook before it serves, and its VIP can wait to be announced.
+func (n *Node) quietVIP() bool {
+	_, ok := n.cfg.VIP.(announcer)
+	return ok && n.cfg.Server != nil
+}
+
+// announceVIP announces a VIP taken quietly, once the node serves.
+func (n *Node) announceVIP() {
+	if a, ok := n.cfg.VIP.(announcer); ok {
+		a.Announce()
 	}
 }
 

@@ -139,12 +139,13 @@ func (n *Node) lead(ctx context.Context) {
 	n.log.Info("takeover committed", "sm_state", res.State, "grace_until", t.GraceUntil)
 	n.metrics.takeovers.Inc()
 	// The VIP's wait (a previous holder's copy must have expired) and the
-	// proof that every other serving node stopped overlap. The address
-	// itself moves only once both hold, right before on_leader: a client
-	// that reaches it then meets nfsd starting within the hook. Taken at
-	// the start of a fence wait, it would have the node refuse the
-	// clients' connections for the whole wait, and each refused reconnect
-	// doubles the kernel RPC client's pause before its next (3, 6, 12 s).
+	// proof that every other serving node stopped overlap. The address is
+	// added only once both hold, right before on_leader (which checks that
+	// this node holds it), and announced only once the hook returned
+	// (announcer): clients keep sending to the old holder's hardware
+	// address until nfsd listens here. Reaching this node before, they
+	// would be refused, and each refused reconnect doubles the kernel RPC
+	// client's pause before its next (3, 6, 12 s).
 	fenced := make(chan fenceOutcome, 1)
 	go func() {
 		ok, at := n.awaitFenced(ctx, start)
@@ -161,7 +162,8 @@ func (n *Node) lead(ctx context.Context) {
 	if !f.at.IsZero() {
 		n.MarkTimeline(res.State, func(tl *timeline.Timeline) { tl.Mark(timeline.Fenced, f.at) })
 	}
-	if n.cfg.VIP != nil && !n.takeVIP(ctx) {
+	quiet := n.cfg.VIP != nil && n.quietVIP()
+	if n.cfg.VIP != nil && !n.takeVIP(ctx, quiet) {
 		return
 	}
 	vipTaken = true
@@ -174,6 +176,9 @@ func (n *Node) lead(ctx context.Context) {
 		return
 	}
 	hookDone := time.Now()
+	if quiet {
+		n.announceVIP() // nfsd listens now: clients may find this node
+	}
 	n.MarkTimeline(res.State, func(tl *timeline.Timeline) { tl.Mark(timeline.OnLeaderDone, hookDone) })
 	n.metrics.takeoverSeconds.Observe(hookDone.Sub(start).Seconds())
 	if !lastContact.IsZero() { // a failover: there was a leader before us

@@ -32,6 +32,15 @@ type processBound interface{ DiesWithProcess() bool }
 // address, as a crashed holder would (the kernel expires it): Kill uses it.
 type abandoner interface{ Abandon() }
 
+// announcer is a FloatingAddr that can hold the address without telling
+// the network (acquired under vip.WithQuietStart) until Announce. A
+// serving leader takes the VIP before on_leader (the hook checks it holds
+// it) and announces it once the hook returned: clients keep sending to
+// the old holder's hardware address until nfsd listens, instead of
+// reaching a node that refuses their reconnects (each refusal doubles the
+// kernel RPC client's pause before the next: 3, 6, 12 s).
+type announcer interface{ Announce() }
+
 // VIPHeld reports whether this node holds the VIP.
 func (n *Node) VIPHeld() bool { return n.cfg.VIP != nil && n.cfg.VIP.Held() }
 

@@ -11,7 +11,9 @@
 // reply, RFC 5227) or an unsolicited neighbour advertisement (RFC 4861
 // 7.2.6) on acquire, and every Refresh (default Lifetime/4) renews the
 // lifetime, re-adds an address someone removed and announces it again.
-// Release deletes it at once. A holder that is killed, stopped or wedged
+// Acquired under [WithQuietStart] it is added and renewed but announced
+// only from [Netlink.Announce] on (a new leader announces once its NFS
+// server listens). Release deletes it at once. A holder that is killed, stopped or wedged
 // stops renewing, so the kernel drops the address by itself one lifetime
 // later: that is the dead-man's switch the cluster's hand-over rule counts
 // on. With [BindProcess] (IPv4; the default under [BindAuto] when

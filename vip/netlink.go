@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -172,6 +173,10 @@ type hold struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{}
 	err    error // the loop's final delete, readable once done is closed
+	// quiet: the address is held but not announced (WithQuietStart)
+	// until Announce, which wakes the loop through speak.
+	quiet atomic.Bool
+	speak chan struct{}
 }
 
 // metrics are the nsmd_vip_* counters. Whether the VIP is held
@@ -291,13 +296,32 @@ func (v *Netlink) Acquire(ctx context.Context) error {
 		return fmt.Errorf("vip: acquire: %w", err)
 	}
 	v.m.acquired.Inc()
-	v.log.Info("VIP acquired", "lifetime", v.cfg.Lifetime, "refresh", v.cfg.Refresh)
-	v.announce()
+	quiet := quietStart(ctx)
+	v.log.Info("VIP acquired", "lifetime", v.cfg.Lifetime, "refresh", v.cfg.Refresh, "announced", !quiet)
+	if !quiet {
+		v.announce()
+	}
 	rctx, cancel := context.WithCancelCause(ctx)
-	r := &hold{cancel: cancel, done: make(chan struct{})}
+	r := &hold{cancel: cancel, done: make(chan struct{}), speak: make(chan struct{}, 1)}
+	r.quiet.Store(quiet)
 	v.run = r
 	go v.loop(rctx, r, renewed)
 	return nil
+}
+
+// Announce ends a quiet hold (WithQuietStart): the address is announced
+// at once, as by a fresh Acquire, and on every refresh from now on. A
+// no-op when not held or already announced.
+func (v *Netlink) Announce() {
+	v.mu.Lock()
+	r := v.run
+	v.mu.Unlock()
+	if r != nil && r.quiet.CompareAndSwap(true, false) {
+		select {
+		case r.speak <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Release stops renewing and deletes the address at once. Safe to call
@@ -434,6 +458,9 @@ func (v *Netlink) loop(ctx context.Context, r *hold, renewed time.Time) {
 		}
 	}()
 	burst := v.cfg.Announce - 1
+	if r.quiet.Load() {
+		burst = 0 // Announce starts it
+	}
 	burstT := time.NewTimer(announceGap)
 	defer burstT.Stop()
 	if burst <= 0 {
@@ -446,6 +473,12 @@ func (v *Netlink) loop(ctx context.Context, r *hold, renewed time.Time) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-r.speak:
+			v.log.Info("announcing the VIP")
+			v.announce()
+			if burst = v.cfg.Announce - 1; burst > 0 {
+				burstT.Reset(announceGap)
+			}
 		case <-burstT.C:
 			v.announce()
 			if burst--; burst > 0 {
@@ -479,9 +512,9 @@ func (v *Netlink) loop(ctx context.Context, r *hold, renewed time.Time) {
 				continue
 			}
 			gated = false
-			if ok, readded := v.refresh(); ok {
+			if ok, readded := v.refresh(!r.quiet.Load()); ok {
 				renewed = time.Now()
-				if readded && burst <= 0 && v.cfg.Announce > 1 {
+				if readded && burst <= 0 && v.cfg.Announce > 1 && !r.quiet.Load() {
 					// re-added: announce it like a fresh acquire
 					burst = v.cfg.Announce - 1
 					burstT.Reset(announceGap)
@@ -491,10 +524,10 @@ func (v *Netlink) loop(ctx context.Context, r *hold, renewed time.Time) {
 	}
 }
 
-// refresh renews the address (re-adding it when missing) and announces it;
-// it reports whether the address is on the interface again, and whether it
-// had gone.
-func (v *Netlink) refresh() (ok, readded bool) {
+// refresh renews the address (re-adding it when missing) and, unless the
+// hold is still quiet, announces it; it reports whether the address is on
+// the interface again, and whether it had gone.
+func (v *Netlink) refresh(announce bool) (ok, readded bool) {
 	_, present, err := v.link.lookup()
 	if err != nil {
 		v.log.Warn("cannot look the VIP up", "err", err)
@@ -514,7 +547,9 @@ func (v *Netlink) refresh() (ok, readded bool) {
 		v.m.readded.Inc()
 		v.log.Warn("VIP was missing from the interface; added it again")
 	}
-	v.announce()
+	if announce {
+		v.announce()
+	}
 	return true, !present
 }
 
@@ -530,6 +565,23 @@ type renewGateKey struct{}
 // schedules' slow-disk faults, the VIP on two nodes for 340 ms.
 func WithRenewGate(ctx context.Context, ok func() bool) context.Context {
 	return context.WithValue(ctx, renewGateKey{}, ok)
+}
+
+// WithQuietStart returns a context for Acquire under which the address is
+// added and renewed but not announced (no gratuitous ARP or unsolicited
+// NA) until Announce. Clients keep sending to the previous holder's
+// hardware address meanwhile: a new leader takes the address before its
+// on_leader hook (which checks that it holds it) and announces it once
+// nfsd listens, so that no client reaches it in between and is refused.
+func WithQuietStart(ctx context.Context) context.Context {
+	return context.WithValue(ctx, quietKey{}, true)
+}
+
+type quietKey struct{}
+
+func quietStart(ctx context.Context) bool {
+	q, _ := ctx.Value(quietKey{}).(bool)
+	return q
 }
 
 func renewGate(ctx context.Context) func() bool {

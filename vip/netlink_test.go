@@ -520,6 +520,39 @@ func TestNetlinkVIPAnnouncesARP(t *testing.T) {
 	}
 }
 
+// TestNetlinkVIPQuietStartAnnouncesOnlyWhenTold: acquired under
+// WithQuietStart, the address is on the interface and renewed, but no
+// ARP leaves and the peer keeps the old holder's MAC, through several
+// refreshes, until Announce; then the burst moves the peer.
+func TestNetlinkVIPQuietStartAnnouncesOnlyWhenTold(t *testing.T) {
+	peer := inVIPNetns(t)
+	if peer == "" {
+		return
+	}
+	vip := netip.MustParseAddr("10.77.9.100")
+	mac := devMAC(t, vipDev)
+	const old = "02:00:00:00:00:99"
+	runIP(t, "-n", peer, "neigh", "add", vip.String(), "lladdr", old, "dev", vipPeerDev, "nud", "stale")
+	v := newTestVIP(t, "10.77.9.100/24", 2*time.Second, 0) // refresh every 500 ms
+	if err := v.Acquire(WithQuietStart(context.Background())); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if !v.Held() {
+		t.Fatal("a quiet acquire did not put the address on the interface")
+	}
+	testutil.HoldsFor(t, 1500*time.Millisecond, 100*time.Millisecond, "nothing announced while quiet (three refreshes)", func() (bool, string) {
+		n, at := testutil.MetricValue(t, v.m.announcements), peerLLAddr(t, peer, vipPeerDev, vip)
+		return n == 0 && at == old, fmt.Sprintf("%v announcements, the peer has it at %s", n, at)
+	})
+	v.Announce()
+	testutil.WaitFor(t, 2*time.Second, "the peer's neighbour entry to move to "+mac.String(), func() bool {
+		return peerLLAddr(t, peer, vipPeerDev, vip) == mac.String()
+	})
+	testutil.WaitFor(t, 2*time.Second, "the announce burst (3 rounds of request + reply)", func() bool {
+		return testutil.MetricValue(t, v.m.announcements) >= 6
+	})
+}
+
 func TestNetlinkVIPRefreshReadds(t *testing.T) {
 	if inVIPNetns(t) == "" {
 		return
