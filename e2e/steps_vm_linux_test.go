@@ -28,11 +28,14 @@ import (
 // it every 20 ms from the witness's namespace) and what it sees in the
 // VMs (locks in /proc/locks, the grace files, the first new lock). The
 // new leader's timeline (GET /v1/status, takeover) gives every step of the
-// takeover on its own clock; those are shifted so that its "VIP taken"
-// falls on the host's "VIP answers": step = host(VIP answers) +
-// (step − VIP taken) on the agent's clock. The error of that anchor is
-// the watcher's poll (≤ 20 ms) plus one SM_STAT round trip, all on the
-// late side.
+// takeover on its own clock; those are shifted so that the moment it
+// announced the VIP falls on the host's "VIP answers": step = host(VIP
+// answers) + (step − announced) on the agent's clock. A serving leader
+// takes the VIP unannounced before its hook and announces it as the hook
+// returns (cluster/leader.go), so "announced" is its "on_leader hook done"
+// (its "VIP taken" when it has none). The error of that anchor is the
+// watcher's poll (≤ 20 ms) plus one SM_STAT round trip, all on the late
+// side.
 
 const vipWatchPoll = 20 * time.Millisecond
 
@@ -126,7 +129,7 @@ func (w *vipWatch) seenState() (at, lo float64, state int32, ok bool) {
 // clock, each listed after a step of the new leader's timeline (package
 // timeline's table), in the order they usually happen.
 var hostSteps = []struct{ key, label, after string }{
-	{"vip_host", "VIP answers new state (host)", "vip"},
+	{"vip_host", "VIP answers new state (host)", "on_leader_done"},
 	{"lock_3", "NFSv3 lock on the survivor (host)", "nfsv4_all_back"},
 	{"lock_4.0", "NFSv4.0 lock on the survivor (host)", "lock_3"},
 	{"lock_4.2", "NFSv4.2 lock on the survivor (host)", "lock_4.0"},
@@ -154,16 +157,18 @@ func failoverSteps() []struct{ key, label string } {
 // after the fault when the VIP answered with the new state).
 func failoverStepsOf(tl *admin.Timeline, g *admin.Status, vipHost float64) map[string]float64 {
 	out := map[string]float64{"vip_host": vipHost}
-	vip := time.Time{}
+	announced := time.Time{}
 	if tl != nil {
-		vip = tl.At(timeline.VIP.Name())
+		if announced = tl.At(timeline.OnLeaderDone.Name()); announced.IsZero() || announced.Year() <= 1 {
+			announced = tl.At(timeline.VIP.Name())
+		}
 	}
-	if vip.IsZero() {
+	if announced.IsZero() {
 		return out
 	}
 	put := func(key string, at time.Time) {
 		if !at.IsZero() && at.Year() > 1 {
-			out[key] = vipHost + at.Sub(vip).Seconds()
+			out[key] = vipHost + at.Sub(announced).Seconds()
 		}
 	}
 	for _, s := range tl.Steps {
