@@ -1091,7 +1091,7 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 		t.Fatalf("%s: the follower %s holds the shared disk before the fault: %s", name, other.id, s.code())
 	}
 	res := fenceResult{name: name, fault: fault, old: leader.id, new: other.id}
-	r.prober.sh(30*time.Second, "mkdir -p "+v4ProbeDir)
+	r.prober.sh(30*time.Second, probeDirs(v4ProbeDir))
 	busy := 0
 	if name == "f" {
 		// A process in the serving VM keeps the export busy: on_follower's
@@ -1202,7 +1202,7 @@ func (r *fenceRig) drill(name, fault string) fenceResult {
 		time.Sleep(drillPoll)
 		return res.serve > 0 && res.reclaimed > 0 && res.newLock > 0, strings.Join(seen, "; ") + fmt.Sprintf(" serve %.1f reclaimed %.1f new lock %.1f", res.serve, res.reclaimed, res.newLock)
 	})
-	r.prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/free-*", probe, v4ProbeDir))
+	r.prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/p*/free-*", probe, v4ProbeDir))
 	if name == "d" {
 		<-after
 		r.healNet()

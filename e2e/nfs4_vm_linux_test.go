@@ -236,7 +236,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		})
 	}
 	res := drillResult{kernel: p.kernel, name: name, grace: grace, reclaimed: map[string]float64{}, notBefore: map[string]float64{}}
-	prober.sh(30*time.Second, "mkdir -p "+v4ProbeDir)
+	prober.sh(30*time.Second, probeDirs(v4ProbeDir))
 
 	t0 := time.Now()
 	vw := watchVIP(t, p.w.ns, pairVIP, st.SMState, t0)
@@ -336,7 +336,7 @@ func (p *pairTopo) lockDrill(name, fault string, grace int, cs []*nfsClient, pro
 		time.Sleep(drillPoll)
 		return done, strings.Join(seen, "; ") + fmt.Sprintf(" reclaimed %v new lock %.1f", res.reclaimed, res.newLock)
 	})
-	prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/free-*", probe, v4ProbeDir))
+	prober.try(5*time.Second, fmt.Sprintf("kill %d; rm -f %s/p*/free-*", probe, v4ProbeDir))
 	t.Logf("DRILL %s", res.row())
 	_, vipLo, _ := vw.seen()
 	steps, err := p.takeoverSteps(other, vw)
@@ -797,6 +797,17 @@ func (p *pairTopo) checkHookRefusesUnusedTracking() {
 // logKernelWarnings logs the kernel warnings (WARNING, BUG, Oops) the
 // servers printed so far, with their first lines: docs/kernel-facts.md
 // records what each kernel prints under these drills.
+// probeDirs is the shell command that makes dir and the subdirectories
+// `vmagent firstlock` spreads its attempts over (contend.go says why),
+// before the fault: a mkdir later would wait for the new server.
+func probeDirs(dir string) string {
+	return fmt.Sprintf("i=0; while [ $i -lt %d ]; do mkdir -p %s/p$i; i=$((i+1)); done", probeDirCount, dir)
+}
+
+// probeDirCount: a fresh attempt every 500 ms finds a directory of its own
+// for a minute.
+const probeDirCount = 120
+
 // serverVMs are the servers' VMs.
 func (p *pairTopo) serverVMs() []*testVM {
 	var vs []*testVM

@@ -441,8 +441,8 @@ func (r *svcRig) mountAll(ids ...string) {
 			if !slices.Contains(ids, s.id) {
 				continue
 			}
-			c.vm.sh(90*time.Second, fmt.Sprintf("mkdir -p /mnt/%s && mount.nfs %s:%s /mnt/%s -o vers=%s,proto=tcp,hard,timeo=20 && mkdir -p /mnt/%s/probe-%s",
-				s.id, s.addr, s.mount, s.id, c.vers, s.id, c.vm.name))
+			c.vm.sh(90*time.Second, fmt.Sprintf("mkdir -p /mnt/%s && mount.nfs %s:%s /mnt/%s -o vers=%s,proto=tcp,hard,timeo=20 && %s",
+				s.id, s.addr, s.mount, s.id, c.vers, probeDirs(fmt.Sprintf("/mnt/%s/probe-%s", s.id, c.vm.name))))
 		}
 	}
 }
@@ -534,7 +534,7 @@ func (r *svcRig) probed(id string, pids map[*svcClient]int, timeout time.Duratio
 		return len(got) == len(pids), fmt.Sprintf("granted %v", got)
 	})
 	for c, pid := range pids {
-		c.vm.try(5*time.Second, fmt.Sprintf("kill %d; rm -f /mnt/%s/probe-%s/free-*", pid, id, c.vm.name))
+		c.vm.try(5*time.Second, fmt.Sprintf("kill %d; rm -f /mnt/%s/probe-%s/p*/free-*", pid, id, c.vm.name))
 	}
 	return got, all
 }

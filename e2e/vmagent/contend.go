@@ -147,6 +147,14 @@ func section(name, path string, hold time.Duration) error {
 // is granted; it prints "granted FILE after SECONDS" then (since its
 // "probing" line, on this machine's monotonic clock) and returns (the
 // other attempts die with the process).
+//
+// Attempt i creates its file in DIR/p<i mod n> when DIR has the
+// subdirectories p0…p<n−1> (made before the fault: probeDirs in the
+// tests), else in DIR. A create holds its parent directory's lock for as
+// long as the NFSv4 OPEN takes, and an OPEN refused in grace is retried
+// by the kernel client after a pause that doubles (0.1, 0.2 … 3.2 s): in
+// one directory the fresh attempts would queue behind the first one's
+// pause and the first grant would come up to a pause after the grace.
 func firstLock(args []string) error {
 	if len(args) != 2 {
 		return errors.New("usage: vmagent firstlock DIR EVERY")
@@ -155,14 +163,15 @@ func firstLock(args []string) error {
 	if err != nil {
 		return fmt.Errorf("EVERY: %w", err)
 	}
+	dirs := probeDirsIn(args[0])
 	granted := make(chan string, 1)
 	failed := make(chan error, 1)
-	fmt.Println("probing", args[0])
+	fmt.Println("probing", args[0], "in", len(dirs), "directories")
 	start := time.Now()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for i := 0; ; i++ {
-		path := fmt.Sprintf("%s/free-%d-%d", args[0], os.Getpid(), i)
+		path := fmt.Sprintf("%s/free-%d-%d", dirs[i%len(dirs)], os.Getpid(), i)
 		go func() {
 			f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 			if err != nil {
@@ -186,4 +195,21 @@ func firstLock(args []string) error {
 		case <-t.C:
 		}
 	}
+}
+
+// probeDirsIn lists dir's subdirectories p0, p1 … (up to the first
+// missing), or dir alone when it has none.
+func probeDirsIn(dir string) []string {
+	var out []string
+	for i := 0; ; i++ {
+		d := fmt.Sprintf("%s/p%d", dir, i)
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			break
+		}
+		out = append(out, d)
+	}
+	if len(out) == 0 {
+		return []string{dir}
+	}
+	return out
 }

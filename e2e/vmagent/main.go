@@ -19,7 +19,8 @@
 //	                       up to GAP, and print one line per critical section
 //	vmagent firstlock DIR EVERY
 //	                       every EVERY, a new attempt (open + F_SETLK) on a
-//	                       fresh file in DIR, each in its own thread: the
+//	                       fresh file in DIR (in DIR/p<i> when it has
+//	                       those: contend.go), each in its own thread: the
 //	                       first that gets its lock prints "granted FILE
 //	                       after SECONDS" (since "probing") and the process exits (the time a new lock is
 //	                       first granted after a failover, despite the
