@@ -1,14 +1,14 @@
 package cluster
 
 import (
-	"github.com/nsmd/nsmd/vip"
-
 	"context"
 	"errors"
 	"syscall"
 	"time"
 
+	"github.com/nsmd/nsmd/internal/ctxtime"
 	"github.com/nsmd/nsmd/oncrpc"
+	"github.com/nsmd/nsmd/vip"
 )
 
 // The VIP hand-over: when a new leader may take the floating address from
@@ -60,18 +60,10 @@ func (n *Node) awaitVIPFree(ctx context.Context, lastContact, elected time.Time)
 			wait = 0
 		}
 	}
-	if wait <= 0 {
-		return ctx.Err() == nil
+	if wait > 0 {
+		n.log.Info("waiting for a previous holder's VIP lifetime to run out", "wait", wait.Round(time.Millisecond))
 	}
-	n.log.Info("waiting for a previous holder's VIP lifetime to run out", "wait", wait.Round(time.Millisecond))
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return ctxtime.Sleep(ctx, wait)
 }
 
 // takeVIP takes the VIP (awaitVIPFree first), retrying until it works or
@@ -90,11 +82,7 @@ func (n *Node) takeVIP(ctx context.Context, quiet bool) bool {
 		}
 		n.log.Error("cannot take the VIP; retrying", "err", err)
 		n.fault("vip_acquire", err)
-		t := time.NewTimer(time.Second)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !ctxtime.Sleep(ctx, time.Second) {
 			return false
 		}
 	}

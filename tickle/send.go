@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"time"
+
+	"github.com/nsmd/nsmd/internal/ctxtime"
 )
 
 // SendConfig says how tickles are sent.
@@ -91,7 +93,7 @@ func Send(ctx context.Context, conns []Conn, cfg SendConfig) (sent int, err erro
 	var lastErr error
 	for round := range cfg.Rounds {
 		if round > 0 {
-			if !sleep(ctx, cfg.Gap) {
+			if !ctxtime.Sleep(ctx, cfg.Gap) {
 				break
 			}
 			p = pacer{rate: cfg.Rate, start: time.Now()}
@@ -177,18 +179,7 @@ func (p *pacer) wait(ctx context.Context) bool {
 	due := p.start.Add(time.Duration(p.n) * time.Second / time.Duration(p.rate))
 	p.n++
 	if d := time.Until(due); d > time.Millisecond {
-		return sleep(ctx, d)
+		return ctxtime.Sleep(ctx, d)
 	}
 	return true
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
