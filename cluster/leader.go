@@ -83,8 +83,9 @@ func (n *Node) startTerm() *term {
 // lead runs one term of leadership: Barrier (apply everything the old
 // leader committed), commit a Takeover (sm_state up to the next odd
 // number, grace opened), prove every other serving node stopped while the
-// VIP's hand-over wait runs, take the VIP, run Server.Serve, then tell the subscribers the term serves (they
-// notify every monitored host). An SM_SIMU_CRASH or an import while
+// VIP's hand-over wait runs, take the VIP, run Server.Serve, announce the
+// VIP, then tell the subscribers the term serves (they notify every
+// monitored host). An SM_SIMU_CRASH or an import while
 // leading tells them again with its new state.
 func (n *Node) lead(ctx context.Context) {
 	start := time.Now()
